@@ -1,0 +1,153 @@
+"""The Llama-family decoder forward over a packed batch (see batch.py) and a per-slot KV cache.
+
+    hidden = model.forward(batch, kv, plan)      # [T, D] residual stream after plan's last layer
+    logits = model.logits(hidden)                # [T, V] final RMSNorm + LM head
+
+The model knows nothing of tokenizers or decoding methods. Weights are plain tensors in HF layout
+(`[out, in]`), with q/k/v and gate/up fused at load time so each block does two matmuls
+for attention and two for the MLP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from specctl.engine.attention import sdpa_attention, sdpa_meta
+from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
+from specctl.engine.config import ModelConfig
+from specctl.engine.kv import KVCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # computed in fp32 like the reference implementation, cast back afterwards
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    r = cfg.rope
+    inv = 1.0 / (r.theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    if r.kind == "linear":
+        inv = inv / r.factor
+    elif r.kind == "llama3":
+        low_wl = r.original_max_position / r.low_freq_factor
+        high_wl = r.original_max_position / r.high_freq_factor
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > low_wl, inv / r.factor, inv)
+        smooth = (r.original_max_position / wl - r.low_freq_factor) / (
+            r.high_freq_factor - r.low_freq_factor)
+        mid = (1 - smooth) * scaled / r.factor + smooth * scaled
+        is_mid = (wl >= high_wl) & (wl <= low_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, hd]; cos, sin: [T, 1, hd] (the rotate-half layout of HF Llama)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rot * sin
+
+
+class Layer:
+    def __init__(self, w: dict[str, torch.Tensor]):
+        self.attn_norm = w["input_layernorm.weight"]
+        self.mlp_norm = w["post_attention_layernorm.weight"]
+        a = "self_attn."
+        self.wqkv = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
+                               w[a + "v_proj.weight"]])
+        self.bqkv = (torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
+                     if a + "q_proj.bias" in w else None)
+        self.wo = w[a + "o_proj.weight"]
+        self.bo = w.get(a + "o_proj.bias")
+        m = "mlp."
+        self.w_gate_up = torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]])
+        self.b_gate_up = (torch.cat([w[m + "gate_proj.bias"], w[m + "up_proj.bias"]])
+                          if m + "gate_proj.bias" in w else None)
+        self.w_down = w[m + "down_proj.weight"]
+        self.b_down = w.get(m + "down_proj.bias")
+
+
+class Model:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+        """weights: HF-named tensors already on the target device and dtype."""
+        self.cfg = cfg
+        self.embed = weights["model.embed_tokens.weight"]
+        self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_embeddings \
+            else weights["lm_head.weight"]
+        self.norm = weights["model.norm.weight"]
+        self.layers = []
+        for i in range(cfg.num_layers):
+            pre = f"model.layers.{i}."
+            self.layers.append(Layer({k[len(pre):]: v for k, v in weights.items()
+                                      if k.startswith(pre)}))
+        self.device = self.embed.device
+        self.dtype = self.embed.dtype
+        self._inv_freq = rope_inv_freq(cfg).to(self.device)
+        self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
+
+    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
+                       self.dtype, self.device)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                # [T, 1, hd]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
+                hidden: torch.Tensor | None = None):
+        """Run layers [plan.start, plan.end) over the packed batch, writing its KV rows.
+
+        hidden: [T, D] input hidden states of layer plan.start (required iff start > 0).
+        Returns the [T, D] residual stream after the last layer run, or (that, captured) when
+        plan.capture is set, captured being the [T, D] input of layer plan.capture.
+        """
+        c = self.cfg
+        end = c.num_layers if plan.end is None else plan.end
+        if not 0 <= plan.start <= end <= c.num_layers:
+            raise ValueError(f"bad layer range [{plan.start}, {end})")
+        if plan.start == 0:
+            x = F.embedding(batch.tokens, self.embed)
+        else:
+            if hidden is None or hidden.shape != (batch.num_tokens, c.hidden_size):
+                raise ValueError("a plan starting past layer 0 needs hidden [T, D]")
+            x = hidden.to(self.dtype)
+        self.tokens_computed += batch.num_tokens
+        cos, sin = self._rope(batch.positions)
+        meta = sdpa_meta(batch)
+        T, H, KV, hd = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
+        captured = None
+        for i in range(plan.start, end):
+            if i == plan.capture:
+                captured = x
+            L = self.layers[i]
+            if i not in plan.skip_attn:
+                h = rms_norm(x, L.attn_norm, c.rms_eps)
+                qkv = F.linear(h, L.wqkv, L.bqkv)
+                q = qkv[:, :H * hd].view(T, H, hd)
+                k = qkv[:, H * hd:(H + KV) * hd].view(T, KV, hd)
+                v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+                kv.write(i, batch.slots, batch.rows, k, v)
+                o = sdpa_attention(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
+                x = x + F.linear(o, L.wo, L.bo)
+            if i not in plan.skip_mlp:
+                h = rms_norm(x, L.mlp_norm, c.rms_eps)
+                gu = F.linear(h, L.w_gate_up, L.b_gate_up)
+                g, u = gu.chunk(2, dim=-1)
+                x = x + F.linear(F.silu(g) * u, L.w_down, L.b_down)
+        if plan.capture is not None and plan.capture == end:
+            captured = x
+        return x if plan.capture is None else (x, captured)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, D] residual stream after the last layer -> [T, V] fp32 logits."""
+        return F.linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head).float()

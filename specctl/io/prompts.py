@@ -1,0 +1,202 @@
+"""Read prompt files (JSONL, one JSON object per line) into normalized `PromptRecord`s.
+
+Accepted line formats:
+  {"prompt": "..."}                                  one stage: [user: prompt]; raw_prompt kept
+  {"messages": [{"role", "content"}, ...]}           one stage: those messages
+  {"custom_id", "body": {"messages", "max_tokens"}}  OpenAI batch; id from custom_id
+  {"question_id", "category", "turns": ["q1", ...]}  MT-bench / Spec-Bench; one stage per turn
+Any format may also carry "id" (used when custom_id/question_id are absent), "category" and a
+top-level "max_tokens" (OpenAI batch lines use body.max_tokens / body.max_completion_tokens).
+
+`turns` is a tuple of conversation stages: the generator appends stage 1's messages, answers,
+appends its answer, then stage 2, and so on. Messages are {"role", "content"} dicts with role
+system/user/assistant ("developer" maps to "system"); each stage ends with a user message.
+OpenAI content lists of {"type": "text", "text"} parts are joined into one string.
+
+Bad input raises `SpecctlError("<file>:<line>: <what is wrong>")` on the first bad line; with
+skip_bad=True the record is kept with `error` set and `turns` None. Blank lines are skipped but
+line numbers stay true; a UTF-8 BOM is accepted; lines over 10 MB are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+
+MAX_LINE_BYTES = 10 * 1024 * 1024
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_FORMAT_KEYS = ("prompt", "messages", "turns", "body")
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    index: int  # 0-based position among the file's non-blank lines
+    line_no: int  # 1-based line number in the file
+    id: str | int | None
+    id_field: str | None  # "custom_id" | "question_id" | "id" | None
+    category: str | None
+    turns: tuple[tuple[dict, ...], ...] | None
+    max_tokens: int | None
+    raw_prompt: str | None = None  # the verbatim "prompt" text (for --no-chat)
+    error: str | None = None
+
+
+class _Bad(Exception):
+    pass
+
+
+def _content(value, where: str) -> str:
+    if isinstance(value, list):  # OpenAI content parts
+        texts = []
+        for i, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise _Bad(f"{where}[{i}]: only text content parts are supported")
+            texts.append(part["text"])
+        value = "".join(texts)
+    if not isinstance(value, str):
+        raise _Bad(f"{where}: must be a string, got {type(value).__name__}")
+    return value
+
+
+def _messages(value, where: str) -> tuple[dict, ...]:
+    if not isinstance(value, list) or not value:
+        raise _Bad(f"{where}: must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            raise _Bad(f"{where}[{i}]: must be an object with role and content")
+        role = m.get("role")
+        if role not in _ROLES:
+            raise _Bad(f"{where}[{i}].role: {role!r} is not one of system, user, assistant")
+        out.append({"role": _ROLES[role], "content": _content(m.get("content"), f"{where}[{i}].content")})
+    if out[-1]["role"] != "user":
+        raise _Bad(f"{where}: last message must be from the user")
+    return tuple(out)
+
+
+def _max_tokens(obj: dict, where: str) -> int | None:
+    for key in ("max_tokens", "max_completion_tokens"):
+        if obj.get(key) is not None:
+            v = obj[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise _Bad(f"{where}{key}: must be a positive integer, got {v!r}")
+            return v
+    return None
+
+
+def _ident(obj: dict) -> tuple[str | int | None, str | None]:
+    for key in ("custom_id", "question_id", "id"):
+        v = obj.get(key)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, (str, int)):
+                raise _Bad(f"{key}: must be a string or integer, got {type(v).__name__}")
+            return v, key
+    return None, None
+
+
+def _parse(obj) -> dict:
+    if not isinstance(obj, dict):
+        raise _Bad(f"expected a JSON object, got {type(obj).__name__}")
+    ident, id_field = _ident(obj)
+    category = obj.get("category")
+    if category is not None and not isinstance(category, str):
+        raise _Bad(f"category: must be a string, got {type(category).__name__}")
+    found = [k for k in _FORMAT_KEYS if k in obj]
+    if not found:
+        raise _Bad("unknown prompt format: expected one of prompt, messages, turns, body.messages")
+    if len(found) > 1:
+        raise _Bad(f"ambiguous prompt format: has both {found[0]!r} and {found[1]!r}")
+    raw, max_tokens = None, _max_tokens(obj, "")
+    kind = found[0]
+    if kind == "prompt":
+        raw = obj["prompt"]
+        if not isinstance(raw, str) or not raw.strip():
+            raise _Bad("prompt: must be a non-empty string")
+        turns = (({"role": "user", "content": raw},),)
+    elif kind == "messages":
+        turns = (_messages(obj["messages"], "messages"),)
+    elif kind == "body":
+        body = obj["body"]
+        if not isinstance(body, dict) or "messages" not in body:
+            raise _Bad("body: must be an object with messages (OpenAI batch request)")
+        turns = (_messages(body["messages"], "body.messages"),)
+        max_tokens = _max_tokens(body, "body.") or max_tokens
+    else:
+        qs = obj["turns"]
+        if not isinstance(qs, list) or not qs:
+            raise _Bad("turns: must be a non-empty list of strings")
+        for i, q in enumerate(qs):
+            if not isinstance(q, str) or not q.strip():
+                raise _Bad(f"turns[{i}]: must be a non-empty string")
+        turns = tuple(({"role": "user", "content": q},) for q in qs)
+    return dict(id=ident, id_field=id_field, category=category, turns=turns,
+                max_tokens=max_tokens, raw_prompt=raw)
+
+
+def _lines(f):
+    """Yield (line_no, bytes) per line; bytes is None for a line over MAX_LINE_BYTES."""
+    line_no = 0
+    while True:
+        chunk = f.readline(MAX_LINE_BYTES + 1)
+        if not chunk:
+            return
+        line_no += 1
+        if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            while chunk and not chunk.endswith(b"\n"):  # skip the rest of the line
+                chunk = f.readline(MAX_LINE_BYTES)
+            yield line_no, None
+        else:
+            yield line_no, chunk
+
+
+def read_prompts(path: str | Path, skip_bad: bool = False) -> list[PromptRecord]:
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise SpecctlError(f"{path}: prompt file not found") from None
+    except OSError as e:
+        raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
+    records: list[PromptRecord] = []
+    with f:
+        try:
+            for line_no, raw in _lines(f):
+                if raw is not None and line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]
+                if raw is not None and not raw.strip():
+                    continue
+                obj, fields = None, None
+                try:
+                    if raw is None:
+                        raise _Bad(f"line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MB")
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise _Bad(f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})")
+                    try:
+                        obj = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        raise _Bad(f"malformed JSON: {e.msg} (column {e.colno})")
+                    fields = _parse(obj)
+                except _Bad as e:
+                    msg = f"{path}:{line_no}: {e}"
+                    if not skip_bad:
+                        raise SpecctlError(msg) from None
+                    ident, id_field = None, None
+                    if isinstance(obj, dict):
+                        try:
+                            ident, id_field = _ident(obj)
+                        except _Bad:
+                            pass
+                    fields = dict(id=ident, id_field=id_field, category=None, turns=None,
+                                  max_tokens=None, raw_prompt=None, error=msg)
+                records.append(PromptRecord(index=len(records), line_no=line_no, **fields))
+        except OSError as e:
+            raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
+    if not records:
+        raise SpecctlError(f"no prompts in {path}")
+    return records

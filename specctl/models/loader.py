@@ -1,0 +1,133 @@
+"""Load a local HF checkpoint folder (config.json + safetensors) into the engine's Model.
+
+Only safetensors are read (never pickle). Every expected tensor is checked for presence and shape
+against the config, so a corrupt or mismatched checkpoint fails with a one-line SpecctlError that
+names the file and the tensor, not deep inside a matmul.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors import SafetensorError
+
+from specctl.engine.config import ConfigError, ModelConfig
+from specctl.engine.model import Model
+from specctl.errors import SpecctlError
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
+    """auto: bf16 on CUDA, fp32 elsewhere."""
+    if name in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise SpecctlError(f"unknown dtype {name!r} (choose fp32, bf16, fp16 or auto)")
+    return DTYPES[name]
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise SpecctlError(f"unknown device {name!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecctlError("--device cuda was asked for but no CUDA device is available")
+    return dev
+
+
+def load_config(path: Path) -> tuple[ModelConfig, dict]:
+    f = Path(path) / "config.json"
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecctlError(f"{f}: not found (a model folder needs config.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecctlError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise SpecctlError(f"{f}: expected a JSON object")
+    try:
+        return ModelConfig.from_hf(raw), raw
+    except ConfigError as e:
+        raise SpecctlError(f"{f}: {e}") from None
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    D, hd, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
+            p + "self_attn.q_proj.weight": (q, D), p + "self_attn.k_proj.weight": (kv, D),
+            p + "self_attn.v_proj.weight": (kv, D), p + "self_attn.o_proj.weight": (D, q),
+            p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
+            p + "mlp.down_proj.weight": (D, I)})
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (D,)
+        if cfg.mlp_bias:
+            shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
+                           p + "mlp.down_proj.bias": (D,)})
+    return shapes
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise SpecctlError(f"{index}: unreadable shard index ({e})") from None
+        files = [path / n for n in names]
+        for f in files:
+            if f.parent != path or not f.exists():
+                raise SpecctlError(f"{index}: names a missing or outside shard {f.name!r}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecctlError(f"{path}: no *.safetensors weights (only safetensors are loaded)")
+    return files
+
+
+def load_model(path: Path | str, device: str | torch.device | None = None,
+               dtype: str | torch.dtype | None = None) -> Model:
+    path = Path(path)
+    cfg, _ = load_config(path)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
+    want = expected_shapes(cfg)
+    weights: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():
+                    if name in want:
+                        weights[name] = st.get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise SpecctlError(f"{f}: corrupt safetensors file ({e})") from None
+    if cfg.tie_embeddings and "lm_head.weight" in weights:
+        weights.pop("lm_head.weight")
+    missing = [k for k in want if k not in weights]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise SpecctlError(f"{path}: checkpoint lacks tensor {missing[0]}{more}; "
+                           "it does not match config.json")
+    for k, shape in want.items():
+        if tuple(weights[k].shape) != shape:
+            raise SpecctlError(f"{path}: tensor {k} has shape {tuple(weights[k].shape)}, "
+                               f"config.json implies {shape}")
+    weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
+    return Model(cfg, weights)

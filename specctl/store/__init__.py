@@ -1,0 +1,190 @@
+"""The local artifact store.
+
+Layout under the root (`$SPECCTL_HOME`, default `~/.cache/specctl`, or `--store`):
+
+    models/<name>/            converted checkpoints (config.json, model.safetensors, tokenizer)
+    runs/<run-id>/            one `generate` run: manifest.json, config.json, records.jsonl,
+                              outputs.jsonl, metrics.json
+    <kind>/<id>/              other artifacts (skip sets, adapters, n-gram caches), keyed by what
+                              they depend on
+
+Every artifact directory has a `manifest.json` (kind, id, created, command line, inputs and their
+hashes, versions). Writes are atomic: files go to a temp name and are renamed into place, and
+whole directories are built under a temp name and renamed, so an interrupted command never leaves
+a half artifact. Nothing here ever unpickles: metadata is JSON, tensors are safetensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from specctl import __version__
+from specctl.errors import SpecctlError
+
+KINDS = ("models", "runs", "skipsets", "adapters", "ngram-caches")
+
+
+def default_root() -> Path:
+    env = os.environ.get("SPECCTL_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "specctl"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same directory and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecctlError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecctlError(f"{path}: not valid JSON ({e})") from None
+
+
+def file_sha256(path: Path, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = limit
+        while True:
+            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    break
+    return h.hexdigest()
+
+
+def new_id(prefix: str = "") -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{prefix}{stamp}-{os.urandom(3).hex()}"
+
+
+def make_manifest(kind: str, ident: str, **fields: Any) -> dict:
+    return {
+        "kind": kind,
+        "id": ident,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(sys.argv),
+        "specctl_version": __version__,
+        **fields,
+    }
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    id: str
+    path: Path
+    manifest: dict
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+class Store:
+    """A directory of artifacts; see the module docstring for the layout."""
+
+    def __init__(self, root: Path | str | None = None):
+        self.root = Path(root).expanduser() if root else default_root()
+
+    def dir(self, kind: str) -> Path:
+        if kind not in KINDS:
+            raise ValueError(f"unknown artifact kind {kind!r}")
+        return self.root / kind
+
+    def path(self, kind: str, ident: str) -> Path:
+        if not ident or "/" in ident or "\\" in ident or ident.startswith("."):
+            raise SpecctlError(f"invalid artifact id {ident!r}")
+        return self.dir(kind) / ident
+
+    @contextmanager
+    def building(self, kind: str, ident: str, manifest: dict) -> Iterator[Path]:
+        """Build a directory artifact under a temp name; rename it into place on success.
+
+        An existing artifact with the same id is replaced only once the new one is complete.
+        """
+        final = self.path(kind, ident)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{ident}.", suffix=".tmp"))
+        try:
+            yield tmp
+            atomic_write_json(tmp / "manifest.json", manifest)
+            if final.exists():
+                old = final.with_name(f".{ident}.old-{os.urandom(3).hex()}")
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def entries(self, kind: str | None = None) -> list[Entry]:
+        out = []
+        for k in ([kind] if kind else KINDS):
+            d = self.root / k
+            if not d.is_dir():
+                continue
+            for p in sorted(d.iterdir()):
+                if p.name.startswith(".") or not p.is_dir():
+                    continue
+                mf = p / "manifest.json"
+                try:
+                    manifest = json.loads(mf.read_text(encoding="utf-8")) if mf.exists() else {}
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    manifest = {"error": "unreadable manifest"}
+                out.append(Entry(k, p.name, p, manifest))
+        return out
+
+    def find(self, ident: str) -> Entry:
+        """Find an artifact by id (or unique id prefix) across kinds."""
+        matches = [e for e in self.entries() if e.id == ident]
+        if not matches:
+            matches = [e for e in self.entries() if e.id.startswith(ident)]
+        if not matches:
+            raise SpecctlError(f"no artifact {ident!r} in the store at {self.root}")
+        if len(matches) > 1:
+            names = ", ".join(f"{e.kind}/{e.id}" for e in matches[:5])
+            raise SpecctlError(f"{ident!r} is ambiguous: {names}")
+        return matches[0]
+
+    def remove(self, ident: str) -> Entry:
+        e = self.find(ident)
+        shutil.rmtree(e.path)
+        return e

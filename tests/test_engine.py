@@ -1,0 +1,148 @@
+"""The engine's forward against transformers' reference implementation, and its batch features."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
+from specctl.models.loader import load_model
+from tiny import make_tiny_model
+
+
+def hf_logits(path, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+    m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(torch.tensor([ids])).logits[0]
+
+
+def run_full(model, ids: list[int], slot: int = 0, kv=None):
+    kv = kv or model.new_kv_cache(4, 128)
+    b = ForwardBatch([SeqInput(slot, ids, 0)])
+    return model.logits(model.forward(b, kv)), kv
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "llama3-rope", "tied"])
+def test_logits_match_transformers(kind, tmp_path):
+    if kind == "llama3-rope":
+        path = make_tiny_model(tmp_path, "llama", rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    elif kind == "tied":
+        path = make_tiny_model(tmp_path, "llama", tie=True)
+    else:
+        path = make_tiny_model(tmp_path, kind)
+    ids = list(range(5, 105, 3))  # 34 tokens
+    ref = hf_logits(path, ids)
+    ours, _ = run_full(load_model(path, "cpu", "fp32"), ids)
+    assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
+
+
+def test_packed_batch_with_prefixes_matches_single(tiny_llama):
+    """Prefill in chunks and decode several sequences in one packed step: same logits as alone."""
+    model = load_model(tiny_llama, "cpu", "fp32")
+    seqs = {0: list(range(10, 30)), 2: list(range(40, 47)), 3: list(range(100, 133))}
+    ref = {s: run_full(model, ids)[0] for s, ids in seqs.items()}
+    kv = model.new_kv_cache(4, 128)
+    # prefill all but the last 3 tokens of each, in two chunks of mixed sizes
+    for s, ids in seqs.items():
+        cut = (len(ids) - 3) // 2
+        for lo, hi in ((0, cut), (cut, len(ids) - 3)):
+            model.forward(ForwardBatch([SeqInput(s, ids[lo:hi], lo)]), kv)
+        kv.lens[s] = len(ids) - 3
+    # one packed step: seq 0 gets 3 tokens, seq 2 gets 3, seq 3 gets 3 — then a ragged step
+    before = model.tokens_computed
+    batch = ForwardBatch([SeqInput(s, ids[-3:], len(ids) - 3) for s, ids in seqs.items()])
+    out = model.logits(model.forward(batch, kv))
+    assert model.tokens_computed - before == 9  # sum of real tokens, no padding
+    for b, (s, ids) in enumerate(seqs.items()):
+        lo = batch.cu_seqlens[b]
+        torch.testing.assert_close(out[lo:lo + 3], ref[s][-3:], atol=1e-4, rtol=1e-4)
+    # ragged: 1, 2 and 3 new tokens
+    kv2 = model.new_kv_cache(4, 128)
+    for s, ids in seqs.items():
+        model.forward(ForwardBatch([SeqInput(s, ids[:-3], 0)]), kv2)
+    news = {0: 1, 2: 2, 3: 3}
+    batch = ForwardBatch([SeqInput(s, ids[-3:][:news[s]], len(ids) - 3) for s, ids in seqs.items()])
+    out = model.logits(model.forward(batch, kv2))
+    assert batch.num_tokens == 6
+    for b, (s, ids) in enumerate(seqs.items()):
+        lo, n = batch.cu_seqlens[b], news[s]
+        torch.testing.assert_close(out[lo:lo + n], ref[s][-3:][:n], atol=1e-4, rtol=1e-4)
+
+
+def test_extra_mask_branches_and_commit(tiny_llama):
+    """Two sibling branches in one forward with a tree mask equal running each branch alone;
+    committing one branch's rows gives the same next logits as running it normally."""
+    model = load_model(tiny_llama, "cpu", "fp32")
+    prompt, a, b = list(range(20, 40)), [50, 51], [60, 61, 62]
+    kv = model.new_kv_cache(1, 64)
+    model.forward(ForwardBatch([SeqInput(0, prompt, 0)]), kv)
+    kv.lens[0] = len(prompt)
+    # new tokens: root r, branch a (2 tokens), branch b (3 tokens); each branch sees r
+    r = 7
+    toks = [r] + a + b
+    n = len(toks)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    parents = [-1, 0, 1, 0, 3, 4]
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        while p >= 0:
+            mask[i, p] = True
+            p = parents[p]
+    P = len(prompt)
+    pos = [P, P + 1, P + 2, P + 1, P + 2, P + 3]
+    out = model.logits(model.forward(ForwardBatch([SeqInput(0, toks, P, pos, mask)]), kv))
+    ref_a, _ = run_full(model, prompt + [r] + a)
+    ref_b, _ = run_full(model, prompt + [r] + b)
+    torch.testing.assert_close(out[:3], ref_a[P:], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out[[0, 3, 4, 5]], ref_b[P:], atol=1e-4, rtol=1e-4)
+    # commit root + branch b (offsets 0, 3, 4, 5), then decode one more token
+    kv.commit(0, [0, 3, 4, 5])
+    assert kv.lens[0] == P + 4
+    nxt = model.logits(model.forward(ForwardBatch([SeqInput(0, [9], P + 4)]), kv))
+    ref, _ = run_full(model, prompt + [r] + b + [9])
+    torch.testing.assert_close(nxt[0], ref[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_layer_plan_skip_exit_and_resume(tiny_llama):
+    model = load_model(tiny_llama, "cpu", "fp32")
+    ids = list(range(30, 50))
+    L = model.cfg.num_layers
+    full, _ = run_full(model, ids)
+    # exit at layer 2 and resume from the captured hidden states: same logits
+    kv = model.new_kv_cache(1, 64)
+    b = ForwardBatch([SeqInput(0, ids, 0)])
+    h2, cap = model.forward(b, kv, LayerPlan(end=2, capture=2))
+    assert torch.equal(h2, cap)
+    hL = model.forward(b, kv, LayerPlan(start=2), hidden=h2)
+    torch.testing.assert_close(model.logits(hL), full, atol=1e-5, rtol=1e-5)
+    # capture inside a full run equals the early exit
+    _, cap1 = model.forward(b, kv, LayerPlan(capture=2))
+    torch.testing.assert_close(cap1, h2)
+    # skipping everything leaves the embedding untouched; skipping some blocks changes logits
+    kv = model.new_kv_cache(1, 64)
+    all_skip = LayerPlan(skip_attn=frozenset(range(L)), skip_mlp=frozenset(range(L)))
+    h = model.forward(b, kv, all_skip)
+    torch.testing.assert_close(h, model.embed[torch.tensor(ids)])
+    some = model.logits(model.forward(b, kv, LayerPlan(skip_attn=frozenset({1}))))
+    assert not torch.allclose(some, full, atol=1e-3)
+
+
+def test_kv_commit_truncate_validation(tiny_llama):
+    model = load_model(tiny_llama, "cpu", "fp32")
+    kv = model.new_kv_cache(2, 16)
+    kv.lens[1] = 5
+    with pytest.raises(ValueError):
+        kv.commit(1, [2, 1])
+    kv.commit(1, [0, 1])
+    assert kv.lens[1] == 7
+    kv.truncate(1, 3)
+    assert kv.lens[1] == 3
+    with pytest.raises(ValueError):
+        kv.truncate(1, 4)
+    with pytest.raises(ValueError):
+        SeqInput(0, [], 0)
+    with pytest.raises(ValueError):
+        SeqInput(0, [1, 2], 0, mask=torch.zeros(2, 2, dtype=torch.bool))

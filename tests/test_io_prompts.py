@@ -1,0 +1,133 @@
+import json
+
+import pytest
+
+from specctl.errors import SpecctlError
+from specctl.io import prompts
+from specctl.io.prompts import PromptRecord, read_prompts
+
+
+def write(tmp_path, *lines, raw=None, name="p.jsonl"):
+    p = tmp_path / name
+    if raw is not None:
+        p.write_bytes(raw)
+    else:
+        p.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return p
+
+
+def test_prompt_format(tmp_path):
+    (r,) = read_prompts(write(tmp_path, {"prompt": "Hi there", "id": 7, "category": "chat"}))
+    assert r == PromptRecord(index=0, line_no=1, id=7, id_field="id", category="chat",
+                             turns=(({"role": "user", "content": "Hi there"},),),
+                             max_tokens=None, raw_prompt="Hi there", error=None)
+
+
+def test_messages_format_developer_maps_to_system(tmp_path):
+    msgs = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "q"}]
+    (r,) = read_prompts(write(tmp_path, {"messages": msgs, "max_tokens": 32}))
+    assert r.turns == (({"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}),)
+    assert r.max_tokens == 32 and r.id is None and r.id_field is None and r.raw_prompt is None
+
+
+def test_openai_batch_format(tmp_path):
+    line = {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "x", "messages": [{"role": "user", "content": "hello"}],
+                     "max_completion_tokens": 64}}
+    (r,) = read_prompts(write(tmp_path, line))
+    assert (r.id, r.id_field, r.max_tokens) == ("req-1", "custom_id", 64)
+    assert r.turns == (({"role": "user", "content": "hello"},),)
+
+
+def test_openai_content_parts_joined(tmp_path):
+    parts = [{"type": "text", "text": "foo "}, {"type": "text", "text": "bar"}]
+    line = {"custom_id": "a", "body": {"messages": [{"role": "user", "content": parts}], "max_tokens": 5}}
+    (r,) = read_prompts(write(tmp_path, line))
+    assert r.turns[0][0]["content"] == "foo bar" and r.max_tokens == 5
+
+
+def test_mtbench_multi_turn(tmp_path):
+    line = {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]}
+    (r,) = read_prompts(write(tmp_path, line))
+    assert (r.id, r.id_field, r.category) == (81, "question_id", "writing")
+    assert r.turns == (({"role": "user", "content": "Write a poem."},),
+                       ({"role": "user", "content": "Now shorter."},))
+
+
+def test_blank_lines_keep_true_line_numbers_and_bom(tmp_path):
+    raw = b'\xef\xbb\xbf{"prompt": "a"}\n\n   \r\n{"prompt": "b"}\r\n\n'
+    rs = read_prompts(write(tmp_path, raw=raw))
+    assert [(r.index, r.line_no, r.raw_prompt) for r in rs] == [(0, 1, "a"), (1, 4, "b")]
+
+
+def test_duplicate_ids_allowed(tmp_path):
+    rs = read_prompts(write(tmp_path, {"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}))
+    assert [r.id for r in rs] == ["x", "x"]
+
+
+BAD = [
+    ('{"prompt": "a"', "malformed JSON"),
+    ('[1, 2]', "expected a JSON object"),
+    ('{"question": "a"}', "unknown prompt format: expected one of prompt, messages, turns, body.messages"),
+    ('{"prompt": "  "}', "prompt: must be a non-empty string"),
+    ('{"prompt": 3}', "prompt: must be a non-empty string"),
+    ('{"turns": []}', "turns: must be a non-empty list"),
+    ('{"turns": ["ok", 5]}', "turns[1]: must be a non-empty string"),
+    ('{"turns": ["ok", ""]}', "turns[1]: must be a non-empty string"),
+    ('{"messages": []}', "messages: must be a non-empty list"),
+    ('{"messages": [{"role": "user", "content": 5}]}', "messages[0].content: must be a string"),
+    ('{"messages": [{"role": "tool", "content": "x"}]}', "messages[0].role: 'tool'"),
+    ('{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+     "last message must be from the user"),
+    ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages[0].content[0]"),
+    ('{"body": {"input": "x"}}', "body: must be an object with messages"),
+    ('{"body": {"messages": [{"role": "user", "content": "q"}], "max_tokens": 0}}',
+     "body.max_tokens: must be a positive integer"),
+    ('{"prompt": "a", "max_tokens": "10"}', "max_tokens: must be a positive integer"),
+    ('{"prompt": "a", "max_tokens": true}', "max_tokens: must be a positive integer"),
+    ('{"prompt": "a", "id": [1]}', "id: must be a string or integer"),
+    ('{"prompt": "a", "category": 3}', "category: must be a string"),
+    ('{"prompt": "a", "turns": ["b"]}', "ambiguous prompt format"),
+]
+
+
+@pytest.mark.parametrize("line,expected", BAD)
+def test_bad_line_raises_with_file_and_line(tmp_path, line, expected):
+    p = write(tmp_path, {"prompt": "fine"}, "", line)
+    with pytest.raises(SpecctlError) as ei:
+        read_prompts(p)
+    assert str(ei.value).startswith(f"{p}:3: ") and expected in str(ei.value)
+
+
+def test_invalid_utf8(tmp_path):
+    p = write(tmp_path, raw=b'{"prompt": "ok"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(SpecctlError, match=r":2: not valid UTF-8 \(byte 0xff at column 13\)"):
+        read_prompts(p)
+
+
+def test_overlong_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(prompts, "MAX_LINE_BYTES", 50)
+    p = write(tmp_path, {"prompt": "x" * 200}, {"prompt": "short"})
+    with pytest.raises(SpecctlError, match=r":1: line is longer than"):
+        read_prompts(p)
+    rs = read_prompts(p, skip_bad=True)
+    assert rs[0].error and rs[1].line_no == 2 and rs[1].raw_prompt == "short"
+
+
+def test_skip_bad_keeps_good_lines(tmp_path):
+    p = write(tmp_path, {"prompt": "a"}, '{"id": "b", "turns": [1]}', "not json", "", {"prompt": "d"})
+    rs = read_prompts(p, skip_bad=True)
+    assert [(r.index, r.line_no, r.error is None) for r in rs] == [
+        (0, 1, True), (1, 2, False), (2, 3, False), (3, 5, True)]
+    assert rs[1].error.startswith(f"{p}:2: turns[0]") and rs[1].turns is None and rs[1].id == "b"
+    assert rs[2].error.startswith(f"{p}:3: malformed JSON")
+
+
+def test_missing_and_empty_files(tmp_path):
+    with pytest.raises(SpecctlError, match="not found"):
+        read_prompts(tmp_path / "nope.jsonl")
+    with pytest.raises(SpecctlError, match="cannot read"):
+        read_prompts(tmp_path)
+    p = write(tmp_path, raw=b"\n  \n")
+    with pytest.raises(SpecctlError, match=f"no prompts in {p}"):
+        read_prompts(p)
