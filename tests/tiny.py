@@ -59,6 +59,8 @@ def make_tiny_model(out: Path, kind: str = "llama", layers: int = 4, seed: int =
         for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
+        if not tie:   # a peakier head: next-token distributions like a trained model's
+            model.lm_head.weight.mul_(4.0)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=common["eos_token_id"]).save_pretrained(out)
     return out

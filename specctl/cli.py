@@ -1,0 +1,202 @@
+"""The `specctl` command line (typer + rich). Commands parse options, build a config, call one
+function below the CLI, and print; user mistakes (SpecctlError) become one red line and a
+non-zero exit code, never a traceback."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+from rich.table import Table
+
+from specctl.errors import SpecctlError
+from specctl.store import Store
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Self-speculative decoding for Llama-family LLMs: batched, lossless.")
+models_app = typer.Typer(no_args_is_help=True, help="Obtain and inspect models.")
+store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored artifacts.")
+app.add_typer(models_app, name="models")
+app.add_typer(store_app, name="store")
+
+console = Console(stderr=True)
+StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
+
+
+def friendly(fn):
+    """Turn SpecctlError (and Ctrl-C) into a one-line message and an exit code."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SpecctlError as e:
+            console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]: finished outputs are kept in the store; "
+                          "run the same command with --resume to continue")
+            raise typer.Exit(130)
+    return wrapper
+
+
+class RichProgress:
+    """Prompts done and tokens/s for a generate run."""
+
+    def __init__(self, enabled: bool = True):
+        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(),
+                          TimeRemainingColumn(), console=console, disable=not enabled)
+        self.task = None
+        self.tokens_done = 0
+
+    def start(self, total: int, done: int) -> None:
+        self.p.start()
+        self.task = self.p.add_task("gen", total=total, completed=done, tps="-")
+
+    def advance(self, n: int) -> None:
+        self.p.advance(self.task, n)
+
+    def tokens(self, n: int) -> None:
+        self.tokens_done += n
+        elapsed = self.p.tasks[0].elapsed or 0.0
+        if elapsed > 0:
+            self.p.update(self.task, tps=f"{self.tokens_done / elapsed:.1f}")
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+@app.command(epilog="Examples:\n\n  specctl generate prompts.jsonl --out answers.jsonl\n\n"
+                    "  specctl generate mt_bench.jsonl --batch-size 16 --max-tokens 512\n\n"
+                    "  specctl generate prompts.jsonl --temperature 0.7 --top-p 0.9 --seed 1")
+@friendly
+def generate(
+    input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
+                                        "'smollm2-135m-instruct' (the default demo model)."),
+    method: str = typer.Option("ar", "--method", help="Decoding method: ar."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (per request, batch-independent)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
+                                       "<input stem>.out.jsonl in the current directory)."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
+    stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Record bad lines in the output instead of stopping."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Generate answers for every line of a JSONL prompt file, in input order."""
+    from specctl.runtime.job import GenerateConfig, run_generate
+
+    cfg = GenerateConfig(str(input), model, method, batch_size, max_tokens, temperature, top_p,
+                         top_k, seed, chat, tuple(stop), device, dtype, skip_bad)
+    out = out or Path(f"{input.stem}.out.jsonl")
+    st = Store(store)
+    prog = RichProgress(enabled=not quiet)
+    try:
+        res = run_generate(cfg, st, out, resume=resume, log=lambda m: console.print(m, highlight=False),
+                           progress=prog)
+    finally:
+        prog.stop()
+    m = res["metrics"]
+    console.print(f"[green]done[/]: {m['requests']} requests, {m['new_tokens']} new tokens, "
+                  f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
+                  f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else ""))
+    console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False)
+
+
+@models_app.command("pull", epilog="Example:\n\n  specctl models pull")
+@friendly
+def models_pull(
+    name: str = typer.Argument("smollm2-135m-instruct", help="Only the demo model alias for now."),
+    force: bool = typer.Option(False, "--force", help="Download and convert again."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Download and convert the demo model into the store (done automatically on first use)."""
+    from specctl.models.checkpoint import DEMO_ALIAS, pull_demo
+
+    if name != DEMO_ALIAS:
+        raise SpecctlError(f"unknown model alias {name!r}; pass a local folder or hub id with --model")
+    path = pull_demo(Store(store), log=lambda m: console.print(m, highlight=False), force=force)
+    console.print(f"[green]ready[/]: {path}", highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+@store_app.command("ls", epilog="Example:\n\n  specctl store ls --kind runs")
+@friendly
+def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, runs, skipsets, "
+                                                "adapters or ngram-caches."),
+             store: Optional[Path] = StoreOpt):
+    """List artifacts in the store."""
+    st = Store(store)
+    from specctl.store import KINDS
+    if kind and kind not in KINDS:
+        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    entries = st.entries(kind)
+    if not entries:
+        console.print(f"the store at {st.root} is empty", highlight=False)
+        return
+    t = Table(title=str(st.root))
+    for col in ("kind", "id", "created", "size"):
+        t.add_column(col)
+    for e in entries:
+        t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes))
+    Console().print(t)
+
+
+@store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")
+@friendly
+def store_show(ident: str = typer.Argument(..., help="Artifact id or unique prefix."),
+               store: Optional[Path] = StoreOpt):
+    """Show an artifact's manifest (and metrics, for runs)."""
+    e = Store(store).find(ident)
+    info = {"kind": e.kind, "path": str(e.path), "manifest": e.manifest}
+    mf = e.path / "metrics.json"
+    if mf.exists():
+        m = json.loads(mf.read_text())
+        m.pop("per_sample", None)
+        info["metrics"] = m
+    Console().print_json(json.dumps(info, ensure_ascii=False))
+
+
+@store_app.command("rm", epilog="Example:\n\n  specctl store rm ar-20261122-101010-abcdef")
+@friendly
+def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix."),
+             yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+             store: Optional[Path] = StoreOpt):
+    """Remove an artifact."""
+    st = Store(store)
+    e = st.find(ident)
+    if not yes and sys.stdin.isatty() and not typer.confirm(f"remove {e.kind}/{e.id}?"):
+        raise typer.Exit(1)
+    st.remove(e.id)
+    console.print(f"removed {e.kind}/{e.id}", highlight=False)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

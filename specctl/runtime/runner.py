@@ -1,0 +1,244 @@
+"""The step loop: continuous batching over KV slots, prefill, draft -> verify -> commit.
+
+    runner = Runner(model, drafter, sampling, batch_size=8, max_len=..., eos_ids={...},
+                    render=..., decode=...)
+    runner.run(requests, on_done=write_record)
+
+Scheduling (nano-vllm style): up to `batch_size` sequences hold a KV slot each; whenever one
+finishes (EOS, its token budget, a stop string, the context end) its slot is freed and the next
+waiting prompt is admitted at once, so a long answer never holds a batch back. A multi-turn
+request re-enters the queue (at its front) for its next stage.
+
+Each iteration: prefill the newly admitted sequences (their prompts packed together, in chunks of
+at most `prefill_chunk` tokens), then one step over all running sequences: the drafter proposes a
+tree per sequence, the target runs once over [pending token + drafts] of every sequence packed
+flat (no padding: the tokens computed equal the sum of real tokens), the verifier picks the
+accepted path and bonus token per sequence, and the KV cache keeps exactly the accepted rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.engine.model import Model
+from specctl.runtime.sequence import Request, Sequence
+from specctl.spec.drafter import Drafter
+from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, verify_greedy,
+                                 verify_sampling, warp)
+
+
+@dataclass
+class RunStats:
+    steps: int = 0                 # verification forwards (decode steps; prefill not counted)
+    prefill_forwards: int = 0
+    prefill_tokens: int = 0
+    step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
+    padded_tokens: int = 0         # what a padded batch would have computed for the same steps
+    generated: int = 0
+    accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
+
+    @property
+    def padding_ratio(self) -> float:
+        return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def request_rng(seed: int, index: int) -> torch.Generator:
+    """Per-request generator: same seed, same request -> same samples, whatever the batch."""
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + index) % (2**63))
+    return g
+
+
+class Runner:
+    def __init__(self, model: Model, drafter: Drafter, sampling: SamplingParams, *,
+                 batch_size: int, max_len: int, eos_ids: set[int],
+                 render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
+                 stop: tuple[str, ...] = (), prefill_chunk: int = 512):
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.model, self.drafter, self.sp = model, drafter, sampling
+        self.batch_size, self.max_len = batch_size, max_len
+        self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
+        self.render, self.decode = render, decode
+        self.prefill_chunk = prefill_chunk
+        self.kv = model.new_kv_cache(batch_size, max_len)
+        self.stats = RunStats()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, requests: Iterable[Request], on_done: Callable[[Request], None],
+            on_tokens: Callable[[int], None] | None = None) -> RunStats:
+        waiting: deque[Request] = deque(requests)
+        free = list(range(self.batch_size))
+        running: list[Sequence] = []
+        while waiting or running:
+            fresh = []
+            while free and waiting:
+                seq = self._admit(waiting.popleft(), free.pop(0))
+                if seq.finished:   # could not start (prompt too long for the context)
+                    self._retire(seq, free, waiting, on_done)
+                    continue
+                fresh.append(seq)
+            if fresh:
+                self._prefill(fresh)
+                running.extend(fresh)
+            running.sort(key=lambda s: s.slot)
+            live = [s for s in running if not s.finished]
+            if live:
+                before = self.stats.generated
+                self._step(live)
+                if on_tokens:
+                    on_tokens(self.stats.generated - before)
+            for s in [s for s in running if s.finished]:
+                running.remove(s)
+                self._retire(s, free, waiting, on_done)
+        return self.stats
+
+    def _admit(self, req: Request, slot: int) -> Sequence:
+        if req.started is None:
+            req.started = time.perf_counter()
+        ids = self.render(req)
+        rng = None if self.sp.greedy else request_rng(self.sp.seed, req.index * 64 + len(req.answers))
+        seq = Sequence(req, ids, slot, rng)
+        req.prompt_tokens += len(ids)
+        self.kv.reset(slot)
+        if len(ids) + 1 > self.max_len:
+            seq.finish_reason = "context"
+        else:
+            self.drafter.admit(seq)
+        return seq
+
+    def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
+        req = seq.req
+        if seq.prefilled or seq.out_ids:
+            self.drafter.retire(seq)
+        ids = seq.out_ids
+        text_ids = [t for t in ids if t not in self.eos_ids]
+        text = self.decode(text_ids)
+        if seq.finish_reason == "stop_string":
+            cut = min((text.find(s) for s in self.stop if s in text), default=-1)
+            text = text[:cut] if cut >= 0 else text
+        req.answers.append(text)
+        req.answer_ids.append(ids)
+        req.finish_reasons.append(seq.finish_reason or "length")
+        self.kv.reset(seq.slot)
+        free.append(seq.slot)
+        free.sort()
+        if req.done or seq.finish_reason == "context":
+            while not req.done:   # later stages cannot run once the context is full
+                req.answers.append("")
+                req.answer_ids.append([])
+                req.finish_reasons.append("context")
+            req.wall_time = time.perf_counter() - req.started
+            on_done(req)
+        else:
+            waiting.appendleft(req)
+
+    # -- prefill ----------------------------------------------------------------------------
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        todo = list(seqs)
+        while todo:
+            budget, parts = self.prefill_chunk, []
+            for s in todo:
+                if budget <= 0:
+                    break
+                n = min(len(s.prompt_ids) - s.prefilled, budget)
+                parts.append((s, n))
+                budget -= n
+            batch = ForwardBatch([SeqInput(s.slot, s.prompt_ids[s.prefilled:s.prefilled + n],
+                                           s.prefilled) for s, n in parts], self.model.device)
+            hidden = self.model.forward(batch, self.kv)
+            self.stats.prefill_forwards += 1
+            self.stats.prefill_tokens += batch.num_tokens
+            ends = []
+            for b, (s, n) in enumerate(parts):
+                s.prefilled += n
+                self.kv.lens[s.slot] = s.prefilled
+                if s.prefilled == len(s.prompt_ids):
+                    ends.append((s, batch.cu_seqlens[b + 1] - 1))
+            if ends:
+                logits = self.model.logits(hidden[[i for _, i in ends]])
+                first = self._sample_rows(logits, [s for s, _ in ends])
+                for (s, _), tok in zip(ends, first):
+                    s.req.steps += 1
+                    s.req.accept_lengths.append(0)
+                    self._emit(s, [tok])
+            todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
+
+    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        if self.sp.greedy:
+            return logits.argmax(-1).tolist()
+        probs = warp(logits, self.sp).cpu()
+        return [int(torch.multinomial(probs[i], 1, generator=s.rng).item())
+                for i, s in enumerate(seqs)]
+
+    # -- one step ---------------------------------------------------------------------------
+    def _step(self, seqs: list[Sequence]) -> None:
+        kv = self.kv
+        room = [min(self.max_len - kv.lens[s.slot] - 1,
+                    s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
+        self.drafter.propose(seqs, kv, room)
+        inputs = []
+        for s, r in zip(seqs, room):
+            tree = s.draft if s.draft is not None else DraftTree()
+            if len(tree) > max(r, 0):   # a prefix of the nodes is still a valid tree
+                n = max(r, 0)
+                tree = DraftTree(tree.tokens[:n], tree.parents[:n],
+                                 None if tree.q is None else tree.q[:n])
+            s.draft = tree
+            base = kv.lens[s.slot]
+            if tree.is_chain:
+                inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base))
+            else:
+                pos = [base] + [base + d for d in tree.depths()]
+                inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base, pos, tree.mask()))
+        batch = ForwardBatch(inputs, self.model.device)
+        logits = self.model.logits(self.model.forward(batch, kv))      # [T, V]
+        cu = batch.cu_seqlens
+        if self.sp.greedy:
+            target = logits.argmax(-1).tolist()
+        else:
+            probs = warp(logits, self.sp).cpu()
+        verdicts: list[Verdict] = []
+        for b, s in enumerate(seqs):
+            tree = s.draft
+            if self.sp.greedy:
+                v = verify_greedy(tree, target[cu[b]:cu[b + 1]])
+            else:
+                v = verify_sampling(tree, probs[cu[b]:cu[b + 1]], s.rng)
+            verdicts.append(v)
+            kv.commit(s.slot, [0] + [j + 1 for j in v.accepted])
+            s.req.steps += 1
+            s.req.accept_lengths.append(len(v.accepted))
+            self.stats.accept_hist[len(v.accepted)] = \
+                self.stats.accept_hist.get(len(v.accepted), 0) + 1
+            self._emit(s, v.tokens(tree))
+        self.drafter.observe(seqs, verdicts)
+        self.stats.steps += 1
+        self.stats.step_tokens += batch.num_tokens
+        self.stats.padded_tokens += max(batch.num_new) * len(seqs)
+
+    def _emit(self, s: Sequence, tokens: list[int]) -> None:
+        for t in tokens:
+            if len(s.out_ids) >= s.req.max_tokens:
+                s.finish_reason = "length"
+                break
+            s.out_ids.append(t)
+            self.stats.generated += 1
+            if t in self.eos_ids:
+                s.finish_reason = "stop"
+                break
+        if not s.finished and len(s.out_ids) >= s.req.max_tokens:
+            s.finish_reason = "length"
+        if not s.finished and self.stop:
+            tail = self.decode(s.out_ids[-64:])
+            if any(x in tail for x in self.stop):
+                s.finish_reason = "stop_string"
+        if not s.finished and self.kv.lens[s.slot] + 1 >= self.max_len:
+            s.finish_reason = "context"
+        s.pending = s.out_ids[-1] if s.out_ids else None

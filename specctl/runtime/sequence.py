@@ -1,0 +1,65 @@
+"""Per-request state: a Request is what the user asked for, a Sequence is one turn of it in flight.
+
+A request has one or more stages (multi-turn prompts): stage k's messages are appended to the
+conversation so far, the model answers, its answer is appended, then stage k + 1 follows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specctl.spec.verify import DraftTree
+
+
+@dataclass
+class Request:
+    index: int                          # input order
+    stages: list[list[dict]]            # messages appended before each answer
+    max_tokens: int
+    raw_prompt: str | None = None       # fed verbatim when no chat template is applied
+    meta: dict = field(default_factory=dict)   # ids etc. carried to the output
+    # filled as stages finish
+    answers: list[str] = field(default_factory=list)
+    answer_ids: list[list[int]] = field(default_factory=list)
+    steps: int = 0
+    accept_lengths: list[int] = field(default_factory=list)   # accepted drafts per step
+    finish_reasons: list[str] = field(default_factory=list)
+    started: float | None = None
+    wall_time: float = 0.0
+    prompt_tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.answers) == len(self.stages)
+
+    def history(self) -> list[dict]:
+        """Messages up to and including the next stage's user turn."""
+        msgs: list[dict] = []
+        for k in range(len(self.answers) + 1):
+            msgs.extend(self.stages[k])
+            if k < len(self.answers):
+                msgs.append({"role": "assistant", "content": self.answers[k]})
+        return msgs
+
+
+@dataclass
+class Sequence:
+    """One stage of a request, living in a KV slot while it runs."""
+    req: Request
+    prompt_ids: list[int]
+    slot: int
+    rng: torch.Generator | None = None
+    out_ids: list[int] = field(default_factory=list)
+    pending: int | None = None          # last emitted token, not yet in the KV cache
+    prefilled: int = 0                  # prompt tokens already in the KV cache
+    finish_reason: str | None = None
+    draft: DraftTree | None = None      # the drafter's proposal for the current step
+    state: dict = field(default_factory=dict)   # drafter-private per-sequence state
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,40 @@
+"""The drafter interface every method implements, and `ar`'s (no drafts).
+
+A drafter is a plain object with two calls per step (transformers' candidate-generator shape):
+- `propose(seqs, kv, room)`: set `seq.draft` (a DraftTree) for each running sequence. It may run
+  forwards of the model itself (layer-skip or early-exit drafting), writing KV rows past the
+  committed length only; such rows never survive verification. `room[i]` caps how many draft
+  nodes sequence i may get (KV space and the tokens it may still emit).
+- `observe(seqs, verdicts)`: learn from the verification (adaptive thresholds, caches).
+`admit(seq)` / `retire(seq)` bracket a sequence's life in a slot. Sequences are duck-typed
+(runtime.sequence.Sequence): the spec layer does not import the runtime.
+"""
+
+from __future__ import annotations
+
+from specctl.spec.verify import DraftTree
+
+
+class Drafter:
+    name = "base"
+
+    def admit(self, seq) -> None:
+        pass
+
+    def retire(self, seq) -> None:
+        pass
+
+    def propose(self, seqs: list, kv, room: list[int]) -> None:
+        raise NotImplementedError
+
+    def observe(self, seqs: list, verdicts: list) -> None:
+        pass
+
+
+class NoDraft(Drafter):
+    """`ar`: the degenerate case, an empty tree, so one token per step."""
+    name = "ar"
+
+    def propose(self, seqs, kv, room) -> None:
+        for s in seqs:
+            s.draft = DraftTree()

@@ -1,0 +1,176 @@
+"""One verifier for every method: greedy verification and lossless speculative sampling over
+draft trees. Pure functions of (tree, target distribution, rng); no model.
+
+Terms (used the same way everywhere in specctl):
+- p: the target model's next-token distribution (after temperature/top-k/top-p).
+- q: the drafter's distribution a draft token was drawn from. Deterministic drafts (n-grams,
+  greedy drafts) have no q: they count as one-hot on the drafted token.
+- accepted: draft tokens the verifier keeps; bonus: the target's own token after the last
+  accepted draft. Every verification step emits accepted + 1 tokens.
+
+A draft tree hangs below the root, the sequence's pending token (emitted, not yet in the KV
+cache). Node j has a token and a parent (-1 = the root); a chain is a tree whose parents are
+[-1, 0, 1, ...]. The target runs once over [root, node 0, ..., node n-1], giving n + 1 rows of
+logits: row 0 predicts the token after the root, row j + 1 the token after node j. Sibling
+order is candidate priority.
+
+    tokens  = [a, b, c, d]        root -> a -> b
+    parents = [-1, 0, -1, 2]      root -> c -> d
+    depth   = [1, 2, 1, 2]  ->  positions (root at 7) = [7, 8, 9, 8, 9]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    q: torch.Tensor | None = None   # [n, V] drafter distribution of each node, or None (one-hot)
+
+    def __post_init__(self):
+        if len(self.tokens) != len(self.parents):
+            raise ValueError("tokens and parents differ in length")
+        for j, p in enumerate(self.parents):
+            if not -1 <= p < j:
+                raise ValueError(f"node {j}: parent {p} must precede it")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> "DraftTree":
+        return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == list(range(-1, len(self.tokens) - 1))
+
+    def depths(self) -> list[int]:
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return d
+
+    def mask(self) -> torch.Tensor:
+        """[n+1, n+1] bool over [root, nodes]: each row sees itself and its ancestors."""
+        n = len(self.tokens)
+        m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        m[:, 0] = True
+        m[0, 0] = True
+        for j, p in enumerate(self.parents):
+            m[j + 1, j + 1] = True
+            if p >= 0:
+                m[j + 1] |= m[p + 1]
+        return m
+
+    def children(self) -> list[list[int]]:
+        """children[r] for r in 0..n: r = 0 is the root, r = j + 1 is node j."""
+        ch: list[list[int]] = [[] for _ in range(len(self.tokens) + 1)]
+        for j, p in enumerate(self.parents):
+            ch[p + 1].append(j)
+        return ch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: list[int]   # accepted node indices, root to leaf
+    bonus: int            # the target's token after the last accepted node
+
+    def tokens(self, tree: DraftTree) -> list[int]:
+        """Emitted tokens: accepted drafts then the bonus."""
+        return [tree.tokens[j] for j in self.accepted] + [self.bonus]
+
+
+def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
+    """target: argmax of the n + 1 target rows. Follow the child that equals the target's
+    choice as long as one exists."""
+    ch = tree.children()
+    accepted, row = [], 0
+    while True:
+        want = target[row]
+        nxt = next((j for j in ch[row] if tree.tokens[j] == want), None)
+        if nxt is None:
+            return Verdict(accepted, want)
+        accepted.append(nxt)
+        row = nxt + 1
+
+
+def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator) -> Verdict:
+    """Lossless speculative sampling over a tree (recursive rejection over siblings).
+
+    p: [n + 1, V] target probabilities (rows as in the module docstring).
+    At a node, each child x in order is accepted with probability min(1, p(x) / q(x)); on
+    rejection p becomes norm(max(p - q, 0)) (one-hot q: p(x) is zeroed and p renormalized) and
+    the next child is tried. If all children fail (or there are none), the bonus is drawn from
+    the current p. With one child this is standard speculative sampling; with one-hot q it is
+    the sequential-candidate acceptance of Self-Draft / SpecInfer.
+    """
+    ch = tree.children()
+    accepted, row = [], 0
+    while True:
+        pr = p[row].double().clone()
+        moved = False
+        for j in ch[row]:
+            x = tree.tokens[j]
+            u = torch.rand((), generator=rng, dtype=torch.float64).item()
+            if tree.q is None:
+                if u < pr[x].item():
+                    moved = True
+                else:
+                    pr[x] = 0.0
+            else:
+                qj = tree.q[j].double()
+                if qj[x] > 0 and u < min(1.0, (pr[x] / qj[x]).item()):
+                    moved = True
+                else:
+                    pr = torch.clamp(pr - qj, min=0.0)
+            if moved:
+                accepted.append(j)
+                row = j + 1
+                break
+            s = pr.sum()
+            pr = pr / s if s > 0 else p[row].double().clone()
+        if not moved:
+            bonus = int(torch.multinomial(pr.float(), 1, generator=rng).item())
+            return Verdict(accepted, bonus)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0    # 0 = greedy
+    top_k: int = 0              # 0 = off
+    top_p: float = 1.0          # 1 = off
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def warp(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """[N, V] logits -> [N, V] probabilities with temperature, top-k and top-p applied
+    (the same warping is applied to p and to q)."""
+    x = logits.float() / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        kth = torch.topk(x, sp.top_k, dim=-1).values[:, -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if sp.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(sorted_x, dim=-1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_x, dim=-1) >= sp.top_p   # keep the smallest nucleus
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(-1, idx, sorted_x)
+    return torch.softmax(x, dim=-1)

