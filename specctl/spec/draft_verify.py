@@ -1,0 +1,166 @@
+"""Draft & Verify (papers/002): draft with the same model minus a skip set of sublayers, stop
+drafting adaptively, verify with one forward of the full model.
+
+- Skip set: 2L bits; bit i < L skips layer i's attention block, bit L + j layer j's MLP block (a
+  skipped block returns its residual input). No extra weights.
+- Drafting is a chain: up to K tokens, one draft forward per token for all sequences at once;
+  a sequence stops when its draft's top-1 probability < gamma (or at K, or at its room).
+  Sequences in one batch draft different numbers of tokens: each simply leaves the draft batch.
+- gamma adapts after every verification step (paper eq. 2-4, defaults of its Table 6):
+      AR      <- beta1 * AR + (1 - beta1) * AR_e          (AR_e = accepted / drafted this step;
+                                                           AR = AR_e on the first step)
+      gamma~  =  gamma + eps  if AR <= alpha  else  gamma - eps
+      gamma   <- beta2 * gamma + (1 - beta2) * gamma~
+  (code) gamma is kept when AR >= alpha and the full K was drafted; it carries over between the
+  prompts of a run. With a batch, one step's AR_e pools the batch's accepted / drafted counts.
+- The KV rows drafting writes (for the layers it runs) lie past the committed length; the
+  verification forward overwrites them for every layer, so they never survive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
+from specctl.spec.drafter import Drafter
+from specctl.spec.verify import DraftTree, SamplingParams, warp
+
+
+@dataclass(frozen=True)
+class SkipSet:
+    """Which sublayers the drafter skips."""
+    num_layers: int
+    attn: frozenset[int] = frozenset()
+    mlp: frozenset[int] = frozenset()
+
+    def __post_init__(self):
+        bad = [i for i in (*self.attn, *self.mlp) if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"skip set names layers outside [0, {self.num_layers}): {bad}")
+
+    @classmethod
+    def from_bits(cls, bits: list[int] | list[bool]) -> "SkipSet":
+        if len(bits) % 2:
+            raise ValueError("a skip set has 2L bits")
+        L = len(bits) // 2
+        return cls(L, frozenset(i for i in range(L) if bits[i]),
+                   frozenset(j for j in range(L) if bits[L + j]))
+
+    def bits(self) -> list[int]:
+        return [int(i in self.attn) for i in range(self.num_layers)] + \
+               [int(j in self.mlp) for j in range(self.num_layers)]
+
+    def plan(self) -> LayerPlan:
+        return LayerPlan(skip_attn=self.attn, skip_mlp=self.mlp)
+
+    @property
+    def size(self) -> int:
+        return len(self.attn) + len(self.mlp)
+
+    def to_json(self) -> dict:
+        return {"num_layers": self.num_layers, "attn": sorted(self.attn), "mlp": sorted(self.mlp)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SkipSet":
+        try:
+            return cls(int(d["num_layers"]), frozenset(int(i) for i in d["attn"]),
+                       frozenset(int(i) for i in d["mlp"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a skip set ({e})") from None
+
+
+@dataclass(frozen=True)
+class ExitParams:
+    K: int = 12
+    gamma0: float = 0.6
+    eps: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+    alpha: float = 0.9
+
+    def __post_init__(self):
+        if self.K < 1:
+            raise ValueError("K (max drafts) must be >= 1")
+        for name in ("gamma0", "beta1", "beta2", "alpha"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class ExitState:
+    gamma: float
+    ar: float | None = None   # smoothed acceptance rate; None before the first step
+
+
+def update_threshold(st: ExitState, accepted: int, drafted: int, full_k: bool,
+                     prm: ExitParams) -> ExitState:
+    """One application of the paper's rule (see the module docstring)."""
+    if drafted == 0:
+        return st
+    ar_e = accepted / drafted
+    ar = ar_e if st.ar is None else prm.beta1 * st.ar + (1 - prm.beta1) * ar_e
+    if ar >= prm.alpha and full_k:   # (code) drafting K tokens with high acceptance: keep gamma
+        return replace(st, ar=ar)
+    tilde = st.gamma + prm.eps if ar <= prm.alpha else st.gamma - prm.eps
+    return ExitState(prm.beta2 * st.gamma + (1 - prm.beta2) * tilde, ar)
+
+
+class LayerSkipDrafter(Drafter):
+    name = "draft-verify"
+
+    def __init__(self, model, skip: SkipSet, sampling: SamplingParams,
+                 params: ExitParams = ExitParams()):
+        if skip.num_layers != model.cfg.num_layers:
+            raise ValueError(f"skip set is for {skip.num_layers} layers, the model has "
+                             f"{model.cfg.num_layers}")
+        self.model, self.skip, self.sp, self.prm = model, skip, sampling, params
+        self.plan = skip.plan()
+        self.state = ExitState(params.gamma0)
+        self.draft_forwards = 0
+        self.gamma_trace: list[float] = []
+
+    def propose(self, seqs, kv, room) -> None:
+        drafts = {id(s): [] for s in seqs}
+        qs = {id(s): [] for s in seqs}
+        active = [(s, min(r, self.prm.K)) for s, r in zip(seqs, room) if r > 0]
+        last = {id(s): s.pending for s, _ in active}
+        gamma = self.state.gamma
+        d = 0
+        while active:
+            batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
+                                  for s, _ in active], self.model.device)
+            logits = self.model.logits(self.model.forward(batch, kv, self.plan))   # [B, V]
+            self.draft_forwards += 1
+            if self.sp.greedy:
+                top_p, tok = torch.softmax(logits, -1).max(-1)
+                toks, conf = tok.tolist(), top_p.tolist()
+                q = None
+            else:
+                q = warp(logits, self.sp).cpu()
+                conf = q.max(-1).values.tolist()
+                toks = [int(torch.multinomial(q[i], 1, generator=s.rng).item())
+                        for i, (s, _) in enumerate(active)]
+            d += 1
+            nxt = []
+            for i, (s, cap) in enumerate(active):
+                if conf[i] < gamma:   # draft exit: this token is not confident enough
+                    continue
+                drafts[id(s)].append(toks[i])
+                if q is not None:
+                    qs[id(s)].append(q[i])
+                last[id(s)] = toks[i]
+                if len(drafts[id(s)]) < cap:
+                    nxt.append((s, cap))
+            active = nxt
+        for s in seqs:
+            t = drafts[id(s)]
+            s.draft = DraftTree.chain(t, torch.stack(qs[id(s)]) if qs[id(s)] else None)
+
+    def observe(self, seqs, verdicts) -> None:
+        drafted = sum(len(s.draft) for s in seqs)
+        accepted = sum(len(v.accepted) for v in verdicts)
+        full_k = any(len(s.draft) >= self.prm.K for s in seqs)
+        self.state = update_threshold(self.state, accepted, drafted, full_k, self.prm)
+        self.gamma_trace.append(self.state.gamma)

@@ -1,0 +1,134 @@
+"""Draft & Verify: lossless greedy at any batch size, lossless sampling, the gamma rule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers import run_ids
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.models.loader import load_model
+from specctl.spec.draft_verify import (ExitParams, ExitState, LayerSkipDrafter, SkipSet,
+                                       update_threshold)
+from specctl.spec.verify import SamplingParams, warp
+from test_runtime import chi_square_ok
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return load_model(tiny_llama, "cpu", "fp32")
+
+
+def _prompts(n, seed=0):
+    rnd = random.Random(seed)
+    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 30))] for _ in range(n)]
+
+
+SKIPS = {
+    "empty": SkipSet(4),
+    "light": SkipSet(4, frozenset({2}), frozenset()),
+    "heavy": SkipSet(4, frozenset({0, 1, 3}), frozenset({1, 2})),
+}
+
+
+@pytest.mark.parametrize("skip", list(SKIPS))
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_equals_ar(model, skip, batch_size):
+    prompts = _prompts(10, seed=1)
+    ref, _ = run_ids(model, prompts, batch_size=batch_size, max_tokens=20)
+    # gamma0 = 0 so drafting is never cut short by the threshold: the verifier gets long chains
+    drafter = LayerSkipDrafter(model, SKIPS[skip], SamplingParams(), ExitParams(K=5, gamma0=0.0))
+    got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=20, drafter=drafter)
+    assert got == ref
+    assert drafter.draft_forwards > 0
+    if skip == "empty":   # the drafter is the target itself: every draft is accepted
+        assert stats.steps < sum(len(o) for o in got) / 3
+
+
+def test_sequences_draft_different_lengths_in_one_step(model):
+    prompts = _prompts(6, seed=2)
+    drafter = LayerSkipDrafter(model, SKIPS["light"], SamplingParams(), ExitParams(K=6))
+    seen = []
+    orig = drafter.observe
+
+    def spy(seqs, verdicts):
+        seen.append(sorted(len(s.draft) for s in seqs))
+        orig(seqs, verdicts)
+    drafter.observe = spy
+    ref, _ = run_ids(model, prompts, batch_size=6, max_tokens=24)
+    got, _ = run_ids(model, prompts, batch_size=6, max_tokens=24, drafter=drafter)
+    assert got == ref
+    assert any(len(set(lens)) > 1 for lens in seen)
+
+
+def test_gamma_rule_hand_computed():
+    prm = ExitParams()   # gamma0 .6, eps .01, beta1 .5, beta2 .9, alpha .9
+    st = ExitState(0.6)
+    # step 1: 2 of 4 accepted -> AR = 0.5 (first step) <= alpha -> gamma~ = 0.61
+    st = update_threshold(st, 2, 4, False, prm)
+    assert st.ar == pytest.approx(0.5)
+    assert st.gamma == pytest.approx(0.9 * 0.6 + 0.1 * 0.61)        # 0.601
+    # step 2: 4 of 4 -> AR = 0.5 * 0.5 + 0.5 * 1.0 = 0.75 <= 0.9 -> up again
+    st = update_threshold(st, 4, 4, False, prm)
+    assert st.ar == pytest.approx(0.75)
+    assert st.gamma == pytest.approx(0.9 * 0.601 + 0.1 * 0.611)     # 0.602
+    # step 3: 6 of 6 -> AR = 0.875 -> still <= alpha -> up
+    st = update_threshold(st, 6, 6, False, prm)
+    g3 = 0.9 * 0.602 + 0.1 * 0.612
+    assert st.ar == pytest.approx(0.875) and st.gamma == pytest.approx(g3)
+    # step 4: 3 of 3 -> AR = 0.9375 > alpha -> gamma~ = gamma - eps
+    st = update_threshold(st, 3, 3, False, prm)
+    assert st.ar == pytest.approx(0.9375)
+    assert st.gamma == pytest.approx(0.9 * g3 + 0.1 * (g3 - 0.01))
+    # (code) high acceptance with the full K drafted keeps gamma
+    g4 = st.gamma
+    st = update_threshold(st, 12, 12, True, prm)
+    assert st.gamma == pytest.approx(g4) and st.ar == pytest.approx(0.96875)
+    # nothing drafted: nothing learned
+    assert update_threshold(st, 0, 0, False, prm) == st
+
+
+def test_skipset_bits_roundtrip():
+    s = SkipSet.from_bits([1, 0, 0, 1, 0, 1, 0, 0])
+    assert s.attn == {0, 3} and s.mlp == {1} and s.bits() == [1, 0, 0, 1, 0, 1, 0, 0]
+    assert SkipSet.from_json(s.to_json()) == s
+    with pytest.raises(ValueError):
+        SkipSet(4, frozenset({4}))
+
+
+def test_sampling_is_lossless(model):
+    """The first three sampled tokens follow the target's joint p(x1) p(x2|x1) p(x3|x1 x2)
+    (top-k 3 keeps the support at 27 cells) with a drafter that disagrees with the target.
+    x1 comes from prefill; x2 and x3 from draft + verify steps."""
+    prompt = _prompts(1, seed=5)[0]
+    sp = SamplingParams(temperature=1.0, top_k=3, seed=11)
+
+    def dist(ids):
+        kv = model.new_kv_cache(1, 64)
+        out = model.logits(model.forward(ForwardBatch([SeqInput(0, ids, 0)]), kv))[-1:]
+        return warp(out, sp)[0].double()
+    V = model.cfg.vocab_size
+    joint = {}
+    p1 = dist(prompt)
+    for x1 in torch.nonzero(p1).flatten().tolist():
+        p2 = dist(prompt + [x1])
+        for x2 in torch.nonzero(p2).flatten().tolist():
+            p3 = dist(prompt + [x1, x2])
+            for x3 in torch.nonzero(p3).flatten().tolist():
+                joint[(x1, x2, x3)] = (p1[x1] * p2[x2] * p3[x3]).item()
+    cells = sorted(joint)
+    drafter = LayerSkipDrafter(model, SKIPS["heavy"], sp, ExitParams(K=3, gamma0=0.0))
+    n = 3000
+    outs, stats = run_ids(model, [prompt] * n, batch_size=60, max_tokens=3, sampling=sp,
+                          drafter=drafter)
+    counts = torch.zeros(len(cells) + 1, dtype=torch.float64)
+    for o in outs:
+        key = tuple(o)
+        counts[cells.index(key) if key in joint else -1] += 1
+    assert counts[-1] == 0   # nothing outside the support
+    p = torch.tensor([joint[c] for c in cells] + [0.0], dtype=torch.float64)
+    assert chi_square_ok(counts, p)
+    assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100   # drafts accepted
+    assert stats.accept_hist.get(0, 0) > 100                                 # and rejected
