@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
@@ -27,6 +28,13 @@ app.add_typer(models_app, name="models")
 app.add_typer(store_app, name="store")
 
 console = Console(stderr=True)
+
+
+def _log(msg: str) -> None:
+    """Progress messages from below the CLI: plain text (paths may contain [brackets])."""
+    console.print(msg, highlight=False, markup=False)
+
+
 StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
 
 
@@ -36,9 +44,14 @@ def friendly(fn):
     def wrapper(*a, **kw):
         try:
             return fn(*a, **kw)
-        except SpecctlError as e:
-            console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        except SpecctlError as e:   # escape: paths and messages may contain [brackets]
+            console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(e.exit_code)
+        except OSError as e:   # the environment: a path that is a file, no space, no permission
+            where = e.filename2 or e.filename
+            msg = f"{where}: {e.strerror}" if where and e.strerror else str(e)
+            console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]: finished outputs are kept in the store; "
                           "run the same command with --resume to continue")
@@ -105,18 +118,19 @@ def generate(
     cfg = GenerateConfig(str(input), model, method, batch_size, max_tokens, temperature, top_p,
                          top_k, seed, chat, tuple(stop), device, dtype, skip_bad)
     out = out or Path(f"{input.stem}.out.jsonl")
+    if out.is_dir():
+        raise SpecctlError(f"--out {out} is a directory; pass a file path")
     st = Store(store)
     prog = RichProgress(enabled=not quiet)
     try:
-        res = run_generate(cfg, st, out, resume=resume, log=lambda m: console.print(m, highlight=False),
-                           progress=prog)
+        res = run_generate(cfg, st, out, resume=resume, log=_log, progress=prog)
     finally:
         prog.stop()
     m = res["metrics"]
     console.print(f"[green]done[/]: {m['requests']} requests, {m['new_tokens']} new tokens, "
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else ""))
-    console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False)
+    console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")
@@ -131,8 +145,8 @@ def models_pull(
 
     if name != DEMO_ALIAS:
         raise SpecctlError(f"unknown model alias {name!r}; pass a local folder or hub id with --model")
-    path = pull_demo(Store(store), log=lambda m: console.print(m, highlight=False), force=force)
-    console.print(f"[green]ready[/]: {path}", highlight=False)
+    path = pull_demo(Store(store), log=_log, force=force)
+    console.print(f"[green]ready[/]: {escape(str(path))}", highlight=False)
 
 
 def _size(n: int) -> str:
@@ -155,7 +169,7 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
     entries = st.entries(kind)
     if not entries:
-        console.print(f"the store at {st.root} is empty", highlight=False)
+        console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
         return
     t = Table(title=str(st.root))
     for col in ("kind", "id", "created", "size"):

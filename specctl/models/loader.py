@@ -131,3 +131,16 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
                                f"config.json implies {shape}")
     weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
     return Model(cfg, weights)
+
+
+def model_fingerprint(path: Path | str) -> str:
+    """A short id of a checkpoint, for keying artifacts (skip sets, adapters) by model:
+    config.json's bytes plus each weight file's name, size and first MiB."""
+    import hashlib
+    from specctl.store import file_sha256
+
+    path = Path(path)
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for f in _weight_files(path):
+        h.update(f"{f.name}:{f.stat().st_size}:{file_sha256(f, limit=1 << 20)}".encode())
+    return h.hexdigest()[:16]

@@ -59,8 +59,8 @@ class GenerateConfig:
             raise SpecctlError("--max-tokens must be at least 1")
         try:
             self.sampling()
-        except ValueError as e:
-            raise SpecctlError(str(e)) from None
+        except ValueError as e:   # "top_p must be ..." -> "--top-p must be ..." (the option's name)
+            raise SpecctlError("--" + str(e).replace("_", "-", 1)) from None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
@@ -137,6 +137,16 @@ def _read_records(path: Path) -> dict[int, dict]:
             except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                 continue   # a line torn by a crash: that request is simply redone
     return done
+
+
+def _torn_tail(path: Path) -> bool:
+    """True when `path` is non-empty and its last line has no newline (a write cut short)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:   # missing or empty
+        return False
 
 
 def find_resumable(store: Store, key: str) -> Path | None:
@@ -231,7 +241,10 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     max_len = min(ctx, need + 32)
 
     rec_file = run_dir / "records.jsonl"
+    torn = _torn_tail(rec_file)
     fh = open(rec_file, "a", encoding="utf-8")
+    if torn:   # end a line torn by a crash, so the next record is not glued onto it
+        fh.write("\n")
 
     def persist(line: dict, token_ids=None) -> None:
         done[line["index"]] = line

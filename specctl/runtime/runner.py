@@ -91,7 +91,7 @@ class Runner:
             live = [s for s in running if not s.finished]
             if live:
                 before = self.stats.generated
-                self._step(live)
+                self.step(live)
                 if on_tokens:
                     on_tokens(self.stats.generated - before)
             for s in [s for s in running if s.finished]:
@@ -167,6 +167,7 @@ class Runner:
                 for (s, _), tok in zip(ends, first):
                     s.req.steps += 1
                     s.req.accept_lengths.append(0)
+                    s.req.draft_lengths.append(0)
                     self._emit(s, [tok])
             todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
 
@@ -178,7 +179,8 @@ class Runner:
                 for i, s in enumerate(seqs)]
 
     # -- one step ---------------------------------------------------------------------------
-    def _step(self, seqs: list[Sequence]) -> None:
+    def step(self, seqs: list[Sequence]) -> None:
+        """One draft -> verify -> commit step over prefilled, unfinished sequences."""
         kv = self.kv
         room = [min(self.max_len - kv.lens[s.slot] - 1,
                     s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
@@ -215,6 +217,7 @@ class Runner:
             kv.commit(s.slot, [0] + [j + 1 for j in v.accepted])
             s.req.steps += 1
             s.req.accept_lengths.append(len(v.accepted))
+            s.req.draft_lengths.append(len(tree))
             self.stats.accept_hist[len(v.accepted)] = \
                 self.stats.accept_hist.get(len(v.accepted), 0) + 1
             self._emit(s, v.tokens(tree))

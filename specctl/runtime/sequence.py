@@ -26,6 +26,7 @@ class Request:
     answer_ids: list[list[int]] = field(default_factory=list)
     steps: int = 0
     accept_lengths: list[int] = field(default_factory=list)   # accepted drafts per step
+    draft_lengths: list[int] = field(default_factory=list)    # drafted tokens per step
     finish_reasons: list[str] = field(default_factory=list)
     started: float | None = None
     wall_time: float = 0.0

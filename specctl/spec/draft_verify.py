@@ -133,6 +133,8 @@ class LayerSkipDrafter(Drafter):
                                   for s, _ in active], self.model.device)
             logits = self.model.logits(self.model.forward(batch, kv, self.plan))   # [B, V]
             self.draft_forwards += 1
+            for s, _ in active:   # per-sequence count, for the search's cost model
+                s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
             if self.sp.greedy:
                 top_p, tok = torch.softmax(logits, -1).max(-1)
                 toks, conf = tok.tolist(), top_p.tolist()

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from specctl import __version__
 from specctl.errors import SpecctlError
 
-KINDS = ("models", "runs", "skipsets", "adapters", "ngram-caches")
+KINDS = ("models", "runs", "skipsets", "profiles", "adapters", "ngram-caches")
 
 
 def default_root() -> Path:
