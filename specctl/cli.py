@@ -94,7 +94,7 @@ def generate(
     input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
                                         "'smollm2-135m-instruct' (the default demo model)."),
-    method: str = typer.Option("ar", "--method", help="Decoding method: ar."),
+    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
@@ -110,13 +110,29 @@ def generate(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Record bad lines in the output instead of stopping."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    skip_set: Optional[str] = typer.Option(None, "--skip-set", help="draft-verify: skip set "
+                                           "FILE or store ID (default: the model's best stored one).",
+                                           rich_help_panel="draft-verify"),
+    max_draft: int = typer.Option(12, "--max-draft", help="K, most drafts per step.",
+                                  rich_help_panel="draft-verify"),
+    gamma0: float = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.",
+                                 rich_help_panel="draft-verify"),
+    alpha: float = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adaptive "
+                                "threshold.", rich_help_panel="draft-verify"),
+    eps: float = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel="draft-verify"),
+    beta1: float = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.",
+                                rich_help_panel="draft-verify"),
+    beta2: float = typer.Option(0.9, "--beta2", help="Threshold smoothing.",
+                                rich_help_panel="draft-verify"),
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
     from specctl.runtime.job import GenerateConfig, run_generate
 
     cfg = GenerateConfig(str(input), model, method, batch_size, max_tokens, temperature, top_p,
-                         top_k, seed, chat, tuple(stop), device, dtype, skip_bad)
+                         top_k, seed, chat, tuple(stop), device, dtype, skip_bad,
+                         skip_set=skip_set, max_draft=max_draft, gamma0=gamma0, alpha=alpha,
+                         eps=eps, beta1=beta1, beta2=beta2)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -131,6 +147,35 @@ def generate(
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else ""))
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
+
+
+@app.command("search-skip", epilog="Examples:\n\n  specctl search-skip --iters 200\n\n"
+                                    "  specctl search-skip --dev dev.jsonl --iters 1000 --resume\n\n"
+                                    "  specctl search-skip --objective wall --iters 100")
+@friendly
+def search_skip(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
+    dev: Optional[Path] = typer.Option(None, "--dev", help="Dev prompts JSONL (default: 8 "
+                                       "first turns of real ShareGPT conversations)."),
+    iters: int = typer.Option(1000, "--iters", help="Probes in all (seeds included)."),
+    init_points: int = typer.Option(0, "--init-points", help="Random probes after the 2 seeds."),
+    objective: str = typer.Option("model", "--objective", help="model (cost model: repeatable) "
+                                  "or wall (the clock, batch 1, as in the paper)."),
+    prompts: int = typer.Option(8, "--prompts", help="Dev prompts used."),
+    max_new: int = typer.Option(32, "--max-new", help="New tokens per dev prompt."),
+    seed: int = typer.Option(0, "--seed"),
+    resume: bool = typer.Option(False, "--resume", help="Continue the logged search."),
+    device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("auto", "--dtype"),
+    store: Optional[Path] = StoreOpt,
+):
+    """Find draft-verify's skip set by Bayesian optimization (saved in the store)."""
+    from specctl.prep.search_cmd import SearchConfig, run_search_skip
+
+    cfg = SearchConfig(model, str(dev) if dev else None, iters, init_points, objective, prompts,
+                       max_new, seed, device, dtype)
+    res = run_search_skip(cfg, Store(store), resume, log=_log, console=console)
+    console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")

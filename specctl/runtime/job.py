@@ -29,7 +29,7 @@ from specctl.spec.drafter import NoDraft
 from specctl.spec.verify import SamplingParams
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
-METHODS = ("ar",)
+METHODS = ("ar", "draft-verify")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,14 @@ class GenerateConfig:
     dtype: str = "auto"
     skip_bad: bool = False
     prefill_chunk: int = 512
+    # draft-verify
+    skip_set: str | None = None
+    max_draft: int = 12
+    gamma0: float = 0.6
+    alpha: float = 0.9
+    eps: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -57,10 +65,19 @@ class GenerateConfig:
             raise SpecctlError("--batch-size must be at least 1")
         if self.max_tokens < 1:
             raise SpecctlError("--max-tokens must be at least 1")
+        self.exit_params()
         try:
             self.sampling()
         except ValueError as e:   # "top_p must be ..." -> "--top-p must be ..." (the option's name)
             raise SpecctlError("--" + str(e).replace("_", "-", 1)) from None
+
+    def exit_params(self):
+        from specctl.spec.draft_verify import ExitParams
+        try:
+            return ExitParams(self.max_draft, self.gamma0, self.eps, self.beta1, self.beta2,
+                              self.alpha)
+        except ValueError as e:
+            raise SpecctlError(f"draft-verify: {e}") from None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
@@ -104,6 +121,20 @@ class Tokenization:
         return self.tok.decode(ids, skip_special_tokens=True)
 
 
+def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log):
+    """The method's drafter, with its artifact found in the store (and said which)."""
+    if cfg.method == "ar":
+        return NoDraft()
+    from specctl.models.loader import model_fingerprint
+    from specctl.prep.skipsets import describe, resolve_skip_set
+    from specctl.spec.draft_verify import LayerSkipDrafter
+
+    skip, where = resolve_skip_set(cfg.skip_set, store, model_fingerprint(model_dir),
+                                   model.cfg.num_layers)
+    log(f"draft-verify: skip set {where}: {describe(skip)}")
+    return LayerSkipDrafter(model, skip, cfg.sampling(), cfg.exit_params())
+
+
 def _meta(rec: PromptRecord) -> dict:
     m: dict = {"index": rec.index}
     if rec.id_field:
@@ -121,7 +152,7 @@ def output_line(req: Request) -> dict:
     new = sum(len(a) for a in req.answer_ids)
     out.update(new_tokens=new, steps=req.steps, prompt_tokens=req.prompt_tokens,
                mean_accepted=round(new / req.steps, 4) if req.steps else 0.0,
-               accept_lengths=req.accept_lengths,
+               accept_lengths=req.accept_lengths, draft_lengths=req.draft_lengths,
                finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
                wall_time_s=round(req.wall_time, 4))
     return out
@@ -164,6 +195,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     new = sum(l["new_tokens"] for l in good)
     steps = sum(l["steps"] for l in good)
     acc = [a for l in good for a in l["accept_lengths"]]
+    drafted = sum(sum(l.get("draft_lengths", [])) for l in good)
     ctar = {w: round(sum(a > w for a in acc) / len(acc), 4) if acc else 0.0 for w in range(1, 7)}
     peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -174,6 +206,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "wall_time_s": round(wall, 3),
         "tokens_per_s": round(stats.generated / wall, 3) if stats and wall else 0.0,
         "mean_accepted_tokens": round(new / steps, 4) if steps else 0.0,
+        "acceptance_rate": round(sum(acc) / drafted, 4) if drafted else 0.0,
         "ctar": ctar, "padding_ratio": round(stats.padding_ratio, 4) if stats else 0.0,
         "step_tokens": stats.step_tokens if stats else 0,
         "prefill_tokens": stats.prefill_tokens if stats else 0,
@@ -204,6 +237,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, cfg.device, cfg.dtype)
+    drafter = make_drafter(cfg, model, model_dir, store, log)
     ctx = model.cfg.max_position
 
     done = _read_records(run_dir / "records.jsonl") if run_dir else {}
@@ -261,7 +295,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         if progress:
             progress.start(len(records), len(done))
         if requests:
-            runner = Runner(model, NoDraft(), cfg.sampling(), batch_size=cfg.batch_size,
+            runner = Runner(model, drafter, cfg.sampling(), batch_size=cfg.batch_size,
                             max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
                             decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
 

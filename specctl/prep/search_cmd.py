@@ -1,0 +1,120 @@
+"""The `search-skip` job: dev prompts -> DevSet -> Bayesian search -> skip-set artifact."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specctl.errors import SpecctlError
+from specctl.io.prompts import read_prompts
+from specctl.models.checkpoint import resolve_model
+from specctl.models.loader import load_model, model_fingerprint
+from specctl.prep.search_skip import DevSet, plot_search, run_search
+from specctl.prep.skipsets import describe, load_profile, save_skipset, work_dir
+from specctl.runtime.job import Tokenization
+from specctl.runtime.sequence import Request
+from specctl.spec.draft_verify import SkipSet
+from specctl.store import Store
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    model: str | None = None
+    dev: str | None = None
+    iters: int = 1000
+    init_points: int = 0
+    objective: str = "model"
+    prompts: int = 8
+    max_new: int = 32
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self):
+        if self.objective not in ("model", "wall"):
+            raise SpecctlError(f"--objective must be model or wall, got {self.objective!r}")
+        if self.iters < 1 or self.prompts < 1 or self.max_new < 2 or self.init_points < 0:
+            raise SpecctlError("--iters and --prompts must be >= 1, --max-new >= 2, "
+                               "--init-points >= 0")
+
+
+def dev_prompts(cfg: SearchConfig, store: Store, tk: Tokenization, log) -> list[list[int]]:
+    if cfg.dev:
+        recs = [r for r in read_prompts(cfg.dev) if r.turns][:cfg.prompts]
+        reqs = [Request(r.index, [list(r.turns[0])], cfg.max_new, r.raw_prompt) for r in recs]
+    else:
+        from specctl.io.sharegpt import first_human_turns
+        texts = first_human_turns(cfg.prompts, store, log=log)
+        reqs = [Request(i, [[{"role": "user", "content": t}]], cfg.max_new, t)
+                for i, t in enumerate(texts)]
+    return [tk.render(r) for r in reqs]
+
+
+def run_search_skip(cfg: SearchConfig, store: Store, resume: bool, log=print,
+                    console=None) -> dict:
+    model_dir = resolve_model(cfg.model, store, log=log)
+    tk = Tokenization(model_dir, chat=True)
+    model = load_model(model_dir, cfg.device, cfg.dtype)
+    fp = model_fingerprint(model_dir)
+    ident = f"{fp}-{cfg.objective}"
+    log_path = work_dir(store, ident) / "probes.jsonl"
+    if log_path.exists() and not resume:
+        log(f"a search log exists ({log_path}); starting over (use --resume to continue it)")
+    prompts = dev_prompts(cfg, store, tk, log)
+    ctx = model.cfg.max_position
+    if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
+        raise SpecctlError("a dev prompt is too long for the model's context")
+    profile = load_profile(store, model, fp, log) if cfg.objective == "model" else None
+    log(f"prefilling {len(prompts)} dev prompts ({sum(map(len, prompts))} tokens) ...")
+    dev = DevSet(model, prompts, cfg.max_new)
+    L = model.cfg.num_layers
+    t0 = time.perf_counter()
+    prog = Progress(TextColumn("[bold]search-skip"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
+                    disable=console is None)
+    task = prog.add_task("search", total=cfg.iters, info="")
+
+    def on_probe(p, best):
+        prog.update(task, completed=p.iteration + 1, info=(
+            f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
+            f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
+    interrupted = False
+    with prog:
+        try:
+            probes = run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed,
+                                cfg.init_points, on_probe)
+        except KeyboardInterrupt:
+            interrupted = True
+            probes = None
+    if probes is None:   # keep what was probed: the log is complete up to the interruption
+        from specctl.prep.search_skip import Probe
+        import json
+        probes = [Probe(**json.loads(l)) for l in log_path.read_text().splitlines()
+                  if l.strip().endswith("}")]
+        if not probes:
+            raise KeyboardInterrupt
+    best = min(probes, key=lambda p: p.per_token)
+    skip = SkipSet.from_bits(best.bits)
+    plot = log_path.with_name("search.png")
+    plotted = plot_search(probes, best, L, plot)
+    result = {
+        **skip.to_json(), "objective": cfg.objective,
+        "seconds_per_token": best.per_token, "relative_time_per_token": best.relative,
+        "speedup_estimate": round(1.0 / best.relative, 4) if best.relative else 0.0,
+        "acceptance_rate": best.accept_rate, "mean_accepted_tokens": best.mean_accepted,
+        "iterations": len(probes), "best_iteration": best.iteration,
+        "search_time_s": round(time.perf_counter() - t0, 1), "config": asdict(cfg),
+        "interrupted": interrupted,
+    }
+    path = save_skipset(store, ident, result, log_path, plot if plotted else None, fp)
+    log(f"best of {len(probes)} probes (#{best.iteration}): {describe(skip)}")
+    log(f"acceptance rate {best.accept_rate:.3f}, mean accepted tokens {best.mean_accepted:.2f}, "
+        f"estimated speedup over ar {result['speedup_estimate']:.3f}x ({cfg.objective} objective)")
+    if not plotted:
+        log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
+    if interrupted:
+        log("interrupted: the best skip set so far is saved; --resume continues the search")
+    return {"path": path, "result": result}

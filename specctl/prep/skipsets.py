@@ -1,0 +1,99 @@
+"""Skip sets and cost profiles in the store, keyed by model (and machine, for profiles).
+
+    skipsets/<model-fp>-<objective>/   skipset.json, probes.jsonl, search.png, manifest.json
+    profiles/<model-fp>-<device>-<dtype>/   profile.json, manifest.json
+    work/search-<model-fp>-<objective>/probes.jsonl   the live log of a running search
+
+`generate --method draft-verify` takes the stored skip set of the model with the best estimated
+speedup unless `--skip-set FILE|ID` names one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.prep.costs import CostProfile, measure_costs
+from specctl.spec.draft_verify import SkipSet
+from specctl.store import Store, atomic_write_json, make_manifest, read_json
+
+
+def load_profile(store: Store, model, fingerprint: str, log=print) -> CostProfile:
+    """The model's cost profile on this device/dtype: measured once, then read back."""
+    ident = f"{fingerprint}-{model.device.type}-{str(model.dtype).replace('torch.', '')}"
+    path = store.path("profiles", ident) / "profile.json"
+    if path.exists():
+        try:
+            return CostProfile.from_json(read_json(path))
+        except (TypeError, KeyError) as e:
+            log(f"{path}: unreadable profile ({e}); measuring again")
+    log("measuring per-block costs on this machine (once per model, device and dtype) ...")
+    prof = measure_costs(model)
+    with store.building("profiles", ident, make_manifest(
+            "profile", ident, model_fingerprint=fingerprint, **prof.to_json())) as d:
+        atomic_write_json(d / "profile.json", prof.to_json())
+    return prof
+
+
+def work_dir(store: Store, ident: str) -> Path:
+    return store.root / "work" / f"search-{ident}"
+
+
+def save_skipset(store: Store, ident: str, result: dict, log_path: Path,
+                 plot: Path | None, fingerprint: str) -> Path:
+    with store.building("skipsets", ident, make_manifest(
+            "skipset", ident, model_fingerprint=fingerprint,
+            speedup_estimate=result["speedup_estimate"], objective=result["objective"])) as d:
+        atomic_write_json(d / "skipset.json", result)
+        shutil.copyfile(log_path, d / "probes.jsonl")
+        if plot is not None and plot.exists():
+            shutil.copyfile(plot, d / "search.png")
+    return store.path("skipsets", ident)
+
+
+def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layers: int,
+                     log=print) -> tuple[SkipSet, str]:
+    """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from)."""
+    if spec:
+        p = Path(spec).expanduser()
+        if p.is_dir():
+            p = p / "skipset.json"
+        if p.is_file():
+            data, where = read_json(p), str(p)
+        else:
+            e = store.find(spec)
+            if e.kind != "skipsets":
+                raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not a skip set")
+            data, where = read_json(e.path / "skipset.json"), f"{e.kind}/{e.id}"
+    else:
+        cands = [e for e in store.entries("skipsets")
+                 if e.manifest.get("model_fingerprint") == fingerprint]
+        if not cands:
+            raise SpecctlError("no skip set for this model in the store: run "
+                               "`specctl search-skip` (with the same --model) first, or pass "
+                               "--skip-set FILE")
+        best = max(cands, key=lambda e: e.manifest.get("speedup_estimate") or 0.0)
+        data, where = read_json(best.path / "skipset.json"), f"skipsets/{best.id}"
+    try:
+        skip = SkipSet.from_json(data)
+    except (ValueError, AttributeError) as e:
+        raise SpecctlError(f"{where}: {e}") from None
+    if skip.num_layers != num_layers:
+        raise SpecctlError(f"{where}: skip set is for {skip.num_layers} layers, the model has "
+                           f"{num_layers}")
+    return skip, where
+
+
+def write_skipset_file(path: Path, skip: SkipSet) -> None:
+    atomic_write_json(path, skip.to_json())
+
+
+def describe(skip: SkipSet) -> str:
+    return (f"{len(skip.attn)} attention + {len(skip.mlp)} MLP of {2 * skip.num_layers} blocks "
+            f"skipped (attn {sorted(skip.attn)}, mlp {sorted(skip.mlp)})")
+
+
+
+
