@@ -411,11 +411,11 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
     ctx = model.cfg.max_position
     need = 16
     for r in _requests(recs, cfg.max_tokens):
-        n = len(tk.render(r))
+        n, rows = job.kv_rows(tk, r)
         if n >= ctx:
             raise SpecctlError(f"{input_desc}:{recs[r.index].line_no}: prompt is {n} tokens, "
                                f"longer than the model's context ({ctx})")
-        need = max(need, n + len(r.stages) * r.max_tokens + 64 * (len(r.stages) - 1))
+        need = max(need, rows)
     max_len = min(ctx, need + 32)
     cats = {r.index: r.category or "uncategorized" for r in recs}
     has_cats = any(r.category is not None for r in recs)
@@ -694,7 +694,8 @@ def title(res: dict) -> str:
     c = res["config"]
     model = Path(res["model"]).name
     return (f"{res['id']}: {model}, {res['device']} {res['dtype']}, {res['prompts']} prompts, "
-            f"max {c['max_tokens']} new tokens, greedy, {c['repeats']} repeats (median)")
+            f"max {c['max_tokens']} new tokens, greedy, "
+            + (f"median of {c['repeats']} repeats" if c["repeats"] > 1 else "1 repeat"))
 
 
 def notes(res: dict) -> list[str]:

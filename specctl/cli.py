@@ -53,8 +53,8 @@ def friendly(fn):
             console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/]: finished outputs are kept in the store; "
-                          "run the same command with --resume to continue")
+            console.print("[yellow]interrupted[/]: what was finished is kept in the store; "
+                          "generate and search-skip continue from it with --resume")
             raise typer.Exit(130)
     return wrapper
 

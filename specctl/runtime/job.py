@@ -125,6 +125,8 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
     """The method's drafter, with its artifact found in the store (and said which)."""
     if cfg.method == "ar":
         return NoDraft()
+    if cfg.method != "draft-verify":
+        raise SpecctlError(f"unknown method {cfg.method!r}")
     from specctl.models.loader import model_fingerprint
     from specctl.prep.skipsets import describe, resolve_skip_set
     from specctl.spec.draft_verify import LayerSkipDrafter
@@ -133,6 +135,18 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                                    model.cfg.num_layers)
     log(f"draft-verify: skip set {where}: {describe(skip)}")
     return LayerSkipDrafter(model, skip, cfg.sampling(), cfg.exit_params())
+
+
+def kv_rows(tk: Tokenization, req: Request) -> tuple[int, int]:
+    """(tokens of the first prompt, KV rows the whole request may need): the whole conversation
+    with every later turn's own text, plus every answer with 16 tokens of slack each (an answer
+    re-tokenized inside the template can come out a little longer)."""
+    n = full = len(tk.render(req))
+    if len(req.stages) > 1:
+        saved, req.answers = req.answers, [""] * (len(req.stages) - 1)
+        full = len(tk.render(req))
+        req.answers = saved
+    return n, full + len(req.stages) * (req.max_tokens + 16)
 
 
 def _meta(rec: PromptRecord) -> dict:
@@ -230,14 +244,17 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
                 raise SpecctlError(f"{in_path}:{r.line_no}: --no-chat needs a 'prompt' line "
                                    "(messages and turns need the chat template)")
     input_sha = file_sha256(in_path)
-    key = cfg.key(input_sha)
-    run_dir = find_resumable(store, key) if resume else None
-    if resume and run_dir is None:
-        log("no earlier run with this input and these settings; starting a new one")
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, cfg.device, cfg.dtype)
     drafter = make_drafter(cfg, model, model_dir, store, log)
+    # the same run = same input, settings, model and method artifact (e.g. the skip set used)
+    key = cfg.key(input_sha + str(model_dir) + drafter.signature())
+    run_dir = find_resumable(store, key) if resume else None
+    if resume and run_dir is None:
+        log("no earlier run with this input and these settings; starting a new one")
+    if model.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     ctx = model.cfg.max_position
 
     done = _read_records(run_dir / "records.jsonl") if run_dir else {}
@@ -260,7 +277,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
             continue
         req = Request(rec.index, [list(s) for s in rec.turns], rec.max_tokens or cfg.max_tokens,
                       rec.raw_prompt, _meta(rec))
-        n = len(tk.render(req))
+        n, rows = kv_rows(tk, req)
         if n >= ctx:
             msg = (f"{in_path}:{rec.line_no}: prompt is {n} tokens, longer than the model's "
                    f"context ({ctx})")
@@ -268,11 +285,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
                 raise SpecctlError(msg + " (use --skip-bad to record it and go on)")
             errors.append({**_meta(rec), "error": msg})
             continue
-        requests.append((req, n))
-    # KV rows per slot: the longest first prompt, every stage's answer, later stages' turns.
-    need = max((n + len(r.stages) * r.max_tokens + 64 * (len(r.stages) - 1)
-                for r, n in requests), default=16)
-    max_len = min(ctx, need + 32)
+        requests.append((req, rows))
+    max_len = min(ctx, max((rows for _, rows in requests), default=16) + 32)
 
     rec_file = run_dir / "records.jsonl"
     torn = _torn_tail(rec_file)

@@ -165,9 +165,9 @@ class Runner:
                 logits = self.model.logits(hidden[[i for _, i in ends]])
                 first = self._sample_rows(logits, [s for s, _ in ends])
                 for (s, _), tok in zip(ends, first):
+                    # the prefill forward emits the first token: a step for CR (so ar's CR is
+                    # exactly 1), but no verification, so no entry in the accept statistics
                     s.req.steps += 1
-                    s.req.accept_lengths.append(0)
-                    s.req.draft_lengths.append(0)
                     self._emit(s, [tok])
             todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
 

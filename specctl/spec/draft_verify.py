@@ -160,6 +160,9 @@ class LayerSkipDrafter(Drafter):
             t = drafts[id(s)]
             s.draft = DraftTree.chain(t, torch.stack(qs[id(s)]) if qs[id(s)] else None)
 
+    def signature(self) -> str:
+        return f"{self.name}:{''.join(map(str, self.skip.bits()))}"
+
     def observe(self, seqs, verdicts) -> None:
         drafted = sum(len(s.draft) for s in seqs)
         accepted = sum(len(v.accepted) for v in verdicts)

@@ -30,6 +30,10 @@ class Drafter:
     def observe(self, seqs: list, verdicts: list) -> None:
         pass
 
+    def signature(self) -> str:
+        """What identifies this drafter's artifact (a run resumes only with the same one)."""
+        return self.name
+
 
 class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""

@@ -1,0 +1,302 @@
+"""`specctl bench` and `specctl report` end to end on the tiny random Llama (CPU): the stored
+fields, exact repeatability of the acceptance numbers, the outputs-match check catching a broken
+method, skipped methods with reasons, per-category rows, and report's tables, markdown and plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import specctl.runtime.job as job
+from specctl.bench import compare, spread
+from specctl.cli import app
+from specctl.spec.draft_verify import SkipSet
+from specctl.spec.drafter import NoDraft
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+ROWS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write a poem", "Make it shorter"]},
+    {"prompt": "The quick brown fox", "category": "reasoning"},
+    {"prompt": "To be or not to be", "category": "writing"},
+    {"prompt": "A journey of a thousand miles", "category": "reasoning"},
+    {"messages": [{"role": "user", "content": "Paris is the capital of"}], "category": "math"},
+]
+ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps", "tokens_per_s",
+            "wall_s", "speedup_vs_ar", "mean_accepted_tokens", "acceptance_rate", "ctar",
+            "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
+            "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical"}
+ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
+               "zero_accept_share", "padding_ratio")
+
+
+def invoke(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def ok(r):
+    assert r.exit_code == 0, r.output
+    assert r.exception is None, r.exception
+    return r
+
+
+def fails(r, *needles) -> str:
+    assert r.exit_code != 0, r.output
+    assert isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output
+    errs = [l for l in r.output.splitlines() if l.startswith("error:")]
+    assert len(errs) == 1, r.output
+    for n in needles:
+        assert n in errs[0], errs[0]
+    return errs[0]
+
+
+def benches(store: Path) -> list[Path]:
+    d = store / "benches"
+    return sorted(p for p in d.iterdir() if not p.name.startswith(".")) if d.is_dir() else []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and lose a lot when other processes hold the CPUs."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bench")
+
+
+@pytest.fixture(scope="module")
+def prompts(work) -> Path:
+    p = work / "prompts.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in ROWS), encoding="utf-8")
+    return p
+
+
+@pytest.fixture(scope="module")
+def skip_file(work) -> Path:
+    # no sublayer skipped: the drafter is the target itself, so drafts are accepted
+    p = work / "skip.json"
+    p.write_text(json.dumps(SkipSet(4).to_json()))
+    return p
+
+
+def bench(prompts, store, model, *extra):
+    return invoke("bench", prompts, "--model", model, "--store", store, "--max-tokens", 6,
+                  "--repeats", 2, "--warmup", 1, "--device", "cpu", "--dtype", "fp32", "-q",
+                  *extra)
+
+
+SPEC = ("--methods", "ar,draft-verify", "--batch-sizes", "1,3", "--gamma0", 0, "--max-draft", 4)
+
+
+@pytest.fixture(scope="module")
+def full(work, prompts, skip_file, tiny_llama):
+    store = work / "store"
+    r = ok(bench(prompts, store, tiny_llama, "--methods", "ar,draft-verify,hf,hf-prompt-lookup",
+                 "--batch-sizes", "1,3", "--skip-set", skip_file, "--gamma0", 0,
+                 "--max-draft", 4))
+    (d,) = benches(store)
+    return {"r": r, "store": store, "dir": d, "res": json.loads((d / "results.json").read_text())}
+
+
+def test_bench_writes_the_expected_fields(full):
+    res, d = full["res"], full["dir"]
+    assert (d / "manifest.json").is_file() and (d / "table.md").is_file()
+    man = json.loads((d / "manifest.json").read_text())
+    assert man["kind"] == "bench" and man["id"] == d.name == res["id"]
+    assert res["ok"] is True and res["prompts"] == len(ROWS)
+    assert res["categories"] == ["math", "reasoning", "writing"]
+    assert res["peak_memory_kind"] == "process_rss_high_water"
+    got = {(r["method"], r["batch_size"]) for r in res["rows"]}
+    assert got == {("ar", 1), ("draft-verify", 1), ("hf", 1), ("hf-prompt-lookup", 1),
+                   ("ar", 3), ("draft-verify", 3), ("hf", 3)}
+    assert res["skipped"] == [{"method": "hf-prompt-lookup", "batch_size": 3,
+                               "reason": "transformers' prompt lookup decoding supports batch "
+                                         "size 1 only"}]
+    for r in res["rows"]:
+        assert set(r) == ROW_KEYS, r["method"]
+        t = r["tokens_per_s"]
+        assert len(t["runs"]) == 2 and t["min"] <= t["median"] <= t["max"] and t["median"] > 0
+        assert t["iqr"] >= 0 and t["spread_pct"] >= 0 and len(r["wall_s"]["runs"]) == 2
+        assert r["repeats_identical"] and r["peak_memory_mb"] > 0
+        assert r["requests"] == len(ROWS) and r["new_tokens"] > len(ROWS)
+        if r["engine"] == "specctl":
+            assert r["matches_ar"] and r["matches_ar_b1"] and r["mismatch"] is None
+            assert set(r["ctar"]) == {str(w) for w in range(1, 7)}
+            assert 0 <= r["zero_accept_share"] <= 1 and 0 <= r["padding_ratio"] < 1
+            assert r["steps"] > 0
+        else:
+            assert r["engine"] == "transformers" and r["method"].startswith("hf")
+            assert r["mean_accepted_tokens"] is None and r["ctar"] is None
+            assert isinstance(r["matches_ar"], bool)
+    by = {(r["method"], r["batch_size"]): r for r in res["rows"]}
+    assert by[("ar", 1)]["speedup_vs_ar"] == 1.0 and by[("ar", 1)]["mean_accepted_tokens"] == 1.0
+    dv = by[("draft-verify", 1)]
+    assert dv["mean_accepted_tokens"] > 1.5 and dv["ctar"]["1"] > 0   # the drafter is the target
+    assert dv["zero_accept_share"] < by[("ar", 1)]["zero_accept_share"] == 1.0
+    assert dv["speedup_vs_ar"] == pytest.approx(
+        dv["tokens_per_s"]["median"] / by[("ar", 1)]["tokens_per_s"]["median"], rel=1e-3)
+    assert by[("hf", 1)]["matches_ar"] and by[("hf-prompt-lookup", 1)]["matches_ar"]   # fp32
+    # every method generated the same tokens
+    assert len({r["new_tokens"] for r in res["rows"]}) == 1
+    # per category: every (method, batch size, category)
+    cats = {(c["method"], c["batch_size"], c["category"]) for c in res["category_rows"]}
+    assert cats == {(m, b, c) for m, b in got for c in res["categories"]}
+    for c in res["category_rows"]:
+        assert c["tokens_per_s"]["median"] > 0 and c["speedup_vs_ar"] is not None
+    assert sum(c["new_tokens"] for c in res["category_rows"]
+               if c["method"] == "ar" and c["batch_size"] == 1) == by[("ar", 1)]["new_tokens"]
+    # the printed table and notes
+    out = " ".join(full["r"].output.split())
+    assert "draft-verify" in out and "hf-prompt-lookup" in out and "per category" in out
+    assert "skipped hf-prompt-lookup at batch size 3" in out and d.name in out
+
+
+def test_acceptance_numbers_repeat_exactly(full, work, prompts, skip_file, tiny_llama):
+    store = work / "store-again"
+    ok(bench(prompts, store, tiny_llama, *SPEC, "--skip-set", skip_file))
+    (d,) = benches(store)
+    again = json.loads((d / "results.json").read_text())
+    first = {(r["method"], r["batch_size"]): r for r in full["res"]["rows"]}
+    for r in again["rows"]:
+        ref = first[(r["method"], r["batch_size"])]
+        assert {k: r[k] for k in ACCEPT_KEYS} == {k: ref[k] for k in ACCEPT_KEYS}
+    same = [c for c in full["res"]["category_rows"] if c["method"] in ("ar", "draft-verify")]
+    key = lambda c: (c["method"], c["batch_size"], c["category"])   # noqa: E731
+    strip = lambda c: {k: c[k] for k in ("new_tokens", "mean_accepted_tokens", "ctar",  # noqa
+                                         "zero_accept_share")}
+    assert sorted(map(strip, sorted(again["category_rows"], key=key)), key=str) == \
+        sorted(map(strip, sorted(same, key=key)), key=str)
+
+
+class WrongToken(NoDraft):
+    """A broken method: after its third step it changes sequence 0's last emitted token."""
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    def observe(self, seqs, verdicts):
+        self.calls += 1
+        if self.calls == 3:
+            s = seqs[0]
+            s.out_ids[-1] = (s.out_ids[-1] + 1) % 200
+            s.pending = s.out_ids[-1]
+
+
+def test_outputs_match_check_catches_a_broken_method(work, prompts, tiny_llama, monkeypatch):
+    real = job.make_drafter
+
+    def make(cfg, *a, **kw):
+        return WrongToken() if cfg.method == "draft-verify" else real(cfg, *a, **kw)
+    monkeypatch.setattr(job, "make_drafter", make)
+    store = work / "store-broken"
+    r = bench(prompts, store, tiny_llama, "--methods", "ar,draft-verify", "--batch-sizes", "1",
+              "--repeats", 1)
+    err = fails(r, "outputs differ from ar greedy", "draft-verify b1", "benches")
+    assert r.exit_code == 1 and "1 of 5 prompts" in err
+    (d,) = benches(store)                      # the run is stored all the same
+    res = json.loads((d / "results.json").read_text())
+    assert res["ok"] is False
+    by = {r["method"]: r for r in res["rows"]}
+    assert by["ar"]["matches_ar"] and by["ar"]["mismatch"] is None
+    bad = by["draft-verify"]
+    assert bad["matches_ar"] is False and bad["matches_ar_b1"] is False
+    assert bad["mismatch"]["first"]["index"] == 0 and bad["mismatch"]["prompts"] == 1
+    assert "NO (1/5 vs ar b1)" in (d / "table.md").read_text()
+
+
+def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
+    r = ok(bench(prompts, tmp_path / "store", tiny_llama, "--methods", "draft-verify",
+                 "--batch-sizes", "2", "--repeats", 1, "--warmup", 0))
+    out = " ".join(r.output.split())
+    assert "ar is added" in out and "skipping draft-verify" in out and "search-skip" in out
+    (d,) = benches(tmp_path / "store")
+    res = json.loads((d / "results.json").read_text())
+    assert [(x["method"], x["batch_size"]) for x in res["rows"]] == [("ar", 2)]
+    assert res["skipped"][0]["method"] == "draft-verify" and "search-skip" in res["skipped"][0]["reason"]
+    assert res["reference"].startswith("ar at batch size 1 (one untimed")
+    assert res["rows"][0]["matches_ar_b1"] is True
+
+
+def test_report_tables_and_markdown(full, tmp_path):
+    store, ident = full["store"], full["dir"].name
+    md = tmp_path / "BENCH.md"
+    r = ok(invoke("report", ident[:-2], "--store", store, "--md", md, "--no-plots"))
+    out = " ".join(r.output.split())
+    assert ident in out and "hf-prompt-lookup" in out and "per category" in out
+    text = md.read_text()
+    assert text.startswith(f"### {ident}") and "| method | batch | tokens/s |" in text
+    assert "| draft-verify | 3 |" in text and "Per category:" in text
+    assert text == (full["dir"] / "table.md").read_text()   # what bench stored
+    r = ok(invoke("store", "ls", "--kind", "benches", "--store", store))
+    assert ident in r.output
+
+
+def test_report_plots(full, tmp_path):
+    pytest.importorskip("matplotlib")
+    store, ident = full["store"], full["dir"].name
+    plots = tmp_path / "plots"
+    ok(invoke("report", ident, "--store", store, "--plots", plots))
+    for name in ("speedup.png", "category_tokens_per_s.png"):
+        p = plots / f"{ident}-{name}"
+        assert p.is_file() and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # default: the latest run, plots into its folder in the store
+    ok(invoke("report", "--store", store))
+    assert (full["dir"] / "speedup.png").is_file()
+    assert (full["dir"] / "category_tokens_per_s.png").is_file()
+
+
+def test_report_without_matplotlib(full, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    r = ok(invoke("report", full["dir"].name, "--store", full["store"], "--plots",
+                  tmp_path / "plots"))
+    assert "matplotlib is not installed" in " ".join(r.output.split())
+    assert not (tmp_path / "plots").exists()
+
+
+def test_report_errors(tmp_path, full):
+    fails(invoke("report", "--store", tmp_path / "empty"), "no bench runs", "specctl bench")
+    fails(invoke("report", "nope", "--store", full["store"]), "nope")
+
+
+@pytest.mark.parametrize("opts, needle", [
+    (["--methods", "ar,nope"], "nope"),
+    (["--methods", "ar,ar"], "twice"),
+    (["--batch-sizes", "0"], "--batch-sizes"),
+    (["--batch-sizes", "a,b"], "--batch-sizes"),
+    (["--repeats", "0"], "--repeats"),
+    (["--alpha", "2"], "alpha"),
+])
+def test_bench_invalid_options(tmp_path, prompts, tiny_llama, opts, needle):
+    fails(bench(prompts, tmp_path / "store", tiny_llama, *opts), needle)
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("cmd", ["bench", "report"])
+def test_help_shows_an_example(cmd):
+    r = ok(invoke(cmd, "--help"))
+    assert "Example" in r.output and f"specctl {cmd}" in r.output
+
+
+def test_compare_and_spread():
+    ref = {0: [[1, 2, 3]], 1: [[4, 5], [6]]}
+    assert compare({0: [[1, 2, 3]], 1: [[4, 5], [6]]}, ref, "ar b1") is None
+    d = compare({0: [[1, 2, 3]], 1: [[4, 5], [7, 8]]}, ref, "ar b1")
+    assert d == {"vs": "ar b1", "prompts": 1, "of": 2, "first": {"index": 1, "turn": 1, "token": 0}}
+    d = compare({0: [[1, 2]], 1: [[4, 5], [6]]}, ref, "ar b4")   # shorter: differs at its end
+    assert d["first"] == {"index": 0, "turn": 0, "token": 2}
+    s = spread([10.0, 12.0, 11.0])
+    assert (s["median"], s["min"], s["max"], s["runs"]) == (11.0, 10.0, 12.0, [10.0, 12.0, 11.0])
+    assert s["iqr"] == pytest.approx(1.0) and s["spread_pct"] == pytest.approx(100 * 2 / 11, abs=0.01)
+    assert spread([5.0])["iqr"] == 0.0
