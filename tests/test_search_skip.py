@@ -92,3 +92,34 @@ def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev
                                  "--method", "draft-verify", "--skip-set", str(bad),
                                  "--store", str(tmp_path / "s"), "-q"])
     assert r.exit_code != 0 and "30 layers" in r.output
+
+
+def test_nondecreasing_fit():
+    from specctl.prep.costs import nondecreasing
+    assert nondecreasing([1, 3, 2, 4, 3.5, 5]) == [1, 2.5, 2.5, 3.75, 3.75, 5]
+    assert nondecreasing([2, 1]) == [1.5, 1.5]
+    assert nondecreasing([1, 2, 3]) == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.demo
+def test_model_objective_ranks_like_wall_clock(demo_model_dir):
+    """On the demo model: skip sets of clearly different quality are ordered the same way by
+    the cost model as by the clock (batch-1 decoding, as the paper times it)."""
+    from specctl.prep.costs import measure_costs
+    model = load_model(demo_model_dir, "cpu", "fp32")
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(demo_model_dir)
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}],
+                                                  add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False) for p in PROMPTS]
+    dev = DevSet(model, prompts, max_new=24)
+    prof = measure_costs(model)
+    L = 30
+    sets = [SkipSet(L, frozenset({17, 21, 25, 29})),                      # light
+            SkipSet(L, frozenset(range(15, 30))),                          # half the attention
+            SkipSet(L, frozenset(range(5, 30)), frozenset(range(10, 30)))]   # most of the model
+    model_cost = [dev.evaluate(s, prof).per_token for s in sets]
+    wall = [min(dev.evaluate(s, None).per_token for _ in range(2)) for s in sets]
+    order = lambda xs: sorted(range(len(xs)), key=xs.__getitem__)
+    assert order(model_cost) == order(wall), (model_cost, wall)

@@ -101,18 +101,25 @@ def measure_costs(model, context: int = 128, max_k: int = 13, repeats: int = 25)
     for k in range(1, max_k + 1):
         b = ForwardBatch([SeqInput(0, prefix[-k:], context)], model.device)
         measured.append(_timed(lambda: model.logits(model.forward(b, kv)), max(5, repeats // 2)))
-    # a least-squares line through the medians: one noisy timing cannot make verifying k + 1
-    # tokens look cheaper than verifying k, which would reward odd draft lengths
-    ks = torch.arange(1, max_k + 1, dtype=torch.float64)
-    y = torch.tensor(measured, dtype=torch.float64)
-    slope = max(float(((ks - ks.mean()) * (y - y.mean())).sum() / ((ks - ks.mean()) ** 2).sum()),
-                0.0)
-    icpt = float(y.mean() - slope * ks.mean())
-    verify = [icpt + slope * k for k in range(1, max_k + 1)]
+    verify = nondecreasing(measured)
     return CostProfile(
         num_layers=L, base=none, attn=max(full - no_attn, 0.0) / L,
         mlp=max(full - no_mlp, 0.0) / L, head=max(with_head - full, 0.0),
         verify=tuple(verify), device=str(model.device), dtype=str(model.dtype).replace("torch.", ""))
+
+
+def nondecreasing(y: list[float]) -> list[float]:
+    """Isotonic (pool-adjacent-violators) fit: the closest non-decreasing sequence, so one noisy
+    timing cannot make verifying k + 1 tokens look cheaper than k and reward odd draft lengths,
+    while real steps (a GEMV -> GEMM switch between 1 and 2 tokens on a CPU) are kept."""
+    blocks: list[list[float]] = []   # [sum, count]
+    for v in y:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    return [s / c for s, c in blocks for _ in range(c)]
 
 
 def run_cost(profile: CostProfile, draft_lengths: list[int], draft_forwards: int,
