@@ -608,6 +608,11 @@ def mismatch_error(res: dict) -> SpecctlError | None:
             bad.append(f"{r['method']} b{r['batch_size']}: repeats gave different tokens")
     if not bad:
         return None
+    if res.get("dtype") not in ("float32", "torch.float32", "fp32"):
+        # bf16/fp16: a forward over a different number of tokens (or another batch shape)
+        # rounds differently, so near-ties can flip and the text diverges from there on. That
+        # is reported (match rate per row), not an error: fp32 is the exact lossless check.
+        return None
     return SpecctlError("outputs differ from ar greedy: " + "; ".join(bad) +
                         f" (results stored in {res.get('path', 'the store')})", exit_code=1)
 

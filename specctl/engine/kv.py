@@ -22,8 +22,10 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
-        shape = (num_slots, max_len, num_kv_heads, head_dim)
+                 device: torch.device | str = "cpu", spare: bool = False):
+        # spare: one extra scratch slot that padded rows of a CUDA-graph replay write into
+        shape = (num_slots + int(spare), max_len, num_kv_heads, head_dim)
+        self.scratch = num_slots if spare else None
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots

@@ -89,11 +89,12 @@ class Model:
         self.dtype = self.embed.dtype
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
+        self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.cfg
         return KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
-                       self.dtype, self.device)
+                       self.dtype, self.device, spare=self.graphs is not None)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]
@@ -120,9 +121,14 @@ class Model:
                 raise ValueError("a plan starting past layer 0 needs hidden [T, D]")
             x = hidden.to(self.dtype)
         self.tokens_computed += batch.num_tokens
-        cos, sin = self._rope(batch.positions)
-        meta = sdpa_meta(batch)
-        T, H, KV, hd = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
+        return self._layers(x, batch.positions, batch.slots, batch.rows, sdpa_meta(batch), kv,
+                            plan, end)
+
+    def _layers(self, x, positions, slots, rows, meta, kv: KVCache, plan: LayerPlan, end: int):
+        """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
+        c = self.cfg
+        cos, sin = self._rope(positions)
+        T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
         captured = None
         for i in range(plan.start, end):
             if i == plan.capture:
@@ -135,7 +141,7 @@ class Model:
                 k = qkv[:, H * hd:(H + KV) * hd].view(T, KV, hd)
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-                kv.write(i, batch.slots, batch.rows, k, v)
+                kv.write(i, slots, rows, k, v)
                 o = sdpa_attention(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
                 x = x + F.linear(o, L.wo, L.bo)
             if i not in plan.skip_mlp:
@@ -146,6 +152,17 @@ class Model:
         if plan.capture is not None and plan.capture == end:
             captured = x
         return x if plan.capture is None else (x, captured)
+
+    def forward_logits(self, batch: ForwardBatch, kv: KVCache,
+                       plan: LayerPlan = FULL) -> torch.Tensor:
+        """[T, V] logits of a full-from-embedding forward: the one entry point of decoding steps,
+        replayed from a captured CUDA graph when one fits the batch (engine/graphs.py)."""
+        if self.graphs is not None:
+            out = self.graphs.run(batch, kv, plan)
+            if out is not None:
+                self.tokens_computed += batch.num_tokens
+                return out
+        return self.logits(self.forward(batch, kv, plan))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,9 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: Path | str, device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None) -> Model:
+               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True) -> Model:
+    """Load a checkpoint; on CUDA, decoding forwards replay captured graphs unless
+    cuda_graphs=False (engine/graphs.py)."""
     path = Path(path)
     cfg, _ = load_config(path)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -130,7 +132,11 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
             raise SpecctlError(f"{path}: tensor {k} has shape {tuple(weights[k].shape)}, "
                                f"config.json implies {shape}")
     weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
-    return Model(cfg, weights)
+    model = Model(cfg, weights)
+    if dev.type == "cuda" and cuda_graphs:
+        from specctl.engine.graphs import CudaGraphs
+        model.graphs = CudaGraphs(model)
+    return model
 
 
 def model_fingerprint(path: Path | str) -> str:

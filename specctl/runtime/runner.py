@@ -200,7 +200,7 @@ class Runner:
                 pos = [base] + [base + d for d in tree.depths()]
                 inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base, pos, tree.mask()))
         batch = ForwardBatch(inputs, self.model.device)
-        logits = self.model.logits(self.model.forward(batch, kv))      # [T, V]
+        logits = self.model.forward_logits(batch, kv)                   # [T, V]
         cu = batch.cu_seqlens
         if self.sp.greedy:
             target = logits.argmax(-1).tolist()

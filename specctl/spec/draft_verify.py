@@ -131,7 +131,7 @@ class LayerSkipDrafter(Drafter):
         while active:
             batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
                                   for s, _ in active], self.model.device)
-            logits = self.model.logits(self.model.forward(batch, kv, self.plan))   # [B, V]
+            logits = self.model.forward_logits(batch, kv, self.plan)   # [B, V]
             self.draft_forwards += 1
             for s, _ in active:   # per-sequence count, for the search's cost model
                 s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
