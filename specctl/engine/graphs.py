@@ -56,6 +56,7 @@ class CudaGraphs:
                 and all(m == n for m in batch.num_new)
                 and all(s.mask is None and s.positions is None for s in batch.seqs))
 
+    @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv, plan: LayerPlan) -> torch.Tensor | None:
         if plan.start != 0 or plan.capture is not None or not self.eligible(batch, kv):
             return None

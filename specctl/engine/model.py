@@ -153,6 +153,7 @@ class Model:
             captured = x
         return x if plan.capture is None else (x, captured)
 
+    @torch.inference_mode()
     def forward_logits(self, batch: ForwardBatch, kv: KVCache,
                        plan: LayerPlan = FULL) -> torch.Tensor:
         """[T, V] logits of a full-from-embedding forward: the one entry point of decoding steps,
