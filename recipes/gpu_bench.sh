@@ -16,6 +16,7 @@ tail -5 "$out/gpu-tests.txt"
 methods=ar,hf,hf-prompt-lookup
 extra=()
 if [ -n "$skip" ]; then methods=ar,draft-verify,hf,hf-prompt-lookup; extra=(--skip-set "$skip"); fi
+methods=${METHODS:-$methods}
 $py -m specctl bench "$prompts" --methods "$methods" --batch-sizes 1,8,32 \
     --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup 2 -q "${extra[@]}"
 $py -m specctl report --md "$out/bench.md" --plots "$out"

@@ -30,6 +30,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan
 
 @dataclass
 class _Captured:
+    kv: object                # the cache the graph's pointers refer to (kept alive with it)
     graph: torch.cuda.CUDAGraph
     tokens: torch.Tensor      # [Bb * n]
     positions: torch.Tensor   # [Bb * n]
@@ -61,7 +62,11 @@ class CudaGraphs:
         if plan.start != 0 or plan.capture is not None or not self.eligible(batch, kv):
             return None
         B, n = len(batch.seqs), batch.num_new[0]
-        key = (id(kv), self.bucket(B), n, plan)
+        if any(c.kv is not kv for c in self.cache.values()):
+            # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
+            # old ones must go, or a reused id() could replay into freed memory)
+            self.cache.clear()
+        key = (self.bucket(B), n, plan)
         cap = self.cache.get(key)
         if cap is None:
             cap = self.cache[key] = self._capture(kv, self.bucket(B), n, plan)
@@ -107,4 +112,4 @@ class CudaGraphs:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
             logits = self._forward(*args)
-        return _Captured(g, tokens, positions, slots, prefix, logits)
+        return _Captured(kv, g, tokens, positions, slots, prefix, logits)

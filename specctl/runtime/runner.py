@@ -41,6 +41,7 @@ class RunStats:
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
     padded_tokens: int = 0         # what a padded batch would have computed for the same steps
     generated: int = 0
+    graph_pad_tokens: int = 0      # rows added to ragged chains for a CUDA-graph replay
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
 
     @property
@@ -199,6 +200,8 @@ class Runner:
             else:
                 pos = [base] + [base + d for d in tree.depths()]
                 inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base, pos, tree.mask()))
+        real = [len(x.tokens) for x in inputs]
+        inputs = self._pad_chains(inputs)
         batch = ForwardBatch(inputs, self.model.device)
         logits = self.model.forward_logits(batch, kv)                   # [T, V]
         cu = batch.cu_seqlens
@@ -209,10 +212,11 @@ class Runner:
         verdicts: list[Verdict] = []
         for b, s in enumerate(seqs):
             tree = s.draft
+            lo, hi = cu[b], cu[b] + real[b]   # padding rows (if any) are ignored
             if self.sp.greedy:
-                v = verify_greedy(tree, target[cu[b]:cu[b + 1]])
+                v = verify_greedy(tree, target[lo:hi])
             else:
-                v = verify_sampling(tree, probs[cu[b]:cu[b + 1]], s.rng)
+                v = verify_sampling(tree, probs[lo:hi], s.rng)
             verdicts.append(v)
             kv.commit(s.slot, [0] + [j + 1 for j in v.accepted])
             s.req.steps += 1
@@ -223,8 +227,24 @@ class Runner:
             self._emit(s, v.tokens(tree))
         self.drafter.observe(seqs, verdicts)
         self.stats.steps += 1
-        self.stats.step_tokens += batch.num_tokens
-        self.stats.padded_tokens += max(batch.num_new) * len(seqs)
+        self.stats.step_tokens += sum(real)
+        self.stats.graph_pad_tokens += batch.num_tokens - sum(real)
+        self.stats.padded_tokens += max(real) * len(seqs)
+
+    def _pad_chains(self, inputs: list[SeqInput]) -> list[SeqInput]:
+        """With CUDA graphs, ragged chain verifies are padded to the longest chain so the step
+        replays one captured graph: on a GPU the extra rows are nearly free, the launches are
+        not. Padding tokens sit past every real row; their KV rows and logits are discarded.
+        Elsewhere (CPU) nothing is padded: the tokens computed are the real tokens."""
+        if self.model.graphs is None or len(inputs) < 2:
+            return inputs
+        n = max(len(x.tokens) for x in inputs)
+        if all(len(x.tokens) == n for x in inputs) or any(
+                x.mask is not None or x.prefix_len + n > self.max_len for x in inputs):
+            return inputs
+        return [x if len(x.tokens) == n else
+                SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - len(x.tokens)), x.prefix_len)
+                for x in inputs]
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
         for t in tokens:
