@@ -66,6 +66,7 @@ class CudaGraphs:
             # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
             # old ones must go, or a reused id() could replay into freed memory)
             self.cache.clear()
+            self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
         key = (self.bucket(B), n, plan)
         cap = self.cache.get(key)
         if cap is None:
