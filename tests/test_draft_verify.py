@@ -132,3 +132,19 @@ def test_sampling_is_lossless(model):
     assert chi_square_ok(counts, p)
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100   # drafts accepted
     assert stats.accept_hist.get(0, 0) > 100                                 # and rejected
+
+
+def test_backoff_stops_paying_for_fruitless_drafts(model):
+    """A drafter that never clears the threshold backs off towards ar's cost; still lossless."""
+    prompts = _prompts(4, seed=3)
+    ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=40)
+    hopeless = ExitParams(K=4, gamma0=1.0, eps=0.0)   # no draft is ever confident enough
+    stuck = LayerSkipDrafter(model, SKIPS["heavy"], SamplingParams(), hopeless)
+    got, stats = run_ids(model, prompts, batch_size=4, max_tokens=40, drafter=stuck)
+    assert got == ref
+    never = LayerSkipDrafter(model, SKIPS["heavy"], SamplingParams(),
+                             ExitParams(K=4, gamma0=1.0, eps=0.0, max_backoff=0))
+    run_ids(model, prompts, batch_size=4, max_tokens=40, drafter=never)
+    assert never.draft_forwards >= stats.steps - 1        # a wasted forward every step (the
+                                                          # last has no room to draft)
+    assert stuck.draft_forwards < stats.steps / 3         # mostly plain ar steps

@@ -13,6 +13,13 @@ drafting adaptively, verify with one forward of the full model.
       gamma   <- beta2 * gamma + (1 - beta2) * gamma~
   (code) gamma is kept when AR >= alpha and the full K was drafted; it carries over between the
   prompts of a run. With a batch, one step's AR_e pools the batch's accepted / drafted counts.
+- Back-off (specctl, not in the paper): a draft forward that yields nothing (the first draft
+  already under gamma, or every draft rejected) still costs a forward. A sequence whose drafting
+  was fruitless rests for 1, 2, 4 ... (at most max_backoff) steps, running plain `ar` steps, and
+  drafts again after; one accepted draft resets it. Where the drafter cannot win (a skip set too
+  weak for the model, a CPU where verifying 2 tokens costs much more than 1) draft-verify so
+  converges to ar's cost instead of paying a wasted forward every step. Greedy output is
+  unaffected (drafts never change what is emitted).
 - The KV rows drafting writes (for the layers it runs) lie past the committed length; the
   verification forward overwrites them for every layer, so they never survive.
 """
@@ -79,8 +86,11 @@ class ExitParams:
     beta1: float = 0.5
     beta2: float = 0.9
     alpha: float = 0.9
+    max_backoff: int = 16   # specctl: steps a sequence rests from drafting after a fruitless one
 
     def __post_init__(self):
+        if self.max_backoff < 0:
+            raise ValueError("max_backoff must be >= 0")
         if self.K < 1:
             raise ValueError("K (max drafts) must be >= 1")
         for name in ("gamma0", "beta1", "beta2", "alpha"):
@@ -124,7 +134,12 @@ class LayerSkipDrafter(Drafter):
     def propose(self, seqs, kv, room) -> None:
         drafts = {id(s): [] for s in seqs}
         qs = {id(s): [] for s in seqs}
-        active = [(s, min(r, self.prm.K)) for s, r in zip(seqs, room) if r > 0]
+        active = []
+        for s, r in zip(seqs, room):
+            if s.state.get("rest", 0) > 0:   # backing off: a plain ar step for this sequence
+                s.state["rest"] -= 1
+            elif r > 0:
+                active.append((s, min(r, self.prm.K)))
         last = {id(s): s.pending for s, _ in active}
         gamma = self.state.gamma
         d = 0
@@ -135,6 +150,7 @@ class LayerSkipDrafter(Drafter):
             self.draft_forwards += 1
             for s, _ in active:   # per-sequence count, for the search's cost model
                 s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
+                s.state["tried"] = True
             if self.sp.greedy:
                 top_p, tok = torch.softmax(logits, -1).max(-1)
                 toks, conf = tok.tolist(), top_p.tolist()
@@ -164,6 +180,14 @@ class LayerSkipDrafter(Drafter):
         return f"{self.name}:{''.join(map(str, self.skip.bits()))}"
 
     def observe(self, seqs, verdicts) -> None:
+        for s, v in zip(seqs, verdicts):
+            if not s.state.pop("tried", False):   # rested (or had no room) this step
+                continue
+            if v.accepted:
+                s.state["backoff"] = 0
+            elif self.prm.max_backoff:
+                s.state["backoff"] = min(2 * s.state.get("backoff", 0) or 1, self.prm.max_backoff)
+                s.state["rest"] = s.state["backoff"]
         drafted = sum(len(s.draft) for s in seqs)
         accepted = sum(len(v.accepted) for v in verdicts)
         full_k = any(len(s.draft) >= self.prm.K for s in seqs)
