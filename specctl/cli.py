@@ -36,6 +36,17 @@ def _log(msg: str) -> None:
 
 
 StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
+# draft-verify's options, shared by generate and bench
+_DV = "draft-verify"
+SkipSetOpt = typer.Option(None, "--skip-set", help="Skip set FILE or store ID (default: the "
+                          "model's best stored one).", rich_help_panel=_DV)
+MaxDraftOpt = typer.Option(12, "--max-draft", help="K, most drafts per step.", rich_help_panel=_DV)
+Gamma0Opt = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.", rich_help_panel=_DV)
+AlphaOpt = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adaptive threshold.",
+                        rich_help_panel=_DV)
+EpsOpt = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel=_DV)
+Beta1Opt = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.", rich_help_panel=_DV)
+Beta2Opt = typer.Option(0.9, "--beta2", help="Threshold smoothing.", rich_help_panel=_DV)
 
 
 def friendly(fn):
@@ -110,20 +121,13 @@ def generate(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Record bad lines in the output instead of stopping."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    skip_set: Optional[str] = typer.Option(None, "--skip-set", help="draft-verify: skip set "
-                                           "FILE or store ID (default: the model's best stored one).",
-                                           rich_help_panel="draft-verify"),
-    max_draft: int = typer.Option(12, "--max-draft", help="K, most drafts per step.",
-                                  rich_help_panel="draft-verify"),
-    gamma0: float = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.",
-                                 rich_help_panel="draft-verify"),
-    alpha: float = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adaptive "
-                                "threshold.", rich_help_panel="draft-verify"),
-    eps: float = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel="draft-verify"),
-    beta1: float = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.",
-                                rich_help_panel="draft-verify"),
-    beta2: float = typer.Option(0.9, "--beta2", help="Threshold smoothing.",
-                                rich_help_panel="draft-verify"),
+    skip_set: Optional[str] = SkipSetOpt,
+    max_draft: int = MaxDraftOpt,
+    gamma0: float = Gamma0Opt,
+    alpha: float = AlphaOpt,
+    eps: float = EpsOpt,
+    beta1: float = Beta1Opt,
+    beta2: float = Beta2Opt,
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
@@ -246,15 +250,10 @@ def bench(
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
-    skip_set: Optional[str] = typer.Option(None, "--skip-set", help="draft-verify: skip set "
-                                           "FILE or store ID (default: the model's best stored one).",
-                                           rich_help_panel="draft-verify"),
-    max_draft: int = typer.Option(12, "--max-draft", help="K, most drafts per step.",
-                                  rich_help_panel="draft-verify"),
-    gamma0: float = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.",
-                                 rich_help_panel="draft-verify"),
-    alpha: float = typer.Option(0.9, "--alpha", help="Target acceptance rate.",
-                                rich_help_panel="draft-verify"),
+    skip_set: Optional[str] = SkipSetOpt,
+    max_draft: int = MaxDraftOpt,
+    gamma0: float = Gamma0Opt,
+    alpha: float = AlphaOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
 ):

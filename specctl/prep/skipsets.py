@@ -10,7 +10,6 @@ speedup unless `--skip-set FILE|ID` names one.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -86,14 +85,6 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
     return skip, where
 
 
-def write_skipset_file(path: Path, skip: SkipSet) -> None:
-    atomic_write_json(path, skip.to_json())
-
-
 def describe(skip: SkipSet) -> str:
     return (f"{len(skip.attn)} attention + {len(skip.mlp)} MLP of {2 * skip.num_layers} blocks "
             f"skipped (attn {sorted(skip.attn)}, mlp {sorted(skip.mlp)})")
-
-
-
-

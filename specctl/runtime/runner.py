@@ -201,9 +201,12 @@ class Runner:
                 pos = [base] + [base + d for d in tree.depths()]
                 inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base, pos, tree.mask()))
         real = [len(x.tokens) for x in inputs]
-        inputs = self._pad_chains(inputs)
-        batch = ForwardBatch(inputs, self.model.device)
-        logits = self.model.forward_logits(batch, kv)                   # [T, V]
+        if self.drafter.custom_verify:
+            batch = ForwardBatch(inputs, self.model.device)
+            logits = self.drafter.verify_logits(batch, kv, seqs)        # [T, V]
+        else:
+            batch = ForwardBatch(self._pad_chains(inputs), self.model.device)
+            logits = self.model.forward_logits(batch, kv)               # [T, V]
         cu = batch.cu_seqlens
         if self.sp.greedy:
             target = logits.argmax(-1).tolist()

@@ -30,6 +30,13 @@ class Drafter:
     def observe(self, seqs: list, verdicts: list) -> None:
         pass
 
+    # a drafter may verify its own way (kangaroo starts at its exit layer from saved states);
+    # the default is one full forward of the target over [pending + drafts]
+    custom_verify = False
+
+    def verify_logits(self, batch, kv, seqs):
+        raise NotImplementedError
+
     def signature(self) -> str:
         """What identifies this drafter's artifact (a run resumes only with the same one)."""
         return self.name

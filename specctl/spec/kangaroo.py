@@ -1,0 +1,204 @@
+"""Kangaroo (papers/001): draft with the first l layers + a small adapter + the target's LM head;
+verify by running only layers [l, L) over the drafted positions' saved layer-l hidden states
+(the double early exit).
+
+Adapter (authors' code): RMSNorm -> one attention block with RoPE and the target's head shape
+(no MLP) -> residual add (of the adapter's input) -> RMSNorm -> the target's LM head. It keeps
+its own KV cache, one row per sequence position like the target's, so a rejected draft's rows
+are simply overwritten, exactly as the target's are.
+
+Per step and sequence (all sequences in lockstep, one token each per draft forward):
+    input x = pending token, then each new draft
+    h_l(x)  = layers [0, l) on x    (writes the target's KV rows of those layers: exact, since it
+                                     is the very computation the full model does)
+    q       = softmax(lm_head(adapter(h_l(x))))  ->  next draft, kept while top-1 > eta, at most
+                                                   gamma drafts
+The layer-l states of [pending, d1 .. dk] are saved; the verify forward starts at layer l from
+them. A sequence that drafted k tokens because it hit gamma needs h_l(dk) too: one more shallow
+forward computes it (and the adapter's KV row for dk) without drafting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specctl.engine.attention import sdpa_attention, sdpa_meta
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
+from specctl.engine.kv import KVCache
+from specctl.engine.model import apply_rope, rms_norm
+from specctl.spec.drafter import Drafter
+from specctl.spec.verify import DraftTree, SamplingParams, warp
+
+ADAPTER_KEYS = ("norm_in.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
+                "o_proj.weight", "norm_out.weight")
+
+
+@dataclass(frozen=True)
+class KangarooParams:
+    eta: float = 0.6    # stop drafting when the draft's top-1 probability <= eta
+    gamma: int = 6      # at most this many drafts per step
+
+    def __post_init__(self):
+        if not 0.0 <= self.eta <= 1.0 or self.gamma < 1:
+            raise ValueError("eta must be in [0, 1] and gamma >= 1")
+
+
+class Adapter:
+    """The adapter's weights (HF-style names, see ADAPTER_KEYS) and its two forwards."""
+
+    def __init__(self, model, exit_layer: int, weights: dict[str, torch.Tensor]):
+        c = model.cfg
+        if not 1 <= exit_layer < c.num_layers:
+            raise ValueError(f"exit layer must be in [1, {c.num_layers}), got {exit_layer}")
+        missing = [k for k in ADAPTER_KEYS if k not in weights]
+        if missing:
+            raise ValueError(f"adapter lacks {missing}")
+        self.model, self.l = model, exit_layer
+        self.w = {k: weights[k] for k in ADAPTER_KEYS}
+
+    @classmethod
+    def init_from_model(cls, model, exit_layer: int) -> "Adapter":
+        """Start from layer l's own attention and norms (a copy, trainable)."""
+        L = model.layers[exit_layer]
+        c = model.cfg
+        H, KV, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        q, k, v = L.wqkv.split([H * hd, KV * hd, KV * hd])
+        w = {"norm_in.weight": L.attn_norm, "q_proj.weight": q, "k_proj.weight": k,
+             "v_proj.weight": v, "o_proj.weight": L.wo, "norm_out.weight": model.norm}
+        return cls(model, exit_layer, {n: t.detach().clone().float() for n, t in w.items()})
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.w.values())
+
+    def _qkv(self, h: torch.Tensor, positions: torch.Tensor):
+        c = self.model.cfg
+        T = h.shape[0]
+        w = self.w
+        x = rms_norm(h, w["norm_in.weight"].to(h.dtype), c.rms_eps)
+        q = F.linear(x, w["q_proj.weight"].to(h.dtype)).view(T, c.num_heads, c.head_dim)
+        k = F.linear(x, w["k_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
+        v = F.linear(x, w["v_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
+        cos, sin = self.model._rope(positions)
+        return apply_rope(q, cos.to(h.dtype), sin.to(h.dtype)), \
+            apply_rope(k, cos.to(h.dtype), sin.to(h.dtype)), v
+
+    def _out(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        c = self.model.cfg
+        x = h + F.linear(o.reshape(h.shape[0], -1), self.w["o_proj.weight"].to(h.dtype))
+        x = rms_norm(x, self.w["norm_out.weight"].to(h.dtype), c.rms_eps)
+        return F.linear(x, self.model.lm_head.to(h.dtype)).float()
+
+    @torch.inference_mode()
+    def step(self, h: torch.Tensor, batch: ForwardBatch, akv: KVCache) -> torch.Tensor:
+        """Decoding: h [T, D] layer-l states of the batch's tokens -> [T, V] draft logits,
+        writing the adapter's KV rows (same slots and rows as the target's)."""
+        q, k, v = self._qkv(h, batch.positions)
+        akv.write(0, batch.slots, batch.rows, k, v)
+        return self._out(h, sdpa_attention(q, akv.k[0], akv.v[0], sdpa_meta(batch)))
+
+    def train_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Training: one whole sequence's layer-l states [T, D] -> [T, V] logits with causal
+        attention and no cache (the same function as step over the same tokens)."""
+        T = h.shape[0]
+        q, k, v = self._qkv(h, torch.arange(T, device=h.device))
+        c = self.model.cfg
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], is_causal=True,
+                                           enable_gqa=c.num_kv_heads != c.num_heads)
+        return self._out(h, o[0].transpose(0, 1))
+
+
+class KangarooDrafter(Drafter):
+    name = "kangaroo"
+
+    def __init__(self, model, adapter: Adapter, sampling: SamplingParams,
+                 params: KangarooParams = KangarooParams()):
+        self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
+        self.l = adapter.l
+        for k, t in adapter.w.items():   # the adapter runs in the model's device and dtype
+            adapter.w[k] = t.to(model.device, model.dtype)
+        self.akv: KVCache | None = None
+        self.draft_forwards = 0
+
+    def signature(self) -> str:
+        h = sum(float(t.float().sum()) for t in self.adapter.w.values())
+        return f"{self.name}:l{self.l}:{h:.6e}"
+
+    def _adapter_kv(self, kv: KVCache) -> KVCache:
+        if self.akv is None or self.akv.k[0].shape[:2] != kv.k[0].shape[:2]:
+            c = self.model.cfg
+            self.akv = KVCache(1, kv.k[0].shape[0], kv.max_len, c.num_kv_heads, c.head_dim,
+                               self.model.dtype, self.model.device)
+        return self.akv
+
+    def admit(self, seq) -> None:
+        seq.state["warm"] = False
+
+    def _warm(self, seqs, kv: KVCache, akv: KVCache) -> None:
+        """The adapter's KV rows for a new sequence's committed tokens (its prompt)."""
+        for s in seqs:
+            if s.state.get("warm"):
+                continue
+            n = kv.lens[s.slot]
+            toks = (s.prompt_ids + s.out_ids)[:n]
+            b = ForwardBatch([SeqInput(s.slot, toks, 0)], self.model.device)
+            h = self.model.forward(b, kv, LayerPlan(end=self.l))
+            self.adapter.step(h, b, akv)
+            s.state["warm"] = True
+
+    def propose(self, seqs, kv, room) -> None:
+        akv = self._adapter_kv(kv)
+        self._warm(seqs, kv, akv)
+        for s in seqs:
+            s.state["h"], s.state["drafts"], s.state["q"] = [], [], []
+        # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
+        active = [(s, min(max(r, 0), self.prm.gamma), r <= 0) for s, r in zip(seqs, room)]
+        last = {id(s): s.pending for s in seqs}
+        d = 0
+        while active:
+            batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
+                                  for s, _, _ in active], self.model.device)
+            h = self.model.forward(batch, kv, LayerPlan(end=self.l))          # [B, D]
+            logits = self.adapter.step(h, batch, akv)                          # [B, V]
+            self.draft_forwards += 1
+            if self.sp.greedy:
+                conf, tok = torch.softmax(logits, -1).max(-1)
+                conf, toks, q = conf.tolist(), tok.tolist(), None
+            else:
+                q = warp(logits, self.sp).cpu()
+                conf = q.max(-1).values.tolist()
+                toks = [int(torch.multinomial(q[i], 1, generator=s.rng).item())
+                        for i, (s, _, _) in enumerate(active)]
+            d += 1
+            nxt = []
+            for i, (s, cap, tail) in enumerate(active):
+                s.state["h"].append(h[i])
+                if tail or conf[i] <= self.prm.eta:
+                    continue
+                s.state["drafts"].append(toks[i])
+                if q is not None:
+                    s.state["q"].append(q[i])
+                last[id(s)] = toks[i]
+                nxt.append((s, cap, len(s.state["drafts"]) >= cap))
+            active = nxt
+        for s in seqs:
+            qs = s.state.pop("q")
+            s.draft = DraftTree.chain(s.state.pop("drafts"), torch.stack(qs) if qs else None)
+
+    custom_verify = True
+
+    def verify_logits(self, batch: ForwardBatch, kv: KVCache, seqs) -> torch.Tensor:
+        """The double early exit: layers [l, L) only, from the saved layer-l states."""
+        H = torch.stack([h for s in seqs for h in s.state.pop("h")[:len(s.draft) + 1]])
+        if H.shape[0] != batch.num_tokens:
+            raise RuntimeError("kangaroo: saved states do not match the verify batch")
+        return self.model.logits(self.model.forward(batch, kv, LayerPlan(start=self.l), hidden=H))
+
+
+def adapter_config(model, exit_layer: int) -> dict:
+    c = model.cfg
+    return {"exit_layer": exit_layer, "hidden_size": c.hidden_size, "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "format": "specctl-kangaroo-1"}

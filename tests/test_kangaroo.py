@@ -1,0 +1,93 @@
+"""Kangaroo: lossless greedy and sampling, the adapter's two forwards agree, verification from
+the exit layer equals a full forward."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from helpers import run_ids
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
+from specctl.models.loader import load_model
+from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.spec.verify import SamplingParams, warp
+from test_runtime import chi_square_ok
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return load_model(tiny_llama, "cpu", "fp32")
+
+
+def _prompts(n, seed=0):
+    rnd = random.Random(seed)
+    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 30))] for _ in range(n)]
+
+
+def _adapter(model, l=1, noise=0.0):
+    a = Adapter.init_from_model(model, l)
+    if noise:
+        g = torch.Generator().manual_seed(0)
+        for t in a.w.values():
+            t.add_(noise * torch.randn(t.shape, generator=g))
+    return a
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+@pytest.mark.parametrize("eta", [0.0, 0.6])
+def test_greedy_equals_ar(model, batch_size, eta):
+    prompts = _prompts(10, seed=1)
+    ref, _ = run_ids(model, prompts, batch_size=batch_size, max_tokens=20)
+    dr = KangarooDrafter(model, _adapter(model), SamplingParams(), KangarooParams(eta=eta))
+    got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=20, drafter=dr)
+    assert got == ref
+    assert dr.draft_forwards > 0
+    if eta == 0.0:
+        assert sum(n * k for k, n in stats.accept_hist.items()) > 0   # some drafts accepted
+
+
+def test_adapter_step_equals_train_forward(model):
+    a = _adapter(model, 2, noise=0.01)
+    ids = _prompts(1, seed=2)[0] + [5, 6, 7, 8]
+    kv = model.new_kv_cache(1, 64)
+    b = ForwardBatch([SeqInput(0, ids, 0)])
+    h = model.forward(b, kv, LayerPlan(end=2))
+    full = a.train_logits(h)
+    # incremental: the prompt at once, then one token at a time through the adapter's cache
+    from specctl.engine.kv import KVCache
+    akv = KVCache(1, 1, 64, model.cfg.num_kv_heads, model.cfg.head_dim)
+    n = len(ids) - 4
+    a.step(h[:n], ForwardBatch([SeqInput(0, ids[:n], 0)]), akv)
+    for i in range(n, len(ids)):
+        out = a.step(h[i:i + 1], ForwardBatch([SeqInput(0, [ids[i]], i)]), akv)
+        torch.testing.assert_close(out[0], full[i], atol=1e-4, rtol=1e-4)
+
+
+def test_sampling_is_lossless(model):
+    prompt = _prompts(1, seed=5)[0]
+    sp = SamplingParams(temperature=1.0, top_k=3, seed=11)
+
+    def dist(ids):
+        kv = model.new_kv_cache(1, 64)
+        out = model.logits(model.forward(ForwardBatch([SeqInput(0, ids, 0)]), kv))[-1:]
+        return warp(out, sp)[0].double()
+    joint = {}
+    p1 = dist(prompt)
+    for x1 in torch.nonzero(p1).flatten().tolist():
+        p2 = dist(prompt + [x1])
+        for x2 in torch.nonzero(p2).flatten().tolist():
+            p3 = dist(prompt + [x1, x2])
+            for x3 in torch.nonzero(p3).flatten().tolist():
+                joint[(x1, x2, x3)] = (p1[x1] * p2[x2] * p3[x3]).item()
+    cells = sorted(joint)
+    dr = KangarooDrafter(model, _adapter(model, 3), sp, KangarooParams(eta=0.0))
+    outs, stats = run_ids(model, [prompt] * 3000, batch_size=60, max_tokens=3, sampling=sp,
+                          drafter=dr)
+    counts = torch.zeros(len(cells) + 1, dtype=torch.float64)
+    for o in outs:
+        counts[cells.index(tuple(o)) if tuple(o) in joint else -1] += 1
+    assert counts[-1] == 0
+    assert chi_square_ok(counts, torch.tensor([joint[c] for c in cells] + [0.0]))
+    assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
