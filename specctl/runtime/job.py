@@ -29,7 +29,7 @@ from specctl.spec.drafter import NoDraft
 from specctl.spec.verify import SamplingParams
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
-METHODS = ("ar", "draft-verify")
+METHODS = ("ar", "draft-verify", "kangaroo")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class GenerateConfig:
     eps: float = 0.01
     beta1: float = 0.5
     beta2: float = 0.9
+    # kangaroo
+    adapter: str | None = None
+    eta: float = 0.6
+    kangaroo_gamma: int = 6
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -125,9 +129,19 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
     """The method's drafter, with its artifact found in the store (and said which)."""
     if cfg.method == "ar":
         return NoDraft()
+    from specctl.models.loader import model_fingerprint
+    if cfg.method == "kangaroo":
+        from specctl.prep.train_adapter import resolve_adapter
+        from specctl.spec.kangaroo import KangarooDrafter, KangarooParams
+        adapter, where = resolve_adapter(cfg.adapter, store, model_fingerprint(model_dir), model)
+        log(f"kangaroo: adapter {where} (exit layer {adapter.l})")
+        try:
+            prm = KangarooParams(cfg.eta, cfg.kangaroo_gamma)
+        except ValueError as e:
+            raise SpecctlError(f"kangaroo: {e}") from None
+        return KangarooDrafter(model, adapter, cfg.sampling(), prm)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
-    from specctl.models.loader import model_fingerprint
     from specctl.prep.skipsets import describe, resolve_skip_set
     from specctl.spec.draft_verify import LayerSkipDrafter
 

@@ -1,0 +1,279 @@
+"""`specctl train-adapter`: train Kangaroo's adapter on conversations (papers/001, authors' code).
+
+The target is frozen. For each conversation (rendered with the model's chat template, at most
+max_len tokens) the target's layer-l states h_l and final states h_L are computed once and cached
+on disk (safetensors, fp16); training then only runs the adapter:
+
+    loss = sum over positions predicting an assistant token of
+           CE( softmax(lm_head(norm(h_L))) , log_softmax(lm_head(adapter(h_l))) )  / count
+
+AdamW (betas 0.9/0.95), linear warm-up, gradient clipping; batches are packed up to
+`batch_tokens` tokens. A held-out share of the conversations reports top-1 agreement with the
+target on the same positions after every epoch: the acceptance proxy. Checkpoints (adapter,
+optimizer state, step) are written atomically every `checkpoint_every` steps; `--resume` picks
+up at the next step with the same data order, so a resumed run ends where an uninterrupted one
+does. The final adapter goes to the store as adapters/<model>-l<l>/ (adapter.safetensors,
+config.json, train_log.json).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
+from specctl.errors import SpecctlError
+from specctl.spec.kangaroo import Adapter, adapter_config
+from specctl.store import Store, atomic_write_json, make_manifest
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str | None = None
+    data: str | None = None
+    exit_layer: int = 2
+    epochs: int = 1
+    lr: float = 5e-5
+    max_len: int = 2048
+    batch_tokens: int = 4096
+    limit: int | None = None
+    heldout: float = 0.05
+    warmup: float = 0.03
+    clip: float = 0.5
+    seed: int = 0
+    checkpoint_every: int = 100
+    strict: bool = False
+    device: str = "auto"
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.lr <= 0 or self.max_len < 8 or self.batch_tokens < 8:
+            raise SpecctlError("--epochs >= 1, --lr > 0, --max-len >= 8, --batch-tokens >= 8")
+        if not 0.0 <= self.heldout < 1.0:
+            raise SpecctlError("--heldout must be in [0, 1)")
+
+
+def encode(tok, messages: list[dict], max_len: int) -> tuple[list[int], list[bool]] | None:
+    """Token ids of the rendered conversation and, per position t, whether t predicts an
+    assistant token (i.e. token t + 1 belongs to an assistant turn). Spans come from rendering
+    growing prefixes of the conversation with the same template."""
+    def ids(msgs, gen=False):
+        text = tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
+        return tok.encode(text, add_special_tokens=False)
+    full = ids(messages)[:max_len]
+    target = [False] * len(full)
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start, end = len(ids(messages[:i], gen=True)), len(ids(messages[:i + 1]))
+        for t in range(start, min(end, len(full))):
+            target[t] = True
+    pred = target[1:] + [False]   # position t predicts token t + 1
+    return (full, pred) if any(pred) else None
+
+
+@torch.inference_mode()
+def features(model, ids: list[int], l: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h_l, h_L) of one sequence, fp16 on the CPU."""
+    kv = model.new_kv_cache(1, len(ids))
+    b = ForwardBatch([SeqInput(0, ids, 0)], model.device)
+    h_L, h_l = model.forward(b, kv, LayerPlan(capture=l))
+    return h_l.half().cpu(), h_L.half().cpu()
+
+
+def loss_and_agreement(model, adapter: Adapter, h_l, h_L, mask) -> tuple[torch.Tensor, int, int]:
+    dev = model.device
+    h_l, h_L, mask = h_l.to(dev).float(), h_L.to(dev).float(), mask.to(dev)
+    with torch.no_grad():
+        # clone: the engine runs in inference mode, and p is saved for the backward pass
+        p = torch.softmax(model.logits(h_L.to(model.dtype))[mask], -1).float().clone()
+    logq = torch.log_softmax(adapter.train_logits(h_l)[mask], -1)
+    loss = -(p * logq).sum(-1).mean()
+    agree = int((logq.argmax(-1) == p.argmax(-1)).sum())
+    return loss, agree, int(mask.sum())
+
+
+def _optimizer(adapter: Adapter, lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(adapter.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def _save_ckpt(path: Path, adapter: Adapter, opt, step: int, log: list) -> None:
+    tensors = {f"adapter.{k}": v.detach().contiguous() for k, v in adapter.w.items()}
+    for i, p in enumerate(adapter.parameters()):
+        st = opt.state.get(p, {})
+        for name in ("exp_avg", "exp_avg_sq"):
+            if name in st:
+                tensors[f"opt.{i}.{name}"] = st[name].contiguous()
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+    atomic_write_json(path.with_suffix(".json"), {"step": step, "log": log})
+
+
+def _load_ckpt(path: Path, adapter: Adapter, opt) -> tuple[int, list]:
+    t = load_file(str(path))   # safetensors: no code can run from a checkpoint
+    meta = json.loads(path.with_suffix(".json").read_text())
+    with torch.no_grad():
+        for k in adapter.w:
+            adapter.w[k].copy_(t[f"adapter.{k}"])
+    for i, p in enumerate(adapter.parameters()):
+        if f"opt.{i}.exp_avg" in t:
+            opt.state[p] = {"step": torch.tensor(float(meta["step"])),
+                            "exp_avg": t[f"opt.{i}.exp_avg"], "exp_avg_sq": t[f"opt.{i}.exp_avg_sq"]}
+    return int(meta["step"]), list(meta["log"])
+
+
+def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
+          on_step: Callable[[dict], None] | None = None, log=print) -> tuple[Adapter, dict]:
+    """Encode, cache features, train; returns the adapter and a summary."""
+    l = cfg.exit_layer
+    if not 1 <= l < model.cfg.num_layers:
+        raise SpecctlError(f"--exit-layer must be in [1, {model.cfg.num_layers - 1}]")
+    work.mkdir(parents=True, exist_ok=True)
+    data = []
+    for c in conversations:
+        enc = encode(tok, c.messages, cfg.max_len)
+        if enc is not None:
+            data.append(enc)
+    if len(data) < 2:
+        raise SpecctlError(f"only {len(data)} usable conversations: need at least 2")
+    rnd = random.Random(cfg.seed)
+    order = list(range(len(data)))
+    rnd.shuffle(order)
+    n_held = max(1, int(len(data) * cfg.heldout))
+    held, train_idx = order[:n_held], order[n_held:]
+    feat_file = work / f"features-l{l}.safetensors"
+    if feat_file.exists() and json.loads(feat_file.with_suffix(".json").read_text()).get(
+            "n") == len(data):
+        ft = load_file(str(feat_file))
+        feats = [(ft[f"{i}.l"], ft[f"{i}.L"]) for i in range(len(data))]
+        log(f"reusing cached target features ({feat_file})")
+    else:
+        log(f"computing the target's layer-{l} and final states for {len(data)} conversations ...")
+        feats = [features(model, ids, l) for ids, _ in data]
+        flat = {f"{i}.{k}": t for i, (a, b) in enumerate(feats) for k, t in (("l", a), ("L", b))}
+        save_file(flat, str(feat_file.with_suffix(".tmp")))
+        feat_file.with_suffix(".tmp").replace(feat_file)
+        atomic_write_json(feat_file.with_suffix(".json"), {"n": len(data), "exit_layer": l})
+    masks = [torch.tensor(m) for _, m in data]
+
+    def batches(epoch: int) -> list[list[int]]:
+        idx = list(train_idx)
+        random.Random(cfg.seed * 1000 + epoch).shuffle(idx)
+        out, cur, n = [], [], 0
+        for i in idx:
+            t = len(data[i][0])
+            if cur and n + t > cfg.batch_tokens:
+                out.append(cur)
+                cur, n = [], 0
+            cur.append(i)
+            n += t
+        return out + ([cur] if cur else [])
+
+    adapter = Adapter.init_from_model(model, l)
+    for k in adapter.w:
+        adapter.w[k] = adapter.w[k].to(model.device).requires_grad_(True)
+    opt = _optimizer(adapter, cfg.lr)
+    per_epoch = len(batches(0))
+    total = per_epoch * cfg.epochs
+    warm = max(1, int(total * cfg.warmup))
+
+    def set_lr(s: int) -> float:   # linear warm-up, then constant
+        lr = cfg.lr * min(1.0, (s + 1) / warm)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        return lr
+    ckpt = work / f"ckpt-l{l}.safetensors"
+    step, train_log = 0, []
+    if resume and ckpt.exists():
+        step, train_log = _load_ckpt(ckpt, adapter, opt)
+        log(f"resuming at step {step} of {total}")
+    t0, tokens = time.perf_counter(), 0
+    for epoch in range(cfg.epochs):
+        for bi, batch in enumerate(batches(epoch)):
+            s = epoch * per_epoch + bi
+            if s < step:
+                continue
+            opt.zero_grad()
+            n_pos = sum(int(masks[i].sum()) for i in batch)
+            loss_sum = 0.0
+            for i in batch:
+                loss, _, n = loss_and_agreement(model, adapter, *feats[i], masks[i])
+                (loss * n / n_pos).backward()
+                loss_sum += loss.item() * n / n_pos
+                tokens += len(data[i][0])
+            torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.clip)
+            lr = set_lr(s)
+            opt.step()
+            step = s + 1
+            rec = {"step": step, "epoch": epoch, "loss": round(loss_sum, 5), "lr": lr,
+                   "tokens_per_s": round(tokens / (time.perf_counter() - t0), 1)}
+            if on_step:
+                on_step({**rec, "total": total})
+            if step % cfg.checkpoint_every == 0 or step == total:
+                train_log.append(rec)
+                _save_ckpt(ckpt, adapter, opt, step, train_log)
+        agree, count = 0, 0
+        with torch.no_grad():
+            for i in held:
+                _, a, n = loss_and_agreement(model, adapter, *feats[i], masks[i])
+                agree, count = agree + a, count + n
+        top1 = agree / max(count, 1)
+        train_log.append({"epoch": epoch, "heldout_top1": round(top1, 4), "step": step})
+        log(f"epoch {epoch + 1}/{cfg.epochs}: held-out top-1 agreement {top1:.4f}")
+    for k in adapter.w:
+        adapter.w[k] = adapter.w[k].detach()
+    summary = {"conversations": len(data), "train": len(train_idx), "heldout": len(held),
+               "steps": step, "heldout_top1": round(top1, 4),
+               "train_time_s": round(time.perf_counter() - t0, 1), "log": train_log,
+               "config": asdict(cfg)}
+    return adapter, summary
+
+
+def save_adapter(store: Store, model, adapter: Adapter, fingerprint: str, summary: dict) -> Path:
+    ident = f"{fingerprint}-l{adapter.l}"
+    with store.building("adapters", ident, make_manifest(
+            "adapter", ident, model_fingerprint=fingerprint, exit_layer=adapter.l,
+            heldout_top1=summary["heldout_top1"])) as d:
+        save_file({k: v.float().cpu().contiguous() for k, v in adapter.w.items()},
+                  str(d / "adapter.safetensors"))
+        atomic_write_json(d / "config.json", adapter_config(model, adapter.l))
+        atomic_write_json(d / "train_log.json", summary)
+    return store.path("adapters", ident)
+
+
+def load_adapter(path: Path, model) -> Adapter:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        w = load_file(str(path / "adapter.safetensors"))
+        return Adapter(model, int(cfg["exit_layer"]), w)
+    except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
+        raise SpecctlError(f"{path}: not a usable adapter ({e})") from None
+
+
+def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> tuple[Adapter, str]:
+    """--adapter PATH | ID, or the model's stored adapter with the best held-out agreement."""
+    if spec:
+        p = Path(spec).expanduser()
+        if p.is_dir():
+            return load_adapter(p, model), str(p)
+        e = store.find(spec)
+        if e.kind != "adapters":
+            raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not an adapter")
+        return load_adapter(e.path, model), f"adapters/{e.id}"
+    cands = [e for e in store.entries("adapters")
+             if e.manifest.get("model_fingerprint") == fingerprint]
+    if not cands:
+        raise SpecctlError("no Kangaroo adapter for this model in the store: run "
+                           "`specctl train-adapter` (with the same --model) first, or pass "
+                           "--adapter DIR")
+    best = max(cands, key=lambda e: e.manifest.get("heldout_top1") or 0.0)
+    return load_adapter(best.path, model), f"adapters/{best.id}"
+

@@ -1,0 +1,45 @@
+"""The `train-adapter` job: conversations -> features -> adapter -> store."""
+
+from __future__ import annotations
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specctl.io.sharegpt import download_sharegpt_json, read_conversations
+from specctl.models.checkpoint import load_tokenizer, resolve_model
+from specctl.models.loader import load_model, model_fingerprint
+from specctl.prep.train_adapter import TrainConfig, save_adapter, train
+from specctl.store import Store
+
+
+def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
+                      console=None) -> dict:
+    model_dir = resolve_model(cfg.model, store, log=log)
+    tok = load_tokenizer(model_dir)
+    source = cfg.data or download_sharegpt_json(store.root / "data", log)
+    convs, report = read_conversations(source, strict=cfg.strict, limit=cfg.limit, log=log)
+    log(f"{source}: {report.summary()}")
+    model = load_model(model_dir, cfg.device, "fp32" if cfg.device in ("cpu", "auto") and
+                       not _cuda() else "bf16")
+    fp = model_fingerprint(model_dir)
+    work = store.root / "work" / f"train-{fp}"
+    prog = Progress(TextColumn("[bold]train-adapter"), BarColumn(),
+                    TextColumn("step {task.completed}/{task.total} loss {task.fields[loss]} "
+                               "{task.fields[tps]} tok/s"), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, disable=console is None)
+    task = prog.add_task("train", total=None, loss="-", tps="-")
+
+    def on_step(rec: dict) -> None:
+        prog.update(task, total=rec["total"], completed=rec["step"], loss=f"{rec['loss']:.4f}",
+                    tps=rec["tokens_per_s"])
+    with prog:
+        adapter, summary = train(model, tok, convs, cfg, work, resume, on_step, log)
+    summary["data"] = {"source": str(source), "read": report.summary()}
+    path = save_adapter(store, model, adapter, fp, summary)
+    log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
+        f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")
+    return {"path": path, "summary": summary}
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()

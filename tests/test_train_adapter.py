@@ -1,0 +1,97 @@
+"""train-adapter end to end on a tiny model; resume continues identically; a trained adapter
+stays lossless; loss masking covers only assistant tokens."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from specctl.cli import app
+from specctl.prep.train_adapter import encode
+
+CONVS = [{"id": str(i), "conversations": [
+    {"from": "human", "value": f"What is {i} plus {i}? Explain the answer step by step."},
+    {"from": "gpt", "value": f"{i} plus {i} is {2 * i}. The quick brown fox jumps over the dog."},
+    {"from": "human", "value": "Write a short poem about the sea."},
+    {"from": "gpt", "value": "A journey of a thousand miles begins with a single step."}]}
+    for i in range(12)]
+
+
+@pytest.fixture()
+def data(tmp_path):
+    f = tmp_path / "sharegpt.json"
+    f.write_text(json.dumps(CONVS))
+    return f
+
+
+def test_mask_covers_only_assistant_tokens(tiny_llama):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    msgs = [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "Paris"}]
+    ids, pred = encode(tok, msgs, 512)
+    targets = [ids[t + 1] for t, m in enumerate(pred) if m]
+    answer = tok.encode("Paris", add_special_tokens=False)
+    # exactly the answer's tokens and the end-of-turn marker the template puts after them
+    assert targets[:len(answer)] == answer
+    assert tok.decode(targets[len(answer):]).strip().startswith("<|im_end|>")
+    prompt = tok.apply_chat_template(msgs[:1], add_generation_prompt=True, tokenize=False)
+    assert not any(pred[:len(tok.encode(prompt, add_special_tokens=False)) - 1])
+
+
+def _train(tiny, data, store, *extra):
+    return CliRunner().invoke(app, ["train-adapter", "--model", str(tiny), "--data", str(data),
+                                    "--exit-layer", "2", "--epochs", "2", "--lr", "1e-3",
+                                    "--batch-tokens", "200", "--heldout", "0.2",
+                                    "--checkpoint-every", "2", "--store", str(store),
+                                    "--device", "cpu", *extra])
+
+
+def test_train_resume_and_generate(tiny_llama, data, tmp_path):
+    r = _train(tiny_llama, data, tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    (ad,) = list((tmp_path / "a" / "adapters").iterdir())
+    log = json.loads((ad / "train_log.json").read_text())
+    assert log["steps"] > 2 and 0.0 <= log["heldout_top1"] <= 1.0
+    losses = [x["loss"] for x in log["log"] if "loss" in x]
+    assert losses[-1] < losses[0]   # it learns
+    full = load_file(str(ad / "adapter.safetensors"))
+    # interrupted after the step-2 checkpoint, then resumed: the same final weights
+    work = tmp_path / "b"
+    r = _train(tiny_llama, data, work, "--epochs", "1")   # a first run that stops early ...
+    assert r.exit_code == 0, r.output
+    ck = next((work / "work").glob("train-*/ckpt-l2.json"))
+    meta = json.loads(ck.read_text())
+    assert meta["step"] >= 2
+    r = _train(tiny_llama, data, work, "--resume")          # ... resumed to 2 epochs
+    assert r.exit_code == 0 and "resuming at step" in r.output, r.output
+    (ad2,) = list((work / "adapters").iterdir())
+    resumed = load_file(str(ad2 / "adapter.safetensors"))
+    for k in full:
+        torch.testing.assert_close(resumed[k], full[k], atol=1e-6, rtol=1e-5)
+    # generate with the trained adapter equals ar
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": c["conversations"][0]["value"]}) + "\n"
+                               for c in CONVS[:5]))
+    texts = {}
+    for method in ("ar", "kangaroo"):
+        out = tmp_path / f"{method}.jsonl"
+        r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama),
+                                     "--method", method, "--max-tokens", "16", "-b", "3",
+                                     "--store", str(tmp_path / "a"), "--out", str(out), "-q",
+                                     "--device", "cpu"])
+        assert r.exit_code == 0, r.output
+        texts[method] = [json.loads(x)["text"] for x in out.read_text().splitlines()]
+    assert texts["ar"] == texts["kangaroo"]
+    assert "kangaroo: adapter adapters/" in r.output
+
+
+def test_missing_adapter_names_the_command(tiny_llama, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama), "--method",
+                                 "kangaroo", "--store", str(tmp_path / "s"), "-q"])
+    assert r.exit_code != 0 and "specctl train-adapter" in r.output
