@@ -31,3 +31,47 @@ def hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:
         out = m.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
                          eos_token_id=None, pad_token_id=0, min_new_tokens=max_tokens)
     return out[0, len(prompt):].tolist()
+
+
+def chi_square_ok(counts: torch.Tensor, p: torch.Tensor) -> bool:
+    """Pearson chi-square over cells with expected count >= 5 (the rest pooled), accepted when
+    below dof + 5 standard deviations: generous for a right sampler, failed by a wrong one."""
+    n = counts.sum()
+    exp = p.double() * n
+    big = exp >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    ex = torch.cat([exp[big], exp[~big].sum()[None]])
+    chi2 = ((obs - ex) ** 2 / ex.clamp_min(1e-9)).sum().item()
+    dof = int(big.sum())
+    return chi2 < dof + 5 * (2 * dof) ** 0.5
+
+
+def check_three_token_sampling(model, prompt: list[int], sp: SamplingParams, drafter,
+                               n: int = 3000):
+    """Sample 3 tokens n times with `drafter` and test them against the target's exact joint
+    p(x1) p(x2|x1) p(x3|x1 x2) (sp should use a small top-k so the support stays small): x1
+    comes from prefill, x2 and x3 from draft + verify steps. Returns the run's stats."""
+    from specctl.engine.batch import ForwardBatch, SeqInput
+    from specctl.spec.verify import warp
+
+    def dist(ids):
+        kv = model.new_kv_cache(1, len(ids) + 1)
+        out = model.logits(model.forward(ForwardBatch([SeqInput(0, ids, 0)]), kv))[-1:]
+        return warp(out, sp)[0].double()
+    joint = {}
+    p1 = dist(prompt)
+    for x1 in torch.nonzero(p1).flatten().tolist():
+        p2 = dist(prompt + [x1])
+        for x2 in torch.nonzero(p2).flatten().tolist():
+            p3 = dist(prompt + [x1, x2])
+            for x3 in torch.nonzero(p3).flatten().tolist():
+                joint[(x1, x2, x3)] = (p1[x1] * p2[x2] * p3[x3]).item()
+    cells = sorted(joint)
+    outs, stats = run_ids(model, [prompt] * n, batch_size=60, max_tokens=3, sampling=sp,
+                          drafter=drafter)
+    counts = torch.zeros(len(cells) + 1, dtype=torch.float64)
+    for o in outs:
+        counts[cells.index(tuple(o)) if tuple(o) in joint else -1] += 1
+    assert counts[-1] == 0   # nothing outside the support
+    assert chi_square_ok(counts, torch.tensor([joint[c] for c in cells] + [0.0]))
+    return stats

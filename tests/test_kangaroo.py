@@ -8,12 +8,11 @@ import random
 import pytest
 import torch
 
-from helpers import run_ids
+from helpers import check_three_token_sampling, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
 from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
-from specctl.spec.verify import SamplingParams, warp
-from test_runtime import chi_square_ok
+from specctl.spec.verify import SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -66,28 +65,7 @@ def test_adapter_step_equals_train_forward(model):
 
 
 def test_sampling_is_lossless(model):
-    prompt = _prompts(1, seed=5)[0]
     sp = SamplingParams(temperature=1.0, top_k=3, seed=11)
-
-    def dist(ids):
-        kv = model.new_kv_cache(1, 64)
-        out = model.logits(model.forward(ForwardBatch([SeqInput(0, ids, 0)]), kv))[-1:]
-        return warp(out, sp)[0].double()
-    joint = {}
-    p1 = dist(prompt)
-    for x1 in torch.nonzero(p1).flatten().tolist():
-        p2 = dist(prompt + [x1])
-        for x2 in torch.nonzero(p2).flatten().tolist():
-            p3 = dist(prompt + [x1, x2])
-            for x3 in torch.nonzero(p3).flatten().tolist():
-                joint[(x1, x2, x3)] = (p1[x1] * p2[x2] * p3[x3]).item()
-    cells = sorted(joint)
     dr = KangarooDrafter(model, _adapter(model, 3), sp, KangarooParams(eta=0.0))
-    outs, stats = run_ids(model, [prompt] * 3000, batch_size=60, max_tokens=3, sampling=sp,
-                          drafter=dr)
-    counts = torch.zeros(len(cells) + 1, dtype=torch.float64)
-    for o in outs:
-        counts[cells.index(tuple(o)) if tuple(o) in joint else -1] += 1
-    assert counts[-1] == 0
-    assert chi_square_ok(counts, torch.tensor([joint[c] for c in cells] + [0.0]))
+    stats = check_three_token_sampling(model, _prompts(1, seed=5)[0], sp, dr)
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from helpers import hf_greedy, run_ids
+from helpers import chi_square_ok, hf_greedy, run_ids
 from specctl.models.loader import load_model
 from specctl.spec.verify import SamplingParams
 
@@ -111,16 +111,3 @@ def test_sampling_matches_model_distribution(model):
     counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=p.numel()).double()
     assert counts[p == 0].sum() == 0   # nothing outside the nucleus
     assert chi_square_ok(counts, p)
-
-
-def chi_square_ok(counts: torch.Tensor, p: torch.Tensor) -> bool:
-    """Pearson chi-square over cells with expected count >= 5 (the rest pooled), accepted when
-    below dof + 5 standard deviations: generous for a right sampler, failed by a wrong one."""
-    n = counts.sum()
-    exp = p.double() * n
-    big = exp >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    ex = torch.cat([exp[big], exp[~big].sum()[None]])
-    chi2 = ((obs - ex) ** 2 / ex.clamp_min(1e-9)).sum().item()
-    dof = int(big.sum())
-    return chi2 < dof + 5 * (2 * dof) ** 0.5

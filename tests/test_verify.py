@@ -8,7 +8,7 @@ import torch
 
 from specctl.spec.verify import (DraftTree, SamplingParams, verify_greedy, verify_sampling,
                                  warp)
-from test_runtime import chi_square_ok
+from helpers import chi_square_ok
 
 
 def test_tree_mask_positions_worked_example():

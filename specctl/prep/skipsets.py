@@ -67,13 +67,11 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
                 raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not a skip set")
             data, where = read_json(e.path / "skipset.json"), f"{e.kind}/{e.id}"
     else:
-        cands = [e for e in store.entries("skipsets")
-                 if e.manifest.get("model_fingerprint") == fingerprint]
-        if not cands:
+        best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
+        if best is None:
             raise SpecctlError("no skip set for this model in the store: run "
                                "`specctl search-skip` (with the same --model) first, or pass "
                                "--skip-set FILE")
-        best = max(cands, key=lambda e: e.manifest.get("speedup_estimate") or 0.0)
         data, where = read_json(best.path / "skipset.json"), f"skipsets/{best.id}"
     try:
         skip = SkipSet.from_json(data)

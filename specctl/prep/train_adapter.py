@@ -268,12 +268,10 @@ def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> 
         if e.kind != "adapters":
             raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not an adapter")
         return load_adapter(e.path, model), f"adapters/{e.id}"
-    cands = [e for e in store.entries("adapters")
-             if e.manifest.get("model_fingerprint") == fingerprint]
-    if not cands:
+    best = store.best_for_model("adapters", fingerprint, "heldout_top1")
+    if best is None:
         raise SpecctlError("no Kangaroo adapter for this model in the store: run "
                            "`specctl train-adapter` (with the same --model) first, or pass "
                            "--adapter DIR")
-    best = max(cands, key=lambda e: e.manifest.get("heldout_top1") or 0.0)
     return load_adapter(best.path, model), f"adapters/{best.id}"
 

@@ -185,6 +185,12 @@ class Store:
             raise SpecctlError(f"{ident!r} is ambiguous: {names}")
         return matches[0]
 
+    def best_for_model(self, kind: str, fingerprint: str, score: str) -> Entry | None:
+        """The artifact of `kind` made for the model `fingerprint` with the highest manifest
+        `score` (e.g. a skip set's estimated speedup, an adapter's held-out agreement)."""
+        cands = [e for e in self.entries(kind) if e.manifest.get("model_fingerprint") == fingerprint]
+        return max(cands, key=lambda e: e.manifest.get(score) or 0.0) if cands else None
+
     def remove(self, ident: str) -> Entry:
         e = self.find(ident)
         shutil.rmtree(e.path)
