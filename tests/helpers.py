@@ -75,3 +75,10 @@ def check_three_token_sampling(model, prompt: list[int], sp: SamplingParams, dra
     assert counts[-1] == 0   # nothing outside the support
     assert chi_square_ok(counts, torch.tensor([joint[c] for c in cells] + [0.0]))
     return stats
+
+
+def random_prompts(n: int, seed: int = 0, max_len: int = 30) -> list[list[int]]:
+    """n token-id prompts of 3 .. max_len - 1 tokens from the tiny models' vocabulary."""
+    import random
+    rnd = random.Random(seed)
+    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, max_len))] for _ in range(n)]

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from helpers import check_three_token_sampling, run_ids
+from helpers import check_three_token_sampling, random_prompts, run_ids
 from specctl.models.loader import load_model
 from specctl.spec.draft_verify import (ExitParams, ExitState, LayerSkipDrafter, SkipSet,
                                        update_threshold)
@@ -17,10 +15,6 @@ from specctl.spec.verify import SamplingParams
 def model(tiny_llama):
     return load_model(tiny_llama, "cpu", "fp32")
 
-
-def _prompts(n, seed=0):
-    rnd = random.Random(seed)
-    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 30))] for _ in range(n)]
 
 
 SKIPS = {
@@ -33,7 +27,7 @@ SKIPS = {
 @pytest.mark.parametrize("skip", list(SKIPS))
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_greedy_equals_ar(model, skip, batch_size):
-    prompts = _prompts(10, seed=1)
+    prompts = random_prompts(10, seed=1)
     ref, _ = run_ids(model, prompts, batch_size=batch_size, max_tokens=20)
     # gamma0 = 0 so drafting is never cut short by the threshold: the verifier gets long chains
     drafter = LayerSkipDrafter(model, SKIPS[skip], SamplingParams(), ExitParams(K=5, gamma0=0.0))
@@ -45,7 +39,7 @@ def test_greedy_equals_ar(model, skip, batch_size):
 
 
 def test_sequences_draft_different_lengths_in_one_step(model):
-    prompts = _prompts(6, seed=2)
+    prompts = random_prompts(6, seed=2)
     drafter = LayerSkipDrafter(model, SKIPS["light"], SamplingParams(), ExitParams(K=6))
     seen = []
     orig = drafter.observe
@@ -100,14 +94,14 @@ def test_sampling_is_lossless(model):
     that disagrees with the target (a deliberately biased verifier fails this)."""
     sp = SamplingParams(temperature=1.0, top_k=3, seed=11)
     drafter = LayerSkipDrafter(model, SKIPS["heavy"], sp, ExitParams(K=3, gamma0=0.0))
-    stats = check_three_token_sampling(model, _prompts(1, seed=5)[0], sp, drafter)
+    stats = check_three_token_sampling(model, random_prompts(1, seed=5)[0], sp, drafter)
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100   # drafts accepted
     assert stats.accept_hist.get(0, 0) > 100                                 # and rejected
 
 
 def test_backoff_stops_paying_for_fruitless_drafts(model):
     """A drafter that never clears the threshold backs off towards ar's cost; still lossless."""
-    prompts = _prompts(4, seed=3)
+    prompts = random_prompts(4, seed=3)
     ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=40)
     hopeless = ExitParams(K=4, gamma0=1.0, eps=0.0)   # no draft is ever confident enough
     stuck = LayerSkipDrafter(model, SKIPS["heavy"], SamplingParams(), hopeless)

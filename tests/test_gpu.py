@@ -3,12 +3,10 @@ through them is still lossless."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from helpers import run_ids
+from helpers import random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
 from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
@@ -18,15 +16,11 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
-def _prompts(n, seed=0):
-    rnd = random.Random(seed)
-    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 30))] for _ in range(n)]
-
 
 def test_graph_logits_equal_eager(tiny_llama):
     g = load_model(tiny_llama, "cuda", "fp32")
     e = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False)
-    prompts = _prompts(3)
+    prompts = random_prompts(3)
     for plan in (LayerPlan(), LayerPlan(skip_attn=frozenset({1}), skip_mlp=frozenset({2}))):
         for n in (1, 3):
             outs = []
@@ -46,7 +40,7 @@ def test_graph_logits_equal_eager(tiny_llama):
 def test_graphs_keep_decoding_lossless(tiny_llama, batch_size):
     cpu = load_model(tiny_llama, "cpu", "fp32")
     gpu = load_model(tiny_llama, "cuda", "fp32")
-    prompts = _prompts(10, seed=1)
+    prompts = random_prompts(10, seed=1)
     ref, _ = run_ids(cpu, prompts, batch_size=batch_size, max_tokens=16)
     got, _ = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=16)
     assert got == ref

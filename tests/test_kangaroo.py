@@ -3,12 +3,10 @@ the exit layer equals a full forward."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from helpers import check_three_token_sampling, run_ids
+from helpers import check_three_token_sampling, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
 from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
@@ -19,10 +17,6 @@ from specctl.spec.verify import SamplingParams
 def model(tiny_llama):
     return load_model(tiny_llama, "cpu", "fp32")
 
-
-def _prompts(n, seed=0):
-    rnd = random.Random(seed)
-    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 30))] for _ in range(n)]
 
 
 def _adapter(model, l=1, noise=0.0):
@@ -37,7 +31,7 @@ def _adapter(model, l=1, noise=0.0):
 @pytest.mark.parametrize("batch_size", [1, 8])
 @pytest.mark.parametrize("eta", [0.0, 0.6])
 def test_greedy_equals_ar(model, batch_size, eta):
-    prompts = _prompts(10, seed=1)
+    prompts = random_prompts(10, seed=1)
     ref, _ = run_ids(model, prompts, batch_size=batch_size, max_tokens=20)
     dr = KangarooDrafter(model, _adapter(model), SamplingParams(), KangarooParams(eta=eta))
     got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=20, drafter=dr)
@@ -49,7 +43,7 @@ def test_greedy_equals_ar(model, batch_size, eta):
 
 def test_adapter_step_equals_train_forward(model):
     a = _adapter(model, 2, noise=0.01)
-    ids = _prompts(1, seed=2)[0] + [5, 6, 7, 8]
+    ids = random_prompts(1, seed=2)[0] + [5, 6, 7, 8]
     kv = model.new_kv_cache(1, 64)
     b = ForwardBatch([SeqInput(0, ids, 0)])
     h = model.forward(b, kv, LayerPlan(end=2))
@@ -67,5 +61,5 @@ def test_adapter_step_equals_train_forward(model):
 def test_sampling_is_lossless(model):
     sp = SamplingParams(temperature=1.0, top_k=3, seed=11)
     dr = KangarooDrafter(model, _adapter(model, 3), sp, KangarooParams(eta=0.0))
-    stats = check_three_token_sampling(model, _prompts(1, seed=5)[0], sp, dr)
+    stats = check_three_token_sampling(model, random_prompts(1, seed=5)[0], sp, dr)
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100

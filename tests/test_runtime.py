@@ -3,19 +3,16 @@ unpadded, continuous batching, stop conditions, and sampling."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
-from helpers import chi_square_ok, hf_greedy, run_ids
+from helpers import chi_square_ok, hf_greedy, random_prompts, run_ids
 from specctl.models.loader import load_model
 from specctl.spec.verify import SamplingParams
 
 
-def _prompts(n: int, seed: int = 0) -> list[list[int]]:
-    rnd = random.Random(seed)
-    return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, 40))] for _ in range(n)]
+def _prompts(n, seed=0):
+    return random_prompts(n, seed, max_len=40)
 
 
 @pytest.fixture(scope="module")
