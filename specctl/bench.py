@@ -119,7 +119,7 @@ class BenchConfig:
 
     def __post_init__(self):
         known = job.METHODS + PEERS
-        bad = [m for m in self.methods if m not in known]
+        bad = [m for m in self.methods if m.partition(":")[0] not in known]
         if bad:
             raise SpecctlError(f"unknown method {bad[0]!r} (available: {', '.join(known)})")
         if not self.methods:
@@ -137,15 +137,18 @@ class BenchConfig:
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
         for m in self.methods:   # the checks generate makes (draft-verify's options too)
-            if m in job.METHODS:
+            if m.partition(":")[0] in job.METHODS:
                 self.generate_config(m, self.batch_sizes[0])
 
     def generate_config(self, method: str, batch_size: int) -> job.GenerateConfig:
+        """method may name a variant ('self-draft:no-corpus'): its settings override."""
+        base, overrides = job.split_variant(method)
+        opts = {**self.method_options, **overrides}
         return job.GenerateConfig(input=self.input or "sharegpt", model=self.model,
-                                  method=method, batch_size=batch_size,
+                                  method=base, batch_size=batch_size,
                                   max_tokens=self.max_tokens, temperature=0.0, seed=self.seed,
                                   chat=self.chat, device=self.device, dtype=self.dtype,
-                                  prefill_chunk=self.prefill_chunk, **self.method_options)
+                                  prefill_chunk=self.prefill_chunk, **opts)
 
 
 def parse_list(text: str, what: str, conv=str) -> tuple:

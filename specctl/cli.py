@@ -54,6 +54,22 @@ AdapterOpt = typer.Option(None, "--adapter", help="Adapter DIR or store ID (defa
 EtaOpt = typer.Option(0.6, "--eta", help="Stop drafting when the draft's top-1 probability <= eta.",
                       rich_help_panel=_KG)
 KGammaOpt = typer.Option(6, "--kangaroo-gamma", help="Most drafts per step.", rich_help_panel=_KG)
+# self-draft's
+_SD = "self-draft"
+CorpusOpt = typer.Option(None, "--corpus-cache", help="Corpus n-gram cache DIR or store ID "
+                         "(default: the newest for the model's tokenizer; 'none' = off).",
+                         rich_help_panel=_SD)
+BranchesOpt = typer.Option(6, "--branches", help="N, draft branches per sequence.", rich_help_panel=_SD)
+BranchLenOpt = typer.Option(6, "--branch-len", help="L, most tokens per branch.", rich_help_panel=_SD)
+GramOpt = typer.Option(4, "--gram", help="G, tokens per context-cache candidate.", rich_help_panel=_SD)
+CtxCandsOpt = typer.Option(10, "--context-cands", help="Most candidates from the context cache "
+                           "per step.", rich_help_panel=_SD)
+CorpusCandsOpt = typer.Option(3, "--corpus-cands", help="Most candidates from the corpus cache "
+                              "per step.", rich_help_panel=_SD)
+NoCorpusOpt = typer.Option(False, "--no-corpus-cache", help="Ablation: no corpus-cache candidates.",
+                           rich_help_panel=_SD)
+NoContextOpt = typer.Option(False, "--no-context-cache", help="Ablation: no context-cache "
+                            "candidates (branches still run).", rich_help_panel=_SD)
 
 
 def friendly(fn):
@@ -112,7 +128,7 @@ def generate(
     input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
                                         "'smollm2-135m-instruct' (the default demo model)."),
-    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, kangaroo."),
+    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, kangaroo, self-draft."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
@@ -138,6 +154,14 @@ def generate(
     adapter: Optional[str] = AdapterOpt,
     eta: float = EtaOpt,
     kangaroo_gamma: int = KGammaOpt,
+    corpus_cache: Optional[str] = CorpusOpt,
+    branches: int = BranchesOpt,
+    branch_len: int = BranchLenOpt,
+    gram: int = GramOpt,
+    context_cands: int = CtxCandsOpt,
+    corpus_cands: int = CorpusCandsOpt,
+    no_corpus_cache: bool = NoCorpusOpt,
+    no_context_cache: bool = NoContextOpt,
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
@@ -147,7 +171,11 @@ def generate(
                          top_k, seed, chat, tuple(stop), device, dtype, skip_bad,
                          skip_set=skip_set, max_draft=max_draft, gamma0=gamma0, alpha=alpha,
                          eps=eps, beta1=beta1, beta2=beta2, adapter=adapter, eta=eta,
-                         kangaroo_gamma=kangaroo_gamma)
+                         kangaroo_gamma=kangaroo_gamma,
+                         corpus_cache="none" if no_corpus_cache else corpus_cache,
+                         branches=branches, branch_len=branch_len, gram=gram,
+                         context_cands=context_cands, corpus_cands=corpus_cands,
+                         context_cache=not no_context_cache)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -250,7 +278,9 @@ def bench(
                                            "per-category rows); default: ShareGPT first turns."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
     methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
-                                help="Comma-separated: ar, draft-verify, hf, hf-prompt-lookup."),
+                                help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
+                                "hf, hf-prompt-lookup; ablations self-draft:no-corpus, "
+                                "self-draft:no-context."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),
@@ -265,6 +295,10 @@ def bench(
     max_draft: int = MaxDraftOpt,
     gamma0: float = Gamma0Opt,
     alpha: float = AlphaOpt,
+    adapter: Optional[str] = AdapterOpt,
+    corpus_cache: Optional[str] = CorpusOpt,
+    branches: int = BranchesOpt,
+    branch_len: int = BranchLenOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
 ):
@@ -275,7 +309,8 @@ def bench(
                       parse_list(batch_sizes, "--batch-sizes", int), max_tokens, repeats, warmup,
                       limit, chat, seed, device, dtype,
                       method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
-                                          alpha=alpha))
+                                          alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
+                                          branches=branches, branch_len=branch_len))
     prog = BenchProgress(enabled=not quiet)
     try:
         res = run_bench(cfg, Store(store), log=_log, progress=prog)

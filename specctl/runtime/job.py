@@ -29,7 +29,22 @@ from specctl.spec.drafter import NoDraft
 from specctl.spec.verify import SamplingParams
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
-METHODS = ("ar", "draft-verify", "kangaroo")
+METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
+# named ablations a benchmark can run beside the method itself ("self-draft:no-corpus")
+VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
+                           "no-context": {"context_cache": False}}}
+
+
+def split_variant(spec: str) -> tuple[str, dict]:
+    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {})."""
+    method, _, variant = spec.partition(":")
+    if not variant:
+        return method, {}
+    known = VARIANTS.get(method, {})
+    if variant not in known:
+        have = ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
+        raise SpecctlError(f"unknown method variant {spec!r} (available: {have})")
+    return method, dict(known[variant])
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,14 @@ class GenerateConfig:
     adapter: str | None = None
     eta: float = 0.6
     kangaroo_gamma: int = 6
+    # self-draft
+    corpus_cache: str | None = None   # cache id/path; None = the model's newest; "none" = off
+    branches: int = 6
+    branch_len: int = 6
+    gram: int = 4
+    context_cands: int = 10
+    corpus_cands: int = 3
+    context_cache: bool = True
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -70,6 +93,7 @@ class GenerateConfig:
         if self.max_tokens < 1:
             raise SpecctlError("--max-tokens must be at least 1")
         self.exit_params()
+        self.self_draft_params()
         try:
             self.sampling()
         except ValueError as e:   # "top_p must be ..." -> "--top-p must be ..." (the option's name)
@@ -82,6 +106,15 @@ class GenerateConfig:
                               self.alpha)
         except ValueError as e:
             raise SpecctlError(f"draft-verify: {e}") from None
+
+    def self_draft_params(self):
+        from specctl.spec.self_draft import SelfDraftParams
+        try:
+            return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
+                                   self.corpus_cands, context_cache=self.context_cache,
+                                   corpus_cache=self.corpus_cache != "none", seed=self.seed)
+        except ValueError as e:
+            raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
@@ -140,6 +173,20 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
         except ValueError as e:
             raise SpecctlError(f"kangaroo: {e}") from None
         return KangarooDrafter(model, adapter, cfg.sampling(), prm)
+    if cfg.method == "self-draft":
+        from specctl.spec.self_draft import SelfDraftDrafter
+        prm = cfg.self_draft_params()
+        corpus, cid = None, None
+        if prm.corpus_cache:
+            from specctl.spec.corpus_cache import CorpusCache, resolve_corpus_cache
+            path = resolve_corpus_cache(store, model_dir, cfg.corpus_cache, log)
+            if path is None:
+                log("self-draft: no corpus cache for this model's tokenizer in the store "
+                    "(build one with `specctl build-cache`); drafting from the context cache only")
+            else:
+                corpus, cid = CorpusCache.load(path), Path(path).name
+                log(f"self-draft: corpus cache {path}")
+        return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
     from specctl.prep.skipsets import describe, resolve_skip_set

@@ -42,6 +42,7 @@ class RunStats:
     padded_tokens: int = 0         # what a padded batch would have computed for the same steps
     generated: int = 0
     graph_pad_tokens: int = 0      # rows added to ragged chains for a CUDA-graph replay
+    probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
 
     @property
@@ -186,21 +187,13 @@ class Runner:
         room = [min(self.max_len - kv.lens[s.slot] - 1,
                     s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
         self.drafter.propose(seqs, kv, room)
-        inputs = []
+        inputs, real, probes = [], [], []
         for s, r in zip(seqs, room):
-            tree = s.draft if s.draft is not None else DraftTree()
-            if len(tree) > max(r, 0):   # a prefix of the nodes is still a valid tree
-                n = max(r, 0)
-                tree = DraftTree(tree.tokens[:n], tree.parents[:n],
-                                 None if tree.q is None else tree.q[:n])
-            s.draft = tree
-            base = kv.lens[s.slot]
-            if tree.is_chain:
-                inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base))
-            else:
-                pos = [base] + [base + d for d in tree.depths()]
-                inputs.append(SeqInput(s.slot, [s.pending] + tree.tokens, base, pos, tree.mask()))
-        real = [len(x.tokens) for x in inputs]
+            x, n_tree, n_probe = self.step_input(s, r)
+            inputs.append(x)
+            real.append(1 + n_tree)
+            probes.append(n_probe)
+        ran = [len(x.tokens) for x in inputs]
         if self.drafter.custom_verify:
             batch = ForwardBatch(inputs, self.model.device)
             logits = self.drafter.verify_logits(batch, kv, seqs)        # [T, V]
@@ -208,18 +201,28 @@ class Runner:
             batch = ForwardBatch(self._pad_chains(inputs), self.model.device)
             logits = self.model.forward_logits(batch, kv)               # [T, V]
         cu = batch.cu_seqlens
+        if any(probes):
+            rows = [i for b in range(len(seqs)) for i in range(cu[b] + real[b],
+                                                                 cu[b] + real[b] + probes[b])]
+            pred = logits[rows].argmax(-1).tolist()
+            at = 0
+            for s, n in zip(seqs, probes):
+                s.probe_out, at = pred[at:at + n], at + n
         if self.sp.greedy:
             target = logits.argmax(-1).tolist()
         else:
-            probs = warp(logits, self.sp).cpu()
+            vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
+            probs = warp(logits[vrows], self.sp).cpu()
+            vcu = [0]
+            for n in real:
+                vcu.append(vcu[-1] + n)
         verdicts: list[Verdict] = []
         for b, s in enumerate(seqs):
             tree = s.draft
-            lo, hi = cu[b], cu[b] + real[b]   # padding rows (if any) are ignored
-            if self.sp.greedy:
-                v = verify_greedy(tree, target[lo:hi])
+            if self.sp.greedy:   # padding and probe rows (if any) are ignored
+                v = verify_greedy(tree, target[cu[b]:cu[b] + real[b]])
             else:
-                v = verify_sampling(tree, probs[lo:hi], s.rng)
+                v = verify_sampling(tree, probs[vcu[b]:vcu[b + 1]], s.rng)
             verdicts.append(v)
             kv.commit(s.slot, [0] + [j + 1 for j in v.accepted])
             s.req.steps += 1
@@ -230,9 +233,33 @@ class Runner:
             self._emit(s, v.tokens(tree))
         self.drafter.observe(seqs, verdicts)
         self.stats.steps += 1
-        self.stats.step_tokens += sum(real)
-        self.stats.graph_pad_tokens += batch.num_tokens - sum(real)
-        self.stats.padded_tokens += max(real) * len(seqs)
+        self.stats.step_tokens += sum(ran)
+        self.stats.probe_tokens += sum(probes)
+        self.stats.graph_pad_tokens += batch.num_tokens - sum(ran)
+        self.stats.padded_tokens += max(ran) * len(seqs)
+
+    def step_input(self, s: Sequence, room: int) -> tuple[SeqInput, int, int]:
+        """A sequence's share of the step forward: [pending, draft nodes, probe nodes], the
+        draft cut to `room` nodes and the probe to the KV rows left. Each node sits at the
+        root's position + its depth and sees the committed prefix, the root and its own
+        ancestors only. Returns (input, draft nodes, probe nodes)."""
+        tree = s.draft if s.draft is not None else DraftTree()
+        if len(tree) > max(room, 0):   # a prefix of the nodes is still a valid tree
+            tree = tree.prefix(max(room, 0))
+        s.draft = tree
+        base = self.kv.lens[s.slot]
+        probe = s.probe if s.probe is not None else DraftTree()
+        fit = self.max_len - base - 1 - len(tree)   # KV rows left for probe nodes
+        if len(probe) > fit:
+            probe = probe.prefix(max(fit, 0))
+        s.probe, s.probe_out = probe, None
+        nodes = tree.extend(probe) if len(probe) else tree
+        if nodes.is_chain:
+            x = SeqInput(s.slot, [s.pending] + nodes.tokens, base)
+        else:
+            pos = [base] + [base + d for d in nodes.depths()]
+            x = SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
+        return x, len(tree), len(probe)
 
     def _pad_chains(self, inputs: list[SeqInput]) -> list[SeqInput]:
         """With CUDA graphs, ragged chain verifies are padded to the longest chain so the step

@@ -58,6 +58,8 @@ class Sequence:
     prefilled: int = 0                  # prompt tokens already in the KV cache
     finish_reason: str | None = None
     draft: DraftTree | None = None      # the drafter's proposal for the current step
+    probe: DraftTree | None = None      # nodes run beside the draft, never verified (branches)
+    probe_out: list[int] | None = None  # the target's argmax after each probe node
     state: dict = field(default_factory=dict)   # drafter-private per-sequence state
     started: float = field(default_factory=time.perf_counter)
 

@@ -6,6 +6,10 @@ A drafter is a plain object with two calls per step (transformers' candidate-gen
   committed length only; such rows never survive verification. `room[i]` caps how many draft
   nodes sequence i may get (KV space and the tokens it may still emit).
 - `observe(seqs, verdicts)`: learn from the verification (adaptive thresholds, caches).
+A drafter may also set `seq.probe`, a forest of nodes below the root that the step's forward
+runs beside the draft (their own masks and positions) but never verifies (Self-Draft's
+branches); `seq.probe_out` then holds the target's argmax after each probe node, and the probe's
+KV rows are discarded with the rejected drafts.
 `admit(seq)` / `retire(seq)` bracket a sequence's life in a slot. Sequences are duck-typed
 (runtime.sequence.Sequence): the spec layer does not import the runtime.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -50,6 +51,17 @@ class DraftTree:
     def is_chain(self) -> bool:
         return self.parents == list(range(-1, len(self.tokens) - 1))
 
+    def prefix(self, n: int) -> "DraftTree":
+        """The first n nodes (still a tree: parents precede their children)."""
+        return DraftTree(self.tokens[:n], self.parents[:n], None if self.q is None else self.q[:n])
+
+    def extend(self, other: "DraftTree") -> "DraftTree":
+        """This tree's nodes, then `other`'s below the same root (q is dropped: extension
+        nodes are never verified)."""
+        off = len(self.tokens)
+        return DraftTree(self.tokens + other.tokens,
+                         self.parents + [p if p < 0 else p + off for p in other.parents])
+
     def depths(self) -> list[int]:
         d: list[int] = []
         for p in self.parents:
@@ -59,14 +71,13 @@ class DraftTree:
     def mask(self) -> torch.Tensor:
         """[n+1, n+1] bool over [root, nodes]: each row sees itself and its ancestors."""
         n = len(self.tokens)
-        m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        m = np.zeros((n + 1, n + 1), dtype=bool)
         m[:, 0] = True
-        m[0, 0] = True
         for j, p in enumerate(self.parents):
-            m[j + 1, j + 1] = True
             if p >= 0:
-                m[j + 1] |= m[p + 1]
-        return m
+                m[j + 1] = m[p + 1]
+            m[j + 1, j + 1] = True
+        return torch.from_numpy(m)
 
     def children(self) -> list[list[int]]:
         """children[r] for r in 0..n: r = 0 is the root, r = j + 1 is node j."""

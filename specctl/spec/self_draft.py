@@ -1,0 +1,235 @@
+"""Self-Draft (papers/000): multi-branch self-drafting with a context cache and a corpus cache.
+
+Every step, one forward of the target carries, per sequence (all packed, no padding between
+sequences):
+- the pending token (the normal decoding input), the root;
+- the candidate drafts retrieved from the caches, merged into a trie below the root (a shared
+  prefix is computed once; sibling order = candidate priority) and verified as a draft tree;
+- N draft branches ("probes": run, never verified): each a chain below the root that sees the
+  whole prefix and itself only, blind to the other branches and to the candidates.
+
+Branches start as 1-2 tokens drawn uniformly from the prompt (fixed seed), grow by the target's
+prediction after their last token each step, and drop their first token past L tokens. From the
+predictions D along a branch tau, every window tau[k-G:k] plus D[k-1] (k = G..len) is an n-gram
+of G + 1 tokens: its first token is the key, the other G the continuation, pushed into the
+context cache (an LRU queue of at most `lru` grams per key). Text the sequence emits is pushed
+too. The context cache is shared by all sequences of a run and persists across prompts; every
+`trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
+
+Candidates for a step: up to `context_cands` grams keyed by the pending token (newest first),
+then up to `corpus_cands` continuations from the corpus cache (built offline by build-cache;
+longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
+agreeing path of the trie (the candidate with the longest agreeing prefix); sampling uses the one
+verifier's sequential-candidate acceptance (one-hot q). The probe rows' KV is never committed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from specctl.spec.drafter import Drafter
+from specctl.spec.verify import DraftTree
+
+
+@dataclass(frozen=True)
+class SelfDraftParams:
+    branches: int = 6         # N
+    branch_len: int = 6       # L
+    gram: int = 4             # G: a context gram is G + 1 tokens (key + G continuation tokens)
+    context_cands: int = 10   # candidates from the context cache per step
+    corpus_cands: int = 3     # candidates from the corpus cache per step
+    lru: int = 10             # grams kept per key in the context cache
+    trim_every: int = 2       # every this many finished prompts ...
+    trim_to: int = 2          # ... each key keeps only its newest this many grams
+    context_cache: bool = True
+    corpus_cache: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("branches", "context_cands", "corpus_cands", "trim_to"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        for name in ("branch_len", "gram", "lru", "trim_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+    def tag(self) -> str:
+        return (f"N{self.branches}L{self.branch_len}G{self.gram}c{self.context_cands}"
+                f"k{self.corpus_cands}lru{self.lru}t{self.trim_every}/{self.trim_to}"
+                f"{'' if self.context_cache else '-noctx'}{'' if self.corpus_cache else '-nocorpus'}"
+                f"s{self.seed}")
+
+
+class ContextCache:
+    """key token -> LRU queue of continuations (tuples of G tokens), newest last."""
+
+    def __init__(self, lru: int):
+        self.lru = lru
+        self.grams: dict[int, OrderedDict] = {}
+
+    def push(self, key: int, cont: tuple[int, ...]) -> None:
+        q = self.grams.get(key)
+        if q is None:
+            q = self.grams[key] = OrderedDict()
+        elif cont in q:
+            q.move_to_end(cont)
+            return
+        q[cont] = None
+        if len(q) > self.lru:
+            q.popitem(last=False)
+
+    def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
+        q = self.grams.get(key)
+        if not q or limit <= 0:
+            return []
+        out = []
+        for cont in reversed(q):
+            out.append(cont)
+            if len(out) == limit:
+                break
+        return out
+
+    def trim(self, keep: int) -> None:
+        for key in list(self.grams):
+            q = self.grams[key]
+            while len(q) > keep:
+                q.popitem(last=False)
+            if not q:
+                del self.grams[key]
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.grams.values())
+
+
+def build_trie(candidates: list[list[int]], budget: int) -> DraftTree:
+    """Candidates (in priority order) merged into a tree below the root, at most `budget` nodes
+    (a candidate that does not fit is cut; a prefix of a candidate is still a valid draft)."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}   # (parent node, token) -> node
+    for cand in candidates:
+        at = -1
+        for t in cand:
+            nxt = child.get((at, t))
+            if nxt is None:
+                if len(tokens) >= budget:
+                    break
+                nxt = child[(at, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(at)
+            at = nxt
+    return DraftTree(tokens, parents)
+
+
+def branch_probe(branches: list[list[int]]) -> DraftTree:
+    """The branches as chains below the root, one after the other."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    for br in branches:
+        for i, t in enumerate(br):
+            parents.append(-1 if i == 0 else len(tokens) - 1)
+            tokens.append(t)
+    return DraftTree(tokens, parents)
+
+
+class SelfDraftDrafter(Drafter):
+    name = "self-draft"
+
+    def __init__(self, params: SelfDraftParams = SelfDraftParams(), corpus=None,
+                 corpus_id: str | None = None):
+        """corpus: an object with lookup(context, limit) -> list of continuations (the
+        CorpusCache of build-cache), or None."""
+        self.prm = params
+        self.corpus = corpus if params.corpus_cache else None
+        self.corpus_id = corpus_id if self.corpus is not None else None
+        self.ctx = ContextCache(params.lru)
+        self.finished_prompts = 0
+        # where the candidates of accepted tokens came from, for the ablation report
+        self.accepted_from = {"context": 0, "corpus": 0}
+
+    def signature(self) -> str:
+        return f"{self.name}:{self.prm.tag()}:{self.corpus_id or 'no-corpus'}"
+
+    # -- per-sequence life --------------------------------------------------------------------
+    def admit(self, seq) -> None:
+        p = self.prm
+        rng = random.Random(f"{p.seed}:{seq.req.index}:{len(seq.req.answers)}")
+        pool = seq.prompt_ids or [0]
+        seq.state["branches"] = [[rng.choice(pool) for _ in range(rng.randint(1, 2))]
+                                 for _ in range(p.branches)]
+        seq.state["pushed"] = 0   # emitted tokens already pushed into the context cache
+
+    def retire(self, seq) -> None:
+        self.finished_prompts += 1
+        if self.finished_prompts % self.prm.trim_every == 0:
+            self.ctx.trim(self.prm.trim_to)
+
+    # -- one step -----------------------------------------------------------------------------
+    def candidates(self, seq) -> tuple[list[list[int]], int]:
+        """(candidates in priority order, how many came from the context cache)."""
+        p = self.prm
+        cands: list[list[int]] = []
+        seen: set[tuple[int, ...]] = set()
+        if p.context_cache:
+            for c in self.ctx.get(seq.pending, p.context_cands):
+                seen.add(c)
+                cands.append(list(c))
+        n_ctx = len(cands)
+        if self.corpus is not None and p.corpus_cands:
+            tail = (seq.prompt_ids + seq.out_ids)[-8:]
+            for c in self.corpus.lookup(tail, p.corpus_cands):
+                c = tuple(c)
+                if c not in seen:
+                    seen.add(c)
+                    cands.append(list(c))
+        return cands, n_ctx
+
+    def propose(self, seqs, kv, room) -> None:
+        for s, r in zip(seqs, room):
+            cands, n_ctx = self.candidates(s)
+            s.draft = build_trie(cands, max(r, 0))
+            s.state["n_ctx_nodes"] = self._ctx_nodes(cands, n_ctx, len(s.draft))
+            s.probe = branch_probe(s.state["branches"]) if self.prm.branches else None
+
+    @staticmethod
+    def _ctx_nodes(cands, n_ctx, n_nodes) -> int:
+        """Nodes created by context-cache candidates (they come first in the trie)."""
+        trie = build_trie(cands[:n_ctx], n_nodes)
+        return len(trie)
+
+    def observe(self, seqs, verdicts) -> None:
+        p = self.prm
+        for s, v in zip(seqs, verdicts):
+            if v.accepted:
+                src = "context" if v.accepted[0] < s.state.get("n_ctx_nodes", 0) else "corpus"
+                self.accepted_from[src] += len(v.accepted)
+            out = s.probe_out
+            if s.probe is not None and out is not None:
+                at = 0
+                for br in s.state["branches"]:
+                    d = out[at:at + len(br)]
+                    at += len(br)
+                    if len(d) < len(br):    # the probe was cut to fit the context
+                        continue
+                    if p.context_cache:
+                        for k in range(p.gram, len(br) + 1):
+                            self.ctx.push(br[k - p.gram], tuple(br[k - p.gram + 1:k]) + (d[k - 1],))
+                    br.append(d[-1])
+                    if len(br) > p.branch_len:
+                        del br[0]
+            if p.context_cache:
+                self._push_text(s)
+
+    def _push_text(self, s) -> None:
+        """Grams of the emitted text (with the prompt's tail before it) into the context cache."""
+        g = self.prm.gram
+        done = s.state.get("pushed", 0)
+        ctx = s.prompt_ids[-g:] + s.out_ids
+        off = len(ctx) - len(s.out_ids)         # index of out_ids[0] in ctx
+        # windows ctx[j : j + g + 1] ending in a token emitted since the last push
+        first = max(0, off + done - g)
+        for j in range(first, len(ctx) - g):
+            self.ctx.push(ctx[j], tuple(ctx[j + 1:j + g + 1]))
+        s.state["pushed"] = len(s.out_ids)

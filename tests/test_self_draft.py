@@ -1,0 +1,208 @@
+"""Self-Draft: lossless greedy (every cache switch, batch 1 and 8), the step's mask and positions
+for a worked example, KV commit of an accepted candidate, the context cache's grams, sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import check_three_token_sampling, random_prompts, run_ids
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.models.loader import load_model
+from specctl.runtime.runner import Runner
+from specctl.runtime.sequence import Request, Sequence
+from specctl.spec.drafter import NoDraft
+from specctl.spec.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
+                                     branch_probe, build_trie)
+from specctl.spec.verify import DraftTree, SamplingParams, Verdict
+
+
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    return load_model(tiny_llama, "cpu", "fp32")
+
+
+class Oracle:
+    """A corpus cache that knows the answers: the continuation after the last 2 tokens as seen
+    in the reference texts (plus a wrong candidate first, so verification has to choose)."""
+
+    def __init__(self, texts: list[list[int]], g: int = 4):
+        self.next: dict[tuple[int, int], list[int]] = {}
+        for t in texts:
+            for i in range(len(t) - 2 - g + 1):
+                self.next.setdefault((t[i], t[i + 1]), t[i + 2:i + 2 + g])
+        self.calls = 0
+
+    def lookup(self, context: list[int], limit: int = 3) -> list[list[int]]:
+        self.calls += 1
+        hit = self.next.get(tuple(context[-2:]))
+        out = [[7, 8, 9, 10]] + ([hit] if hit else [])
+        return out[:limit]
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    prompts = random_prompts(10, seed=3)
+    ref, _ = run_ids(model, prompts, batch_size=1, max_tokens=24)
+    return prompts, ref
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+@pytest.mark.parametrize("switches", [dict(), dict(context_cache=False),
+                                      dict(corpus_cache=False), dict(branches=0)])
+def test_greedy_equals_ar(model, reference, batch_size, switches):
+    prompts, ref = reference
+    oracle = Oracle([p + r for p, r in zip(prompts, ref)])
+    dr = SelfDraftDrafter(SelfDraftParams(**switches), oracle, "oracle")
+    got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=24, drafter=dr)
+    assert got == ref
+    accepted = sum(n * k for k, n in stats.accept_hist.items())
+    if switches.get("corpus_cache", True):
+        assert oracle.calls > 0 and dr.accepted_from["corpus"] > 0 and accepted > 0
+    else:
+        assert oracle.calls == 0 and dr.accepted_from["corpus"] == 0
+    if switches.get("context_cache", True):   # emitted text feeds it even without branches
+        assert len(dr.ctx) > 0
+    else:
+        assert len(dr.ctx) == 0 and dr.accepted_from["context"] == 0
+    if switches.get("branches", 6):
+        assert stats.probe_tokens > 0
+    else:
+        assert stats.probe_tokens == 0
+
+
+def test_context_cache_alone_is_lossless_and_drafts(model):
+    # repetitive prompts: the context cache (emitted text + branches) finds the repeats
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5]
+    ref, st_ar = run_ids(model, prompts, batch_size=2, max_tokens=40)
+    dr = SelfDraftDrafter(SelfDraftParams(), None)
+    got, stats = run_ids(model, prompts, batch_size=2, max_tokens=40, drafter=dr)
+    assert got == ref
+    assert dr.accepted_from["context"] > 0
+    assert stats.steps < st_ar.steps
+
+
+def test_trie_merges_shared_prefixes_and_respects_budget():
+    t = build_trie([[1, 2, 3], [1, 2, 4], [5], [1, 2, 3]], budget=10)
+    assert t.tokens == [1, 2, 3, 4, 5] and t.parents == [-1, 0, 1, 1, -1]
+    t = build_trie([[1, 2, 3], [5, 6]], budget=4)
+    assert t.tokens == [1, 2, 3, 5] and t.parents == [-1, 0, 1, -1]
+    assert len(build_trie([[1, 2]], budget=0)) == 0
+
+
+def test_step_mask_and_positions_worked_example(model):
+    """Root r (pending) at position 7; candidates [a b], [a c] (trie: a -> b, a -> c); branches
+    [x y], [z]. Every node sees the 7 committed rows, the root and its own ancestors."""
+    runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=64, eos_ids=set(),
+                    render=lambda r: [], decode=str)
+    runner.kv.lens[0] = 7
+    s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
+    s.pending = 40
+    a, b, c, x, y, z = 41, 42, 43, 44, 45, 46
+    s.draft = build_trie([[a, b], [a, c]], budget=10)
+    s.probe = branch_probe([[x, y], [z]])
+    inp, n_tree, n_probe = runner.step_input(s, room=10)
+    assert (n_tree, n_probe) == (3, 3)
+    assert inp.tokens == [40, a, b, c, x, y, z]
+    assert inp.positions == [7, 8, 9, 9, 8, 9, 8]
+    expected = torch.tensor([
+        # r  a  b  c  x  y  z
+        [1, 0, 0, 0, 0, 0, 0],   # r
+        [1, 1, 0, 0, 0, 0, 0],   # a
+        [1, 1, 1, 0, 0, 0, 0],   # b: r a b
+        [1, 1, 0, 1, 0, 0, 0],   # c: r a c (not its sibling b)
+        [1, 0, 0, 0, 1, 0, 0],   # x: r x (blind to the candidates)
+        [1, 0, 0, 0, 1, 1, 0],   # y: r x y
+        [1, 0, 0, 0, 0, 0, 1],   # z: r z (blind to the other branch)
+    ], dtype=torch.bool)
+    assert torch.equal(inp.mask, expected)
+    # the probe is cut to the KV rows left, the draft to the room
+    runner.max_len = 7 + 1 + 2 + 2
+    s.draft, s.probe = build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]])
+    inp, n_tree, n_probe = runner.step_input(s, room=2)
+    assert (n_tree, n_probe) == (2, 2) and inp.tokens == [40, a, b, x, y]
+
+
+def test_commit_of_accepted_candidate_matches_plain_run(model):
+    """Forward [root, trie, branches], keep the path r -> a -> c, then the next token's logits
+    equal those of a cache that ran the accepted tokens plainly."""
+    prompt = random_prompts(1, seed=9)[0]
+    r, a, b, c = 30, 31, 32, 33
+    kv = model.new_kv_cache(1, 128)
+    model.forward(ForwardBatch([SeqInput(0, prompt, 0)]), kv)
+    kv.lens[0] = len(prompt)
+    tree = build_trie([[a, b], [a, c, 34]], budget=10)
+    nodes = tree.extend(branch_probe([[50, 51, 52], [53, 54]]))
+    base = len(prompt)
+    x = SeqInput(0, [r] + nodes.tokens, base, [base] + [base + d for d in nodes.depths()],
+                 nodes.mask())
+    model.forward(ForwardBatch([x]), kv)
+    kv.commit(0, [0, 1, 3])              # rows of r, a (node 0), c (node 2)
+    assert kv.lens[0] == base + 3
+    nxt = model.logits(model.forward(ForwardBatch([SeqInput(0, [35], base + 3)]), kv))
+    kv2 = model.new_kv_cache(1, 128)
+    ref = model.logits(model.forward(ForwardBatch([SeqInput(0, prompt + [r, a, c, 35], 0)]),
+                                     kv2))[-1:]
+    torch.testing.assert_close(nxt, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_branch_growth_and_harvested_grams():
+    p = SelfDraftParams(branches=2, branch_len=5, gram=2, lru=10)
+    dr = SelfDraftDrafter(p, None)
+    s = Sequence(Request(0, [[]], 50), [3, 4, 5], 0)
+    dr.admit(s)
+    s.state["branches"] = [[1, 2, 3], [7]]
+    s.out_ids, s.pending = [9], 9
+    dr.propose([s], None, [10])
+    assert s.probe.tokens == [1, 2, 3, 7] and s.probe.parents == [-1, 0, 1, -1]
+    s.probe_out = [20, 21, 22, 23]          # target's argmax after 1, 1 2, 1 2 3, 7
+    dr.observe([s], [Verdict([], 11)])
+    # branch 0 grows by its last prediction; windows of G = 2 + the prediction after them
+    assert s.state["branches"] == [[1, 2, 3, 22], [7, 23]]
+    assert dr.ctx.get(1, 10) == [(2, 21)] and dr.ctx.get(2, 10) == [(3, 22)]
+    # emitted text: the prompt's tail + [9] gives the window (4, 5, 9)
+    assert (5, 9) in dr.ctx.get(4, 10)
+    # past L the oldest token goes
+    s.state["branches"] = [[1, 2, 3, 4, 5], [7]]
+    dr.propose([s], None, [10])
+    s.probe_out = [0, 0, 0, 0, 60, 61]
+    dr.observe([s], [Verdict([], 11)])
+    assert s.state["branches"][0] == [2, 3, 4, 5, 60]
+
+
+def test_context_cache_lru_and_trim():
+    cc = ContextCache(lru=3)
+    for cont in [(1,), (2,), (3,), (1,), (4,)]:
+        cc.push(0, cont)
+    assert cc.get(0, 10) == [(4,), (1,), (3,)]   # newest first; (2,) evicted; (1,) refreshed
+    assert cc.get(0, 2) == [(4,), (1,)]
+    cc.trim(1)
+    assert cc.get(0, 10) == [(4,)]
+
+
+def test_options_are_validated():
+    with pytest.raises(ValueError):
+        SelfDraftParams(branch_len=0)
+    with pytest.raises(ValueError):
+        SelfDraftParams(branches=-1)
+
+
+def test_sampling_is_lossless(model):
+    sp = SamplingParams(temperature=1.0, top_k=3, seed=13)
+    prompt = random_prompts(1, seed=5)[0]
+    # candidates after x1: the three likeliest x2, each followed by its likeliest x3
+
+    def top3(ids):
+        kv = model.new_kv_cache(1, 64)
+        out = model.logits(model.forward(ForwardBatch([SeqInput(0, ids, 0)]), kv))[-1]
+        return torch.topk(out, 3).indices.tolist()
+    after = {x1: [[x2, top3(prompt + [x1, x2])[0]] for x2 in top3(prompt + [x1])]
+             for x1 in top3(prompt)}
+
+    class Fixed:
+        def lookup(self, context, limit=3):
+            return after.get(context[-1], [])[:limit]
+
+    dr = SelfDraftDrafter(SelfDraftParams(branches=2, branch_len=3, corpus_cands=3), Fixed())
+    stats = check_three_token_sampling(model, prompt, sp, dr)
+    assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
