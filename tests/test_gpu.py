@@ -48,3 +48,39 @@ def test_graphs_keep_decoding_lossless(tiny_llama, batch_size):
     got, _ = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=16, drafter=dr)
     assert got == ref
     assert gpu.graphs.replays > 0
+
+
+def test_graph_tree_logits_equal_eager(tiny_llama):
+    """A masked (tree + branches) step replayed from a graph equals the eager forward."""
+    from specctl.spec.self_draft import branch_probe, build_trie
+    g = load_model(tiny_llama, "cuda", "fp32")
+    e = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False)
+    prompts = random_prompts(3)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
+    n = len(nodes) + 1
+    outs = []
+    for m in (g, e):
+        kv = m.new_kv_cache(4, 64)
+        for s, p in enumerate(prompts):
+            m.forward(ForwardBatch([SeqInput(s, p, 0)], "cuda"), kv)
+            kv.lens[s] = len(p)
+        b = ForwardBatch([SeqInput(s, [3] + nodes.tokens, len(p),
+                                   [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
+                          for s, p in enumerate(prompts)], "cuda")
+        assert b.num_new == [n] * 3
+        outs.append(m.forward_logits(b, kv).clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+    assert g.graphs.replays > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_graphs_keep_self_draft_lossless(tiny_llama, batch_size):
+    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    cpu = load_model(tiny_llama, "cpu", "fp32")
+    gpu = load_model(tiny_llama, "cuda", "fp32")
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8] + random_prompts(6, seed=2)
+    ref, _ = run_ids(cpu, prompts, batch_size=batch_size, max_tokens=32)
+    got, stats = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=32,
+                         drafter=SelfDraftDrafter(SelfDraftParams(), None))
+    assert got == ref
+    assert gpu.graphs.replays > 0 and sum(k * n for k, n in stats.accept_hist.items()) > 0

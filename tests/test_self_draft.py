@@ -117,7 +117,9 @@ def test_step_mask_and_positions_worked_example(model):
     ], dtype=torch.bool)
     assert torch.equal(inp.mask, expected)
     # the probe is cut to the KV rows left, the draft to the room
-    runner.max_len = 7 + 1 + 2 + 2
+    runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=7 + 1 + 2 + 2,
+                    eos_ids=set(), render=lambda r: [], decode=str)
+    runner.kv.lens[0] = 7
     s.draft, s.probe = build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]])
     inp, n_tree, n_probe = runner.step_input(s, room=2)
     assert (n_tree, n_probe) == (2, 2) and inp.tokens == [40, a, b, x, y]
@@ -206,3 +208,26 @@ def test_sampling_is_lossless(model):
     dr = SelfDraftDrafter(SelfDraftParams(branches=2, branch_len=3, corpus_cands=3), Fixed())
     stats = check_three_token_sampling(model, prompt, sp, dr)
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
+
+
+def test_graph_padding_keeps_outputs(tiny_llama, reference):
+    """The padding the CUDA-graph path applies (every input padded to one token count, pads
+    blind to real tokens) runs here eagerly: outputs and acceptance stay those of no padding."""
+    from specctl.engine.graphs import CudaGraphs
+
+    class PadOnly:   # CudaGraphs' padding rule, no capture (run() declines: eager forward)
+        max_n = 128
+        padded_n = CudaGraphs.padded_n
+
+        def run(self, batch, kv, plan):
+            assert len(set(batch.num_new)) == 1 and batch.num_new[0] in (1, 16, 32, 48, 64, 80, 96)
+            return None
+
+    prompts, ref = reference
+    m = load_model(tiny_llama, "cpu", "fp32")
+    m.graphs = PadOnly()
+    oracle = Oracle([p + r for p, r in zip(prompts, ref)])
+    got, stats = run_ids(m, prompts, batch_size=4, max_tokens=24,
+                         drafter=SelfDraftDrafter(SelfDraftParams(), oracle))
+    assert got == ref
+    assert stats.graph_pad_tokens > 0

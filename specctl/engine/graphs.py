@@ -5,15 +5,16 @@ launches per forward cost more CPU time than the GPU needs for the math. So the 
 decoding step are captured once per shape and replayed:
 
 - a captured shape is (batch bucket B_b, new tokens per sequence n, layer plan): every sequence
-  brings the same n tokens as a causal chain (an `ar` step: n = 1; a draft forward: n = 1 with a
-  skip plan; a chain verify with equal draft lengths: n = K + 1). Anything else (trees, ragged
-  verifies, prefill) runs eagerly.
+  brings the same n tokens (an `ar` step: n = 1; a draft forward: n = 1 with a skip plan; a
+  verify of chains, trees or Self-Draft's candidates + branches, which the runner pads to a
+  common n: see `padded_n`). Prefill and anything past `max_n` tokens run eagerly.
 - inputs are copied into static buffers: tokens and positions [B_b * n], slot and prefix length
-  per sequence [B_b]. Rows past the real batch point to a scratch slot (the KV cache has one
-  spare slot on CUDA), so padding never touches a real sequence; the padded rows' outputs are
-  dropped. Buckets are powers of two up to the slot count.
-- attention reads the full cache length of each slot with a causal mask computed on the device
-  from the prefix lengths, so the captured kernels do not depend on the lengths.
+  per sequence [B_b], and each sequence's mask among its new tokens [B_b, n, n] (causal for a
+  chain). Rows past the real batch point to a scratch slot (the KV cache has one spare slot on
+  CUDA), so padding never touches a real sequence; the padded rows' outputs are dropped. Batch
+  buckets are powers of two up to the slot count.
+- attention reads the full cache length of each slot with a mask computed on the device from
+  the prefix lengths and the local masks, so the captured kernels do not depend on lengths.
 - the captured graph ends with the LM head: a replay yields [B_b * n, V] logits.
 No host synchronization happens inside a replay; the caller reads back only what it decides on.
 """
@@ -36,11 +37,12 @@ class _Captured:
     positions: torch.Tensor   # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
+    local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
     logits: torch.Tensor      # [Bb * n, V]
 
 
 class CudaGraphs:
-    def __init__(self, model, max_n: int = 16):
+    def __init__(self, model, max_n: int = 128):
         self.model = model
         self.max_n = max_n
         self.pool = torch.cuda.graph_pool_handle()
@@ -51,11 +53,17 @@ class CudaGraphs:
     def bucket(b: int) -> int:
         return 1 << (b - 1).bit_length()
 
+    def padded_n(self, n: int) -> int | None:
+        """Tokens per sequence a step of at most n is padded to: exact up to 16 (chain
+        verifies), then multiples of 16 (trees, Self-Draft), so few shapes get captured.
+        None past max_n (that step runs eagerly)."""
+        m = n if n <= 16 else -(-n // 16) * 16
+        return m if m <= self.max_n else None
+
     def eligible(self, batch: ForwardBatch, kv) -> bool:
         n = batch.num_new[0]
         return (kv.scratch is not None and n <= self.max_n
-                and all(m == n for m in batch.num_new)
-                and all(s.mask is None and s.positions is None for s in batch.seqs))
+                and all(m == n for m in batch.num_new))
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv, plan: LayerPlan) -> torch.Tensor | None:
@@ -78,18 +86,37 @@ class CudaGraphs:
         prefix = torch.tensor(batch.prefix_lens + [0] * (Bb - B), dtype=torch.long)
         cap.slots.copy_(slots, non_blocking=True)
         cap.prefix.copy_(prefix, non_blocking=True)
+        if n > 1:
+            local = self._tril(n).expand(Bb, n, n).clone()
+            for b, s in enumerate(batch.seqs):
+                if s.mask is not None:
+                    local[b] = s.mask
+            cap.local.copy_(local, non_blocking=True)
         cap.graph.replay()
         self.replays += 1
         return cap.logits[:B * n]
 
-    def _forward(self, kv, Bb: int, n: int, plan: LayerPlan, tokens, positions, slots, prefix):
+    _trils: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def _tril(cls, n: int) -> torch.Tensor:
+        t = cls._trils.get(n)
+        if t is None:
+            t = cls._trils[n] = torch.ones(n, n, dtype=torch.bool).tril()
+        return t
+
+    def _forward(self, kv, Bb: int, n: int, plan: LayerPlan, tokens, positions, slots, prefix,
+                 local):
         m = self.model
         dev = m.device
         idx = torch.arange(n, device=dev)
         rows = (prefix[:, None] + idx[None, :]).reshape(-1)               # [Bb * n]
         slot_tok = slots.repeat_interleave(n)                             # [Bb * n]
-        limit = prefix[:, None] + idx[None, :]                            # [Bb, n]
-        mask = torch.arange(kv.max_len, device=dev)[None, None, :] <= limit[:, :, None]
+        # column c of sequence b: committed (c < prefix) or new token c - prefix when the
+        # local mask lets the query see it
+        rel = torch.arange(kv.max_len, device=dev)[None, None, :] - prefix[:, None, None]
+        new = local.gather(2, rel.clamp(0, n - 1).expand(Bb, n, kv.max_len))
+        mask = (rel < 0) | ((rel < n) & new)                             # [Bb, n, max_len]
         meta = SdpaMeta(slots, kv.max_len, n, True, None, None, mask[:, None])
         x = torch.nn.functional.embedding(tokens, m.embed)
         end = m.cfg.num_layers if plan.end is None else plan.end
@@ -103,7 +130,8 @@ class CudaGraphs:
         positions = torch.zeros(Bb * n, dtype=torch.long, device=dev)
         slots = torch.full((Bb,), kv.scratch, dtype=torch.long, device=dev)
         prefix = torch.zeros(Bb, dtype=torch.long, device=dev)
-        args = (kv, Bb, n, plan, tokens, positions, slots, prefix)
+        local = self._tril(n).to(dev).expand(Bb, n, n).clone()
+        args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):   # warm-up outside the graph (allocator, autotuning)
@@ -113,4 +141,4 @@ class CudaGraphs:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
             logits = self._forward(*args)
-        return _Captured(kv, g, tokens, positions, slots, prefix, logits)
+        return _Captured(kv, g, tokens, positions, slots, prefix, local, logits)

@@ -92,9 +92,23 @@ class Model:
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """A KV cache for num_slots sequences of up to max_len rows. With CUDA graphs the model
+        keeps the last one and hands it out again (all slots emptied) for the same shape: the
+        captured graphs point into it, so a new run (a bench repeat, the next generate batch)
+        replays them instead of capturing again, which costs time and, in bf16, can pick other
+        kernels and so round differently. Only one runner may use a model's cache at a time."""
         c = self.cfg
-        return KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
-                       self.dtype, self.device, spare=self.graphs is not None)
+        if self.graphs is not None:
+            kv = getattr(self, "_kv", None)
+            if kv is not None and (kv.num_slots, kv.max_len) == (num_slots, max_len):
+                for slot in range(num_slots):
+                    kv.reset(slot)
+                return kv
+        kv = KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
+                     self.dtype, self.device, spare=self.graphs is not None)
+        if self.graphs is not None:
+            self._kv = kv
+        return kv
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]

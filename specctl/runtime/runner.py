@@ -69,7 +69,7 @@ class Runner:
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
         self.render, self.decode = render, decode
         self.prefill_chunk = prefill_chunk
-        self.kv = model.new_kv_cache(batch_size, max_len)
+        self.kv = model.new_kv_cache(batch_size, max_len + drafter.kv_headroom)
         self.stats = RunStats()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class Runner:
         s.draft = tree
         base = self.kv.lens[s.slot]
         probe = s.probe if s.probe is not None else DraftTree()
-        fit = self.max_len - base - 1 - len(tree)   # KV rows left for probe nodes
+        fit = self.kv.max_len - base - 1 - len(tree)   # KV rows left for probe nodes
         if len(probe) > fit:
             probe = probe.prefix(max(fit, 0))
         s.probe, s.probe_out = probe, None
@@ -262,19 +262,33 @@ class Runner:
         return x, len(tree), len(probe)
 
     def _pad_chains(self, inputs: list[SeqInput]) -> list[SeqInput]:
-        """With CUDA graphs, ragged chain verifies are padded to the longest chain so the step
-        replays one captured graph: on a GPU the extra rows are nearly free, the launches are
-        not. Padding tokens sit past every real row; their KV rows and logits are discarded.
+        """With CUDA graphs, every sequence's input is padded to one token count (graphs.py's
+        `padded_n`) so the step replays one captured graph: on a GPU the extra rows are nearly
+        free, the launches are not. Padding tokens sit past every real row, see only the prefix
+        and themselves, and no real token sees them; their KV rows and logits are discarded.
         Elsewhere (CPU) nothing is padded: the tokens computed are the real tokens."""
-        if self.model.graphs is None or len(inputs) < 2:
+        g = self.model.graphs
+        if g is None:
             return inputs
-        n = max(len(x.tokens) for x in inputs)
-        if all(len(x.tokens) == n for x in inputs) or any(
-                x.mask is not None or x.prefix_len + n > self.max_len for x in inputs):
+        n = g.padded_n(max(len(x.tokens) for x in inputs))
+        if n is None or all(len(x.tokens) == n for x in inputs) or any(
+                x.prefix_len + n > self.kv.max_len for x in inputs):
             return inputs
-        return [x if len(x.tokens) == n else
-                SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - len(x.tokens)), x.prefix_len)
-                for x in inputs]
+        out = []
+        for x in inputs:
+            k = len(x.tokens)
+            if k == n:
+                out.append(x)
+            elif x.mask is None and x.positions is None:   # a chain stays a chain
+                out.append(SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - k), x.prefix_len))
+            else:
+                m = torch.eye(n, dtype=torch.bool)
+                m[:k, :k] = x.mask if x.mask is not None else torch.ones(k, k, dtype=torch.bool).tril()
+                pos = list(x.positions if x.positions is not None
+                           else range(x.prefix_len, x.prefix_len + k)) + [x.prefix_len] * (n - k)
+                out.append(SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - k), x.prefix_len,
+                                    pos, m))
+        return out
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
         for t in tokens:

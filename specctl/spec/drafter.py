@@ -21,6 +21,9 @@ from specctl.spec.verify import DraftTree
 
 class Drafter:
     name = "base"
+    # KV rows past a sequence's limit that one step may write (probe nodes, graph padding):
+    # the runner allocates them on top of max_len so late steps keep their full shape
+    kv_headroom = 0
 
     def admit(self, seq) -> None:
         pass

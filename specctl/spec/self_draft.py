@@ -145,6 +145,10 @@ class SelfDraftDrafter(Drafter):
         self.corpus = corpus if params.corpus_cache else None
         self.corpus_id = corpus_id if self.corpus is not None else None
         self.ctx = ContextCache(params.lru)
+        glen = getattr(self.corpus, "gram_len", params.gram)
+        most = (params.branches * params.branch_len + params.context_cands * params.gram
+                + params.corpus_cands * glen)
+        self.kv_headroom = -(-most // 16) * 16 + 16
         self.finished_prompts = 0
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"context": 0, "corpus": 0}
