@@ -11,7 +11,12 @@ What is measured, per (method, batch size):
 - `hf`: transformers' own `generate` on the same checkpoint, device and dtype: static batches of
   `batch_size` prompts in input order, left padding, do_sample=False, the same EOS ids.
   `hf-prompt-lookup`: the same with `prompt_lookup_num_tokens=10` (batch 1 only in transformers).
-- Warm-up: `warmup` untimed runs over the first `batch_size` prompts (16 new tokens at most).
+  `hf-static` (CUDA only): the same with `cache_implementation="static"`, transformers' fast
+  path that compiles the forward; its warm-up runs the timed prompts in full (it compiles per
+  shape).
+- Warm-up: `warmup` untimed runs over the first `batch_size` prompts (16 new tokens at most);
+  on CUDA (and always for hf-static) the first warm-up is the whole timed workload, so captured
+  graphs and compiled shapes exist before the clock starts.
 - Timing: `repeats` runs over all prompts, round-robin over the methods of a batch size; tokens/s = generated tokens / wall seconds of the whole
   run (prefill included; the KV cache allocation is not), the GPU synchronized before and after.
   Reported: the median, min, max and IQR of the repeats.
@@ -59,7 +64,7 @@ from specctl.runtime.sequence import Request
 from specctl.store import (Store, atomic_write_bytes, atomic_write_json, atomic_write_text,
                            file_sha256, make_manifest, new_id, read_json)
 
-PEERS = ("hf", "hf-prompt-lookup")
+PEERS = ("hf", "hf-prompt-lookup", "hf-static")
 PROMPT_LOOKUP_TOKENS = 10
 WARMUP_TOKENS = 16
 CTAR_W = range(1, 7)
@@ -281,7 +286,9 @@ class HFMethod:
         gc = GenerationConfig(do_sample=False, max_new_tokens=max_new,
                               eos_token_id=self.eos_list or None, pad_token_id=self.pad,
                               prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS
-                              if self.name == "hf-prompt-lookup" else None)
+                              if self.name == "hf-prompt-lookup" else None,
+                              # hf-static: transformers' fast path (static cache, compiled forward)
+                              cache_implementation="static" if self.name == "hf-static" else None)
         with torch.inference_mode():
             out = self.hf.generate(input_ids=ids.to(self.device),
                                    attention_mask=mask.to(self.device), generation_config=gc)
@@ -437,6 +444,11 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
     lookup_reason = "transformers' prompt lookup decoding supports batch size 1 only"
     for m in methods:
         if m in PEERS:
+            if m == "hf-static" and dev.type != "cuda":
+                reason = "transformers' static-cache (compiled) generate is measured on CUDA only"
+                skipped.append({"method": m, "batch_size": None, "reason": reason})
+                log(f"skipping {m}: {reason}")
+                continue
             if m == "hf-prompt-lookup" and 1 not in cfg.batch_sizes:
                 continue   # skipped below, per batch size
             if hf_model is None:
@@ -486,7 +498,12 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
         for m in here:   # warm-up, then the repeats round-robin over the methods (drift and
             for w in range(cfg.warmup):   # background load hit every method alike)
                 progress.describe(f"{m} b{b}  warm-up {w + 1}/{cfg.warmup}")
-                runners[m].run(recs[:b], b, min(cfg.max_tokens, WARMUP_TOKENS))
+                if m == "hf-static" or (dev.type == "cuda" and w == 0):
+                    # compiled / graph-captured paths: warm up once on the timed shapes, so the
+                    # timed runs replay instead of compiling or capturing
+                    runners[m].run(recs, b, cfg.max_tokens)
+                else:
+                    runners[m].run(recs[:b], b, min(cfg.max_tokens, WARMUP_TOKENS))
                 progress.advance()
         for k in range(cfg.repeats):
             for m in here:

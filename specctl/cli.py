@@ -180,15 +180,24 @@ def generate(
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
     st = Store(store)
-    prog = RichProgress(enabled=not quiet)
+    # under torchrun & co. (RANK/WORLD_SIZE) only rank 0 talks: progress, summary, the error
+    from specctl.runtime.dist import RankStopped, dist_env
+    lead = dist_env().rank == 0
+    prog = RichProgress(enabled=not quiet and lead)
     try:
-        res = run_generate(cfg, st, out, resume=resume, log=_log, progress=prog)
+        res = run_generate(cfg, st, out, resume=resume, log=_log if lead else lambda m: None,
+                           progress=prog if lead else None)
+    except RankStopped as e:   # another rank failed; rank 0 prints why
+        raise typer.Exit(e.exit_code)
     finally:
         prog.stop()
+    if not lead:
+        return
     m = res["metrics"]
     console.print(f"[green]done[/]: {m['requests']} requests, {m['new_tokens']} new tokens, "
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
-                  f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else ""))
+                  f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
+                  + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
 
 
@@ -279,7 +288,7 @@ def bench(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
     methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
-                                "hf, hf-prompt-lookup; ablations self-draft:no-corpus, "
+                                "hf, hf-prompt-lookup, hf-static (CUDA); ablations self-draft:no-corpus, "
                                 "self-draft:no-context."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
@@ -397,6 +406,40 @@ def train_adapter(
     cfg = TrainConfig(model, data, exit_layer, epochs, lr, max_len, batch_tokens, limit, heldout,
                       checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device)
     res = run_train_adapter(cfg, Store(store), resume, log=_log, console=console)
+    console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
+
+
+@app.command("build-cache", epilog="Examples:\n\n  specctl build-cache OANC_GrAF.zip\n\n"
+                                    "  specctl build-cache ~/corpora/OANC-GrAF --workers 2\n\n"
+                                    "  specctl build-cache notes/ extra.txt web.jsonl --model ./my-llama "
+                                    "--name my-cache\n\n"
+                                    "The OANC (OANC_GrAF.zip, 14.6M words) is at https://anc.org/data/oanc/ "
+                                    "(read in place; put it at $SPECCTL_HOME/data/OANC_GrAF.zip to make "
+                                    "it the default).")
+@friendly
+def build_cache(
+    corpus: list[Path] = typer.Argument(None, help="OANC_GrAF.zip or its OANC-GrAF folder, other "
+                                        "zips/folders of .txt files, .txt(.gz/.bz2) files, JSONL "
+                                        "with a 'text' field (default: the OANC in <store>/data)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model or tokenizer folder "
+                                        "whose tokenizer the cache is for (default: the demo model)."),
+    max_key_len: int = typer.Option(4, "--max-key-len", help="Keys are the last 1..K tokens."),
+    gram_len: int = typer.Option(4, "--gram-len", help="Tokens per continuation."),
+    top: int = typer.Option(20, "--top", help="Continuations kept per key (most frequent)."),
+    min_count: int = typer.Option(6, "--min-count", help="Keep continuations seen at least this often."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Tokenizer threads "
+                                          "(default: min(2, CPUs))."),
+    name: Optional[str] = typer.Option(None, "--name", help="Artifact id (default: "
+                                       "<model>-<corpus>-k<K>g<G>)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Build Self-Draft's corpus n-gram cache (saved in the store, keyed by tokenizer)."""
+    from specctl.prep.build_cache_cmd import BuildCacheConfig, default_workers, run_build_cache
+
+    cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model, max_key_len, gram_len, top,
+                           min_count, workers or default_workers(), name)
+    res = run_build_cache(cfg, Store(store), log=_log, console=None if quiet else console)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
