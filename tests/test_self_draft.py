@@ -231,3 +231,43 @@ def test_graph_padding_keeps_outputs(tiny_llama, reference):
                          drafter=SelfDraftDrafter(SelfDraftParams(), oracle))
     assert got == ref
     assert stats.graph_pad_tokens > 0
+
+
+def test_graph_forward_math_on_cpu(model):
+    """The computation engine/graphs.py captures (static buffers, device-side masks from prefix
+    lengths and local masks, padded batch rows on a scratch slot) run eagerly on the CPU equals
+    the eager packed forward for a masked tree + branches step and for chains."""
+    from specctl.engine.batch import FULL
+    from specctl.engine.graphs import CudaGraphs
+    g = CudaGraphs.__new__(CudaGraphs)
+    g.model = model
+    prompts = random_prompts(3, seed=4)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
+    Bb = 4   # one padded batch row, on the scratch slot
+
+    def primed():
+        from specctl.engine.kv import KVCache
+        c = model.cfg
+        kv = KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim, spare=True)
+        for s, p in enumerate(prompts):
+            model.forward(ForwardBatch([SeqInput(s, p, 0)]), kv)
+            kv.lens[s] = len(p)
+        return kv
+
+    for tree in (True, False):
+        seqs = [SeqInput(s, [3] + nodes.tokens, len(p), [len(p)] + [len(p) + d for d in nodes.depths()],
+                         nodes.mask()) if tree else SeqInput(s, [3, 4, 5], len(p))
+                for s, p in enumerate(prompts)]
+        b = ForwardBatch(seqs)
+        k = b.num_new[0]
+        ref = model.forward_logits(b, primed())
+        kv = primed()
+        pad = lambda t, fill: torch.cat([t, torch.full((Bb * k - t.numel(),), fill)])
+        local = torch.ones(k, k, dtype=torch.bool).tril().expand(Bb, k, k).clone()
+        for i, s in enumerate(seqs):
+            if s.mask is not None:
+                local[i] = s.mask
+        out = g._forward(kv, Bb, k, FULL, pad(b.tokens, 0), pad(b.positions, 0),
+                         torch.tensor(b.seq_slots + [kv.scratch]),
+                         torch.tensor(b.prefix_lens + [0]), local)
+        torch.testing.assert_close(out[:3 * k], ref, atol=1e-4, rtol=1e-4)
