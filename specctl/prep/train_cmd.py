@@ -7,7 +7,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from specctl.io.sharegpt import download_sharegpt_json, read_conversations
 from specctl.models.checkpoint import load_tokenizer, resolve_model
 from specctl.models.loader import load_model, model_fingerprint
-from specctl.prep.train_adapter import TrainConfig, save_adapter, train
+from dataclasses import replace
+
+from specctl.prep.train_adapter import TrainConfig, save_adapter, sweep_exit_layer, train
 from specctl.store import Store
 
 
@@ -22,6 +24,15 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
                        not _cuda() else "bf16")
     fp = model_fingerprint(model_dir)
     work = store.root / "work" / f"train-{fp}"
+    sweep = None
+    if cfg.exit_layer == 0:
+        from specctl.prep.skipsets import load_profile
+        log(f"--exit-layer auto: a short adapter per candidate layer on "
+            f"{min(len(convs), cfg.sweep_conversations)} conversations ...")
+        l, sweep = sweep_exit_layer(model, tok, convs, cfg, work, load_profile(store, model, fp,
+                                                                                log), log)
+        log(f"exit layer {l} chosen")
+        cfg = replace(cfg, exit_layer=l)
     prog = Progress(TextColumn("[bold]train-adapter"), BarColumn(),
                     TextColumn("step {task.completed}/{task.total} loss {task.fields[loss]} "
                                "{task.fields[tps]} tok/s"), TimeElapsedColumn(),
@@ -34,6 +45,8 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
     with prog:
         adapter, summary = train(model, tok, convs, cfg, work, resume, on_step, log)
     summary["data"] = {"source": str(source), "read": report.summary()}
+    if sweep is not None:
+        summary["exit_layer_sweep"] = sweep
     path = save_adapter(store, model, adapter, fp, summary)
     log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
         f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")

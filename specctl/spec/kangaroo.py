@@ -89,7 +89,10 @@ class Adapter:
         c = self.model.cfg
         x = h + F.linear(o.reshape(h.shape[0], -1), self.w["o_proj.weight"].to(h.dtype))
         x = rms_norm(x, self.w["norm_out.weight"].to(h.dtype), c.rms_eps)
-        return F.linear(x, self.model.lm_head.to(h.dtype)).float()
+        head = self.model.lm_head
+        if not torch.is_autocast_enabled(h.device.type):   # autocast casts it itself
+            head = head.to(h.dtype)
+        return F.linear(x, head).float()
 
     @torch.inference_mode()
     def step(self, h: torch.Tensor, batch: ForwardBatch, akv: KVCache) -> torch.Tensor:
