@@ -1,0 +1,240 @@
+"""The `build-cache` job: corpus -> tokens -> exact n-gram counts -> Self-Draft's corpus cache.
+
+Reads the corpus with `prep.corpus` (OANC zip or tree, text folders/files, JSONL), tokenizes it
+with the model's tokenizer, counts with `prep.ngram_build` and stores the tables atomically as
+`<store>/ngram-caches/<id>/` (ngram.safetensors, config.json, manifest.json). The cache is keyed
+by the tokenizer's fingerprint: `generate --method self-draft` finds it for any model with the
+same tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specctl.errors import SpecctlError
+from specctl.models.checkpoint import TOKENIZER_FILES, load_tokenizer, resolve_model
+from specctl.prep.corpus import CorpusReader
+from specctl.prep.ngram_build import (CountConfig, config_dict, count_tables, tokenize_to_stream,
+                                      write_artifact)
+from specctl.spec.corpus_cache import KIND, tokenizer_fingerprint, tokenizer_name
+from specctl.store import Store, file_sha256, make_manifest
+
+OANC_URL = "https://anc.org/data/oanc/"
+OANC_NAMES = ("OANC_GrAF.zip", "OANC-GrAF")
+
+
+@dataclass(frozen=True)
+class BuildCacheConfig:
+    corpus: tuple[str, ...] = ()
+    model: str | None = None
+    max_key_len: int = 4
+    gram_len: int = 4
+    top: int = 20
+    min_count: int = 6
+    workers: int = 1
+    name: str | None = None
+
+    def count_config(self) -> CountConfig:
+        return CountConfig(self.max_key_len, self.gram_len, self.top, self.min_count, self.workers)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def default_corpus(store: Store) -> list[Path]:
+    """The OANC where build-cache looks for it when no corpus is given: `<store>/data/`."""
+    for n in OANC_NAMES:
+        p = store.root / "data" / n
+        if p.exists():
+            return [p]
+    return []
+
+
+def no_corpus_error(store: Store) -> SpecctlError:
+    return SpecctlError(
+        "no corpus given: pass text files/folders, JSONL with a 'text' field, or the OANC "
+        f"(OANC_GrAF.zip, 655 MB, from {OANC_URL}; or put it at "
+        f"{store.root / 'data' / 'OANC_GrAF.zip'} to make it the default)")
+
+
+def tokenizer_dir(spec: str | None, store: Store, log) -> Path:
+    """--model: a local folder with tokenizer files is enough here (no weights needed);
+    anything else goes through resolve_model (demo alias, hub id)."""
+    if spec:
+        p = Path(spec).expanduser()
+        if p.is_dir() and any((p / f).is_file() for f in TOKENIZER_FILES):
+            return p
+    return resolve_model(spec, store, log=log)
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")
+    return s or "corpus"
+
+
+def corpus_name(paths: list[Path]) -> str:
+    def one(p: Path) -> str:
+        n = p.resolve().name if p.is_dir() else p.name
+        if not p.is_dir():
+            for suf in (".gz", ".bz2"):
+                if n.lower().endswith(suf):
+                    n = n[: -len(suf)]
+            n = n.rsplit(".", 1)[0] if "." in n.strip(".") else n
+        return "oanc" if n.lower().replace("-", "_").startswith("oanc_graf") else _slug(n)
+    name = one(paths[0])
+    return name if len(paths) == 1 else f"{name}-plus{len(paths) - 1}"
+
+
+def artifact_id(cfg: BuildCacheConfig, model_dir: Path, paths: list[Path]) -> str:
+    if cfg.name:
+        ident = _slug(cfg.name)
+        if ident != cfg.name.lower():
+            raise SpecctlError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only")
+        return ident
+    return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{cfg.max_key_len}g{cfg.gram_len}"
+
+
+def describe_inputs(paths: list[Path]) -> list[dict]:
+    out = []
+    for p in paths:
+        if p.is_dir():
+            files = [f for f in p.rglob("*") if f.is_file()]
+            out.append({"path": str(p.resolve()), "type": "folder", "files": len(files),
+                        "bytes": sum(f.stat().st_size for f in files)})
+        else:
+            out.append({"path": str(p.resolve()), "type": "file", "bytes": p.stat().st_size,
+                        "sha256": file_sha256(p)})
+    return out
+
+
+class _Bars:
+    """read+tokenize (bytes, tokens/s), count (windows), write."""
+
+    def __init__(self, console):
+        self.p = Progress(TextColumn("[bold]{task.description:<9}"), BarColumn(),
+                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                          TimeRemainingColumn(), console=console, disable=console is None)
+        self.read = self.count = self.write = None
+        self.tokens, self.t0 = 0, time.perf_counter()
+
+    def __enter__(self):
+        self.p.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.p.stop()
+
+    def start_read(self, total: int) -> None:
+        self.t0 = time.perf_counter()
+        self.read = self.p.add_task("tokenize", total=total or None, info="")
+
+    def on_bytes(self, n: int) -> None:
+        self.p.advance(self.read, n)
+
+    def on_tokens(self, n: int) -> None:
+        self.tokens += n
+        dt = time.perf_counter() - self.t0
+        rate = f"{self.tokens / dt:,.0f} tok/s" if dt > 0 else "-"
+        self.p.update(self.read, info=f"{self.tokens:,} tokens, {rate}")
+
+    def end_read(self) -> None:
+        t = self.p.tasks[self.read]
+        if t.total is not None:
+            self.p.update(self.read, completed=t.total)
+
+    def on_count(self, what: str, done: int, total: int) -> None:
+        if self.count is None:
+            self.count = self.p.add_task("count", total=total or 1, info="n-gram windows")
+        self.p.update(self.count, completed=done, info=f"{done:,}/{total:,} n-gram windows")
+
+    def start_write(self) -> None:
+        self.write = self.p.add_task("write", total=1, info="")
+
+    def end_write(self, nbytes: int) -> None:
+        self.p.update(self.write, completed=1, info=f"{nbytes / 1e6:.1f} MB")
+
+
+def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None) -> dict:
+    ccfg = cfg.count_config()   # validates the options first
+    paths = [Path(p).expanduser() for p in cfg.corpus] or default_corpus(store)
+    if not paths:
+        raise no_corpus_error(store)
+    for p in paths:
+        if not p.exists():
+            raise SpecctlError(f"{p}: no such file or folder")
+    if not cfg.corpus:
+        log(f"corpus: {paths[0]} (the default location)")
+    model_dir = tokenizer_dir(cfg.model, store, log)
+    tok = load_tokenizer(model_dir)
+    fp = tokenizer_fingerprint(model_dir)
+    tname = tokenizer_name(model_dir)
+    ident = artifact_id(cfg, model_dir, paths)
+    inputs = describe_inputs(paths)
+    reader = CorpusReader(paths, log=log)
+    t_start = time.perf_counter()
+    work_root = store.root / "work"
+    work_root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-cache-", dir=work_root))
+    try:
+        with _Bars(console) as bars:
+            bars.start_read(reader.total_bytes())
+            reader.on_bytes = bars.on_bytes
+            info = tokenize_to_stream(reader, tok, work / "stream.i32", ccfg, bars.on_tokens)
+            bars.end_read()
+            stats = reader.stats
+            for line in stats.problems[:5]:
+                log(f"warning: {line}")
+            if len(stats.problems) > 5:
+                log(f"warning: ... and more ({stats.summary()})")
+            if info.tokens == 0:
+                raise SpecctlError(f"{', '.join(map(str, paths))}: the corpus has no text "
+                                   f"({stats.summary()})")
+            t_count = time.perf_counter()
+            tables, cstats = count_tables(info.path, info, ccfg, work, bars.on_count)
+            count_s = time.perf_counter() - t_count
+            keys, grams = tables.num_keys(), tables.num_grams()
+            if sum(keys.values()) == 0:
+                raise SpecctlError(
+                    f"no n-gram occurs {cfg.min_count} or more times in this corpus "
+                    f"({info.tokens:,} tokens): use a larger corpus or a lower --min-count")
+            bars.start_write()
+            build_s = time.perf_counter() - t_start
+            manifest = make_manifest(
+                KIND, ident, tokenizer_fingerprint=fp, tokenizer=tname, model=str(model_dir),
+                settings={"max_key_len": cfg.max_key_len, "gram_len": cfg.gram_len,
+                          "top": cfg.top, "min_count": cfg.min_count, "workers": cfg.workers},
+                inputs=inputs, corpus=stats.to_dict(), files=stats.files, words=stats.words,
+                documents=info.documents, tokens=info.tokens, bad_bytes=stats.bad_bytes,
+                keys={str(k): v for k, v in keys.items()},
+                ngrams={str(k): v for k, v in grams.items()},
+                total_keys=sum(keys.values()), total_ngrams=sum(grams.values()),
+                windows={str(k): v for k, v in cstats["windows"].items()},
+                tokenize_time_s=round(info.seconds, 3), count_time_s=round(count_s, 3),
+            )
+            if store.path(KIND, ident).exists():
+                log(f"replacing {KIND}/{ident}")
+            with store.building(KIND, ident, manifest) as out:
+                path = write_artifact(out, tables, config_dict(ccfg, fp, tname))
+                build_s = time.perf_counter() - t_start
+                manifest["artifact_bytes"] = path.stat().st_size
+                manifest["build_time_s"] = round(build_s, 3)
+                manifest["tokens_per_s"] = round(info.tokens / build_s, 1) if build_s else None
+                manifest["tokenize_tokens_per_s"] = (round(info.tokens / info.seconds, 1)
+                                                     if info.seconds else None)
+            bars.end_write(manifest["artifact_bytes"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    final = store.path(KIND, ident)
+    log(f"{stats.summary()}; {info.tokens:,} tokens -> {manifest['total_keys']:,} keys, "
+        f"{manifest['total_ngrams']:,} n-grams in {manifest['build_time_s']:.1f} s "
+        f"({manifest['tokens_per_s']:,.0f} tokens/s), {manifest['artifact_bytes'] / 1e6:.1f} MB")
+    return {"path": final, "id": ident, "manifest": manifest}

@@ -1,0 +1,448 @@
+"""Self-Draft's corpus n-gram cache at decode time (built offline by `specctl build-cache`).
+
+For each key length k in 1..max_key_len the artifact holds a table of keys (k token ids) and,
+per key, its most frequent continuations (gram_len token ids each) with their corpus counts,
+highest count first (ties: smaller token ids first). `CorpusCache.lookup(context)` tries the
+last max_key_len tokens of the context as a key, then one fewer, ..., down to the last token,
+and returns up to `limit` distinct continuations in that order: O(key length) hashing and one
+binary search per key length, no loop over a table.
+
+The artifact folder (`<store>/ngram-caches/<id>/`) holds:
+
+    ngram.safetensors   per k, flat arrays (int32 / int64 only, no pickle, read through mmap):
+        k{k}.key_hash [n_k]        int64   uint64 hash of the key (see `hash_keys`), sorted as
+                                           unsigned, ties by key tokens
+        k{k}.keys     [n_k, k]     int32   the key's tokens (a hash collision can never match)
+        k{k}.offsets  [n_k + 1]    int64   key i owns continuations offsets[i]:offsets[i+1]
+        k{k}.conts    [m_k, g]     int32   continuations
+        k{k}.counts   [m_k]        int32   their counts in the corpus
+      and its `__metadata__` repeats config.json (so the file alone is self-describing)
+    config.json         max_key_len, gram_len, top, min_count, tokenizer_fingerprint, tokenizer
+    manifest.json       the store's manifest (corpus, counts, build time)
+
+The cache depends on the tokenizer only: `tokenizer_fingerprint(model_dir)` names it, and
+`resolve_corpus_cache` refuses a cache made with another tokenizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import struct
+from bisect import bisect_left
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from specctl.errors import SpecctlError
+
+ARTIFACT_FILE = "ngram.safetensors"
+CONFIG_FILE = "config.json"
+KIND = "ngram-caches"
+FORMAT_VERSION = 1
+
+_M = (1 << 64) - 1
+_SEED = 0x9E3779B97F4A7C15
+_MUL = 0xFF51AFD7ED558CCD
+_F1 = 0xBF58476D1CE4E5B9
+_F2 = 0x94D049BB133111EB
+
+
+# ---------------------------------------------------------------------------------------------
+# the key hash: the same function vectorized (build) and scalar (lookup)
+
+
+def hash_key(key: list[int]) -> int:
+    """uint64 hash (as a Python int) of one key. Tokens are taken last first, so the hashes of
+    the last 1..k tokens of a context come out of one pass (see `_suffix_hashes`)."""
+    h = _SEED
+    for t in reversed(key):
+        h = ((h ^ (t & 0xFFFFFFFF)) * _MUL) & _M
+        h ^= h >> 32
+    return _finish(h)
+
+
+def _finish(h: int) -> int:
+    h ^= h >> 30
+    h = (h * _F1) & _M
+    h ^= h >> 27
+    h = (h * _F2) & _M
+    return h ^ (h >> 31)
+
+
+def _suffix_hashes(context: list[int], kmax: int) -> list[int]:
+    """[hash of context[-1:], hash of context[-2:], ...] up to kmax keys."""
+    out, h = [], _SEED
+    for t in reversed(context[-kmax:]):
+        h = ((h ^ (t & 0xFFFFFFFF)) * _MUL) & _M
+        h ^= h >> 32
+        out.append(_finish(h))
+    return out
+
+
+def hash_keys(keys: np.ndarray) -> np.ndarray:
+    """Vectorized `hash_key` over the rows of an int array [n, k]; returns uint64 [n]."""
+    keys = np.asarray(keys)
+    h = np.full(keys.shape[0], _SEED, dtype=np.uint64)
+    mul = np.uint64(_MUL)
+    s32 = np.uint64(32)
+    for j in range(keys.shape[1] - 1, -1, -1):
+        t = keys[:, j].astype(np.int64).astype(np.uint64) & np.uint64(0xFFFFFFFF)
+        h ^= t
+        h *= mul
+        h ^= h >> s32
+    h ^= h >> np.uint64(30)
+    h *= np.uint64(_F1)
+    h ^= h >> np.uint64(27)
+    h *= np.uint64(_F2)
+    h ^= h >> np.uint64(31)
+    return h
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer fingerprint
+
+
+_TOKENIZER_JSON_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens")
+
+
+def tokenizer_fingerprint(model_dir: Path | str) -> str:
+    """sha256 (hex) of what decides how text becomes token ids in a model folder.
+
+    tokenizer.json: its normalizer, pre_tokenizer, model and added_tokens, as canonical JSON (so
+    re-saving the same tokenizer, or changing truncation/padding settings, keeps the
+    fingerprint); else vocab.json + merges.txt; else tokenizer.model (sentencepiece), by content.
+    """
+    d = Path(model_dir)
+    tj = d / "tokenizer.json"
+    h = hashlib.sha256()
+    if tj.is_file():
+        try:
+            data = json.loads(tj.read_text(encoding="utf-8"))
+            part = {k: data.get(k) for k in _TOKENIZER_JSON_KEYS}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise SpecctlError(f"{tj}: not a valid tokenizer.json ({e})") from None
+        h.update(b"tokenizer.json\0")
+        h.update(json.dumps(part, sort_keys=True, ensure_ascii=False,
+                            separators=(",", ":")).encode("utf-8"))
+        return h.hexdigest()
+    names = [n for n in ("vocab.json", "merges.txt") if (d / n).is_file()]
+    if not names and (d / "tokenizer.model").is_file():
+        names = ["tokenizer.model"]
+    if not names:
+        raise SpecctlError(f"{d}: no tokenizer files (tokenizer.json, vocab.json + merges.txt "
+                           "or tokenizer.model)")
+    for n in names:
+        h.update(n.encode() + b"\0")
+        h.update((d / n).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def tokenizer_name(model_dir: Path | str) -> str:
+    """A readable name for the tokenizer: the model folder's name (hub snapshots: org--name)."""
+    d = Path(model_dir).resolve()
+    if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
+        return d.parent.parent.name[len("models--"):]
+    return d.name
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors through mmap (validated: the file may come from elsewhere)
+
+
+_DTYPES = {"I32": np.int32, "I64": np.int64, "U64": np.uint64}
+_MAX_HEADER = 64 << 20
+
+
+def read_safetensors_mmap(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Arrays (read-only views over an mmap of the file) and the metadata of a safetensors
+    file holding int32/int64/uint64 tensors. Anything malformed is a SpecctlError."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise SpecctlError(f"{path}: file not found") from None
+    with f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        if size < 8:
+            raise SpecctlError(f"{path}: not a safetensors file (too short)")
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > min(_MAX_HEADER, size - 8):
+            raise SpecctlError(f"{path}: not a safetensors file (bad header length)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise SpecctlError(f"{path}: not a safetensors file (bad header)") from None
+        if not isinstance(header, dict):
+            raise SpecctlError(f"{path}: not a safetensors file (bad header)")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 0 else b""
+    base = 8 + n
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise SpecctlError(f"{path}: bad __metadata__")
+    arrays = {}
+    for name, info in header.items():
+        try:
+            dtype = _DTYPES[info["dtype"]]
+            shape = tuple(int(x) for x in info["shape"])
+            a, b = (int(x) for x in info["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise SpecctlError(f"{path}: tensor {name!r}: unsupported dtype or bad entry") from None
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if (any(x < 0 for x in shape) or a < 0 or b < a or base + b > size
+                or (b - a) != count * np.dtype(dtype).itemsize):
+            raise SpecctlError(f"{path}: tensor {name!r}: offsets do not fit its shape or the file")
+        arr = np.frombuffer(mm, dtype=dtype, count=count, offset=base + a) if count else \
+            np.zeros(0, dtype=dtype)
+        arrays[name] = arr.reshape(shape)
+    return arrays, meta
+
+
+# ---------------------------------------------------------------------------------------------
+# the cache
+
+
+class _Table:
+    __slots__ = ("hashes", "keys", "offsets", "conts", "counts", "hv", "ov")
+
+    def __init__(self, hashes, keys, offsets, conts, counts):
+        self.hashes, self.keys, self.offsets, self.conts, self.counts = (
+            hashes, keys, offsets, conts, counts)
+        self.hv = self.ov = None
+
+    def finish(self) -> None:
+        """Unsigned hashes, and memoryviews for the lookup (bisect and indexing on them give
+        Python ints, several times faster than numpy scalars for one key)."""
+        self.hashes = self.hashes.view(np.uint64)
+        self.hv = memoryview(np.ascontiguousarray(self.hashes))
+        self.ov = memoryview(np.ascontiguousarray(self.offsets))
+
+
+class CorpusCache:
+    """The corpus n-gram cache of one artifact (see the module docstring)."""
+
+    def __init__(self, tables: dict[int, _Table], config: dict, path: Path | None = None):
+        self.tables = tables
+        self.config = config
+        self.path = path
+        self.max_key_len = int(config["max_key_len"])
+        self.gram_len = int(config["gram_len"])
+        self.tokenizer_fingerprint = str(config["tokenizer_fingerprint"])
+        self.tokenizer = str(config.get("tokenizer", ""))
+
+    # -- loading
+
+    @classmethod
+    def load(cls, path: Path | str, verify: bool = True) -> "CorpusCache":
+        """Open an artifact folder (or its ngram.safetensors). `verify` checks every table's
+        shapes, order and hashes (linear in the table size, once)."""
+        path = Path(path).expanduser()
+        st = path / ARTIFACT_FILE if path.is_dir() else path
+        if not st.is_file():
+            raise SpecctlError(f"{path}: not an n-gram cache (no {ARTIFACT_FILE}); "
+                               "make one with `specctl build-cache`")
+        arrays, meta = read_safetensors_mmap(st)
+        try:
+            config = json.loads(meta["config"])
+            kmax, g = int(config["max_key_len"]), int(config["gram_len"])
+            str(config["tokenizer_fingerprint"])
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+            raise SpecctlError(f"{st}: not an n-gram cache (no usable config in its metadata)") from None
+        if int(config.get("format", FORMAT_VERSION)) > FORMAT_VERSION:
+            raise SpecctlError(f"{st}: n-gram cache format {config['format']} is newer than this "
+                               "specctl understands; upgrade specctl")
+        if not (1 <= kmax <= 64 and 1 <= g <= 64):
+            raise SpecctlError(f"{st}: bad max_key_len/gram_len in its config")
+        tables = {}
+        for k in range(1, kmax + 1):
+            try:
+                t = _Table(arrays[f"k{k}.key_hash"], arrays[f"k{k}.keys"], arrays[f"k{k}.offsets"],
+                           arrays[f"k{k}.conts"], arrays[f"k{k}.counts"])
+            except KeyError as e:
+                raise SpecctlError(f"{st}: missing tensor {e.args[0]}") from None
+            _check_table(st, k, g, t, verify)
+            t.finish()
+            tables[k] = t
+        return cls(tables, config, path)
+
+    # -- lookup
+
+    def lookup(self, context: list[int], limit: int = 3) -> list[list[int]]:
+        """Up to `limit` distinct continuations (lists of gram_len token ids) of `context`:
+        longest key first (its last max_key_len tokens, then fewer), within a key higher count
+        first."""
+        out: list[list[int]] = []
+        kmax = min(self.max_key_len, len(context))
+        if limit <= 0 or kmax == 0:
+            return out
+        tail = [int(t) for t in context[-kmax:]]
+        seen: set[tuple[int, ...]] = set()
+        hashes = _suffix_hashes(tail, kmax)
+        for k in range(kmax, 0, -1):
+            t = self.tables[k]
+            hv = t.hv
+            n = len(hv)
+            h = hashes[k - 1]
+            i = bisect_left(hv, h)
+            key = None
+            while i < n and hv[i] == h:
+                if key is None:
+                    key = tail[-k:]
+                if t.keys[i].tolist() == key:
+                    for c in t.conts[t.ov[i]:t.ov[i + 1]].tolist():
+                        tc = tuple(c)
+                        if tc not in seen:
+                            seen.add(tc)
+                            out.append(c)
+                            if len(out) >= limit:
+                                return out
+                    break
+                i += 1
+        return out
+
+    def entries(self, key: list[int]) -> list[tuple[list[int], int]]:
+        """(continuation, count) pairs stored for exactly this key (diagnostics and tests)."""
+        k = len(key)
+        if k not in self.tables:
+            return []
+        t = self.tables[k]
+        key = [int(x) for x in key]
+        h = hash_key(key)
+        i = bisect_left(t.hv, h)
+        while i < len(t.hv) and t.hv[i] == h:
+            if t.keys[i].tolist() == key:
+                a, b = t.ov[i], t.ov[i + 1]
+                return list(zip(t.conts[a:b].tolist(), t.counts[a:b].tolist()))
+            i += 1
+        return []
+
+    def num_keys(self, k: int | None = None) -> int:
+        ks = [k] if k else list(self.tables)
+        return sum(int(self.tables[j].hashes.shape[0]) for j in ks)
+
+    def num_grams(self, k: int | None = None) -> int:
+        ks = [k] if k else list(self.tables)
+        return sum(int(self.tables[j].counts.shape[0]) for j in ks)
+
+    def __repr__(self) -> str:
+        return (f"CorpusCache({self.path}, k<={self.max_key_len}, g={self.gram_len}, "
+                f"{self.num_keys()} keys, {self.num_grams()} grams)")
+
+
+def _check_table(st: Path, k: int, g: int, t: _Table, full: bool) -> None:
+    def bad(what: str):
+        raise SpecctlError(f"{st}: table k={k}: {what}")
+    n = t.hashes.shape[0]
+    if t.hashes.dtype != np.int64 or t.hashes.ndim != 1:
+        bad("key_hash must be int64 [n]")
+    if t.keys.dtype != np.int32 or t.keys.shape != (n, k):
+        bad(f"keys must be int32 [{n}, {k}]")
+    if t.offsets.dtype != np.int64 or t.offsets.shape != (n + 1,):
+        bad(f"offsets must be int64 [{n + 1}]")
+    m = t.counts.shape[0]
+    if t.counts.dtype != np.int32 or t.counts.ndim != 1:
+        bad("counts must be int32 [m]")
+    if t.conts.dtype != np.int32 or t.conts.shape != (m, g):
+        bad(f"conts must be int32 [{m}, {g}]")
+    if int(t.offsets[0]) != 0 or int(t.offsets[-1]) != m:
+        bad("offsets must start at 0 and end at the number of continuations")
+    if not full:
+        return
+    if n and np.any(np.diff(t.offsets) <= 0):
+        bad("offsets must increase (every key has a continuation)")
+    u = t.hashes.view(np.uint64)
+    if n > 1 and np.any(u[1:] < u[:-1]):
+        bad("key hashes are not sorted")
+    if n and not np.array_equal(hash_keys(t.keys), u):
+        bad("key hashes do not match the keys")
+    if (t.keys.size and t.keys.min() < 0) or (t.conts.size and t.conts.min() < 0):
+        bad("negative token ids")
+    if m and t.counts.min() <= 0:
+        bad("counts must be positive")
+
+
+# ---------------------------------------------------------------------------------------------
+# finding the cache for a model
+
+
+def _read_config(path: Path) -> dict:
+    """config.json of an artifact folder (or the metadata of a bare .safetensors)."""
+    path = Path(path)
+    if path.is_dir():
+        cf = path / CONFIG_FILE
+        if cf.is_file():
+            try:
+                cfg = json.loads(cf.read_text(encoding="utf-8"))
+                if isinstance(cfg, dict):
+                    return cfg
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                pass
+            raise SpecctlError(f"{cf}: not valid JSON")
+        path = path / ARTIFACT_FILE
+    if not path.is_file():
+        raise SpecctlError(f"{path}: not an n-gram cache (make one with `specctl build-cache`)")
+    _, meta = read_safetensors_mmap(path)
+    try:
+        return json.loads(meta["config"])
+    except (KeyError, json.JSONDecodeError):
+        raise SpecctlError(f"{path}: not an n-gram cache (no config in its metadata)") from None
+
+
+def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
+                         log: Callable[[str], None] = print) -> Path | None:
+    """The n-gram cache to use with the model in `model_dir`.
+
+    choice None: the newest cache in the store made with this model's tokenizer, or None if
+    there is none. Otherwise `choice` is a path (artifact folder or its .safetensors) or a store
+    id (or unique prefix). A cache made with another tokenizer is a SpecctlError.
+    """
+    fp = tokenizer_fingerprint(model_dir)
+    if choice is None:
+        cands = [e for e in store.entries(KIND)
+                 if e.manifest.get("tokenizer_fingerprint") == fp
+                 and (e.path / ARTIFACT_FILE).is_file()]
+        if not cands:
+            return None
+        best = max(cands, key=lambda e: (str(e.manifest.get("created", "")), e.id))
+        log(f"corpus cache: {KIND}/{best.id}")
+        return best.path
+    p = Path(choice).expanduser()
+    if p.exists():
+        where, path = str(p), p
+    else:
+        e = store.find(choice)
+        if e.kind != KIND:
+            raise SpecctlError(f"{choice!r} is a {e.kind} artifact, not an n-gram cache")
+        where, path = f"{KIND}/{e.id}", e.path
+    cfg = _read_config(path)
+    got = cfg.get("tokenizer_fingerprint")
+    if got != fp:
+        raise SpecctlError(
+            f"n-gram cache {where} was built with another tokenizer "
+            f"({cfg.get('tokenizer', '?')}, fingerprint {str(got)[:12]}) than the model's "
+            f"({tokenizer_name(model_dir)}, {fp[:12]}): build one for this model with "
+            f"`specctl build-cache CORPUS --model {model_dir}`")
+    log(f"corpus cache: {where}")
+    return path
+
+
+def brute_force_table(docs: Iterable[list[int]], max_key_len: int, gram_len: int, top: int,
+                      min_count: int) -> dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]]:
+    """The same tables in plain Python (for tests and small checks):
+    {key: [(continuation, count), ...] highest count first, ties by tokens}."""
+    from collections import Counter
+    counts: Counter = Counter()
+    for d in docs:
+        d = list(d)
+        for k in range(1, max_key_len + 1):
+            for s in range(0, len(d) - k - gram_len + 1):
+                counts[(tuple(d[s:s + k]), tuple(d[s + k:s + k + gram_len]))] += 1
+    by_key: dict = {}
+    for (key, cont), c in counts.items():
+        if c >= min_count:
+            by_key.setdefault(key, []).append((cont, c))
+    return {key: sorted(v, key=lambda x: (-x[1], x[0]))[:top] for key, v in by_key.items()}
