@@ -1,3 +1,6 @@
+"""`python -m specctl ...`, also what `torchrun -m specctl generate ...` runs on every rank."""
+
 from specctl.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,10 @@ Crash safety: every finished request is appended to `runs/<id>/records.jsonl` (f
 fsynced) the moment it finishes, so Ctrl-C or a crash loses nothing already generated; a resumed
 run (same input file contents and settings) skips the requests it already has. The ordered output
 file and metrics are written atomically once all requests are done.
+
+Several processes (torchrun, Slurm: RANK / WORLD_SIZE, see runtime/dist.py) share one run
+directory: rank r appends to `records.rank<r>.jsonl`, rank 0 merges. What a run has done is the
+union of all its record files, so --resume works with any number of processes.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +29,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, read_prompts
 from specctl.models.checkpoint import load_tokenizer, resolve_model
 from specctl.models.loader import load_model
+from specctl.runtime.dist import DistEnv, Group, dist_env, rank_device
 from specctl.runtime.runner import Runner, RunStats
 from specctl.runtime.sequence import Request
 from specctl.spec.drafter import NoDraft
@@ -264,6 +271,11 @@ def find_resumable(store: Store, key: str) -> Path | None:
     return best.path if best else None
 
 
+def _peak_mb(device: torch.device) -> float:
+    return (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
 def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall: float,
             device: torch.device) -> dict:
     good = [l for l in lines if "error" not in l]
@@ -272,8 +284,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     acc = [a for l in good for a in l["accept_lengths"]]
     drafted = sum(sum(l.get("draft_lengths", [])) for l in good)
     ctar = {w: round(sum(a > w for a in acc) / len(acc), 4) if acc else 0.0 for w in range(1, 7)}
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    peak = _peak_mb(device)
     return {
         "method": cfg.method, "batch_size": cfg.batch_size, "requests": len(lines),
         "errors": len(lines) - len(good), "new_tokens": new, "steps": steps,
@@ -291,106 +302,379 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     }
 
 
-def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bool = False,
-                 log: Callable[[str], None] = print, progress=None) -> dict:
-    """Run a whole job; returns {'run_dir', 'out', 'metrics'}.
+# ---------------------------------------------------------------------------------------------
+# several processes (runtime/dist.py): shards, per-rank record files, the merge
 
-    progress: optional object with start(total, done) / advance(n_done) / tokens(n) calls.
-    """
-    in_path = Path(cfg.input)
+
+def record_file(run_dir: Path, env: DistEnv) -> Path:
+    """Where this process appends its finished requests: `records.jsonl` for a single process,
+    `records.rank<r>.jsonl` for rank r of several (each rank appends to its own file only)."""
+    return run_dir / (f"records.rank{env.rank}.jsonl" if env.active else "records.jsonl")
+
+
+def read_all_records(run_dir: Path) -> dict[int, dict]:
+    """The union of a run's record files, whatever world size(s) wrote them: `records.jsonl`
+    and every `records.rank<r>.jsonl`. That union is what a resumed run has done."""
+    done: dict[int, dict] = {}
+    for f in sorted(run_dir.glob("records*.jsonl")):
+        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
+            done.update(_read_records(f))
+    return done
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank r's share of the requests still to do: the k-th goes to rank k % world (round-robin
+    over the requests still missing, in input order). Interleaving balances better than
+    contiguous blocks: inputs are often grouped (MT-bench by category, files by length), and a
+    block of long prompts would hold the whole job back on one rank; the shares differ by at
+    most one request. Computed over what is missing, so a resumed run (any world size) spreads
+    the remaining work evenly."""
+    return items[rank::world]
+
+
+def _ranges(ix: list[int]) -> list[list[int]]:
+    """Sorted ints as [first, last] runs (compact to send between ranks)."""
+    out: list[list[int]] = []
+    for i in ix:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def _unranges(rs: list[list[int]]) -> set[int]:
+    return {i for a, b in rs for i in range(a, b + 1)}
+
+
+def _sum_stats(parts: list[dict]) -> RunStats:
+    """Per-rank RunStats (as dicts) added up: counters summed, histograms merged, so ratios
+    such as the padding ratio come out pooled over every step of every rank."""
+    total = RunStats()
+    for p in parts:
+        for f in fields(RunStats):
+            v = p.get(f.name)
+            cur = getattr(total, f.name)
+            if isinstance(v, dict) and isinstance(cur, dict):
+                for k, c in v.items():
+                    try:
+                        k = int(k)   # JSON made the histogram's int keys strings
+                    except ValueError:
+                        pass
+                    cur[k] = cur.get(k, 0) + c
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                    isinstance(cur, (int, float)):
+                setattr(total, f.name, cur + v)
+    return total
+
+
+def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wall: float,
+                   device: torch.device) -> dict:
+    """One metrics record for a job run by several processes. Per-output numbers (requests,
+    new tokens, steps, mean accepted tokens, acceptance rate, CTAR) come from the merged lines,
+    so they are pooled over every step of every rank, exactly as for one process; tokens/s is
+    the tokens all ranks generated in this invocation over the job's wall time (first rank
+    starting to the last one finishing); step counters are summed; peak memory is the largest
+    rank's. `per_rank` lists each rank's own share."""
+    parts = [r["stats"] for r in ranks if r.get("stats")]
+    m = metrics(cfg, lines, _sum_stats(parts) if parts else None, wall, device)
+    m["peak_memory_mb"] = round(max(r["peak_memory_mb"] for r in ranks), 1)
+    m["world_size"] = len(ranks)
+    m["per_rank"] = []
+    for r in ranks:
+        st = r.get("stats") or {}
+        gen, w = st.get("generated", 0), r["wall_time_s"]
+        padded = st.get("padded_tokens", 0)
+        m["per_rank"].append({
+            "rank": r["rank"], "device": r["device"], "requests": r["requests"],
+            "errors": r["errors"], "generated_tokens": gen, "wall_time_s": round(w, 3),
+            "tokens_per_s": round(gen / w, 3) if w and gen else 0.0,
+            "step_tokens": st.get("step_tokens", 0), "prefill_tokens": st.get("prefill_tokens", 0),
+            "padding_ratio": round(1.0 - st.get("step_tokens", 0) / padded, 4) if padded else 0.0,
+            "peak_memory_mb": round(r["peak_memory_mb"], 1)})
+    return m
+
+
+class _Records:
+    """This process's record file: one JSON line appended, flushed and fsynced per finished
+    request (a torn last line left by a crash is ended first, so nothing is glued onto it)."""
+
+    def __init__(self, path: Path, done: dict[int, dict] | None):
+        self.path, self.done = path, done
+        torn = _torn_tail(path)
+        self.fh = open(path, "a", encoding="utf-8")
+        if torn:
+            self.fh.write("\n")
+
+    def persist(self, line: dict, token_ids=None) -> None:
+        if self.done is not None:
+            self.done[line["index"]] = line
+        self.fh.write(json.dumps({**line, **({"token_ids": token_ids} if token_ids else {})},
+                                 ensure_ascii=False) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def size(self) -> int:
+        self.fh.flush()
+        return os.fstat(self.fh.fileno()).st_size
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class _PeerProgress:
+    """Rank 0's progress bar over the whole job: a thread tails the other ranks' record files
+    (one complete line = one finished request) from where they stood when generation began."""
+
+    def __init__(self, files: dict[Path, int], progress, lock: threading.Lock,
+                 interval: float = 0.5):
+        self.offsets, self.progress, self.lock, self.interval = dict(files), progress, lock, interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="specctl-peer-progress",
+                                       daemon=True)
+
+    def start(self) -> "_PeerProgress":
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> None:
+        for f, off in self.offsets.items():
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(off)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1   # complete lines only; a partial one waits
+            if not end:
+                continue
+            self.offsets[f] = off + end
+            for raw in chunk[:end].splitlines():
+                try:
+                    n = int(json.loads(raw).get("new_tokens") or 0)
+                except (ValueError, AttributeError, TypeError):
+                    continue
+                with self.lock:
+                    self.progress.advance(1)
+                    if n:
+                        self.progress.tokens(n)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.poll()
+
+
+def _read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
     records = read_prompts(in_path, skip_bad=cfg.skip_bad)
     if not cfg.chat:
         for r in records:
             if r.error is None and r.raw_prompt is None:
                 raise SpecctlError(f"{in_path}:{r.line_no}: --no-chat needs a 'prompt' line "
                                    "(messages and turns need the chat template)")
-    input_sha = file_sha256(in_path)
-    model_dir = resolve_model(cfg.model, store, log=log)
-    tk = Tokenization(model_dir, cfg.chat)
-    model = load_model(model_dir, cfg.device, cfg.dtype)
-    drafter = make_drafter(cfg, model, model_dir, store, log)
-    # the same run = same input, settings, model and method artifact (e.g. the skip set used)
-    key = cfg.key(input_sha + str(model_dir) + drafter.signature())
-    run_dir = find_resumable(store, key) if resume else None
-    if resume and run_dir is None:
-        log("no earlier run with this input and these settings; starting a new one")
+    return records
+
+
+def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bool = False,
+                 log: Callable[[str], None] = print, progress=None) -> dict:
+    """Run a whole job; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}.
+
+    progress: optional object with start(total, done) / advance(n_done) / tokens(n) calls.
+
+    Under a launcher that sets RANK / WORLD_SIZE (torchrun, Slurm; see runtime/dist.py) every
+    process calls this with the same arguments and the processes make one job: rank 0 opens the
+    run (new, or the one --resume finds) and tells the others its id and which requests are
+    done; each rank generates its `shard` of the rest on its own device and appends to its own
+    `records.rank<r>.jsonl` in the same run directory; after a barrier rank 0 merges the union of
+    all record files into the ordered output and one metrics record. Only rank 0 logs, shows
+    progress and writes `out`; the other ranks return metrics None.
+    """
+    grp = Group(dist_env()).start()
+    try:
+        return _run_generate(cfg, store, out, resume, log, progress, grp)
+    finally:
+        grp.close()
+
+
+def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bool,
+                  log: Callable[[str], None], progress, grp: Group) -> dict:
+    env = grp.env
+    lead = env.rank == 0
+    say = log if lead else (lambda msg: None)
+    if not lead:
+        progress = None
+    in_path = Path(cfg.input)
+    # Every phase runs under try and ends in grp.check: if any rank failed, all ranks stop there
+    # (one process: the error is simply raised). Rank 0 goes first, so that a model download or
+    # a bad input line happens and is reported once.
+    err = records = model_dir = None
+    if lead:
+        try:
+            records = _read_input(cfg, in_path)
+            model_dir = resolve_model(cfg.model, store, log=say)
+        except Exception as e:
+            err = e
+    grp.check(err)
+
+    err = None
+    try:
+        if not lead:
+            records = _read_input(cfg, in_path)
+            model_dir = resolve_model(cfg.model, store, log=say)
+        input_sha = file_sha256(in_path)
+        tk = Tokenization(model_dir, cfg.chat)
+        device = rank_device(cfg.device, env)
+        if env.active and device.startswith("cuda:"):
+            torch.cuda.set_device(torch.device(device))
+        model = load_model(model_dir, device, cfg.dtype)
+        drafter = make_drafter(cfg, model, model_dir, store, say)
+        # the same run = same input, settings, model and method artifact (e.g. the skip set used)
+        key = cfg.key(input_sha + str(model_dir) + drafter.signature())
+    except Exception as e:
+        err = e
+    grp.check(err)
+    if env.active:   # the model path may differ between nodes; everything else must not
+        same = cfg.key(input_sha + drafter.signature())
+        grp.check(SpecctlError("the ranks disagree on the input file contents, the options or the "
+                               "method's artifact: every rank must get the same command line and "
+                               "see the same files") if len(set(grp.gather(same))) > 1 else None)
+
+    done: dict[int, dict] = {}
+    opened, err = None, None
+    if lead:
+        try:
+            run_dir = find_resumable(store, key) if resume else None
+            if resume and run_dir is None:
+                say("no earlier run with this input and these settings; starting a new one")
+            done = read_all_records(run_dir) if run_dir else {}
+            if run_dir is None:
+                run_id = new_id(f"{cfg.method}-")
+                run_dir = store.path("runs", run_id)
+                run_dir.mkdir(parents=True)
+                atomic_write_json(run_dir / "manifest.json", make_manifest(
+                    "run", run_id, key=key, input=str(in_path.resolve()), input_sha256=input_sha,
+                    model=str(model_dir), config=asdict(cfg)))
+            if done:
+                say(f"resuming {run_dir.name}: {len(done)} of {len(records)} requests already "
+                    "done")
+            opened = {"id": run_dir.name, "done": _ranges(sorted(done))}
+        except Exception as e:
+            err = e
+    grp.check(err)
+    opened = grp.broadcast(opened)
     if model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     ctx = model.cfg.max_position
 
-    done = _read_records(run_dir / "records.jsonl") if run_dir else {}
-    if run_dir is None:
-        run_id = new_id(f"{cfg.method}-")
-        run_dir = store.path("runs", run_id)
-        run_dir.mkdir(parents=True)
-        atomic_write_json(run_dir / "manifest.json", make_manifest(
-            "run", run_id, key=key, input=str(in_path.resolve()), input_sha256=input_sha,
-            model=str(model_dir), config=asdict(cfg)))
-    if done:
-        log(f"resuming {run_dir.name}: {len(done)} of {len(records)} requests already done")
-
-    requests, errors = [], []
-    for rec in records:
-        if rec.index in done:
-            continue
-        if rec.error is not None:
-            errors.append({**_meta(rec), "error": rec.error})
-            continue
-        req = Request(rec.index, [list(s) for s in rec.turns], rec.max_tokens or cfg.max_tokens,
-                      rec.raw_prompt, _meta(rec))
-        n, rows = kv_rows(tk, req)
-        if n >= ctx:
-            msg = (f"{in_path}:{rec.line_no}: prompt is {n} tokens, longer than the model's "
-                   f"context ({ctx})")
-            if not cfg.skip_bad:
-                raise SpecctlError(msg + " (use --skip-bad to record it and go on)")
-            errors.append({**_meta(rec), "error": msg})
-            continue
-        requests.append((req, rows))
+    err, writer, requests, errors = None, None, [], []
+    try:
+        run_dir = store.path("runs", opened["id"])
+        if not lead and not (run_dir / "manifest.json").is_file():
+            raise SpecctlError(f"rank {env.rank} cannot see {run_dir}, which rank 0 created: with "
+                               "several nodes the store (--store or $SPECCTL_HOME) must be on a "
+                               "filesystem all nodes share")
+        done_ix = set(done) if lead else _unranges(opened["done"])
+        todo = [r for r in records if r.index not in done_ix]
+        # bad lines cost nothing: rank 0 records them all; real requests are sharded
+        good = shard([r for r in todo if r.error is None], env.rank, env.world)
+        mine = sorted(good + ([r for r in todo if r.error is not None] if lead else []),
+                      key=lambda r: r.index)
+        for rec in mine:
+            if rec.error is not None:
+                errors.append({**_meta(rec), "error": rec.error})
+                continue
+            req = Request(rec.index, [list(s) for s in rec.turns],
+                          rec.max_tokens or cfg.max_tokens, rec.raw_prompt, _meta(rec))
+            n, rows = kv_rows(tk, req)
+            if n >= ctx:
+                msg = (f"{in_path}:{rec.line_no}: prompt is {n} tokens, longer than the model's "
+                       f"context ({ctx})")
+                if not cfg.skip_bad:
+                    raise SpecctlError(msg + " (use --skip-bad to record it and go on)")
+                errors.append({**_meta(rec), "error": msg})
+                continue
+            requests.append((req, rows))
+        writer = _Records(record_file(run_dir, env), done if lead else None)
+        for e in errors:
+            writer.persist(e)
+        plan = {"requests": len(requests), "errors": len(errors), "offset": writer.size()}
+    except Exception as e:
+        err = e
+        if writer is not None:
+            writer.close()
+    grp.check(err)
+    plans = grp.gather(plan)
     max_len = min(ctx, max((rows for _, rows in requests), default=16) + 32)
+    if env.active:
+        n = [p["requests"] for p in plans]
+        say(f"{env.world} processes: {sum(n)} requests to generate, {min(n)} to {max(n)} per rank")
 
-    rec_file = run_dir / "records.jsonl"
-    torn = _torn_tail(rec_file)
-    fh = open(rec_file, "a", encoding="utf-8")
-    if torn:   # end a line torn by a crash, so the next record is not glued onto it
-        fh.write("\n")
-
-    def persist(line: dict, token_ids=None) -> None:
-        done[line["index"]] = line
-        fh.write(json.dumps({**line, **({"token_ids": token_ids} if token_ids else {})},
-                            ensure_ascii=False) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-
-    for e in errors:
-        persist(e)
-    stats = None
+    lock = threading.Lock()
+    peers = None
+    if progress and env.active:
+        peers = _PeerProgress({record_file(run_dir, DistEnv(r, env.world, r)): p["offset"]
+                               for r, p in enumerate(plans) if r != env.rank}, progress, lock)
+    stats, err = None, None
     t0 = time.perf_counter()
     try:
         if progress:
-            progress.start(len(records), len(done))
+            progress.start(len(records), len(done_ix) + sum(p["errors"] for p in plans))
+        if peers:
+            peers.start()
         if requests:
             runner = Runner(model, drafter, cfg.sampling(), batch_size=cfg.batch_size,
                             max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
                             decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
 
             def on_done(req: Request) -> None:
-                persist(output_line(req), req.answer_ids)
+                writer.persist(output_line(req), req.answer_ids)
                 if progress:
-                    progress.advance(1)
+                    with lock:
+                        progress.advance(1)
 
-            stats = runner.run([r for r, _ in requests], on_done,
-                               on_tokens=progress.tokens if progress else None)
+            on_tokens = None
+            if progress:
+                def on_tokens(n: int) -> None:
+                    with lock:
+                        progress.tokens(n)
+
+            stats = runner.run([r for r, _ in requests], on_done, on_tokens=on_tokens)
+    except Exception as e:
+        err = e
     finally:
-        fh.close()
+        writer.close()
+        if peers:
+            peers.stop()
+    mine_wall = time.perf_counter() - t0
+    grp.check(err)   # the barrier: every rank has finished its shard (or the job stops here)
     wall = time.perf_counter() - t0
+    ranks = grp.gather({"rank": env.rank, "device": str(model.device), "requests": len(requests),
+                        "errors": len(errors), "stats": asdict(stats) if stats else None,
+                        "wall_time_s": mine_wall, "peak_memory_mb": _peak_mb(model.device)})
+    if not lead:
+        return {"run_dir": run_dir, "out": None, "metrics": None, "rank": env.rank,
+                "world_size": env.world}
+
+    if env.active:
+        # the ranks started together (right after the last gather); the job lasted until the
+        # slowest one finished: rank 0's own view of that, or a rank's own clock if longer
+        wall = max([wall] + [r["wall_time_s"] for r in ranks])
+        done = read_all_records(run_dir)
     lines = [{k: v for k, v in done[i].items() if k != "token_ids"} for i in sorted(done)]
     text = "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines)
     atomic_write_text(run_dir / "outputs.jsonl", text)
-    m = metrics(cfg, [done[i] for i in sorted(done) if done[i].get("index") is not None],
-                stats, wall, model.device)
+    merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
+    if env.active:
+        m = merged_metrics(cfg, merged, ranks, wall, model.device)
+    else:
+        m = metrics(cfg, merged, stats, wall, model.device)
     m["model"] = str(model_dir)
     atomic_write_json(run_dir / "metrics.json", m)
     if out is not None:
         atomic_write_text(out, text)
-    return {"run_dir": run_dir, "out": out, "metrics": m}
+    return {"run_dir": run_dir, "out": out, "metrics": m, "rank": env.rank,
+            "world_size": env.world}

@@ -3,7 +3,8 @@
 Layout under the root (`$SPECCTL_HOME`, default `~/.cache/specctl`, or `--store`):
 
     models/<name>/            converted checkpoints (config.json, model.safetensors, tokenizer)
-    runs/<run-id>/            one `generate` run: manifest.json, config.json, records.jsonl,
+    runs/<run-id>/            one `generate` run: manifest.json, config.json, records.jsonl
+                              (records.rank<r>.jsonl per process of a multi-process run),
                               outputs.jsonl, metrics.json
     benches/<bench-id>/       one `bench` run: manifest.json, results.json, table.md (+ plots)
     <kind>/<id>/              other artifacts (skip sets, adapters, n-gram caches), keyed by what
