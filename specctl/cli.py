@@ -425,6 +425,7 @@ def train_adapter(
 
 @app.command("build-cache", epilog="Examples:\n\n  specctl build-cache OANC_GrAF.zip\n\n"
                                     "  specctl build-cache ~/corpora/OANC-GrAF --workers 2\n\n"
+                                    "  specctl build-cache demo   (real English text from PyPI, ~0.47M words)\n\n"
                                     "  specctl build-cache notes/ extra.txt web.jsonl --model ./my-llama "
                                     "--name my-cache\n\n"
                                     "The OANC (OANC_GrAF.zip, 14.6M words) is at https://anc.org/data/oanc/ "
@@ -434,7 +435,8 @@ def train_adapter(
 def build_cache(
     corpus: list[Path] = typer.Argument(None, help="OANC_GrAF.zip or its OANC-GrAF folder, other "
                                         "zips/folders of .txt files, .txt(.gz/.bz2) files, JSONL "
-                                        "with a 'text' field (default: the OANC in <store>/data)."),
+                                        "with a 'text' field, or 'demo' (default: the OANC in "
+                                        "<store>/data)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model or tokenizer folder "
                                         "whose tokenizer the cache is for (default: the demo model)."),
     max_key_len: int = typer.Option(4, "--max-key-len", help="Keys are the last 1..K tokens."),

