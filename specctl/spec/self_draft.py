@@ -103,9 +103,11 @@ class ContextCache:
         return sum(len(q) for q in self.grams.values())
 
 
-def build_trie(candidates: list[list[int]], budget: int) -> DraftTree:
+def build_trie(candidates: list[list[int]], budget: int,
+               sizes: list[int] | None = None) -> DraftTree:
     """Candidates (in priority order) merged into a tree below the root, at most `budget` nodes
-    (a candidate that does not fit is cut; a prefix of a candidate is still a valid draft)."""
+    (a candidate that does not fit is cut; a prefix of a candidate is still a valid draft).
+    `sizes`, if given, receives the node count after each candidate."""
     tokens: list[int] = []
     parents: list[int] = []
     child: dict[tuple[int, int], int] = {}   # (parent node, token) -> node
@@ -120,6 +122,8 @@ def build_trie(candidates: list[list[int]], budget: int) -> DraftTree:
                 tokens.append(t)
                 parents.append(at)
             at = nxt
+        if sizes is not None:
+            sizes.append(len(tokens))
     return DraftTree(tokens, parents)
 
 
@@ -182,7 +186,9 @@ class SelfDraftDrafter(Drafter):
                 cands.append(list(c))
         n_ctx = len(cands)
         if self.corpus is not None and p.corpus_cands:
-            tail = (seq.prompt_ids + seq.out_ids)[-8:]
+            tail = seq.out_ids[-8:]
+            if len(tail) < 8:
+                tail = seq.prompt_ids[len(tail) - 8:] + tail
             for c in self.corpus.lookup(tail, p.corpus_cands):
                 c = tuple(c)
                 if c not in seen:
@@ -193,15 +199,11 @@ class SelfDraftDrafter(Drafter):
     def propose(self, seqs, kv, room) -> None:
         for s, r in zip(seqs, room):
             cands, n_ctx = self.candidates(s)
-            s.draft = build_trie(cands, max(r, 0))
-            s.state["n_ctx_nodes"] = self._ctx_nodes(cands, n_ctx, len(s.draft))
+            sizes: list[int] = []
+            s.draft = build_trie(cands, max(r, 0), sizes)
+            # nodes made by the context-cache candidates (they come first in the trie)
+            s.state["n_ctx_nodes"] = sizes[n_ctx - 1] if n_ctx else 0
             s.probe = branch_probe(s.state["branches"]) if self.prm.branches else None
-
-    @staticmethod
-    def _ctx_nodes(cands, n_ctx, n_nodes) -> int:
-        """Nodes created by context-cache candidates (they come first in the trie)."""
-        trie = build_trie(cands[:n_ctx], n_nodes)
-        return len(trie)
 
     def observe(self, seqs, verdicts) -> None:
         p = self.prm
