@@ -280,14 +280,16 @@ def expected_speedup(top1: float, l: int, profile, gamma: int) -> float:
 
 def sweep_exit_layer(model, tok, conversations, cfg: TrainConfig, work: Path, profile,
                      log=print) -> tuple[int, list[dict]]:
-    """`--exit-layer auto`: train a short adapter (1 epoch on `sweep_conversations`
-    conversations) at each candidate layer, measure its held-out top-1 agreement, price it with
+    """`--exit-layer auto`: train a short adapter (2 epochs of 1024-token batches on
+    `sweep_conversations` conversations) at each candidate layer, measure its held-out top-1 agreement, price it with
     expected_speedup, keep the best. Returns (layer, the table)."""
     from dataclasses import replace
     sub = conversations[:cfg.sweep_conversations]
     table = []
     for l in exit_layer_candidates(model.cfg.num_layers):
-        c = replace(cfg, exit_layer=l, epochs=1, checkpoint_every=10**9)
+        # enough optimizer steps to separate the layers: 2 epochs of small batches
+        c = replace(cfg, exit_layer=l, epochs=2, batch_tokens=min(cfg.batch_tokens, 1024),
+                    checkpoint_every=10**9)
         _, summ = train(model, tok, sub, c, work / f"sweep-l{l}", False, None, lambda *_: None)
         est = expected_speedup(summ["heldout_top1"], l, profile, cfg.gamma)
         table.append({"exit_layer": l, "heldout_top1": summ["heldout_top1"],
