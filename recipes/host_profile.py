@@ -1,0 +1,107 @@
+"""What a decoding step costs on the host, per method and batch size (issue: the GPU fast path).
+
+    python recipes/host_profile.py [--methods ar,draft-verify,kangaroo,self-draft]
+                                   [--batch-sizes 1,8,32] [--prompts 16] [--max-tokens 64]
+                                   [--device cpu|cuda] [--store DIR]
+
+Runs each method through the one Runner on real ShareGPT first turns and splits every step's
+wall time into model forwards (the verify forward and any draft forwards, synchronized on CUDA)
+and everything else: the host's share (drafting logic, n-gram lookups, tree and mask assembly,
+input tensors, verification, KV commit, bookkeeping). On a GPU the host share is serial with
+the launches, so it is what a method must keep small. Prints one markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from specctl.runtime import job
+from specctl.runtime.runner import Runner
+from specctl.runtime.sequence import Request
+from specctl.store import Store
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--methods", default="ar,draft-verify,kangaroo,self-draft")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--store", default=None)
+    a = ap.parse_args()
+    store = Store(a.store)
+    from specctl.io.sharegpt import first_human_turns
+    from specctl.models.checkpoint import resolve_model
+    from specctl.models.loader import load_model
+    model_dir = resolve_model(None, store)
+    model = load_model(model_dir, a.device)
+    tk = job.Tokenization(model_dir, chat=True)
+    texts = first_human_turns(a.prompts, store)
+    cuda = model.device.type == "cuda"
+
+    fwd = {"t": 0.0, "depth": 0}
+
+    def timed(fn):
+        def wrapper(*args, **kw):   # only the outermost call counts (forward_logits nests)
+            fwd["depth"] += 1
+            if fwd["depth"] == 1:
+                if cuda:
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                if fwd["depth"] == 1:
+                    if cuda:
+                        torch.cuda.synchronize()
+                    fwd["t"] += time.perf_counter() - t
+                fwd["depth"] -= 1
+        return wrapper
+    model.forward = timed(model.forward)
+    model.forward_logits = timed(model.forward_logits)
+    model.logits = timed(model.logits)
+
+    print("| method | batch | steps | ms/step | forwards ms/step | host ms/step | host share |")
+    print("|---|---|---|---|---|---|---|")
+    for m in a.methods.split(","):
+        for b in [int(x) for x in a.batch_sizes.split(",")]:
+            cfg = job.GenerateConfig(input="x", method=m, batch_size=b, max_tokens=a.max_tokens)
+            try:
+                drafter = job.make_drafter(cfg, model, model_dir, store, lambda *_: None)
+            except Exception as e:   # a missing artifact: say so and go on
+                print(f"| {m} | {b} | skipped: {e} |||||")
+                continue
+            if hasattr(drafter, "adapter"):   # kangaroo's adapter forward is model compute
+                drafter.adapter.step = timed(drafter.adapter.step)
+            runner = Runner(model, drafter, cfg.sampling(), batch_size=b, max_len=1024,
+                            eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode)
+            reqs = [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
+                    for i, t in enumerate(texts)]
+            step_t = {"t": 0.0, "n": 0, "fwd": 0.0}
+            inner = runner.step
+
+            def step(seqs):
+                f0 = fwd["t"]
+                t = time.perf_counter()
+                inner(seqs)
+                if cuda:
+                    torch.cuda.synchronize()
+                step_t["t"] += time.perf_counter() - t
+                step_t["fwd"] += fwd["t"] - f0
+                step_t["n"] += 1
+            runner.step = step
+            runner.run(reqs[:b], lambda r: None)          # warm-up (graphs, allocator)
+            step_t.update(t=0.0, n=0, fwd=0.0)
+            runner.run(reqs, lambda r: None)
+            n = max(step_t["n"], 1)
+            tot, f = step_t["t"] / n * 1e3, step_t["fwd"] / n * 1e3
+            print(f"| {m} | {b} | {step_t['n']} | {tot:.2f} | {f:.2f} | {tot - f:.2f} | "
+                  f"{(tot - f) / tot:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
