@@ -79,8 +79,9 @@ def main() -> None:
                 drafter.adapter.step = timed(drafter.adapter.step)
             runner = Runner(model, drafter, cfg.sampling(), batch_size=b, max_len=1024,
                             eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode)
-            reqs = [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
-                    for i, t in enumerate(texts)]
+            def reqs():
+                return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
+                        for i, t in enumerate(texts)]
             step_t = {"t": 0.0, "n": 0, "fwd": 0.0}
             inner = runner.step
 
@@ -94,9 +95,9 @@ def main() -> None:
                 step_t["fwd"] += fwd["t"] - f0
                 step_t["n"] += 1
             runner.step = step
-            runner.run(reqs[:b], lambda r: None)          # warm-up (graphs, allocator)
+            runner.run(reqs()[:b], lambda r: None)          # warm-up (graphs, allocator)
             step_t.update(t=0.0, n=0, fwd=0.0)
-            runner.run(reqs, lambda r: None)
+            runner.run(reqs(), lambda r: None)
             n = max(step_t["n"], 1)
             tot, f = step_t["t"] / n * 1e3, step_t["fwd"] / n * 1e3
             print(f"| {m} | {b} | {step_t['n']} | {tot:.2f} | {f:.2f} | {tot - f:.2f} | "

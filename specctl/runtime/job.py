@@ -192,7 +192,8 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                     "(build one with `specctl build-cache`); drafting from the context cache only")
             else:
                 corpus, cid = CorpusCache.load(path), Path(path).name
-                log(f"self-draft: corpus cache {path}")
+                if cfg.corpus_cache:   # (the resolver names the one it picks by itself)
+                    log(f"self-draft: corpus cache {path}")
         return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")

@@ -201,16 +201,12 @@ class Runner:
             batch = ForwardBatch(self._pad_chains(inputs), self.model.device)
             logits = self.model.forward_logits(batch, kv)               # [T, V]
         cu = batch.cu_seqlens
-        if any(probes):
-            rows = [i for b in range(len(seqs)) for i in range(cu[b] + real[b],
-                                                                 cu[b] + real[b] + probes[b])]
-            pred = logits[rows].argmax(-1).tolist()
-            at = 0
-            for s, n in zip(seqs, probes):
-                s.probe_out, at = pred[at:at + n], at + n
-        if self.sp.greedy:
-            target = logits.argmax(-1).tolist()
-        else:
+        if self.sp.greedy or any(probes):
+            target = logits.argmax(-1).tolist()   # one read-back for verification and probes
+        for b, s in enumerate(seqs):
+            if probes[b]:
+                s.probe_out = target[cu[b] + real[b]:cu[b] + real[b] + probes[b]]
+        if not self.sp.greedy:
             vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
             probs = warp(logits[vrows], self.sp).cpu()
             vcu = [0]
