@@ -2,9 +2,12 @@
 # The GPU benchmark (issue 7): run on the lent GPU machine after staging the demo model as
 # ../shared/GPU.md says (tools/stage-device.sh, two calls), from the repository root:
 #   bash recipes/gpu_bench.sh GGUF PROMPTS.jsonl [SKIPSET.json] [OUTDIR]
+# Optional artifacts built on a CPU beforehand and carried along (the device has no internet):
+#   ADAPTER=DIR (a train-adapter output), CORPUS=DIR (a build-cache output)
 # It converts the GGUF into a fresh store (specctl models pull --from), runs the GPU tests, then
-# `specctl bench` for ar, draft-verify (when a skip set is given) and the HF peers at batch 1, 8
-# and 32 (bf16), and writes the table (bench.md) and results into OUTDIR.
+# `specctl bench` for ar, every method whose artifact is there, the Self-Draft ablations and the
+# HF peers (eager, prompt lookup, static-cache compiled) at batch 1, 8 and 32 (bf16), the host
+# profile, and writes the table (bench.md) and results into OUTDIR.
 set -euo pipefail
 gguf=$1; prompts=$2; skip=${3:-}; out=${4:-gpu-bench}
 mkdir -p "$out"
@@ -13,10 +16,16 @@ py=${PYTHON:-python3}
 $py -m specctl models pull --from "$gguf"
 $py -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider > "$out/gpu-tests.txt" 2>&1 || true
 tail -5 "$out/gpu-tests.txt"
-methods=ar,hf,hf-prompt-lookup
+methods=ar
 extra=()
-if [ -n "$skip" ]; then methods=ar,draft-verify,hf,hf-prompt-lookup; extra=(--skip-set "$skip"); fi
+if [ -n "$skip" ]; then methods=$methods,draft-verify; extra+=(--skip-set "$skip"); fi
+if [ -n "${ADAPTER:-}" ]; then methods=$methods,kangaroo; extra+=(--adapter "$ADAPTER"); fi
+if [ -n "${CORPUS:-}" ]; then extra+=(--corpus-cache "$CORPUS"); else extra+=(--corpus-cache none); fi
+methods=$methods,self-draft,self-draft:no-corpus,self-draft:no-context,hf,hf-static,hf-prompt-lookup
 methods=${METHODS:-$methods}
-$py -m specctl bench "$prompts" --methods "$methods" --batch-sizes 1,8,32 \
-    --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup 2 -q "${extra[@]}"
-$py -m specctl report --md "$out/bench.md" --plots "$out"
+$py -m specctl bench "$prompts" --methods "$methods" --batch-sizes "${BATCH_SIZES:-1,8,32}" \
+    --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup 2 -q "${extra[@]}" \
+    2>&1 | tee "$out/bench.log"
+$py -m specctl report --md "$out/bench.md" --plots "$out" || $py -m specctl report --md "$out/bench.md"
+$py recipes/host_profile.py --methods ar,self-draft --batch-sizes 1,8,32 --prompts 16 \
+    --max-tokens 64 --device cuda 2>&1 | tee "$out/host-profile.md" || true
