@@ -27,5 +27,5 @@ $py -m specctl bench "$prompts" --methods "$methods" --batch-sizes "${BATCH_SIZE
     --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup 2 -q "${extra[@]}" \
     2>&1 | tee "$out/bench.log"
 $py -m specctl report --md "$out/bench.md" --plots "$out" || $py -m specctl report --md "$out/bench.md"
-$py recipes/host_profile.py --methods ar,self-draft --batch-sizes 1,8,32 --prompts 16 \
+$py recipes/host_profile.py --input "$prompts" --methods ar,self-draft --batch-sizes 1,8,32 --prompts 16 \
     --max-tokens 64 --device cuda 2>&1 | tee "$out/host-profile.md" || true

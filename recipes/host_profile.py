@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--store", default=None)
+    ap.add_argument("--input", default=None, help="JSONL prompts (default: ShareGPT first turns)")
     a = ap.parse_args()
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
@@ -40,7 +41,11 @@ def main() -> None:
     model_dir = resolve_model(None, store)
     model = load_model(model_dir, a.device)
     tk = job.Tokenization(model_dir, chat=True)
-    texts = first_human_turns(a.prompts, store)
+    if a.input:
+        from specctl.io.prompts import read_prompts
+        texts = [r.turns[0][-1]["content"] for r in read_prompts(a.input)][:a.prompts]
+    else:
+        texts = first_human_turns(a.prompts, store)
     cuda = model.device.type == "cuda"
 
     fwd = {"t": 0.0, "depth": 0}
