@@ -82,3 +82,18 @@ def random_prompts(n: int, seed: int = 0, max_len: int = 30) -> list[list[int]]:
     import random
     rnd = random.Random(seed)
     return [[rnd.randrange(3, 300) for _ in range(rnd.randrange(3, max_len))] for _ in range(n)]
+
+
+def fails(r, *needles) -> str:
+    """Non-zero exit through the CLI's error printer: exactly one `error:` line naming the
+    needles, and no traceback (an uncaught exception would show up as r.exception)."""
+    assert r.exit_code != 0, r.output
+    assert isinstance(r.exception, SystemExit), repr(r.exception)
+    assert "Traceback" not in r.output
+    if r.stderr_bytes is not None:
+        assert "Traceback" not in r.stderr
+    errs = [l for l in r.output.splitlines() if l.startswith("error:")]
+    assert len(errs) == 1, r.output
+    for n in needles:
+        assert n in errs[0], errs[0]
+    return errs[0]

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specctl.runtime.job as job
+from helpers import fails
 from specctl.bench import compare, spread
 from specctl.cli import app
 from specctl.spec.draft_verify import SkipSet
@@ -42,17 +43,6 @@ def ok(r):
     assert r.exit_code == 0, r.output
     assert r.exception is None, r.exception
     return r
-
-
-def fails(r, *needles) -> str:
-    assert r.exit_code != 0, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output
-    errs = [l for l in r.output.splitlines() if l.startswith("error:")]
-    assert len(errs) == 1, r.output
-    for n in needles:
-        assert n in errs[0], errs[0]
-    return errs[0]
 
 
 def benches(store: Path) -> list[Path]:

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from helpers import fails
 from specctl.cli import app
 from specctl.errors import SpecctlError
 from specctl.prep.build_cache_cmd import BuildCacheConfig, run_build_cache
@@ -436,17 +437,6 @@ def test_newest_matching_cache_wins(tok_dir, tmp_path, oanc_tree):
 
 def invoke(*args):
     return runner.invoke(app, [str(a) for a in args])
-
-
-def fails(r, *needles) -> str:
-    assert r.exit_code != 0, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output
-    errs = [l for l in r.output.splitlines() if l.startswith("error:")]
-    assert len(errs) == 1, r.output
-    for n in needles:
-        assert n in errs[0], errs[0]
-    return errs[0]
 
 
 def test_cli_end_to_end(tmp_path, oanc_zip, tok_dir):

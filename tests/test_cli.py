@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specctl.runtime.job as job
+from helpers import fails
 from specctl.cli import app
 
 runner = CliRunner(env={"COLUMNS": "200"})
@@ -59,21 +60,6 @@ def ok(r):
     assert r.exception is None, r.exception
     assert "Traceback" not in r.output
     return r
-
-
-def fails(r, *needles) -> str:
-    """Non-zero exit through the CLI's error printer: exactly one `error:` line naming the
-    needles, and no traceback (an uncaught exception would show up as r.exception)."""
-    assert r.exit_code != 0, r.output
-    assert isinstance(r.exception, SystemExit), repr(r.exception)
-    assert "Traceback" not in r.output
-    if r.stderr_bytes is not None:
-        assert "Traceback" not in r.stderr
-    errs = [l for l in r.output.splitlines() if l.startswith("error:")]
-    assert len(errs) == 1, r.output
-    for n in needles:
-        assert n in errs[0], errs[0]
-    return errs[0]
 
 
 def run_dirs(store: Path) -> list[Path]:
