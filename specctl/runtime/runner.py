@@ -69,7 +69,12 @@ class Runner:
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
         self.render, self.decode = render, decode
         self.prefill_chunk = prefill_chunk
-        self.kv = model.new_kv_cache(batch_size, max_len + drafter.kv_headroom)
+        headroom = drafter.kv_headroom
+        if model.graphs is not None:
+            # one cache shape for every method, so runs of different methods (a bench's
+            # round-robin) keep replaying the same captured graphs instead of re-capturing
+            headroom = max(headroom, model.graphs.max_n)
+        self.kv = model.new_kv_cache(batch_size, max_len + headroom)
         self.stats = RunStats()
 
     # -- the loop ---------------------------------------------------------------------------
