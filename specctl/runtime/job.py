@@ -196,7 +196,8 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                     log(f"self-draft: corpus cache {path}")
         if model.device.type == "cpu" and prm.branches:
             log("self-draft: on a CPU the ~90 extra branch and candidate tokens per sequence and "
-                "step cost real compute (0.2-0.5x of ar on a 2-core CPU, see README); it pays on a GPU")
+                "step cost real compute (0.2-0.5x of ar on a 2-core CPU, see README); "
+                "it pays on a GPU")
         return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
