@@ -70,6 +70,9 @@ NoCorpusOpt = typer.Option(False, "--no-corpus-cache", help="Ablation: no corpus
                            rich_help_panel=_SD)
 NoContextOpt = typer.Option(False, "--no-context-cache", help="Ablation: no context-cache "
                             "candidates (branches still run).", rich_help_panel=_SD)
+PromptGramsOpt = typer.Option(False, "--prompt-grams", help="Also seed the context cache with the "
+                              "prompt's grams (a specctl addition, not in the paper).",
+                              rich_help_panel=_SD)
 
 
 def friendly(fn):
@@ -163,6 +166,7 @@ def generate(
     corpus_cands: int = CorpusCandsOpt,
     no_corpus_cache: bool = NoCorpusOpt,
     no_context_cache: bool = NoContextOpt,
+    prompt_grams: bool = PromptGramsOpt,
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
                                           "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
@@ -181,7 +185,8 @@ def generate(
                          corpus_cache="none" if p["no_corpus_cache"] else p["corpus_cache"],
                          branches=p["branches"], branch_len=p["branch_len"], gram=p["gram"],
                          context_cands=p["context_cands"], corpus_cands=p["corpus_cands"],
-                         context_cache=not p["no_context_cache"], **extra)
+                         context_cache=not p["no_context_cache"],
+                         prompt_grams=p["prompt_grams"], **extra)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -314,8 +319,8 @@ def bench(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
     methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
-                                "hf, hf-prompt-lookup, hf-static (CUDA); ablations self-draft:no-corpus, "
-                                "self-draft:no-context."),
+                                "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
+                                "self-draft:no-context, self-draft:prompt-grams."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),

@@ -43,7 +43,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
                        "heldout": _num, "seed": (int,)},
     "self-draft": {"corpus_cache": (str,), "branches": (int,), "branch_len": (int,),
                    "gram": (int,), "context_cands": (int,), "corpus_cands": (int,),
-                   "context_cache": (bool,)},
+                   "context_cache": (bool,), "prompt_grams": (bool,)},
     "self-draft.build-cache": {"corpus": (list,), "max_key_len": (int,), "gram_len": (int,),
                                "top": (int,), "min_count": (int,), "workers": (int,),
                                "name": (str,)},

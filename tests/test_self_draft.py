@@ -271,3 +271,17 @@ def test_graph_forward_math_on_cpu(model):
                          torch.tensor(b.seq_slots + [kv.scratch]),
                          torch.tensor(b.prefix_lens + [0]), local)
         torch.testing.assert_close(out[:3 * k], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
+    prompts = [[5, 6, 7, 8, 9, 10, 11] * 3 + [40, 41], [20, 21, 22, 23, 24] * 4]
+    ref, _ = run_ids(model, prompts, batch_size=2, max_tokens=24)
+    dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
+    s = Sequence(Request(0, [[]], 8), prompts[0], 0)
+    dr.admit(s)
+    assert dr.ctx.get(5, 10) == [(6, 7, 8, 9)] and dr.ctx.get(10, 10) == [(11, 5, 6, 7)]
+    assert "-pg" in dr.signature()
+    dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
+    got, _ = run_ids(model, prompts, batch_size=2, max_tokens=24, drafter=dr)
+    assert got == ref
+    assert len(SelfDraftDrafter(SelfDraftParams(prompt_grams=False), None).ctx) == 0

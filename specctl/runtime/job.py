@@ -39,7 +39,8 @@ from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha2
 METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
 # named ablations a benchmark can run beside the method itself ("self-draft:no-corpus")
 VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
-                           "no-context": {"context_cache": False}}}
+                           "no-context": {"context_cache": False},
+                           "prompt-grams": {"prompt_grams": True}}}
 
 
 def split_variant(spec: str) -> tuple[str, dict]:
@@ -91,6 +92,7 @@ class GenerateConfig:
     context_cands: int = 10
     corpus_cands: int = 3
     context_cache: bool = True
+    prompt_grams: bool = False
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -119,7 +121,8 @@ class GenerateConfig:
         try:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,
-                                   corpus_cache=self.corpus_cache != "none", seed=self.seed)
+                                   corpus_cache=self.corpus_cache != "none",
+                                   prompt_grams=self.prompt_grams, seed=self.seed)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 

@@ -13,7 +13,8 @@ prediction after their last token each step, and drop their first token past L t
 predictions D along a branch tau, every window tau[k-G:k] plus D[k-1] (k = G..len) is an n-gram
 of G + 1 tokens: its first token is the key, the other G the continuation, pushed into the
 context cache (an LRU queue of at most `lru` grams per key). Text the sequence emits is pushed
-too. The context cache is shared by all sequences of a run and persists across prompts; every
+too (and, with `prompt_grams`, a specctl addition, the prompt's own grams when a sequence is
+admitted). The context cache is shared by all sequences of a run and persists across prompts; every
 `trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
 
 Candidates for a step: up to `context_cands` grams keyed by the pending token (newest first),
@@ -45,6 +46,7 @@ class SelfDraftParams:
     trim_to: int = 2          # ... each key keeps only its newest this many grams
     context_cache: bool = True
     corpus_cache: bool = True
+    prompt_grams: bool = False  # specctl: also push the prompt's grams (not in the paper)
     seed: int = 0
 
     def __post_init__(self):
@@ -59,7 +61,7 @@ class SelfDraftParams:
         return (f"N{self.branches}L{self.branch_len}G{self.gram}c{self.context_cands}"
                 f"k{self.corpus_cands}lru{self.lru}t{self.trim_every}/{self.trim_to}"
                 f"{'' if self.context_cache else '-noctx'}{'' if self.corpus_cache else '-nocorpus'}"
-                f"s{self.seed}")
+                f"{'-pg' if self.prompt_grams else ''}s{self.seed}")
 
 
 class ContextCache:
@@ -168,6 +170,10 @@ class SelfDraftDrafter(Drafter):
         seq.state["branches"] = [[rng.choice(pool) for _ in range(rng.randint(1, 2))]
                                  for _ in range(p.branches)]
         seq.state["pushed"] = 0   # emitted tokens already pushed into the context cache
+        if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
+            ids, g = seq.prompt_ids, p.gram
+            for j in range(len(ids) - g):
+                self.ctx.push(ids[j], tuple(ids[j + 1:j + g + 1]))
 
     def retire(self, seq) -> None:
         self.finished_prompts += 1
