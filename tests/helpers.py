@@ -97,3 +97,12 @@ def fails(r, *needles) -> str:
     for n in needles:
         assert n in errs[0], errs[0]
     return errs[0]
+
+
+def prefill_slots(model, kv, prompts: list[list[int]], device="cpu"):
+    """Prefill prompt i into KV slot i and commit it; returns kv."""
+    from specctl.engine.batch import ForwardBatch, SeqInput
+    for s, p in enumerate(prompts):
+        model.forward(ForwardBatch([SeqInput(s, p, 0)], device), kv)
+        kv.lens[s] = len(p)
+    return kv

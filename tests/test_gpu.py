@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import random_prompts, run_ids
+from helpers import prefill_slots, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
 from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
@@ -25,10 +25,7 @@ def test_graph_logits_equal_eager(tiny_llama):
         for n in (1, 3):
             outs = []
             for m in (g, e):
-                kv = m.new_kv_cache(4, 64)
-                for s, p in enumerate(prompts):
-                    m.forward(ForwardBatch([SeqInput(s, p, 0)], "cuda"), kv)
-                    kv.lens[s] = len(p)
+                kv = prefill_slots(m, m.new_kv_cache(4, 64), prompts, "cuda")
                 b = ForwardBatch([SeqInput(s, list(range(7, 7 + n)), len(p))
                                   for s, p in enumerate(prompts)], "cuda")
                 outs.append(m.forward_logits(b, kv, plan).clone())
@@ -60,10 +57,7 @@ def test_graph_tree_logits_equal_eager(tiny_llama):
     n = len(nodes) + 1
     outs = []
     for m in (g, e):
-        kv = m.new_kv_cache(4, 64)
-        for s, p in enumerate(prompts):
-            m.forward(ForwardBatch([SeqInput(s, p, 0)], "cuda"), kv)
-            kv.lens[s] = len(p)
+        kv = prefill_slots(m, m.new_kv_cache(4, 64), prompts, "cuda")
         b = ForwardBatch([SeqInput(s, [3] + nodes.tokens, len(p),
                                    [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
                           for s, p in enumerate(prompts)], "cuda")

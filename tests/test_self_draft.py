@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import check_three_token_sampling, random_prompts, run_ids
+from helpers import check_three_token_sampling, prefill_slots, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.models.loader import load_model
 from specctl.runtime.runner import Runner
@@ -248,11 +248,8 @@ def test_graph_forward_math_on_cpu(model):
     def primed():
         from specctl.engine.kv import KVCache
         c = model.cfg
-        kv = KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim, spare=True)
-        for s, p in enumerate(prompts):
-            model.forward(ForwardBatch([SeqInput(s, p, 0)]), kv)
-            kv.lens[s] = len(p)
-        return kv
+        return prefill_slots(model, KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim,
+                                            spare=True), prompts)
 
     for tree in (True, False):
         seqs = [SeqInput(s, [3] + nodes.tokens, len(p), [len(p)] + [len(p) + d for d in nodes.depths()],

@@ -38,7 +38,8 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     if step == "train-adapter":
         layer = recipe.section("kangaroo.train").get("exit_layer", 0)
         if layer:
-            p = store.path("adapters", f"{fp}-l{layer}")
+            from specctl.prep.train_adapter import adapter_ident
+            p = store.path("adapters", adapter_ident(fp, layer))
             return str(p) if (p / "adapter.safetensors").exists() else None
         e = store.best_for_model("adapters", fp, "heldout_top1")
         return str(e.path) if e else None

@@ -300,8 +300,13 @@ def sweep_exit_layer(model, tok, conversations, cfg: TrainConfig, work: Path, pr
     return best["exit_layer"], table
 
 
+def adapter_ident(fingerprint: str, exit_layer: int) -> str:
+    """The store id of a model's adapter at one exit layer."""
+    return f"{fingerprint}-l{exit_layer}"
+
+
 def save_adapter(store: Store, model, adapter: Adapter, fingerprint: str, summary: dict) -> Path:
-    ident = f"{fingerprint}-l{adapter.l}"
+    ident = adapter_ident(fingerprint, adapter.l)
     with store.building("adapters", ident, make_manifest(
             "adapter", ident, model_fingerprint=fingerprint, exit_layer=adapter.l,
             heldout_top1=summary["heldout_top1"])) as d:

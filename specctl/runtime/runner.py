@@ -41,7 +41,7 @@ class RunStats:
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
     padded_tokens: int = 0         # what a padded batch would have computed for the same steps
     generated: int = 0
-    graph_pad_tokens: int = 0      # rows added to ragged chains for a CUDA-graph replay
+    graph_pad_tokens: int = 0      # rows added to inputs so a step replays one CUDA graph
     probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
 
@@ -203,7 +203,7 @@ class Runner:
             batch = ForwardBatch(inputs, self.model.device)
             logits = self.drafter.verify_logits(batch, kv, seqs)        # [T, V]
         else:
-            batch = ForwardBatch(self._pad_chains(inputs), self.model.device)
+            batch = ForwardBatch(self._pad_for_graphs(inputs), self.model.device)
             logits = self.model.forward_logits(batch, kv)               # [T, V]
         cu = batch.cu_seqlens
         if self.sp.greedy or any(probes):
@@ -262,7 +262,7 @@ class Runner:
             x = SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
         return x, len(tree), len(probe)
 
-    def _pad_chains(self, inputs: list[SeqInput]) -> list[SeqInput]:
+    def _pad_for_graphs(self, inputs: list[SeqInput]) -> list[SeqInput]:
         """With CUDA graphs, every sequence's input is padded to one token count (graphs.py's
         `padded_n`) so the step replays one captured graph: on a GPU the extra rows are nearly
         free, the launches are not. Padding tokens sit past every real row, see only the prefix
