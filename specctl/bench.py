@@ -118,6 +118,8 @@ class BenchConfig:
     device: str = "auto"
     dtype: str = "auto"
     prefill_chunk: int = 512
+    attention: str = "sdpa"
+    cuda_graphs: bool = True
     # GenerateConfig fields of the methods (draft-verify's skip_set, max_draft, ...): a new
     # method's options pass through here without changes to the bench
     method_options: dict = field(default_factory=dict)
@@ -141,6 +143,7 @@ class BenchConfig:
             raise SpecctlError("--warmup must be at least 0")
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
+        job.check_attention(self.attention)
         for m in self.methods:   # the checks generate makes (draft-verify's options too)
             if m.partition(":")[0] in job.METHODS:
                 self.generate_config(m, self.batch_sizes[0])
@@ -153,7 +156,8 @@ class BenchConfig:
                                   method=base, batch_size=batch_size,
                                   max_tokens=self.max_tokens, temperature=0.0, seed=self.seed,
                                   chat=self.chat, device=self.device, dtype=self.dtype,
-                                  prefill_chunk=self.prefill_chunk, **opts)
+                                  prefill_chunk=self.prefill_chunk, attention=self.attention,
+                                  cuda_graphs=self.cuda_graphs, **opts)
 
 
 def parse_list(text: str, what: str, conv=str) -> tuple:
@@ -416,7 +420,8 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
     recs, input_desc, input_sha = _load_prompts(cfg, store, log)
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = job.Tokenization(model_dir, cfg.chat)
-    model = load_model(model_dir, cfg.device, cfg.dtype)
+    model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+                       attention=cfg.attention)
     dev = model.device
     ctx = model.cfg.max_position
     need = 16
@@ -718,7 +723,12 @@ def category_rows(res: dict) -> list[list[str]]:
 def title(res: dict) -> str:
     c = res["config"]
     model = Path(res["model"]).name
-    return (f"{res['id']}: {model}, {res['device']} {res['dtype']}, {res['prompts']} prompts, "
+    engine = ""
+    if res["device"].startswith("cuda"):
+        engine = (" " + c.get("attention", "sdpa") + " attention"
+                  + (", CUDA graphs" if c.get("cuda_graphs", True) else ", no CUDA graphs"))
+    return (f"{res['id']}: {model}, {res['device']} {res['dtype']}{engine}, "
+            f"{res['prompts']} prompts, "
             f"max {c['max_tokens']} new tokens, greedy, "
             + (f"median of {c['repeats']} repeats" if c["repeats"] > 1 else "1 repeat"))
 

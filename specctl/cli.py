@@ -36,6 +36,11 @@ def _log(msg: str) -> None:
 
 
 StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
+AttentionOpt = typer.Option("sdpa", "--attention", help="Attention backend: sdpa (default) or "
+                            "flex (FlexAttention with block masks read in place from the KV "
+                            "cache, compiled on CUDA; on a CPU only the slow reference).")
+GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, replay decoding "
+                         "steps from captured CUDA graphs (off: every forward runs eagerly).")
 # draft-verify's options, shared by generate and bench
 _DV = "draft-verify"
 SkipSetOpt = typer.Option(None, "--skip-set", help="Skip set FILE or store ID (default: the "
@@ -145,6 +150,8 @@ def generate(
     stop: list[str] = typer.Option([], "--stop", help="Stop string (repeatable)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
+    attention: str = AttentionOpt,
+    cuda_graphs: bool = GraphsOpt,
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Record bad lines in the output instead of stopping."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -179,6 +186,7 @@ def generate(
     cfg = GenerateConfig(str(input), p["model"], p["method"], p["batch_size"], p["max_tokens"],
                          p["temperature"], p["top_p"], p["top_k"], p["seed"], p["chat"],
                          tuple(p["stop"]), p["device"], p["dtype"], skip_bad,
+                         attention=p["attention"], cuda_graphs=p["cuda_graphs"],
                          skip_set=p["skip_set"], max_draft=p["max_draft"], gamma0=p["gamma0"],
                          alpha=p["alpha"], eps=p["eps"], beta1=p["beta1"], beta2=p["beta2"],
                          adapter=p["adapter"], eta=p["eta"], kangaroo_gamma=p["kangaroo_gamma"],
@@ -331,6 +339,8 @@ def bench(
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
+    attention: str = AttentionOpt,
+    cuda_graphs: bool = GraphsOpt,
     skip_set: Optional[str] = SkipSetOpt,
     max_draft: int = MaxDraftOpt,
     gamma0: float = Gamma0Opt,
@@ -347,7 +357,8 @@ def bench(
 
     cfg = BenchConfig(str(input) if input else None, model, parse_list(methods, "--methods"),
                       parse_list(batch_sizes, "--batch-sizes", int), max_tokens, repeats, warmup,
-                      limit, chat, seed, device, dtype,
+                      limit, chat, seed, device, dtype, attention=attention,
+                      cuda_graphs=cuda_graphs,
                       method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
                                           alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
                                           branches=branches, branch_len=branch_len))

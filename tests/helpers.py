@@ -106,3 +106,38 @@ def prefill_slots(model, kv, prompts: list[list[int]], device="cpu"):
         model.forward(ForwardBatch([SeqInput(s, p, 0)], device), kv)
         kv.lens[s] = len(p)
     return kv
+
+
+class Oracle:
+    """A corpus cache that knows the answers: the continuation after the last 2 tokens as seen
+    in the reference texts (plus a wrong candidate first, so verification has to choose)."""
+
+    def __init__(self, texts: list[list[int]], g: int = 4):
+        self.next: dict[tuple[int, int], list[int]] = {}
+        for t in texts:
+            for i in range(len(t) - 2 - g + 1):
+                self.next.setdefault((t[i], t[i + 1]), t[i + 2:i + 2 + g])
+        self.calls = 0
+
+    def lookup(self, context: list[int], limit: int = 3) -> list[list[int]]:
+        self.calls += 1
+        hit = self.next.get(tuple(context[-2:]))
+        out = [[7, 8, 9, 10]] + ([hit] if hit else [])
+        return out[:limit]
+
+
+def method_drafters(m, prompts, ref, adapter=None):
+    """{method: drafter} (None for ar) for the tiny 4-layer model: one drafter of every method,
+    each set up so that drafts get accepted."""
+    from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+    from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
+    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    return {
+        "ar": None,
+        "draft-verify": LayerSkipDrafter(m, SkipSet(4, frozenset({2}), frozenset({3})),
+                                         SamplingParams(), ExitParams(K=4, gamma0=0.0)),
+        "kangaroo": KangarooDrafter(m, adapter or Adapter.init_from_model(m, 1),
+                                    SamplingParams(), KangarooParams(eta=0.0, gamma=4)),
+        "self-draft": SelfDraftDrafter(SelfDraftParams(),
+                                       Oracle([p + r for p, r in zip(prompts, ref)])),
+    }

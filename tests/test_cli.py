@@ -254,10 +254,19 @@ def test_unwritable_paths(tmp_path, prompts_file, tiny_llama):
     (["--method", "nope"], "nope"),
     (["--dtype", "fp8"], "fp8"),
     (["--device", "tpu9"], "tpu9"),
+    (["--attention", "xformers"], "--attention"),
 ])
 def test_invalid_options(tmp_path, prompts_file, tiny_llama, opts, needle):
     # generate() passes --max-tokens itself; a later repeat of the option wins in click
     fails(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, *opts), needle)
+
+
+def test_flex_attention_gives_the_same_answers(tmp_path, baseline, prompts_file, tiny_llama):
+    """--attention flex (on a CPU its reference implementation) answers as sdpa does."""
+    ok(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                "--attention", "flex", "--no-cuda-graphs"))
+    got = [l["text"] for l in read_jsonl(tmp_path / "o.jsonl")]
+    assert got == [l["text"] for l in baseline["lines"]]
 
 
 def test_option_type_errors_are_usage_errors(tmp_path, prompts_file, tiny_llama):

@@ -78,3 +78,37 @@ def test_graphs_keep_self_draft_lossless(tiny_llama, batch_size):
                          drafter=SelfDraftDrafter(SelfDraftParams(), None))
     assert got == ref
     assert gpu.graphs.replays > 0 and sum(k * n for k, n in stats.accept_hist.items()) > 0
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size):
+    """Every method (kangaroo's draft and verify forwards included) on captured graphs, with
+    either attention backend (flex compiled), equals the CPU's ar greedy in fp32."""
+    from helpers import method_drafters
+    cpu = load_model(tiny_llama, "cpu", "fp32")
+    gpu = load_model(tiny_llama, "cuda", "fp32", attention=attention)
+    prompts = random_prompts(10, seed=5)
+    ref, _ = run_ids(cpu, prompts, batch_size=1, max_tokens=20)
+    for name, dr in method_drafters(gpu, prompts, ref).items():
+        got, stats = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=20, drafter=dr)
+        assert got == ref, name
+        if dr is not None:
+            assert sum(k * n for k, n in stats.accept_hist.items()) > 0, name
+    assert ("kangaroo", 1) in {key[3] for key in gpu.graphs.cache}
+
+
+def test_flex_equals_sdpa_on_cuda(tiny_llama):
+    """The compiled flex kernel against SDPA on one masked (tree + branches) graph step."""
+    from specctl.spec.self_draft import branch_probe, build_trie
+    prompts = random_prompts(3)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
+    outs = []
+    for attention in ("sdpa", "flex"):
+        m = load_model(tiny_llama, "cuda", "fp32", attention=attention)
+        kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
+        b = ForwardBatch([SeqInput(s, [3] + nodes.tokens, len(p),
+                                   [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
+                          for s, p in enumerate(prompts)], "cuda")
+        outs.append(m.forward_logits(b, kv).clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)

@@ -1,15 +1,27 @@
-"""Attention over the packed batch: the masked-SDPA backend (CPU, and the reference everywhere).
+"""Attention over the packed batch: masked SDPA (the default, and the reference everywhere) and
+FlexAttention (`--attention flex`, meant for CUDA).
 
 Keys and values are read straight from the slots' cache rows (committed prefix + this forward's
 new rows, which were written before attention runs). Queries are laid out per sequence as
 `[B, N_max]`; with N_max = 1 (every decode step of `ar`) or equal counts this is a free reshape of
 the packed queries, otherwise a scatter. Only attention sees that layout: projections and MLPs run
 on the T packed tokens. The mask is built once per forward and shared by every layer.
+
+SDPA gathers each sequence's slot rows [0, L_max) out of the cache and attends under the dense
+mask. FlexAttention reads the cache in place: the whole cache of a layer is one key sequence of
+(slots x max_len) rows, and a block mask built on the device from the same dense mask lists, per
+sequence and block of 128 queries, only the 128-row key blocks of its own slot that it may see
+(so nothing past a sequence's length is read, whatever max_len is); the mask_mod decides within
+those blocks. Nothing in it synchronizes with the host, so it runs inside captured CUDA graphs.
+On CUDA the flex kernel is compiled (torch.compile, once per shape); elsewhere it runs the
+unfused reference implementation, which is what the CPU tests check against SDPA.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +38,7 @@ class SdpaMeta:
     q_seq: torch.Tensor              # [T] sequence index of each packed token
     q_idx: torch.Tensor              # [T] index of the token among its sequence's new tokens
     mask: torch.Tensor               # [B, 1, N_max, L_max] bool, True = may attend
+    block_mask: tuple | None = None  # ((slots, max_len), FlexAttention BlockMask), made on first use
 
 
 def sdpa_meta(batch: ForwardBatch) -> SdpaMeta:
@@ -56,9 +69,8 @@ def sdpa_meta(batch: ForwardBatch) -> SdpaMeta:
     return meta
 
 
-def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   meta: SdpaMeta) -> torch.Tensor:
-    """q: [T, H, hd]; k_cache, v_cache: [slots, max_len, KV, hd] -> [T, H, hd]."""
+def _per_seq(q: torch.Tensor, meta: SdpaMeta) -> torch.Tensor:
+    """Packed queries [T, H, hd] -> [B, H, N_max, hd]."""
     T, H, hd = q.shape
     B = meta.mask.shape[0]
     if meta.uniform:
@@ -66,11 +78,87 @@ def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     else:
         qp = q.new_zeros(B, meta.n_max, H, hd)
         qp[meta.q_seq, meta.q_idx] = q
-    k = k_cache[meta.slots, :meta.kv_len].transpose(1, 2)   # [B, KV, L, hd]
-    v = v_cache[meta.slots, :meta.kv_len].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qp.transpose(1, 2), k, v, attn_mask=meta.mask,
-                                         enable_gqa=k.shape[1] != H)   # [B, H, N_max, hd]
+    return qp.transpose(1, 2)
+
+
+def _packed(out: torch.Tensor, meta: SdpaMeta, T: int) -> torch.Tensor:
+    """[B, H, N_max, hd] -> the packed [T, H, hd]."""
     out = out.transpose(1, 2)                                         # [B, N_max, H, hd]
     if meta.uniform:
-        return out.reshape(T, H, hd)
+        return out.reshape(T, *out.shape[2:])
     return out[meta.q_seq, meta.q_idx]
+
+
+def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   meta: SdpaMeta) -> torch.Tensor:
+    """q: [T, H, hd]; k_cache, v_cache: [slots, max_len, KV, hd] -> [T, H, hd]."""
+    k = k_cache[meta.slots, :meta.kv_len].transpose(1, 2)   # [B, KV, L, hd]
+    v = v_cache[meta.slots, :meta.kv_len].transpose(1, 2)
+    out = F.scaled_dot_product_attention(_per_seq(q, meta), k, v, attn_mask=meta.mask,
+                                         enable_gqa=k.shape[1] != q.shape[1])
+    return _packed(out, meta, q.shape[0])
+
+
+FLEX_BLOCK = 128   # rows of a FlexAttention block, queries and keys alike
+
+
+def flex_block_mask(meta: SdpaMeta, num_slots: int, max_len: int):
+    """The BlockMask of one forward over a whole-cache key sequence of num_slots * max_len rows
+    (max_len a multiple of FLEX_BLOCK). Built from meta.mask on the device, without host sync."""
+    from torch.nn.attention.flex_attention import BlockMask
+    dense = meta.mask[:, 0]                                           # [B, N, C]
+    B, N, C = dense.shape
+    dev = dense.device
+    slots = meta.slots if isinstance(meta.slots, torch.Tensor) else \
+        torch.arange(meta.slots.start, meta.slots.stop, device=dev)
+    nq, per = -(-N // FLEX_BLOCK), max_len // FLEX_BLOCK
+    # the columns each block of queries needs: up to its last visible one
+    rows = F.pad(dense, (0, 0, 0, nq * FLEX_BLOCK - N)).view(B, nq, FLEX_BLOCK, C).any(2)
+    need = (rows * torch.arange(1, C + 1, device=dev)).amax(-1)       # [B, nq]
+    num = ((need + FLEX_BLOCK - 1) // FLEX_BLOCK).to(torch.int32)[:, None]   # [B, 1, nq]
+    total = num_slots * per
+    first = torch.arange(total, device=dev)
+    idx = (slots[:, None] * per + first[None, :]) % total             # own slot's blocks first
+    idx = idx.to(torch.int32)[:, None, None, :].expand(B, 1, nq, total).contiguous()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        col = kv_idx - slots[b] * max_len
+        ok = (col >= 0) & (col < C)
+        return ok & dense[b, q_idx, col.clamp(0, C - 1)]
+
+    return BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(N, total * FLEX_BLOCK),
+                                    compute_q_blocks=False)
+
+
+@lru_cache(maxsize=None)
+def _flex_kernel(device_type: str):
+    from torch.nn.attention.flex_attention import flex_attention
+    if device_type == "cuda":
+        import torch._dynamo
+        # one compile per captured shape (batch bucket x tokens per step) plus prefill shapes
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        return torch.compile(flex_attention)
+    # elsewhere the unfused reference implementation (correct, not fast: for tests)
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+    return flex_attention
+
+
+def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   meta: SdpaMeta) -> torch.Tensor:
+    """Same contract as sdpa_attention; reads the cache in place (see the module docstring)."""
+    S, Lm, KV, hd = k_cache.shape
+    if Lm % FLEX_BLOCK:
+        raise ValueError(f"flex attention needs a cache length that is a multiple of "
+                         f"{FLEX_BLOCK}, got {Lm}")
+    if meta.block_mask is None or meta.block_mask[0] != (S, Lm):   # once per forward
+        meta.block_mask = ((S, Lm), flex_block_mask(meta, S, Lm))
+    bm = meta.block_mask[1]
+    k = k_cache.view(1, S * Lm, KV, hd).transpose(1, 2)               # [1, KV, S*Lm, hd]
+    v = v_cache.view(1, S * Lm, KV, hd).transpose(1, 2)
+    out = _flex_kernel(q.device.type)(_per_seq(q, meta), k, v, block_mask=bm,
+                                      enable_gqa=KV != q.shape[1])
+    return _packed(out, meta, q.shape[0])
+
+
+BACKENDS = {"sdpa": sdpa_attention, "flex": flex_attention}

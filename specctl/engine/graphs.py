@@ -15,8 +15,16 @@ decoding step are captured once per shape and replayed:
   buckets are powers of two up to the slot count.
 - attention reads the full cache length of each slot with a mask computed on the device from
   the prefix lengths and the local masks, so the captured kernels do not depend on lengths.
-- the captured graph ends with the LM head: a replay yields [B_b * n, V] logits.
+- the captured graph ends with the LM head: a replay yields [B_b * n, V] logits. Or with a
+  caller's head (Model.forward_logits): Kangaroo's draft forward is layers [0, l) plus its
+  adapter, yielding the layer-l states and the draft logits. A plan starting past layer 0 takes
+  its input hidden states from a static buffer too (Kangaroo's verify from the exit layer).
 No host synchronization happens inside a replay; the caller reads back only what it decides on.
+
+Off CUDA (`capture=False`, the CPU tests) everything above runs the same (buckets, static
+buffers, scratch slot, device-side masks, padded rows), except that a "replay" runs the captured
+function eagerly and copies its results into the static outputs, so what the graph path does to
+decoding is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -32,22 +40,45 @@ from specctl.engine.batch import ForwardBatch, LayerPlan
 @dataclass
 class _Captured:
     kv: object                # the cache the graph's pointers refer to (kept alive with it)
-    graph: torch.cuda.CUDAGraph
+    head: object              # the head it was captured with (None: the LM head)
+    graph: object             # torch.cuda.CUDAGraph (or _EagerReplay off CUDA)
     tokens: torch.Tensor      # [Bb * n]
     positions: torch.Tensor   # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
-    logits: torch.Tensor      # [Bb * n, V]
+    hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
+    outputs: tuple            # [Bb * n, ...] each: (logits,) or the head's outputs
+
+
+class _EagerReplay:
+    """Stands in for a CUDA graph off CUDA: a replay reruns the function into the outputs."""
+
+    def __init__(self, fn, outputs):
+        self.fn, self.outputs = fn, outputs
+
+    def replay(self) -> None:
+        for o, new in zip(self.outputs, self.fn()):
+            o.copy_(new)
 
 
 class CudaGraphs:
-    def __init__(self, model, max_n: int = 128):
+    def __init__(self, model, max_n: int = 128, capture: bool | None = None):
         self.model = model
         self.max_n = max_n
-        self.pool = torch.cuda.graph_pool_handle()
+        self.capture = model.device.type == "cuda" if capture is None else capture
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.cache: dict[tuple, _Captured] = {}
+        self.kept: dict[tuple, object] = {}
         self.replays = 0
+
+    def keep(self, key: tuple, make):
+        """An object made once and handed out again for the same key: the state a head reads
+        (weights, its own KV cache) must stay at one address for its graphs to stay valid."""
+        obj = self.kept.get(key)
+        if obj is None:
+            obj = self.kept[key] = make()
+        return obj
 
     @staticmethod
     def bucket(b: int) -> int:
@@ -66,19 +97,24 @@ class CudaGraphs:
                 and all(m == n for m in batch.num_new))
 
     @torch.inference_mode()
-    def run(self, batch: ForwardBatch, kv, plan: LayerPlan) -> torch.Tensor | None:
-        if plan.start != 0 or plan.capture is not None or not self.eligible(batch, kv):
+    def run(self, batch: ForwardBatch, kv, plan: LayerPlan, hidden: torch.Tensor | None = None,
+            head=None):
+        """The forward's outputs from a replay (see Model.forward_logits), or None where no
+        graph fits (the caller runs it eagerly)."""
+        if plan.capture is not None or (plan.start > 0) != (hidden is not None) \
+                or not self.eligible(batch, kv):
             return None
         B, n = len(batch.seqs), batch.num_new[0]
         if any(c.kv is not kv for c in self.cache.values()):
             # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
             # old ones must go, or a reused id() could replay into freed memory)
             self.cache.clear()
-            self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
-        key = (self.bucket(B), n, plan)
+            if self.capture:
+                self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
+        key = (self.bucket(B), n, plan, None if head is None else head.key)
         cap = self.cache.get(key)
-        if cap is None:
-            cap = self.cache[key] = self._capture(kv, self.bucket(B), n, plan)
+        if cap is None or cap.head is not head:   # (a new head object: its tensors moved)
+            cap = self.cache[key] = self._capture(kv, self.bucket(B), n, plan, head)
         Bb = cap.slots.shape[0]
         cap.tokens[:B * n].copy_(batch.tokens, non_blocking=True)
         cap.positions[:B * n].copy_(batch.positions, non_blocking=True)
@@ -92,9 +128,12 @@ class CudaGraphs:
                 if s.mask is not None:
                     local[b] = s.mask
             cap.local.copy_(local, non_blocking=True)
+        if hidden is not None:
+            cap.hidden[:B * n].copy_(hidden)
         cap.graph.replay()
         self.replays += 1
-        return cap.logits[:B * n]
+        outs = tuple(o[:B * n] for o in cap.outputs)
+        return outs[0] if head is None else outs
 
     _trils: dict[int, torch.Tensor] = {}
 
@@ -106,7 +145,7 @@ class CudaGraphs:
         return t
 
     def _forward(self, kv, Bb: int, n: int, plan: LayerPlan, tokens, positions, slots, prefix,
-                 local):
+                 local, hidden=None, head=None) -> tuple:
         m = self.model
         dev = m.device
         idx = torch.arange(n, device=dev)
@@ -118,20 +157,26 @@ class CudaGraphs:
         new = local.gather(2, rel.clamp(0, n - 1).expand(Bb, n, kv.max_len))
         mask = (rel < 0) | ((rel < n) & new)                             # [Bb, n, max_len]
         meta = SdpaMeta(slots, kv.max_len, n, True, None, None, mask[:, None])
-        x = torch.nn.functional.embedding(tokens, m.embed)
+        x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
         h = m._layers(x, positions, slot_tok, rows, meta, kv, plan, end)
-        return m.logits(h)
+        return (m.logits(h),) if head is None else tuple(head(h, positions, slot_tok, rows, meta))
 
     @torch.inference_mode()
-    def _capture(self, kv, Bb: int, n: int, plan: LayerPlan) -> _Captured:
+    def _capture(self, kv, Bb: int, n: int, plan: LayerPlan, head=None) -> _Captured:
         dev = self.model.device
         tokens = torch.zeros(Bb * n, dtype=torch.long, device=dev)
         positions = torch.zeros(Bb * n, dtype=torch.long, device=dev)
         slots = torch.full((Bb,), kv.scratch, dtype=torch.long, device=dev)
         prefix = torch.zeros(Bb, dtype=torch.long, device=dev)
         local = self._tril(n).to(dev).expand(Bb, n, n).clone()
-        args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local)
+        hidden = None if plan.start == 0 else torch.zeros(
+            Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
+        args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local, hidden, head)
+        if not self.capture:
+            outputs = self._forward(*args)
+            return _Captured(kv, head, _EagerReplay(lambda: self._forward(*args), outputs),
+                             tokens, positions, slots, prefix, local, hidden, outputs)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):   # warm-up outside the graph (allocator, autotuning)
@@ -140,5 +185,5 @@ class CudaGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
-            logits = self._forward(*args)
-        return _Captured(kv, g, tokens, positions, slots, prefix, local, logits)
+            outputs = self._forward(*args)
+        return _Captured(kv, head, g, tokens, positions, slots, prefix, local, hidden, outputs)

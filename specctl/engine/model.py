@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from specctl.engine.attention import sdpa_attention, sdpa_meta
+from specctl.engine.attention import BACKENDS, FLEX_BLOCK, sdpa_meta
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine.config import ModelConfig
 from specctl.engine.kv import KVCache
@@ -90,6 +90,13 @@ class Model:
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
+        self.attention = "sdpa"   # attention backend: a key of engine.attention.BACKENDS
+        self.attend = BACKENDS["sdpa"]
+
+    def set_attention(self, backend: str) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r} (one of {sorted(BACKENDS)})")
+        self.attention, self.attend = backend, BACKENDS[backend]
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         """A KV cache for num_slots sequences of up to max_len rows. With CUDA graphs the model
@@ -98,6 +105,8 @@ class Model:
         replays them instead of capturing again, which costs time and, in bf16, can pick other
         kernels and so round differently. Only one runner may use a model's cache at a time."""
         c = self.cfg
+        if self.attention == "flex":   # flex reads whole 128-row blocks of the cache
+            max_len = -(-max_len // FLEX_BLOCK) * FLEX_BLOCK
         if self.graphs is not None:
             kv = getattr(self, "_kv", None)
             if kv is not None and (kv.num_slots, kv.max_len) == (num_slots, max_len):
@@ -156,7 +165,7 @@ class Model:
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
                 kv.write(i, slots, rows, k, v)
-                o = sdpa_attention(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
+                o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
                 x = x + F.linear(o, L.wo, L.bo)
             if i not in plan.skip_mlp:
                 h = rms_norm(x, L.mlp_norm, c.rms_eps)
@@ -168,16 +177,25 @@ class Model:
         return x if plan.capture is None else (x, captured)
 
     @torch.inference_mode()
-    def forward_logits(self, batch: ForwardBatch, kv: KVCache,
-                       plan: LayerPlan = FULL) -> torch.Tensor:
-        """[T, V] logits of a full-from-embedding forward: the one entry point of decoding steps,
-        replayed from a captured CUDA graph when one fits the batch (engine/graphs.py)."""
+    def forward_logits(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
+                       hidden: torch.Tensor | None = None, head=None):
+        """The one entry point of decoding forwards, replayed from a captured CUDA graph when
+        one fits the batch (engine/graphs.py), else run eagerly. Runs `plan` (from hidden
+        [T, D] when it starts past layer 0) and returns the [T, V] logits, or, given a `head`,
+        what head(h, positions, slots, rows, attention meta) returns from the last layer's
+        states h (a tuple of [T, ...] tensors; Kangaroo's adapter is one). A head has a
+        hashable `key` naming its computation and must keep the tensors it reads in place
+        across calls (a graph replays them by address). Outputs of a replay are static buffers
+        the next replay overwrites: a caller that keeps them clones them."""
         if self.graphs is not None:
-            out = self.graphs.run(batch, kv, plan)
+            out = self.graphs.run(batch, kv, plan, hidden, head)
             if out is not None:
                 self.tokens_computed += batch.num_tokens
                 return out
-        return self.logits(self.forward(batch, kv, plan))
+        h = self.forward(batch, kv, plan, hidden)
+        if head is None:
+            return self.logits(h)
+        return head(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -103,9 +103,10 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: Path | str, device: str | torch.device | None = None,
-               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True) -> Model:
+               dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
+               attention: str = "sdpa") -> Model:
     """Load a checkpoint; on CUDA, decoding forwards replay captured graphs unless
-    cuda_graphs=False (engine/graphs.py)."""
+    cuda_graphs=False (engine/graphs.py). attention: sdpa or flex (engine/attention.py)."""
     path = Path(path)
     cfg, _ = load_config(path)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -133,6 +134,7 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
                                f"config.json implies {shape}")
     weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
     model = Model(cfg, weights)
+    model.set_attention(attention)
     if dev.type == "cuda" and cuda_graphs:
         from specctl.engine.graphs import CudaGraphs
         model.graphs = CudaGraphs(model)

@@ -55,6 +55,12 @@ def split_variant(spec: str) -> tuple[str, dict]:
     return method, dict(known[variant])
 
 
+def check_attention(name: str) -> None:
+    from specctl.engine.attention import BACKENDS
+    if name not in BACKENDS:
+        raise SpecctlError(f"--attention must be one of {', '.join(BACKENDS)}, got {name!r}")
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     input: str
@@ -72,6 +78,8 @@ class GenerateConfig:
     dtype: str = "auto"
     skip_bad: bool = False
     prefill_chunk: int = 512
+    attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
+    cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -101,6 +109,7 @@ class GenerateConfig:
             raise SpecctlError("--batch-size must be at least 1")
         if self.max_tokens < 1:
             raise SpecctlError("--max-tokens must be at least 1")
+        check_attention(self.attention)
         self.exit_params()
         self.self_draft_params()
         try:
@@ -538,7 +547,8 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
-        model = load_model(model_dir, device, cfg.dtype)
+        model = load_model(model_dir, device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+                           attention=cfg.attention)
         drafter = make_drafter(cfg, model, model_dir, store, say)
         # the same run = same input, settings, model and method artifact (e.g. the skip set used)
         key = cfg.key(input_sha + str(model_dir) + drafter.signature())

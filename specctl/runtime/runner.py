@@ -199,11 +199,10 @@ class Runner:
             real.append(1 + n_tree)
             probes.append(n_probe)
         ran = [len(x.tokens) for x in inputs]
+        batch = ForwardBatch(self._pad_for_graphs(inputs), self.model.device)
         if self.drafter.custom_verify:
-            batch = ForwardBatch(inputs, self.model.device)
             logits = self.drafter.verify_logits(batch, kv, seqs)        # [T, V]
         else:
-            batch = ForwardBatch(self._pad_for_graphs(inputs), self.model.device)
             logits = self.model.forward_logits(batch, kv)               # [T, V]
         cu = batch.cu_seqlens
         if self.sp.greedy or any(probes):

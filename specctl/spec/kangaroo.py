@@ -16,6 +16,12 @@ Per step and sequence (all sequences in lockstep, one token each per draft forwa
 The layer-l states of [pending, d1 .. dk] are saved; the verify forward starts at layer l from
 them. A sequence that drafted k tokens because it hit gamma needs h_l(dk) too: one more shallow
 forward computes it (and the adapter's KV row for dk) without drafting.
+
+On CUDA both forwards replay captured graphs (engine/graphs.py): a draft forward is layers
+[0, l) with the adapter as the graph's head (AdapterHead), the verify runs layers [l, L) from a
+static buffer of the saved states. The head's weights and KV cache are kept by the model's
+graphs, one per exit layer and cache shape, and a drafter copies its adapter's weights into them,
+so a new run (or a new adapter) replays the same graphs.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specctl.engine.attention import sdpa_attention, sdpa_meta
+from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, rms_norm
@@ -98,9 +104,13 @@ class Adapter:
     def step(self, h: torch.Tensor, batch: ForwardBatch, akv: KVCache) -> torch.Tensor:
         """Decoding: h [T, D] layer-l states of the batch's tokens -> [T, V] draft logits,
         writing the adapter's KV rows (same slots and rows as the target's)."""
-        q, k, v = self._qkv(h, batch.positions)
-        akv.write(0, batch.slots, batch.rows, k, v)
-        return self._out(h, sdpa_attention(q, akv.k[0], akv.v[0], sdpa_meta(batch)))
+        return self.decode(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch), akv)
+
+    def decode(self, h, positions, slots, rows, meta, akv: KVCache) -> torch.Tensor:
+        """step() on the packed tensors of a forward (what a captured graph holds)."""
+        q, k, v = self._qkv(h, positions)
+        akv.write(0, slots, rows, k, v)
+        return self._out(h, self.model.attend(q, akv.k[0], akv.v[0], meta))
 
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Training: one whole sequence's layer-l states [T, D] -> [T, V] logits with causal
@@ -114,6 +124,19 @@ class Adapter:
         return self._out(h, o[0].transpose(0, 1))
 
 
+class AdapterHead:
+    """The adapter as the head of a layers-[0, l) forward (Model.forward_logits): layer-l
+    states -> (the states, draft logits), writing the adapter's KV rows into its own cache."""
+
+    def __init__(self, adapter: Adapter, akv: KVCache):
+        self.adapter, self.akv = adapter, akv
+        self.key = ("kangaroo", adapter.l)
+        self.loaded = None   # the Adapter whose weights it holds (see KangarooDrafter._head)
+
+    def __call__(self, h, positions, slots, rows, meta):
+        return h, self.adapter.decode(h, positions, slots, rows, meta, self.akv)
+
+
 class KangarooDrafter(Drafter):
     name = "kangaroo"
 
@@ -123,24 +146,39 @@ class KangarooDrafter(Drafter):
         self.l = adapter.l
         for k, t in adapter.w.items():   # the adapter runs in the model's device and dtype
             adapter.w[k] = t.to(model.device, model.dtype)
-        self.akv: KVCache | None = None
+        self.head: AdapterHead | None = None
         self.draft_forwards = 0
 
     def signature(self) -> str:
         h = sum(float(t.float().sum()) for t in self.adapter.w.values())
         return f"{self.name}:l{self.l}:{h:.6e}"
 
-    def _adapter_kv(self, kv: KVCache) -> KVCache:
-        if self.akv is None or self.akv.k[0].shape[:2] != kv.k[0].shape[:2]:
-            c = self.model.cfg
-            self.akv = KVCache(1, kv.k[0].shape[0], kv.max_len, c.num_kv_heads, c.head_dim,
-                               self.model.dtype, self.model.device)
-        return self.akv
+    def _head(self, kv: KVCache) -> AdapterHead:
+        """The adapter head for this cache: its KV cache has the target cache's shape (slots
+        and rows alike). With graphs, the model's kept one, loaded with this adapter."""
+        m, shape = self.model, tuple(kv.k[0].shape[:2])
+
+        def make(adapter):
+            c = m.cfg
+            return AdapterHead(adapter, KVCache(1, shape[0], shape[1], c.num_kv_heads,
+                                                c.head_dim, m.dtype, m.device))
+        if m.graphs is None:
+            if self.head is None or tuple(self.head.akv.k[0].shape[:2]) != shape:
+                self.head = make(self.adapter)
+            return self.head
+        head = m.graphs.keep(("kangaroo", self.l, shape), lambda: make(Adapter(
+            m, self.l, {k: t.clone() for k, t in self.adapter.w.items()})))
+        if head.loaded is not self.adapter:
+            for k, t in head.adapter.w.items():
+                t.copy_(self.adapter.w[k])
+            head.loaded = self.adapter
+        self.head = head
+        return head
 
     def admit(self, seq) -> None:
         seq.state["warm"] = False
 
-    def _warm(self, seqs, kv: KVCache, akv: KVCache) -> None:
+    def _warm(self, seqs, kv: KVCache, head: AdapterHead) -> None:
         """The adapter's KV rows for a new sequence's committed tokens (its prompt)."""
         for s in seqs:
             if s.state.get("warm"):
@@ -148,13 +186,13 @@ class KangarooDrafter(Drafter):
             n = kv.lens[s.slot]
             toks = (s.prompt_ids + s.out_ids)[:n]
             b = ForwardBatch([SeqInput(s.slot, toks, 0)], self.model.device)
-            h = self.model.forward(b, kv, LayerPlan(end=self.l))
-            self.adapter.step(h, b, akv)
+            h = self.model.forward(b, kv, LayerPlan(end=self.l))   # (eager: one shape each)
+            head(h, b.positions, b.slots, b.rows, sdpa_meta(b))
             s.state["warm"] = True
 
     def propose(self, seqs, kv, room) -> None:
-        akv = self._adapter_kv(kv)
-        self._warm(seqs, kv, akv)
+        head = self._head(kv)
+        self._warm(seqs, kv, head)
         for s in seqs:
             s.state["h"], s.state["drafts"], s.state["q"] = [], [], []
         # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
@@ -164,8 +202,8 @@ class KangarooDrafter(Drafter):
         while active:
             batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
                                   for s, _, _ in active], self.model.device)
-            h = self.model.forward(batch, kv, LayerPlan(end=self.l))          # [B, D]
-            logits = self.adapter.step(h, batch, akv)                          # [B, V]
+            h, logits = self.model.forward_logits(batch, kv, LayerPlan(end=self.l), head=head)
+            h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
             self.draft_forwards += 1
             if self.sp.greedy:
                 conf, tok = torch.softmax(logits, -1).max(-1)
@@ -194,11 +232,17 @@ class KangarooDrafter(Drafter):
     custom_verify = True
 
     def verify_logits(self, batch: ForwardBatch, kv: KVCache, seqs) -> torch.Tensor:
-        """The double early exit: layers [l, L) only, from the saved layer-l states."""
-        H = torch.stack([h for s in seqs for h in s.state.pop("h")[:len(s.draft) + 1]])
-        if H.shape[0] != batch.num_tokens:
-            raise RuntimeError("kangaroo: saved states do not match the verify batch")
-        return self.model.logits(self.model.forward(batch, kv, LayerPlan(start=self.l), hidden=H))
+        """The double early exit: layers [l, L) only, from the saved layer-l states. Rows the
+        runner padded for a graph (past a sequence's real ones) take its last state: any
+        finite input does, their outputs are dropped and no real row sees them."""
+        rows = []
+        for s, n in zip(seqs, batch.num_new):
+            hs = s.state.pop("h")[:len(s.draft) + 1]
+            if len(hs) != len(s.draft) + 1 or len(hs) > n:
+                raise RuntimeError("kangaroo: saved states do not match the verify batch")
+            rows += hs + [hs[-1]] * (n - len(hs))
+        return self.model.forward_logits(batch, kv, LayerPlan(start=self.l),
+                                         hidden=torch.stack(rows))
 
 
 def adapter_config(model, exit_layer: int) -> dict:

@@ -1,0 +1,172 @@
+"""The GPU fast path's logic, on the CPU: CUDA-graph bookkeeping with eager "replays"
+(engine/graphs.py, capture=False) and the FlexAttention backend against SDPA.
+
+What only a GPU can show (the capture itself, compiled kernels, speed) is in test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import method_drafters, prefill_slots, random_prompts, run_ids
+from specctl.engine.attention import flex_attention, sdpa_attention, sdpa_meta
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.engine.graphs import CudaGraphs
+from specctl.engine.kv import KVCache
+from specctl.models.loader import load_model
+from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.spec.self_draft import branch_probe, build_trie
+from specctl.spec.verify import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def eager(tiny_llama):
+    return load_model(tiny_llama, "cpu", "fp32")
+
+
+@pytest.fixture(scope="module")
+def reference(eager):
+    prompts = random_prompts(9, seed=5)
+    ref, _ = run_ids(eager, prompts, batch_size=1, max_tokens=20)
+    return prompts, ref
+
+
+def graph_model(path, attention="sdpa"):
+    m = load_model(path, "cpu", "fp32")
+    m.set_attention(attention)
+    m.graphs = CudaGraphs(m, capture=False)
+    return m
+
+
+@pytest.mark.parametrize("batch_size, attention", [(1, "sdpa"), (4, "sdpa"), (4, "flex")])
+def test_graph_path_is_lossless(tiny_llama, eager, reference, attention, batch_size):
+    """Every method through the graph path (padded steps, static buffers, scratch slot, heads,
+    hidden-state inputs), with either attention backend: greedy output equals ar's, and the
+    drafts accepted equal those of the eager path (the same drafts were made). (Flex runs its
+    unfused reference here, over the whole cache: slow, so at one batch size.)"""
+    prompts, ref = reference
+    m = graph_model(tiny_llama, attention)
+    plain = method_drafters(eager, prompts, ref)
+    for name, dr in method_drafters(m, prompts, ref).items():
+        before = m.graphs.replays
+        got, stats = run_ids(m, prompts, batch_size=batch_size, max_tokens=20, drafter=dr)
+        assert got == ref, name
+        assert m.graphs.replays > before, name
+        if dr is not None:
+            _, want = run_ids(eager, prompts, batch_size=batch_size, max_tokens=20,
+                              drafter=plain[name])
+            assert stats.accept_hist == want.accept_hist, name
+            assert sum(k * n for k, n in stats.accept_hist.items()) > 0, name
+    shapes = {(key[0], key[1]) for key in m.graphs.cache}
+    assert all(n in (1, 2, 3, 4, 5) or n % 16 == 0 for _, n in shapes)
+    heads = {key[3] for key in m.graphs.cache}
+    assert ("kangaroo", 1) in heads   # its draft forwards replayed as graphs
+    plans = {key[2].start for key in m.graphs.cache}
+    assert 1 in plans                 # and so did its verify from the exit layer
+
+
+def test_kangaroo_graphs_follow_a_new_adapter(tiny_llama, eager, reference):
+    """A second drafter with other adapter weights replays the same graphs (the kept head is
+    loaded with its weights) and drafts exactly as its eager twin does."""
+    prompts, ref = reference
+    m = graph_model(tiny_llama)
+    g = torch.Generator().manual_seed(0)
+    noisy = Adapter.init_from_model(eager, 1)
+    for t in noisy.w.values():
+        t.add_(0.05 * torch.randn(t.shape, generator=g))
+    for adapter in (Adapter.init_from_model(eager, 1), noisy):
+        dr = KangarooDrafter(m, Adapter(m, 1, {k: t.clone() for k, t in adapter.w.items()}),
+                             SamplingParams(), KangarooParams(eta=0.3))
+        got, stats = run_ids(m, prompts, batch_size=4, max_tokens=20, drafter=dr)
+        twin = KangarooDrafter(eager, adapter, SamplingParams(), KangarooParams(eta=0.3))
+        _, want = run_ids(eager, prompts, batch_size=4, max_tokens=20, drafter=twin)
+        assert got == ref and stats.accept_hist == want.accept_hist
+    assert len([k for k in m.graphs.kept if k[0] == "kangaroo"]) == 1
+
+
+def _attention_cases(model):
+    """Packed batches of every layout: uniform chains, mixed lengths, a tree with branches."""
+    prompts = random_prompts(3, seed=7)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
+    tree = lambda s, p: SeqInput(s, [3] + nodes.tokens, len(p),
+                                 [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
+    return prompts, [
+        [SeqInput(s, [4], len(p)) for s, p in enumerate(prompts)],
+        [SeqInput(s, [4, 5, 6][:s + 1], len(p)) for s, p in enumerate(prompts)],
+        [tree(s, p) if s != 1 else SeqInput(s, [4, 5], len(p)) for s, p in enumerate(prompts)],
+        [SeqInput(2, [4, 5], len(prompts[2])), SeqInput(0, [6], len(prompts[0]))],  # slot order
+    ]
+
+
+def test_flex_attention_equals_sdpa(eager):
+    c = eager.cfg
+    prompts, cases = _attention_cases(eager)
+    kv = prefill_slots(eager, KVCache(c.num_layers, 4, 256, c.num_kv_heads, c.head_dim,
+                                      spare=True), prompts)
+    g = torch.Generator().manual_seed(1)
+    for seqs in cases:
+        b = ForwardBatch(seqs)
+        q = torch.randn(b.num_tokens, c.num_heads, c.head_dim, generator=g)
+        meta = sdpa_meta(b)
+        want = sdpa_attention(q, kv.k[0], kv.v[0], meta)
+        torch.testing.assert_close(flex_attention(q, kv.k[0], kv.v[0], meta), want,
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_flex_block_mask_lists_own_slot_blocks(eager):
+    """The block mask reads only the sequence's own slot, and no block past its length."""
+    from specctl.engine.attention import flex_block_mask
+    b = ForwardBatch([SeqInput(2, [4, 5], 130), SeqInput(0, [6], 3)])
+    bm = flex_block_mask(sdpa_meta(b), num_slots=4, max_len=256)
+    assert bm.kv_num_blocks.view(-1).tolist() == [2, 1]     # 132 rows -> 2 blocks; 4 -> 1
+    idx = bm.kv_indices.view(2, -1)
+    assert idx[0, :2].tolist() == [4, 5] and idx[1, :1].tolist() == [0]
+
+
+def test_flex_needs_block_aligned_cache(eager):
+    c = eager.cfg
+    kv = KVCache(1, 1, 100, c.num_kv_heads, c.head_dim)
+    b = ForwardBatch([SeqInput(0, [4], 0)])
+    q = torch.zeros(1, c.num_heads, c.head_dim)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        flex_attention(q, kv.k[0], kv.v[0], sdpa_meta(b))
+    eager.set_attention("flex")
+    try:
+        assert eager.new_kv_cache(2, 100).max_len == 128   # the model rounds its caches up
+    finally:
+        eager.set_attention("sdpa")
+    with pytest.raises(ValueError, match="unknown attention"):
+        eager.set_attention("xformers")
+
+
+@pytest.mark.slow
+def test_compiled_flex_equals_sdpa(eager):
+    """The compiled kernel (what CUDA runs) honours the block indices (the unfused reference
+    ignores them), and new masks of one shape (a graph's step after step) do not recompile."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention as raw
+    from specctl.engine import attention as A
+    c = eager.cfg
+    prompts = random_prompts(4, seed=7)
+    kv = prefill_slots(eager, KVCache(c.num_layers, 4, 256, c.num_kv_heads, c.head_dim,
+                                      spare=True), prompts)
+    S, Lm, KV, hd = kv.k[0].shape
+    k = kv.k[0].view(1, S * Lm, KV, hd).transpose(1, 2)
+    v = kv.v[0].view(1, S * Lm, KV, hd).transpose(1, 2)
+    compiled = torch.compile(raw)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    g = torch.Generator().manual_seed(2)
+    n = 3
+    for slots, prefix in (([0, 1, 2], [20, 25, 30]), ([3, 0, 4], [200, 130, 5]),
+                          ([2, 2, 1], [126, 0, 252])):
+        slots, prefix = torch.tensor(slots), torch.tensor(prefix)
+        limit = prefix[:, None] + torch.arange(n)[None, :]
+        mask = torch.arange(Lm)[None, None, :] <= limit[:, :, None]       # [B, n, Lm]
+        meta = A.SdpaMeta(slots, Lm, n, True, None, None, mask[:, None])
+        q = torch.randn(3 * n, c.num_heads, hd, generator=g)
+        want = sdpa_attention(q, kv.k[0], kv.v[0], meta)
+        out = compiled(A._per_seq(q, meta), k, v, block_mask=A.flex_block_mask(meta, S, Lm),
+                       enable_gqa=True)
+        torch.testing.assert_close(A._packed(out, meta, q.shape[0]), want, atol=1e-5, rtol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
