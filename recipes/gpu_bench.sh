@@ -4,6 +4,7 @@
 #   bash recipes/gpu_bench.sh GGUF PROMPTS.jsonl [SKIPSET.json] [OUTDIR]
 # Optional artifacts built on a CPU beforehand and carried along (the device has no internet):
 #   ADAPTER=DIR (a train-adapter output), CORPUS=DIR (a build-cache output)
+# ATTENTION=flex benches the FlexAttention backend (default sdpa).
 # It converts the GGUF into a fresh store (specctl models pull --from), runs the GPU tests, then
 # `specctl bench` for ar, every method whose artifact is there, the Self-Draft ablations and the
 # HF peers (eager, prompt lookup, static-cache compiled) at batch 1, 8 and 32 (bf16), the host
@@ -25,6 +26,7 @@ methods=$methods,self-draft,self-draft:no-corpus,self-draft:no-context,hf,hf-sta
 methods=${METHODS:-$methods}
 $py -m specctl bench "$prompts" --methods "$methods" --batch-sizes "${BATCH_SIZES:-1,8,32}" \
     --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup 2 -q "${extra[@]}" \
+    --attention "${ATTENTION:-sdpa}" \
     2>&1 | tee "$out/bench.log"
 $py -m specctl report --md "$out/bench.md" --plots "$out" || $py -m specctl report --md "$out/bench.md"
 $py recipes/host_profile.py --input "$prompts" --methods ar,self-draft --batch-sizes 1,8,32 --prompts 16 \
