@@ -41,6 +41,31 @@ def test_greedy_equals_ar(model, batch_size, eta):
         assert sum(n * k for k, n in stats.accept_hist.items()) > 0   # some drafts accepted
 
 
+def test_adapter_cache_filled_by_chunked_prefill(model):
+    """The prefill forward hands its layer-l states to the adapter's cache, chunk by chunk
+    (sequences split across chunks, several per chunk): same drafts as one-chunk prefill."""
+    prompts = random_prompts(6, seed=3)
+    ref, _ = run_ids(model, prompts, batch_size=3, max_tokens=16)
+    accepted = []
+    for chunk in (512, 7):
+        dr = KangarooDrafter(model, _adapter(model), SamplingParams(), KangarooParams(eta=0.0))
+        got, stats = run_ids(model, prompts, batch_size=3, max_tokens=16, drafter=dr,
+                             prefill_chunk=chunk)
+        assert got == ref
+        accepted.append(stats.accept_hist)
+    assert accepted[0] == accepted[1] and sum(k * n for k, n in accepted[0].items()) > 0
+    # the cache rows themselves: the adapter's keys/values of each whole prompt
+    a = _adapter(model)
+    dr = KangarooDrafter(model, a, SamplingParams(), KangarooParams(eta=0.0))
+    run_ids(model, prompts[:3], batch_size=3, max_tokens=1, drafter=dr, prefill_chunk=7)
+    for slot, p in enumerate(prompts[:3]):
+        kv = model.new_kv_cache(1, 64)
+        h = model.forward(ForwardBatch([SeqInput(0, p, 0)]), kv, LayerPlan(end=1))
+        _, k, v = a._qkv(h, torch.arange(len(p)))
+        torch.testing.assert_close(dr.head.akv.k[0][slot, :len(p)], k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(dr.head.akv.v[0][slot, :len(p)], v, atol=1e-5, rtol=1e-5)
+
+
 def test_adapter_step_equals_train_forward(model):
     a = _adapter(model, 2, noise=0.01)
     ids = random_prompts(1, seed=2)[0] + [5, 6, 7, 8]

@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.runtime.sequence import Request, Sequence
 from specctl.spec.drafter import Drafter
@@ -159,7 +159,12 @@ class Runner:
                 budget -= n
             batch = ForwardBatch([SeqInput(s.slot, s.prompt_ids[s.prefilled:s.prefilled + n],
                                            s.prefilled) for s, n in parts], self.model.device)
-            hidden = self.model.forward(batch, self.kv)
+            layer = self.drafter.prefill_capture
+            if layer is None:
+                hidden = self.model.forward(batch, self.kv)
+            else:
+                hidden, h = self.model.forward(batch, self.kv, LayerPlan(capture=layer))
+                self.drafter.prefilled(batch, self.kv, h)
             self.stats.prefill_forwards += 1
             self.stats.prefill_tokens += batch.num_tokens
             ends = []

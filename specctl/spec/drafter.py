@@ -44,6 +44,13 @@ class Drafter:
     def verify_logits(self, batch, kv, seqs):
         raise NotImplementedError
 
+    # a drafter that needs the prompt's hidden states entering layer `prefill_capture` (Kangaroo:
+    # its exit layer) gets them from each prefill forward through `prefilled`
+    prefill_capture: int | None = None
+
+    def prefilled(self, batch, kv, hidden) -> None:
+        pass
+
     def signature(self) -> str:
         """What identifies this drafter's artifact (a run resumes only with the same one)."""
         return self.name

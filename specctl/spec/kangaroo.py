@@ -5,7 +5,9 @@ verify by running only layers [l, L) over the drafted positions' saved layer-l h
 Adapter (authors' code): RMSNorm -> one attention block with RoPE and the target's head shape
 (no MLP) -> residual add (of the adapter's input) -> RMSNorm -> the target's LM head. It keeps
 its own KV cache, one row per sequence position like the target's, so a rejected draft's rows
-are simply overwritten, exactly as the target's are.
+are simply overwritten, exactly as the target's are. Its rows for a prompt come from the
+prefill forward's own layer-l states (Drafter.prefill_capture): the prompt's first l layers run
+once.
 
 Per step and sequence (all sequences in lockstep, one token each per draft forward):
     input x = pending token, then each new draft
@@ -175,24 +177,17 @@ class KangarooDrafter(Drafter):
         self.head = head
         return head
 
-    def admit(self, seq) -> None:
-        seq.state["warm"] = False
+    @property
+    def prefill_capture(self) -> int:
+        return self.l
 
-    def _warm(self, seqs, kv: KVCache, head: AdapterHead) -> None:
-        """The adapter's KV rows for a new sequence's committed tokens (its prompt)."""
-        for s in seqs:
-            if s.state.get("warm"):
-                continue
-            n = kv.lens[s.slot]
-            toks = (s.prompt_ids + s.out_ids)[:n]
-            b = ForwardBatch([SeqInput(s.slot, toks, 0)], self.model.device)
-            h = self.model.forward(b, kv, LayerPlan(end=self.l))   # (eager: one shape each)
-            head(h, b.positions, b.slots, b.rows, sdpa_meta(b))
-            s.state["warm"] = True
+    def prefilled(self, batch: ForwardBatch, kv: KVCache, h: torch.Tensor) -> None:
+        """The adapter's KV rows for a prefill chunk, from its layer-l states (captured by the
+        prefill forward itself: no second pass over layers [0, l))."""
+        self._head(kv)(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch))
 
     def propose(self, seqs, kv, room) -> None:
         head = self._head(kv)
-        self._warm(seqs, kv, head)
         for s in seqs:
             s.state["h"], s.state["drafts"], s.state["q"] = [], [], []
         # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
