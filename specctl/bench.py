@@ -422,6 +422,7 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
     tk = job.Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention)
+    job.warn_flex_off_cuda(model, log)
     dev = model.device
     ctx = model.cfg.max_position
     need = 16

@@ -263,8 +263,9 @@ def test_invalid_options(tmp_path, prompts_file, tiny_llama, opts, needle):
 
 def test_flex_attention_gives_the_same_answers(tmp_path, baseline, prompts_file, tiny_llama):
     """--attention flex (on a CPU its reference implementation) answers as sdpa does."""
-    ok(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
-                "--attention", "flex", "--no-cuda-graphs"))
+    r = ok(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--attention", "flex", "--no-cuda-graphs"))
+    assert "meant for CUDA" in r.output
     got = [l["text"] for l in read_jsonl(tmp_path / "o.jsonl")]
     assert got == [l["text"] for l in baseline["lines"]]
 

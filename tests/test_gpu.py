@@ -112,3 +112,22 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama):
                           for s, p in enumerate(prompts)], "cuda")
         outs.append(m.forward_logits(b, kv).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+
+
+def test_eager_flex_equals_sdpa_on_cuda(tiny_llama):
+    """Without graphs (prefill and eager steps: the dynamic-shape compile) on a packed batch of
+    unequal lengths, a tree among them."""
+    from specctl.spec.self_draft import build_trie
+    prompts = random_prompts(3, seed=8)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10)
+    outs = []
+    for attention in ("sdpa", "flex"):
+        m = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False, attention=attention)
+        kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
+        b = ForwardBatch([SeqInput(0, [4], len(prompts[0])),
+                          SeqInput(1, [3] + nodes.tokens, len(prompts[1]),
+                                   [len(prompts[1])] + [len(prompts[1]) + d for d in nodes.depths()],
+                                   nodes.mask()),
+                          SeqInput(2, [4, 5, 6], len(prompts[2]))], "cuda")
+        outs.append(m.forward_logits(b, kv).clone())
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)

@@ -39,6 +39,7 @@ class SdpaMeta:
     q_idx: torch.Tensor              # [T] index of the token among its sequence's new tokens
     mask: torch.Tensor               # [B, 1, N_max, L_max] bool, True = may attend
     block_mask: tuple | None = None  # ((slots, max_len), FlexAttention BlockMask), made on first use
+    static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
 
 
 def sdpa_meta(batch: ForwardBatch) -> SdpaMeta:
@@ -113,8 +114,8 @@ def flex_block_mask(meta: SdpaMeta, num_slots: int, max_len: int):
         torch.arange(meta.slots.start, meta.slots.stop, device=dev)
     nq, per = -(-N // FLEX_BLOCK), max_len // FLEX_BLOCK
     # the columns each block of queries needs: up to its last visible one
-    rows = F.pad(dense, (0, 0, 0, nq * FLEX_BLOCK - N)).view(B, nq, FLEX_BLOCK, C).any(2)
-    need = (rows * torch.arange(1, C + 1, device=dev)).amax(-1)       # [B, nq]
+    last = torch.where(dense, torch.arange(1, C + 1, dtype=torch.int32, device=dev), 0).amax(-1)
+    need = F.pad(last, (0, nq * FLEX_BLOCK - N)).view(B, nq, FLEX_BLOCK).amax(-1)   # [B, nq]
     num = ((need + FLEX_BLOCK - 1) // FLEX_BLOCK).to(torch.int32)[:, None]   # [B, 1, nq]
     total = num_slots * per
     first = torch.arange(total, device=dev)
@@ -132,13 +133,17 @@ def flex_block_mask(meta: SdpaMeta, num_slots: int, max_len: int):
 
 
 @lru_cache(maxsize=None)
-def _flex_kernel(device_type: str):
+def _flex_kernel(device_type: str, static: bool):
+    """The flex kernel: on CUDA compiled, whole (a graph break would fall back to the unfused
+    reference, which materializes scores over the whole cache: better to fail loudly). A
+    captured graph's forwards compile for their exact shapes (flex's decoding kernel needs a
+    static batch; one compile per batch bucket x tokens per step); eager forwards (prefill,
+    steps past the captured sizes) compile once with dynamic shapes."""
     from torch.nn.attention.flex_attention import flex_attention
     if device_type == "cuda":
         import torch._dynamo
-        # one compile per captured shape (batch bucket x tokens per step) plus prefill shapes
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        return torch.compile(flex_attention)
+        return torch.compile(flex_attention, fullgraph=True, dynamic=False if static else None)
     # elsewhere the unfused reference implementation (correct, not fast: for tests)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     return flex_attention
@@ -156,8 +161,8 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     bm = meta.block_mask[1]
     k = k_cache.view(1, S * Lm, KV, hd).transpose(1, 2)               # [1, KV, S*Lm, hd]
     v = v_cache.view(1, S * Lm, KV, hd).transpose(1, 2)
-    out = _flex_kernel(q.device.type)(_per_seq(q, meta), k, v, block_mask=bm,
-                                      enable_gqa=KV != q.shape[1])
+    out = _flex_kernel(q.device.type, meta.static)(_per_seq(q, meta), k, v, block_mask=bm,
+                                                   enable_gqa=KV != q.shape[1])
     return _packed(out, meta, q.shape[0])
 
 

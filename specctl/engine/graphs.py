@@ -72,13 +72,15 @@ class CudaGraphs:
         self.kept: dict[tuple, object] = {}
         self.replays = 0
 
-    def keep(self, key: tuple, make):
-        """An object made once and handed out again for the same key: the state a head reads
-        (weights, its own KV cache) must stay at one address for its graphs to stay valid."""
-        obj = self.kept.get(key)
-        if obj is None:
-            obj = self.kept[key] = make()
-        return obj
+    def keep(self, key: tuple, kv, make):
+        """An object made once and handed out again for the same key while the model's KV
+        cache is kv: the state a head reads (weights, its own KV cache) must stay at one
+        address for its graphs to stay valid. A new cache (whose graphs are captured anew)
+        replaces it, so one object per key is ever held."""
+        got = self.kept.get(key)
+        if got is None or got[0] is not kv:
+            got = self.kept[key] = (kv, make())
+        return got[1]
 
     @staticmethod
     def bucket(b: int) -> int:
@@ -156,7 +158,7 @@ class CudaGraphs:
         rel = torch.arange(kv.max_len, device=dev)[None, None, :] - prefix[:, None, None]
         new = local.gather(2, rel.clamp(0, n - 1).expand(Bb, n, kv.max_len))
         mask = (rel < 0) | ((rel < n) & new)                             # [Bb, n, max_len]
-        meta = SdpaMeta(slots, kv.max_len, n, True, None, None, mask[:, None])
+        meta = SdpaMeta(slots, kv.max_len, n, True, None, None, mask[:, None], static=True)
         x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
         h = m._layers(x, positions, slot_tok, rows, meta, kv, plan, end)

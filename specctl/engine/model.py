@@ -97,6 +97,8 @@ class Model:
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of {sorted(BACKENDS)})")
         self.attention, self.attend = backend, BACKENDS[backend]
+        if self.graphs is not None:   # captured with the other backend
+            self.graphs.cache.clear()
 
     def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
         """A KV cache for num_slots sequences of up to max_len rows. With CUDA graphs the model

@@ -61,6 +61,12 @@ def check_attention(name: str) -> None:
         raise SpecctlError(f"--attention must be one of {', '.join(BACKENDS)}, got {name!r}")
 
 
+def warn_flex_off_cuda(model, log) -> None:
+    if model.attention == "flex" and model.device.type != "cuda":
+        log("--attention flex: off CUDA this is PyTorch's unfused reference (slow, and its "
+            "memory grows with the whole KV cache); it is meant for CUDA")
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     input: str
@@ -142,6 +148,9 @@ class GenerateConfig:
         """What makes two runs the same run (for --resume)."""
         d = asdict(self)
         d.pop("skip_bad")
+        for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
+            if d[name] == default:   # (options added later: runs begun before keep their key)
+                d.pop(name)
         return hashlib.sha256(json.dumps([d, input_sha], sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -549,6 +558,7 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
             torch.cuda.set_device(torch.device(device))
         model = load_model(model_dir, device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                            attention=cfg.attention)
+        warn_flex_off_cuda(model, say)
         drafter = make_drafter(cfg, model, model_dir, store, say)
         # the same run = same input, settings, model and method artifact (e.g. the skip set used)
         key = cfg.key(input_sha + str(model_dir) + drafter.signature())

@@ -168,7 +168,7 @@ class KangarooDrafter(Drafter):
             if self.head is None or tuple(self.head.akv.k[0].shape[:2]) != shape:
                 self.head = make(self.adapter)
             return self.head
-        head = m.graphs.keep(("kangaroo", self.l, shape), lambda: make(Adapter(
+        head = m.graphs.keep(("kangaroo", self.l), kv, lambda: make(Adapter(
             m, self.l, {k: t.clone() for k, t in self.adapter.w.items()})))
         if head.loaded is not self.adapter:
             for k, t in head.adapter.w.items():
