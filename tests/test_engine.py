@@ -146,3 +146,25 @@ def test_kv_commit_truncate_validation(tiny_llama):
         SeqInput(0, [], 0)
     with pytest.raises(ValueError):
         SeqInput(0, [1, 2], 0, mask=torch.zeros(2, 2, dtype=torch.bool))
+
+
+def test_kv_commit_many_moves_every_layer_and_slot():
+    """One batched commit over slots with a moved subset, a prefix and nothing kept equals
+    moving each slot's rows by hand, in every layer, keys and values; other slots untouched."""
+    from specctl.engine.kv import KVCache
+    kv = KVCache(3, 4, 12, 2, 4)
+    g = torch.Generator().manual_seed(0)
+    for t in (kv.k_all, kv.v_all):
+        t.copy_(torch.randn(t.shape, generator=g))
+    kv.lens[:] = [2, 3, 1, 4]
+    before = [kv.k_all.clone(), kv.v_all.clone()]
+    kv.commit_many([(0, [0, 2, 5]), (1, [0, 1]), (3, [])])
+    assert kv.lens == [5, 5, 1, 4]
+    for got, old in zip((kv.k_all, kv.v_all), before):
+        assert torch.equal(got[:, 0, 2:5], old[:, 0, [2, 4, 7]])   # rows 2+0, 2+2, 2+5
+        assert torch.equal(got[:, 0, :2], old[:, 0, :2])
+        assert torch.equal(got[:, 1], old[:, 1]) and torch.equal(got[:, 2:], old[:, 2:])
+    assert kv.k[1].data_ptr() == kv.k_all[1].data_ptr()           # per-layer views
+    with pytest.raises(ValueError, match="ascending"):
+        kv.commit_many([(2, [0, 1]), (1, [3, 2])])
+    assert kv.lens == [5, 5, 1, 4]                                 # nothing half-done

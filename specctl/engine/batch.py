@@ -23,6 +23,7 @@ its mask allows (default: causal among the new tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -88,11 +89,9 @@ class ForwardBatch:
             counts.append(n)
         self.num_new = counts
         self.num_tokens = len(toks)  # T: the sum of real tokens, nothing padded
-        as_long = dict(dtype=torch.long, device=self.device)
-        self.tokens = torch.tensor(toks, **as_long)        # [T]
-        self.positions = torch.tensor(pos, **as_long)      # [T]
-        self.slots = torch.tensor(slots, **as_long)        # [T]
-        self.rows = torch.tensor(rows, **as_long)          # [T]
+        # host lists; the device tensors are made on first use (a CUDA-graph replay copies the
+        # lists into its static buffers in one transfer and never needs them)
+        self.token_list, self.position_list, self._slots, self._rows = toks, pos, slots, rows
         self.seq_slots = [s.slot for s in seqs]
         self.prefix_lens = [s.prefix_len for s in seqs]
         cu = [0]
@@ -101,6 +100,25 @@ class ForwardBatch:
         self.cu_seqlens = cu
         self.max_kv_len = max(p + n for p, n in zip(self.prefix_lens, counts))
         self._attn_meta = None
+
+    def _dev(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    @cached_property
+    def tokens(self) -> torch.Tensor:      # [T]
+        return self._dev(self.token_list)
+
+    @cached_property
+    def positions(self) -> torch.Tensor:   # [T]
+        return self._dev(self.position_list)
+
+    @cached_property
+    def slots(self) -> torch.Tensor:       # [T]
+        return self._dev(self._slots)
+
+    @cached_property
+    def rows(self) -> torch.Tensor:        # [T]
+        return self._dev(self._rows)
 
     def last_index(self) -> list[int]:
         """Index in the flat batch of each sequence's last new token."""

@@ -42,11 +42,13 @@ class _Captured:
     kv: object                # the cache the graph's pointers refer to (kept alive with it)
     head: object              # the head it was captured with (None: the LM head)
     graph: object             # torch.cuda.CUDAGraph (or _EagerReplay off CUDA)
+    ints: torch.Tensor        # [2 * Bb * n + 2 * Bb]: the four below, filled by one copy
     tokens: torch.Tensor      # [Bb * n]
     positions: torch.Tensor   # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
+    chains: bool              # local holds the causal mask of every row (as captured)
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple            # [Bb * n, ...] each: (logits,) or the head's outputs
 
@@ -118,18 +120,19 @@ class CudaGraphs:
         if cap is None or cap.head is not head:   # (a new head object: its tensors moved)
             cap = self.cache[key] = self._capture(kv, self.bucket(B), n, plan, head)
         Bb = cap.slots.shape[0]
-        cap.tokens[:B * n].copy_(batch.tokens, non_blocking=True)
-        cap.positions[:B * n].copy_(batch.positions, non_blocking=True)
-        slots = torch.tensor(batch.seq_slots + [kv.scratch] * (Bb - B), dtype=torch.long)
-        prefix = torch.tensor(batch.prefix_lens + [0] * (Bb - B), dtype=torch.long)
-        cap.slots.copy_(slots, non_blocking=True)
-        cap.prefix.copy_(prefix, non_blocking=True)
-        if n > 1:
+        pad = [0] * ((Bb - B) * n)   # padded rows: token 0 at position 0 on the scratch slot
+        ints = torch.tensor(batch.token_list + pad + batch.position_list + pad + batch.seq_slots
+                            + [kv.scratch] * (Bb - B) + batch.prefix_lens + [0] * (Bb - B),
+                            dtype=torch.long)
+        cap.ints.copy_(ints, non_blocking=True)   # one host-to-device transfer
+        masked = any(s.mask is not None for s in batch.seqs)
+        if n > 1 and (masked or not cap.chains):
             local = self._tril(n).expand(Bb, n, n).clone()
             for b, s in enumerate(batch.seqs):
                 if s.mask is not None:
                     local[b] = s.mask
             cap.local.copy_(local, non_blocking=True)
+            cap.chains = not masked
         if hidden is not None:
             cap.hidden[:B * n].copy_(hidden)
         cap.graph.replay()
@@ -167,18 +170,17 @@ class CudaGraphs:
     @torch.inference_mode()
     def _capture(self, kv, Bb: int, n: int, plan: LayerPlan, head=None) -> _Captured:
         dev = self.model.device
-        tokens = torch.zeros(Bb * n, dtype=torch.long, device=dev)
-        positions = torch.zeros(Bb * n, dtype=torch.long, device=dev)
-        slots = torch.full((Bb,), kv.scratch, dtype=torch.long, device=dev)
-        prefix = torch.zeros(Bb, dtype=torch.long, device=dev)
+        ints = torch.zeros(2 * Bb * n + 2 * Bb, dtype=torch.long, device=dev)
+        tokens, positions, slots, prefix = ints.split([Bb * n, Bb * n, Bb, Bb])
+        slots.fill_(kv.scratch)
         local = self._tril(n).to(dev).expand(Bb, n, n).clone()
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
         args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local, hidden, head)
         if not self.capture:
             outputs = self._forward(*args)
-            return _Captured(kv, head, _EagerReplay(lambda: self._forward(*args), outputs),
-                             tokens, positions, slots, prefix, local, hidden, outputs)
+            return _Captured(kv, head, _EagerReplay(lambda: self._forward(*args), outputs), ints,
+                             tokens, positions, slots, prefix, local, True, hidden, outputs)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):   # warm-up outside the graph (allocator, autotuning)
@@ -188,4 +190,5 @@ class CudaGraphs:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.pool):
             outputs = self._forward(*args)
-        return _Captured(kv, head, g, tokens, positions, slots, prefix, local, hidden, outputs)
+        return _Captured(kv, head, g, ints, tokens, positions, slots, prefix, local, True, hidden,
+                         outputs)

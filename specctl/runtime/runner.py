@@ -223,13 +223,14 @@ class Runner:
                 vcu.append(vcu[-1] + n)
         verdicts: list[Verdict] = []
         for b, s in enumerate(seqs):
-            tree = s.draft
             if self.sp.greedy:   # padding and probe rows (if any) are ignored
-                v = verify_greedy(tree, target[cu[b]:cu[b] + real[b]])
+                verdicts.append(verify_greedy(s.draft, target[cu[b]:cu[b] + real[b]]))
             else:
-                v = verify_sampling(tree, probs[vcu[b]:vcu[b + 1]], s.rng)
-            verdicts.append(v)
-            kv.commit(s.slot, [0] + [j + 1 for j in v.accepted])
+                verdicts.append(verify_sampling(s.draft, probs[vcu[b]:vcu[b + 1]], s.rng))
+        kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
+                        for s, v in zip(seqs, verdicts)])
+        for s, v in zip(seqs, verdicts):
+            tree = s.draft
             s.req.steps += 1
             s.req.accept_lengths.append(len(v.accepted))
             s.req.draft_lengths.append(len(tree))
