@@ -107,3 +107,15 @@ def test_warp_top_k_top_p():
     assert torch.allclose(p, torch.tensor([0, 0.4, 0.25, 0, 0.15, 0]) / 0.8)
     p = warp(logits, SamplingParams(temperature=1.0, top_p=0.35))[0]   # the top token alone
     assert torch.allclose(p, torch.tensor([0, 1.0, 0, 0, 0, 0]))
+
+
+def test_top1_is_argmax_and_softmax_max():
+    from specctl.spec.verify import top1
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 49152, generator=g) * 4
+    logits[2, 40000] = 60.0                              # a confident row, a late token id
+    toks, conf = top1(logits)
+    p = torch.softmax(logits, -1)
+    assert toks == p.argmax(-1).tolist() and toks[2] == 40000
+    assert torch.allclose(torch.tensor(conf, dtype=torch.float64), p.max(-1).values.double(),
+                          rtol=1e-5)

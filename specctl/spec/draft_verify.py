@@ -32,7 +32,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, warp
+from specctl.spec.verify import DraftTree, SamplingParams, top1, warp
 
 
 @dataclass(frozen=True)
@@ -152,8 +152,7 @@ class LayerSkipDrafter(Drafter):
                 s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
                 s.state["tried"] = True
             if self.sp.greedy:
-                top_p, tok = torch.softmax(logits, -1).max(-1)
-                toks, conf = tok.tolist(), top_p.tolist()
+                toks, conf = top1(logits)
                 q = None
             else:
                 q = warp(logits, self.sp).cpu()

@@ -38,7 +38,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, rms_norm
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, warp
+from specctl.spec.verify import DraftTree, SamplingParams, top1, warp
 
 ADAPTER_KEYS = ("norm_in.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
                 "o_proj.weight", "norm_out.weight")
@@ -201,8 +201,8 @@ class KangarooDrafter(Drafter):
             h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
             self.draft_forwards += 1
             if self.sp.greedy:
-                conf, tok = torch.softmax(logits, -1).max(-1)
-                conf, toks, q = conf.tolist(), tok.tolist(), None
+                toks, conf = top1(logits)
+                q = None
             else:
                 q = warp(logits, self.sp).cpu()
                 conf = q.max(-1).values.tolist()

@@ -97,6 +97,16 @@ class Verdict:
         return [tree.tokens[j] for j in self.accepted] + [self.bonus]
 
 
+def top1(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Greedy drafting's read-back: each row's argmax and its softmax probability (the draft's
+    confidence), computed without materializing the softmax and fetched in one transfer."""
+    lf = logits.float()
+    m, tok = lf.max(-1)
+    conf = torch.exp(m - torch.logsumexp(lf, -1))
+    toks, confs = torch.stack([tok.double(), conf.double()]).tolist()
+    return [int(t) for t in toks], confs
+
+
 def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
     """target: argmax of the n + 1 target rows. Follow the child that equals the target's
     choice as long as one exists."""
