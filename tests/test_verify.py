@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specctl.spec.verify import (DraftTree, SamplingParams, verify_greedy, verify_sampling,
-                                 warp)
+from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, verify_greedy,
+                                 verify_sampling, warp)
 from helpers import chi_square_ok
 
 
@@ -119,3 +119,59 @@ def test_top1_is_argmax_and_softmax_max():
     assert toks == p.argmax(-1).tolist() and toks[2] == 40000
     assert torch.allclose(torch.tensor(conf, dtype=torch.float64), p.max(-1).values.double(),
                           rtol=1e-5)
+
+
+def _reference_sampling(tree, p, rng):
+    """verify_sampling as it was before the two-phase split (chi-square tested above): the
+    walk over whole rows."""
+    ch = tree.children()
+    accepted, row = [], 0
+    while True:
+        pr = p[row].double().clone()
+        moved = False
+        for j in ch[row]:
+            x = tree.tokens[j]
+            u = torch.rand((), generator=rng, dtype=torch.float64).item()
+            if tree.q is None:
+                if u < pr[x].item():
+                    moved = True
+                else:
+                    pr[x] = 0.0
+            else:
+                qj = tree.q[j].double()
+                if qj[x] > 0 and u < min(1.0, (pr[x] / qj[x]).item()):
+                    moved = True
+                else:
+                    pr = torch.clamp(pr - qj, min=0.0)
+            if moved:
+                accepted.append(j)
+                row = j + 1
+                break
+            s = pr.sum()
+            pr = pr / s if s > 0 else p[row].double().clone()
+        if not moved:
+            return Verdict(accepted, int(torch.multinomial(pr.float(), 1, generator=rng).item()))
+
+
+@pytest.mark.parametrize("kind", ["one_hot", "q_chain", "q_siblings"])
+def test_two_phase_sampling_equals_whole_row_walk(kind):
+    """Same trees, same random streams: the two-phase verifier decides exactly as the whole-row
+    walk did, including sibling rejections, duplicates and warped (zero-mass) rows."""
+    g = torch.Generator().manual_seed(3)
+    vocab = 7
+    for case in range(1500):
+        n = int(torch.randint(0, 6, (), generator=g))
+        parents = [int(torch.randint(-1, j, (), generator=g)) if kind != "q_chain" else j - 1
+                   for j in range(n)]
+        tokens = torch.randint(0, vocab, (n,), generator=g).tolist()
+        p = torch.softmax(torch.randn(n + 1, vocab, generator=g) * 2, -1)
+        p[:, int(torch.randint(0, vocab, (), generator=g))] = 0.0   # warped-away tokens
+        if case % 7 == 0:                                            # a one-token row
+            p[0] = torch.nn.functional.one_hot(torch.tensor(tokens[0] if n else 0), vocab)
+        p = p / p.sum(-1, keepdim=True)
+        q = None if kind == "one_hot" else torch.softmax(torch.randn(n, vocab, generator=g), -1)
+        tree = DraftTree(tokens, parents, q)
+        seed = 1000 + case
+        want = _reference_sampling(tree, p, torch.Generator().manual_seed(seed))
+        got = verify_sampling(tree, p, torch.Generator().manual_seed(seed))
+        assert got == want, (case, tree, got, want)

@@ -130,35 +130,85 @@ def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator) -> V
     the next child is tried. If all children fail (or there are none), the bonus is drawn from
     the current p. With one child this is standard speculative sampling; with one-hot q it is
     the sequential-candidate acceptance of Self-Draft / SpecInfer.
+
+    Done in two halves so that a batch needs no more than two small transfers from the device
+    (the runner): walk_sampling decides acceptance from each draft token's probability at its
+    parent's row and each row's total; draw_bonus then needs the one row the walk stopped at.
     """
+    px = p[[j + 1 for j in tree.parents], tree.tokens].double().tolist() if len(tree) else []
+    walk = walk_sampling(tree, px, p.sum(-1, dtype=torch.float64).tolist(), lambda r: p[r], rng)
+    return Verdict(walk.accepted, draw_bonus(walk, p[walk.row], rng))
+
+
+@dataclass
+class SampleWalk:
+    accepted: list[int]                 # accepted nodes, root to leaf
+    row: int                            # the row the bonus is drawn from
+    zeroed: list[int]                   # its tokens rejected (one-hot drafts): p(x) := 0
+    minus: torch.Tensor | None = None   # or the rejected drafter distribution: max(p - q, 0)
+    residual: torch.Tensor | None = None   # or the residual itself (siblings with q)
+
+
+def walk_sampling(tree: DraftTree, px: list[float], sums: list[float], full, rng) -> SampleWalk:
+    """The acceptance half of verify_sampling. px[j]: p of node j's token at its parent's row;
+    sums[r]: row r's total (read only for rows with several children); full(r): row r itself, fetched only for a drafter distribution's
+    rejection followed by a sibling (no drafter makes such trees today)."""
     ch = tree.children()
     accepted, row = [], 0
     while True:
-        pr = p[row].double().clone()
-        moved = False
-        for j in ch[row]:
+        zeroed, mass, minus, res = [], sums[row], None, None
+        kids = ch[row]
+        for i, j in enumerate(kids):
             x = tree.tokens[j]
             u = torch.rand((), generator=rng, dtype=torch.float64).item()
-            if tree.q is None:
-                if u < pr[x].item():
-                    moved = True
-                else:
-                    pr[x] = 0.0
+            if res is not None:                          # after a q rejection: the full residual
+                qx = float(tree.q[j][x])
+                ok = qx > 0 and u < min(1.0, float(res[x]) / qx)
+            elif tree.q is None:
+                pj = 0.0 if x in zeroed else px[j]
+                ok = u < (pj / mass if zeroed else pj)   # (the first child: p as it is)
             else:
-                qj = tree.q[j].double()
-                if qj[x] > 0 and u < min(1.0, (pr[x] / qj[x]).item()):
-                    moved = True
-                else:
-                    pr = torch.clamp(pr - qj, min=0.0)
-            if moved:
+                qx = float(tree.q[j][x])
+                ok = qx > 0 and u < min(1.0, px[j] / qx)
+            if ok:
                 accepted.append(j)
                 row = j + 1
                 break
-            s = pr.sum()
-            pr = pr / s if s > 0 else p[row].double().clone()
-        if not moved:
-            bonus = int(torch.multinomial(pr.float(), 1, generator=rng).item())
-            return Verdict(accepted, bonus)
+            if tree.q is None:
+                if x not in zeroed:
+                    zeroed.append(x)
+                    mass -= pj
+                if mass <= 0:                            # nothing left: p as it was
+                    zeroed, mass = [], sums[row]
+            elif res is not None or i + 1 < len(kids):   # a sibling follows: residual needed
+                base = full(row).double()
+                res = _minus(base if res is None else res, tree.q[j].double(), base)
+            else:
+                minus = tree.q[j].double()
+        else:
+            return SampleWalk(accepted, row, zeroed, minus, res)
+
+
+def _minus(pr: torch.Tensor, q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """norm(max(pr - q, 0)), or the row as it was (base) where nothing is left."""
+    r = torch.clamp(pr - q, min=0.0)
+    s = r.sum()
+    return r / s if s > 0 else base
+
+
+def draw_bonus(walk: SampleWalk, p_row: torch.Tensor, rng: torch.Generator) -> int:
+    """The bonus token from the row the walk stopped at, as the walk left it."""
+    pr = p_row.double()
+    if walk.residual is not None:
+        pr = walk.residual
+    elif walk.minus is not None:
+        pr = _minus(pr, walk.minus, pr)
+    elif walk.zeroed:
+        pr = pr.clone()
+        pr[walk.zeroed] = 0.0
+        s = pr.sum()
+        pr = pr / s if s > 0 else p_row.double()
+    return int(torch.multinomial(pr.float(), 1, generator=rng).item())
 
 
 @dataclass(frozen=True)
