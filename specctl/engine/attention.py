@@ -135,15 +135,16 @@ def flex_block_mask(meta: SdpaMeta, num_slots: int, max_len: int):
 @lru_cache(maxsize=None)
 def _flex_kernel(device_type: str, static: bool):
     """The flex kernel: on CUDA compiled, whole (a graph break would fall back to the unfused
-    reference, which materializes scores over the whole cache: better to fail loudly). A
-    captured graph's forwards compile for their exact shapes (flex's decoding kernel needs a
-    static batch; one compile per batch bucket x tokens per step); eager forwards (prefill,
-    steps past the captured sizes) compile once with dynamic shapes."""
+    reference, which materializes scores over the whole cache: better to fail loudly), with
+    automatic dynamic shapes, so a new token count compiles once more, not once per count.
+    Captured graphs' forwards (static) keep their batch dimension static (flex_attention()
+    marks it): flex's decoding kernel needs a static batch, so they compile once or twice per
+    batch bucket; eager forwards (prefill) have their own compiled function."""
     from torch.nn.attention.flex_attention import flex_attention
     if device_type == "cuda":
         import torch._dynamo
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        return torch.compile(flex_attention, fullgraph=True, dynamic=False if static else None)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        return torch.compile(flex_attention, fullgraph=True)
     # elsewhere the unfused reference implementation (correct, not fast: for tests)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
     return flex_attention
@@ -161,7 +162,11 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     bm = meta.block_mask[1]
     k = k_cache.view(1, S * Lm, KV, hd).transpose(1, 2)               # [1, KV, S*Lm, hd]
     v = v_cache.view(1, S * Lm, KV, hd).transpose(1, 2)
-    out = _flex_kernel(q.device.type, meta.static)(_per_seq(q, meta), k, v, block_mask=bm,
+    qp = _per_seq(q, meta)
+    if meta.static and q.is_cuda:
+        import torch._dynamo
+        torch._dynamo.mark_static(qp, 0)
+    out = _flex_kernel(q.device.type, meta.static)(qp, k, v, block_mask=bm,
                                                    enable_gqa=KV != q.shape[1])
     return _packed(out, meta, q.shape[0])
 
