@@ -167,4 +167,8 @@ def test_kv_commit_many_moves_every_layer_and_slot():
     assert kv.k[1].data_ptr() == kv.k_all[1].data_ptr()           # per-layer views
     with pytest.raises(ValueError, match="ascending"):
         kv.commit_many([(2, [0, 1]), (1, [3, 2])])
+    with pytest.raises(ValueError, match="twice"):
+        kv.commit_many([(2, [0]), (2, [1])])
+    with pytest.raises(ValueError, match="past the cache"):
+        kv.commit_many([(2, [0]), (3, [0, 8])])                    # reads row 12 of 12
     assert kv.lens == [5, 5, 1, 4]                                 # nothing half-done

@@ -133,17 +133,20 @@ def flex_block_mask(meta: SdpaMeta, num_slots: int, max_len: int):
 
 
 @lru_cache(maxsize=None)
-def _flex_kernel(device_type: str, static: bool):
-    """The flex kernel: on CUDA compiled, whole (a graph break would fall back to the unfused
-    reference, which materializes scores over the whole cache: better to fail loudly), with
-    automatic dynamic shapes, so a new token count compiles once more, not once per count.
-    Captured graphs' forwards (static) keep their batch dimension static (flex_attention()
-    marks it): flex's decoding kernel needs a static batch, so they compile once or twice per
-    batch bucket; eager forwards (prefill) have their own compiled function."""
+def _flex_kernel(device_type: str):
+    """The flex kernel: on CUDA compiled, whole, with automatic dynamic shapes, so a new token
+    count compiles once more, not once per count. Captured graphs' forwards keep their batch
+    dimension static (flex_attention() marks it): flex's decoding kernel needs a static batch,
+    so they compile once or twice per batch bucket. A graph break or the recompile limit would
+    fall back to the unfused reference, which materializes scores over the whole cache: both
+    fail loudly instead."""
     from torch.nn.attention.flex_attention import flex_attention
     if device_type == "cuda":
         import torch._dynamo
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        cfg = torch._dynamo.config
+        cfg.recompile_limit = max(cfg.recompile_limit, 256)
+        if hasattr(cfg, "fail_on_recompile_limit_hit"):
+            cfg.fail_on_recompile_limit_hit = True
         return torch.compile(flex_attention, fullgraph=True)
     # elsewhere the unfused reference implementation (correct, not fast: for tests)
     warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
@@ -166,8 +169,7 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if meta.static and q.is_cuda:
         import torch._dynamo
         torch._dynamo.mark_static(qp, 0)
-    out = _flex_kernel(q.device.type, meta.static)(qp, k, v, block_mask=bm,
-                                                   enable_gqa=KV != q.shape[1])
+    out = _flex_kernel(q.device.type)(qp, k, v, block_mask=bm, enable_gqa=KV != q.shape[1])
     return _packed(out, meta, q.shape[0])
 
 

@@ -50,22 +50,25 @@ class KVCache:
         self.commit_many([(slot, kept)])
 
     def commit_many(self, items: list[tuple[int, list[int]]]) -> None:
-        """commit(slot, kept) for each (slot, kept) of distinct slots, the moves batched."""
+        """commit(slot, kept) for each (slot, kept) of distinct slots, the moves batched.
+        Everything is checked before anything moves."""
+        if len({slot for slot, _ in items}) != len(items):
+            raise ValueError("commit_many: a slot appears twice")
         slots, dst, src = [], [], []
         for slot, kept in items:
             base, n = self.lens[slot], len(kept)
             if any(b <= a for a, b in zip(kept, kept[1:])) or (n and kept[0] < 0):
                 raise ValueError(f"kept offsets must be ascending, got {kept}")
-            if base + n > self.max_len:
-                raise ValueError(f"slot {slot} overflows the cache ({base + n} > {self.max_len})")
+            if n and base + kept[-1] >= self.max_len:
+                raise ValueError(f"slot {slot}: kept row {base + kept[-1]} is past the cache "
+                                 f"({self.max_len} rows)")
             for j, o in enumerate(kept):   # a contiguous prefix is already in place
                 if o != j:
                     slots.append(slot)
                     dst.append(base + j)
                     src.append(base + o)
         if slots:
-            dev = self.k_all.device
-            s, d, r = (torch.tensor(x, device=dev) for x in (slots, dst, src))
+            s, d, r = torch.tensor([slots, dst, src], device=self.k_all.device)   # one copy
             for cache in (self.k_all, self.v_all):
                 cache[:, s, d] = cache[:, s, r]   # (the right side is gathered first)
         for slot, kept in items:

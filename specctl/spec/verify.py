@@ -151,8 +151,10 @@ class SampleWalk:
 
 def walk_sampling(tree: DraftTree, px: list[float], sums: list[float], full, rng) -> SampleWalk:
     """The acceptance half of verify_sampling. px[j]: p of node j's token at its parent's row;
-    sums[r]: row r's total (read only for rows with several children); full(r): row r itself, fetched only for a drafter distribution's
-    rejection followed by a sibling (no drafter makes such trees today)."""
+    sums[r]: row r's total (it matters only for rows with several children: a row's only child
+    rejected ends the walk there, and draw_bonus renormalizes the row itself); full(r): row r
+    itself, fetched only for a drafter distribution's rejection followed by a sibling (no
+    drafter makes such trees today)."""
     ch = tree.children()
     accepted, row = [], 0
     while True:
