@@ -170,3 +170,20 @@ def test_compiled_flex_equals_sdpa(eager):
                        enable_gqa=True)
         torch.testing.assert_close(A._packed(out, meta, q.shape[0]), want, atol=1e-5, rtol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_graph_path_samples_as_eager(tiny_llama, eager, reference):
+    """Sampling through the graph path (static outputs read by the drafters' and the
+    verifier's read-backs) draws exactly what the eager path draws, per request."""
+    prompts, ref = reference
+    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=3)
+    m = graph_model(tiny_llama)
+    for name, dr in method_drafters(m, prompts, ref).items():
+        if dr is not None:
+            dr.sp = sp
+        got, _ = run_ids(m, prompts, batch_size=4, max_tokens=12, drafter=dr, sampling=sp)
+        twin = method_drafters(eager, prompts, ref)[name]
+        if twin is not None:
+            twin.sp = sp
+        want, _ = run_ids(eager, prompts, batch_size=4, max_tokens=12, drafter=twin, sampling=sp)
+        assert got == want, name
