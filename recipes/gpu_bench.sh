@@ -31,7 +31,7 @@ if [[ $steps == *,bench,* ]]; then
   if [ -n "$skip" ]; then methods=$methods,draft-verify; extra+=(--skip-set "$skip"); fi
   if [ -n "${ADAPTER:-}" ]; then methods=$methods,kangaroo; extra+=(--adapter "$ADAPTER"); fi
   if [ -n "${CORPUS:-}" ]; then extra+=(--corpus-cache "$CORPUS"); else extra+=(--corpus-cache none); fi
-  methods=$methods,self-draft,self-draft:no-corpus,self-draft:no-context,hf,hf-static,hf-prompt-lookup
+  methods=$methods,self-draft,self-draft:no-corpus,self-draft:no-context,self-draft:light,hf,hf-static,hf-prompt-lookup
   methods=${METHODS:-$methods}
   $py -m specctl bench "$prompts" --methods "$methods" --batch-sizes "${BATCH_SIZES:-1,8,32}" \
       --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup "${WARMUP:-2}" -q "${extra[@]}" \

@@ -328,7 +328,7 @@ def bench(
     methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
                                 "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
-                                "self-draft:no-context, self-draft:prompt-grams."),
+                                "self-draft:no-context, self-draft:prompt-grams, self-draft:light."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),

@@ -240,3 +240,21 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
     got, _ = run_ids(model, prompts, batch_size=2, max_tokens=24, drafter=dr)
     assert got == ref
     assert len(SelfDraftDrafter(SelfDraftParams(prompt_grams=False), None).ctx) == 0
+
+
+def test_light_variant_is_lossless(model, reference):
+    """bench's self-draft:light (the CPU-friendly settings): what it sets, and greedy = ar."""
+    from specctl.errors import SpecctlError
+    from specctl.runtime.job import GenerateConfig, split_variant
+    method, opts = split_variant("self-draft:light")
+    prm = GenerateConfig(input="x", method=method, **opts).self_draft_params()
+    assert (prm.branches, prm.context_cands, prm.corpus_cands, prm.prompt_grams) == (0, 4, 1, True)
+    prompts, ref = reference
+    oracle = Oracle([p + r for p, r in zip(prompts, ref)])
+    for batch_size in (1, 4):
+        got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=24,
+                             drafter=SelfDraftDrafter(prm, oracle))
+        assert got == ref and stats.probe_tokens == 0
+        assert sum(n * k for k, n in stats.accept_hist.items()) > 0
+    with pytest.raises(SpecctlError, match="self-draft:light"):
+        split_variant("self-draft:heavy")
