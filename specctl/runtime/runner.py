@@ -19,7 +19,7 @@ accepted path and bonus token per sequence, and the KV cache keeps exactly the a
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -29,8 +29,8 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.runtime.sequence import Request, Sequence
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, draw_bonus,
-                                 verify_greedy, walk_sampling, warp)
+from specctl.spec.verify import (DraftTree, SamplingParams, verify_greedy,
+                                 verify_sampling_batch, warp)
 
 
 @dataclass
@@ -219,7 +219,13 @@ class Runner:
             verdicts = [verify_greedy(s.draft, target[cu[b]:cu[b] + real[b]])
                         for b, s in enumerate(seqs)]
         else:
-            verdicts = self._verify_sampling(seqs, logits, cu, real)
+            vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
+            starts = [0]
+            for n in real[:-1]:
+                starts.append(starts[-1] + n)
+            verdicts = verify_sampling_batch([s.draft for s in seqs],
+                                             warp(logits[vrows], self.sp), starts,
+                                             [s.rng for s in seqs])
         kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
                         for s, v in zip(seqs, verdicts)])
         for s, v in zip(seqs, verdicts):
@@ -236,34 +242,6 @@ class Runner:
         self.stats.probe_tokens += sum(probes)
         self.stats.graph_pad_tokens += batch.num_tokens - sum(ran)
         self.stats.padded_tokens += max(ran) * len(seqs)
-
-    def _verify_sampling(self, seqs, logits, cu, real) -> list[Verdict]:
-        """verify_sampling for the batch with two small read-backs instead of every verify
-        row's [V] probabilities: first each draft token's probability at its parent's row and
-        each row's total, then the one row per sequence the bonus is drawn from."""
-        vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
-        probs = warp(logits[vrows], self.sp)                 # [R, V], on the model's device
-        vcu = [0]
-        for n in real:
-            vcu.append(vcu[-1] + n)
-        rows = [vcu[b] + p + 1 for b, s in enumerate(seqs) for p in s.draft.parents]
-        toks = [t for s in seqs for t in s.draft.tokens]
-        multi = sorted(r for r, c in Counter(rows).items() if c > 1)   # totals: for siblings
-        idx = dict(dtype=torch.long, device=probs.device)
-        px = probs[torch.tensor(rows, **idx), torch.tensor(toks, **idx)]
-        got = torch.cat([px.double(), probs[torch.tensor(multi, **idx)].double().sum(-1)])
-        got = got.tolist()
-        px, total = got[:len(rows)], dict(zip(multi, got[len(rows):]))
-        walks, k = [], 0
-        for b, s in enumerate(seqs):
-            n = len(s.draft)
-            sums = [total.get(vcu[b] + r, 1.0) for r in range(real[b])]
-            walks.append(walk_sampling(s.draft, px[k:k + n], sums,
-                                       lambda r, b=b: probs[vcu[b] + r].cpu(), s.rng))
-            k += n
-        last = probs[[vcu[b] + w.row for b, w in enumerate(walks)]].cpu()   # [B, V]
-        return [Verdict(w.accepted, draw_bonus(w, last[b], s.rng))
-                for b, (s, w) in enumerate(zip(seqs, walks))]
 
     def step_input(self, s: Sequence, room: int) -> tuple[SeqInput, int, int]:
         """A sequence's share of the step forward: [pending, draft nodes, probe nodes], the

@@ -21,6 +21,7 @@ order is candidate priority.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,12 +133,34 @@ def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator) -> V
     the sequential-candidate acceptance of Self-Draft / SpecInfer.
 
     Done in two halves so that a batch needs no more than two small transfers from the device
-    (the runner): walk_sampling decides acceptance from each draft token's probability at its
-    parent's row and each row's total; draw_bonus then needs the one row the walk stopped at.
+    (verify_sampling_batch): walk_sampling decides acceptance from each draft token's
+    probability at its parent's row and the totals of rows with siblings; draw_bonus then needs
+    the one row the walk stopped at.
     """
-    px = p[[j + 1 for j in tree.parents], tree.tokens].double().tolist() if len(tree) else []
-    walk = walk_sampling(tree, px, p.sum(-1, dtype=torch.float64).tolist(), lambda r: p[r], rng)
-    return Verdict(walk.accepted, draw_bonus(walk, p[walk.row], rng))
+    return verify_sampling_batch([tree], p, [0], [rng])[0]
+
+
+def verify_sampling_batch(trees: list[DraftTree], probs: torch.Tensor, starts: list[int],
+                          rngs: list[torch.Generator]) -> list[Verdict]:
+    """verify_sampling for a batch: probs [R, V] (on any device) holds tree b's n_b + 1 rows
+    from starts[b]. Reads back the draft tokens' probabilities and the sibling rows' totals in
+    one transfer, then the row each walk stopped at, one per tree, in another."""
+    rows = [starts[b] + p + 1 for b, t in enumerate(trees) for p in t.parents]
+    toks = [x for t in trees for x in t.tokens]
+    multi = sorted(r for r, c in Counter(rows).items() if c > 1)   # totals: for siblings
+    idx = dict(dtype=torch.long, device=probs.device)
+    px = probs[torch.tensor(rows, **idx), torch.tensor(toks, **idx)]
+    got = torch.cat([px.double(), probs[torch.tensor(multi, **idx)].double().sum(-1)]).tolist()
+    px, total = got[:len(rows)], dict(zip(multi, got[len(rows):]))
+    walks, k = [], 0
+    for b, (t, rng) in enumerate(zip(trees, rngs)):
+        sums = [total.get(starts[b] + r, 1.0) for r in range(len(t) + 1)]
+        walks.append(walk_sampling(t, px[k:k + len(t)], sums,
+                                   lambda r, b=b: probs[starts[b] + r].cpu(), rng))
+        k += len(t)
+    last = probs[[starts[b] + w.row for b, w in enumerate(walks)]].cpu()   # [B, V]
+    return [Verdict(w.accepted, draw_bonus(w, last[b], rng))
+            for b, (w, rng) in enumerate(zip(walks, rngs))]
 
 
 @dataclass
@@ -183,8 +206,9 @@ def walk_sampling(tree: DraftTree, px: list[float], sums: list[float], full, rng
                 if mass <= 0:                            # nothing left: p as it was
                     zeroed, mass = [], sums[row]
             elif res is not None or i + 1 < len(kids):   # a sibling follows: residual needed
-                base = full(row).double()
-                res = _minus(base if res is None else res, tree.q[j].double(), base)
+                if res is None:
+                    base = res = full(row).double()   # (fetched once per row)
+                res = _minus(res, tree.q[j].double(), base)
             else:
                 minus = tree.q[j].double()
         else:
