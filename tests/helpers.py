@@ -100,6 +100,14 @@ def fails(r, *needles) -> str:
     return errs[0]
 
 
+def tree_input(slot: int, root: int, nodes, base: int):
+    """A step's input for one sequence: its pending token `root` and a DraftTree's nodes (draft
+    and probe) at base + depth, under the tree's mask (what Runner.step_input builds)."""
+    from specctl.engine.batch import SeqInput
+    return SeqInput(slot, [root] + nodes.tokens, base, [base] + [base + d for d in nodes.depths()],
+                    nodes.mask())
+
+
 def prefill_slots(model, kv, prompts: list[list[int]], device="cpu"):
     """Prefill prompt i into KV slot i and commit it; returns kv."""
     from specctl.engine.batch import ForwardBatch, SeqInput

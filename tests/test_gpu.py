@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import prefill_slots, random_prompts, run_ids
+from helpers import prefill_slots, random_prompts, run_ids, tree_input
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
 from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
@@ -58,9 +58,7 @@ def test_graph_tree_logits_equal_eager(tiny_llama):
     outs = []
     for m in (g, e):
         kv = prefill_slots(m, m.new_kv_cache(4, 64), prompts, "cuda")
-        b = ForwardBatch([SeqInput(s, [3] + nodes.tokens, len(p),
-                                   [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
-                          for s, p in enumerate(prompts)], "cuda")
+        b = ForwardBatch([tree_input(s, 3, nodes, len(p)) for s, p in enumerate(prompts)], "cuda")
         assert b.num_new == [n] * 3
         outs.append(m.forward_logits(b, kv).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
@@ -97,36 +95,23 @@ def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size)
     assert ("kangaroo", 1) in {key[3] for key in gpu.graphs.cache}
 
 
-def test_flex_equals_sdpa_on_cuda(tiny_llama):
-    """The compiled flex kernel against SDPA on one masked (tree + branches) graph step."""
-    from specctl.spec.self_draft import branch_probe, build_trie
-    prompts = random_prompts(3)
-    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
-    outs = []
-    for attention in ("sdpa", "flex"):
-        m = load_model(tiny_llama, "cuda", "fp32", attention=attention)
-        kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
-        b = ForwardBatch([SeqInput(s, [3] + nodes.tokens, len(p),
-                                   [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
-                          for s, p in enumerate(prompts)], "cuda")
-        outs.append(m.forward_logits(b, kv).clone())
-    torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
-
-
-def test_eager_flex_equals_sdpa_on_cuda(tiny_llama):
-    """Without graphs (prefill and eager steps: the dynamic-shape compile) on a packed batch of
+@pytest.mark.parametrize("graphs", [True, False])
+def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
+    """The compiled flex kernel against SDPA: on one masked (tree + branches) graph step, and
+    without graphs (prefill and eager steps: the dynamic-shape compile) on a packed batch of
     unequal lengths, a tree among them."""
-    from specctl.spec.self_draft import build_trie
-    prompts = random_prompts(3, seed=8)
+    from specctl.spec.self_draft import branch_probe, build_trie
+    prompts = random_prompts(3, seed=0 if graphs else 8)
     nodes = build_trie([[5, 6, 7], [5, 8]], 10)
+    if graphs:
+        nodes = nodes.extend(branch_probe([[9, 10], [11]]))
+        seqs = [tree_input(s, 3, nodes, len(p)) for s, p in enumerate(prompts)]
+    else:
+        seqs = [SeqInput(0, [4], len(prompts[0])), tree_input(1, 3, nodes, len(prompts[1])),
+                SeqInput(2, [4, 5, 6], len(prompts[2]))]
     outs = []
     for attention in ("sdpa", "flex"):
-        m = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False, attention=attention)
+        m = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=graphs, attention=attention)
         kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
-        b = ForwardBatch([SeqInput(0, [4], len(prompts[0])),
-                          SeqInput(1, [3] + nodes.tokens, len(prompts[1]),
-                                   [len(prompts[1])] + [len(prompts[1]) + d for d in nodes.depths()],
-                                   nodes.mask()),
-                          SeqInput(2, [4, 5, 6], len(prompts[2]))], "cuda")
-        outs.append(m.forward_logits(b, kv).clone())
+        outs.append(m.forward_logits(ForwardBatch(seqs, "cuda"), kv).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)

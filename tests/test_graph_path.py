@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import method_drafters, prefill_slots, random_prompts, run_ids
+from helpers import method_drafters, prefill_slots, random_prompts, run_ids, tree_input
 from specctl.engine.attention import flex_attention, sdpa_attention, sdpa_meta
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
@@ -88,12 +88,11 @@ def _attention_cases(model):
     """Packed batches of every layout: uniform chains, mixed lengths, a tree with branches."""
     prompts = random_prompts(3, seed=7)
     nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
-    tree = lambda s, p: SeqInput(s, [3] + nodes.tokens, len(p),
-                                 [len(p)] + [len(p) + d for d in nodes.depths()], nodes.mask())
     return prompts, [
         [SeqInput(s, [4], len(p)) for s, p in enumerate(prompts)],
         [SeqInput(s, [4, 5, 6][:s + 1], len(p)) for s, p in enumerate(prompts)],
-        [tree(s, p) if s != 1 else SeqInput(s, [4, 5], len(p)) for s, p in enumerate(prompts)],
+        [tree_input(s, 3, nodes, len(p)) if s != 1 else SeqInput(s, [4, 5], len(p))
+         for s, p in enumerate(prompts)],
         [SeqInput(2, [4, 5], len(prompts[2])), SeqInput(0, [6], len(prompts[0]))],  # slot order
     ]
 

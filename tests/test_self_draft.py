@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids
+from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids,
+                     tree_input)
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.models.loader import load_model
 from specctl.runtime.runner import Runner
@@ -118,8 +119,7 @@ def test_commit_of_accepted_candidate_matches_plain_run(model):
     tree = build_trie([[a, b], [a, c, 34]], budget=10)
     nodes = tree.extend(branch_probe([[50, 51, 52], [53, 54]]))
     base = len(prompt)
-    x = SeqInput(0, [r] + nodes.tokens, base, [base] + [base + d for d in nodes.depths()],
-                 nodes.mask())
+    x = tree_input(0, r, nodes, base)
     model.forward(ForwardBatch([x]), kv)
     kv.commit(0, [0, 1, 3])              # rows of r, a (node 0), c (node 2)
     assert kv.lens[0] == base + 3
@@ -210,8 +210,7 @@ def test_graph_forward_math_on_cpu(model):
                                             spare=True), prompts)
 
     for tree in (True, False):
-        seqs = [SeqInput(s, [3] + nodes.tokens, len(p), [len(p)] + [len(p) + d for d in nodes.depths()],
-                         nodes.mask()) if tree else SeqInput(s, [3, 4, 5], len(p))
+        seqs = [tree_input(s, 3, nodes, len(p)) if tree else SeqInput(s, [3, 4, 5], len(p))
                 for s, p in enumerate(prompts)]
         b = ForwardBatch(seqs)
         k = b.num_new[0]
