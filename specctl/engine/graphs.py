@@ -177,18 +177,18 @@ class CudaGraphs:
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
         args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local, hidden, head)
-        if not self.capture:
+        if self.capture:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):   # warm-up outside the graph (allocator, autotuning)
+                for _ in range(2):
+                    self._forward(*args)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self._forward(*args)
+        else:
             outputs = self._forward(*args)
-            return _Captured(kv, head, _EagerReplay(lambda: self._forward(*args), outputs), ints,
-                             tokens, positions, slots, prefix, local, True, hidden, outputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):   # warm-up outside the graph (allocator, autotuning)
-            for _ in range(2):
-                self._forward(*args)
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.pool):
-            outputs = self._forward(*args)
-        return _Captured(kv, head, g, ints, tokens, positions, slots, prefix, local, True, hidden,
-                         outputs)
+            graph = _EagerReplay(lambda: self._forward(*args), outputs)
+        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, local, True,
+                         hidden, outputs)
