@@ -150,3 +150,87 @@ def method_drafters(m, prompts, ref, adapter=None):
         "self-draft": SelfDraftDrafter(SelfDraftParams(),
                                        Oracle([p + r for p, r in zip(prompts, ref)])),
     }
+
+
+class HostReads:
+    """Records what a piece of code does that a CUDA-graph capture cannot hold, so the CPU tests
+    can check the captured forwards (engine/graphs.py) without a GPU:
+    - reads of tensor data by the host (item, tolist, bool(), numpy, .cpu(), .to(device)),
+      which on CUDA synchronize and fail a capture;
+    - ops whose output size depends on the data (nonzero, masked_select, boolean-mask
+      indexing, unique) and ops that return a Python value (equal, is_nonzero): they sync too;
+    - tensors made from Python data (torch.tensor(list)): a host-to-device copy at capture
+      time, baked into the graph as a constant;
+    - tensors made without a device (they would land on the CPU next to CUDA tensors): the
+      default device is 'meta' inside, so such a tensor fails the first op that mixes it in.
+
+        with HostReads() as reads:
+            fn()
+        assert reads.found == []
+    """
+
+    READS = {"item", "tolist", "numpy", "cpu", "cuda", "to", "__bool__", "__int__",
+             "__float__", "__index__"}
+    SYNC_OPS = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                "_local_scalar_dense", "lift_fresh", "lift_fresh_copy"}
+
+    def __init__(self):
+        import torch
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+        self.found: list[str] = []
+        guard = self
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = getattr(func, "__name__", "")
+                if name in guard.READS and not (name == "to" and not _moves(args, kwargs)):
+                    guard.found.append(f"Tensor.{name}")
+                return func(*args, **kwargs)
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func.overloadpacket.__name__
+                if name in guard.SYNC_OPS or (name in ("index", "index_put", "index_put_")
+                                              and _bool_index(args)):
+                    guard.found.append(f"aten.{name}")
+                out = func(*args, **(kwargs or {}))
+                if isinstance(out, (bool, int, float)):
+                    guard.found.append(f"aten.{name} -> {type(out).__name__}")
+                return out
+
+        def _moves(args, kwargs):
+            import torch as t
+            return "device" in kwargs or any(isinstance(a, (str, t.device)) for a in args[1:])
+
+        def _bool_index(args):
+            idx = args[1] if len(args) > 1 else []
+            return any(getattr(i, "dtype", None) == torch.bool for i in (idx or []))
+
+        self._modes = [torch.device("meta"), Functions(), Ops()]
+        self.active = False
+
+    def __enter__(self):
+        for m in self._modes:
+            m.__enter__()
+        self.active = True
+        return self
+
+    def __exit__(self, *exc):
+        self.active = False
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+        return False
+
+    def outside(self, fn):
+        """fn run with the recording paused (a compiled kernel that the modes cannot enter)."""
+        def run(*args, **kwargs):
+            if not self.active:
+                return fn(*args, **kwargs)
+            self.__exit__(None, None, None)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.__enter__()
+        return run

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import method_drafters, prefill_slots, random_prompts, run_ids, tree_input
+from helpers import (HostReads, method_drafters, prefill_slots, random_prompts, run_ids,
+                     tree_input)
 from specctl.engine.attention import flex_attention, sdpa_attention, sdpa_meta
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
@@ -63,6 +64,56 @@ def test_graph_path_is_lossless(tiny_llama, eager, reference, attention, batch_s
     assert ("kangaroo", 1) in heads   # its draft forwards replayed as graphs
     plans = {key[2].start for key in m.graphs.cache}
     assert 1 in plans                 # and so did its verify from the exit layer
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_captured_forwards_never_read_the_device(tiny_llama, reference, monkeypatch, attention):
+    """What a CUDA graph captures (every method's forwards: ar, chains, trees with branches,
+    Kangaroo's head and its verify from hidden states) does nothing that syncs with the host or
+    that a capture cannot hold (helpers.HostReads). Flex's kernel is left out: on CUDA it is
+    compiled whole (fullgraph), so it cannot hide a host read."""
+    from specctl.engine import attention as A
+    prompts, ref = reference
+    m = graph_model(tiny_llama, attention)
+    reads = HostReads()
+    kernel = A._flex_kernel("cpu")
+    monkeypatch.setattr(A, "_flex_kernel", lambda device_type: reads.outside(kernel))
+    forward, shapes = m.graphs._forward, set()
+
+    def recorded(kv, Bb, n, plan, *args, **kwargs):
+        shapes.add((n, plan.start))
+        with reads:
+            return forward(kv, Bb, n, plan, *args, **kwargs)
+    monkeypatch.setattr(m.graphs, "_forward", recorded)
+    for name, dr in method_drafters(m, prompts[:4], ref[:4]).items():
+        got, _ = run_ids(m, prompts[:4], batch_size=4, max_tokens=8, drafter=dr)
+        assert got == [r[:8] for r in ref[:4]], name
+        assert reads.found == [], (name, sorted(set(reads.found)))
+    ns = {n for n, _ in shapes}
+    assert 1 in ns and max(ns) >= 16 and (5, 0) in shapes and any(s for _, s in shapes), shapes
+    # (single tokens, Self-Draft's trees, draft-verify's chains, Kangaroo's verify from layer l)
+
+
+@pytest.mark.parametrize("bad", ["item", "tolist", "bool", "nonzero", "mask_index", "tensor",
+                                 "no_device", "cpu"])
+def test_host_reads_catches_what_a_capture_cannot_hold(bad):
+    x = torch.arange(6)
+    fns = {"item": lambda: x.max().item(), "tolist": lambda: x.tolist(),
+           "bool": lambda: bool(x.sum() > 3), "nonzero": lambda: torch.nonzero(x),
+           "mask_index": lambda: x[x > 2], "tensor": lambda: torch.tensor([1, 2]) + x[:2],
+           "no_device": lambda: torch.arange(6) + x, "cpu": lambda: x.cpu()}
+    reads = HostReads()
+    try:
+        with reads:
+            fns[bad]()
+    except (RuntimeError, NotImplementedError):   # a meta tensor mixed with real ones
+        assert bad in ("no_device", "tensor")
+        return
+    assert reads.found, bad
+    clean = HostReads()
+    with clean:   # while device-side work is not flagged
+        torch.where(x > 2, x, 0).cumsum(0).to(torch.float32)[torch.arange(3, device=x.device)]
+    assert clean.found == []
 
 
 def test_kangaroo_graphs_follow_a_new_adapter(tiny_llama, eager, reference):
