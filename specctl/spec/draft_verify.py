@@ -32,7 +32,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, top1, warp
+from specctl.spec.verify import DraftTree, SamplingParams, draw_drafts
 
 
 @dataclass(frozen=True)
@@ -151,14 +151,7 @@ class LayerSkipDrafter(Drafter):
             for s, _ in active:   # per-sequence count, for the search's cost model
                 s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
                 s.state["tried"] = True
-            if self.sp.greedy:
-                toks, conf = top1(logits)
-                q = None
-            else:
-                q = warp(logits, self.sp).cpu()
-                conf = q.max(-1).values.tolist()
-                toks = [int(torch.multinomial(q[i], 1, generator=s.rng).item())
-                        for i, (s, _) in enumerate(active)]
+            toks, conf, q = draw_drafts(logits, self.sp, [s.rng for s, _ in active])
             d += 1
             nxt = []
             for i, (s, cap) in enumerate(active):

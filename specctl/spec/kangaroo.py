@@ -38,7 +38,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, rms_norm
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, top1, warp
+from specctl.spec.verify import DraftTree, SamplingParams, draw_drafts
 
 ADAPTER_KEYS = ("norm_in.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
                 "o_proj.weight", "norm_out.weight")
@@ -200,14 +200,7 @@ class KangarooDrafter(Drafter):
             h, logits = self.model.forward_logits(batch, kv, LayerPlan(end=self.l), head=head)
             h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
             self.draft_forwards += 1
-            if self.sp.greedy:
-                toks, conf = top1(logits)
-                q = None
-            else:
-                q = warp(logits, self.sp).cpu()
-                conf = q.max(-1).values.tolist()
-                toks = [int(torch.multinomial(q[i], 1, generator=s.rng).item())
-                        for i, (s, _, _) in enumerate(active)]
+            toks, conf, q = draw_drafts(logits, self.sp, [s.rng for s, _, _ in active])
             d += 1
             nxt = []
             for i, (s, cap, tail) in enumerate(active):

@@ -108,6 +108,20 @@ def top1(logits: torch.Tensor) -> tuple[list[int], list[float]]:
     return [int(t) for t in toks], confs
 
 
+def draw_drafts(logits: torch.Tensor, sp: SamplingParams, rngs: list) -> tuple:
+    """One draft token per row of [B, V] draft logits, for the drafting loops: greedy, each
+    row's argmax (q None); sampling, a draw from the warped distribution q [B, V] (kept on the
+    host, where each request's generator is) with request i's generator. Returns (tokens, the
+    confidence the draft exits on, q)."""
+    if sp.greedy:
+        toks, conf = top1(logits)
+        return toks, conf, None
+    q = warp(logits, sp).cpu()
+    conf = q.max(-1).values.tolist()
+    toks = [int(torch.multinomial(q[i], 1, generator=g).item()) for i, g in enumerate(rngs)]
+    return toks, conf, q
+
+
 def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
     """target: argmax of the n + 1 target rows. Follow the child that equals the target's
     choice as long as one exists."""
