@@ -17,6 +17,13 @@ def tiny_llama(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
 
+@pytest.fixture(scope="module")
+def model(tiny_llama):
+    """The tiny Llama loaded on the CPU in fp32 (once per test module)."""
+    from specctl.models.loader import load_model
+    return load_model(tiny_llama, "cpu", "fp32")
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2")

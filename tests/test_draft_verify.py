@@ -5,15 +5,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import check_three_token_sampling, random_prompts, run_ids
-from specctl.models.loader import load_model
 from specctl.spec.draft_verify import (ExitParams, ExitState, LayerSkipDrafter, SkipSet,
                                        update_threshold)
 from specctl.spec.verify import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    return load_model(tiny_llama, "cpu", "fp32")
 
 
 

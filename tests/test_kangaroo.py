@@ -8,14 +8,8 @@ import torch
 
 from helpers import check_three_token_sampling, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.models.loader import load_model
 from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
 from specctl.spec.verify import SamplingParams
-
-
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    return load_model(tiny_llama, "cpu", "fp32")
 
 
 

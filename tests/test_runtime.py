@@ -7,17 +7,11 @@ import pytest
 import torch
 
 from helpers import chi_square_ok, hf_greedy, random_prompts, run_ids
-from specctl.models.loader import load_model
 from specctl.spec.verify import SamplingParams
 
 
 def _prompts(n, seed=0):
     return random_prompts(n, seed, max_len=40)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    return load_model(tiny_llama, "cpu", "fp32")
 
 
 def test_greedy_equals_transformers(tiny_llama, model):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specctl.cli import app
 from specctl.models.loader import load_model
 from specctl.prep.costs import CostProfile, run_cost
-from specctl.prep.search_skip import DevSet, run_search
+from specctl.prep.search_skip import DevSet
 from specctl.spec.draft_verify import SkipSet
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",

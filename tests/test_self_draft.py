@@ -9,18 +9,12 @@ import torch
 from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids,
                      tree_input)
 from specctl.engine.batch import ForwardBatch, SeqInput
-from specctl.models.loader import load_model
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
 from specctl.spec.drafter import NoDraft
 from specctl.spec.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
-from specctl.spec.verify import DraftTree, SamplingParams, Verdict
-
-
-@pytest.fixture(scope="module")
-def model(tiny_llama):
-    return load_model(tiny_llama, "cpu", "fp32")
+from specctl.spec.verify import SamplingParams, Verdict
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
