@@ -198,6 +198,8 @@ def generate(
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
+    if out.exists() and input.exists() and out.resolve() == input.resolve():
+        raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
     st = Store(store)
     # under torchrun & co. (RANK/WORLD_SIZE) only rank 0 talks: progress, summary, the error
     from specctl.runtime.dist import RankStopped, dist_env
@@ -218,6 +220,9 @@ def generate(
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
+    if m["requests"] and m["errors"] == m["requests"]:
+        raise SpecctlError(f"no line of {input} could be used ({m['errors']} bad lines: see "
+                           "their errors in the output)", exit_code=1)
 
 
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:

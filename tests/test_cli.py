@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import specctl.runtime.job as job
@@ -351,7 +352,11 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
     n = len(baseline["lines"])
     count_generated.clear()
     out = tmp_path / "resumed.jsonl"
-    r = ok(generate(prompts_file, out, store, tiny_llama, "--resume"))
+    # the same input under another path, at another batch size (after an out-of-memory, say)
+    moved = tmp_path / "elsewhere" / "copy.jsonl"
+    moved.parent.mkdir()
+    shutil.copy(prompts_file, moved)
+    r = ok(generate(moved, out, store, tiny_llama, "--resume", "-b", 3))
     assert f"resuming {run.name}: 2 of {n} requests already done" in " ".join(r.output.split())
     assert sorted(count_generated) == sorted(set(range(n)) - kept)
     assert run_dirs(store) == [run]                                  # no new run
@@ -360,12 +365,16 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
     assert read_jsonl(run / "outputs.jsonl") == read_jsonl(out)
     assert json.loads((run / "metrics.json").read_text())["requests"] == n
 
-    # everything done: a second resume generates nothing and writes the same output
+    # everything done: a second resume generates nothing, writes the same output and leaves
+    # the run's metrics (its throughput) as they were
+    metrics = (run / "metrics.json").read_text()
     count_generated.clear()
     r = ok(generate(prompts_file, tmp_path / "again.jsonl", store, tiny_llama, "--resume"))
-    assert f"{n} of {n} requests already done" in " ".join(r.output.split())
+    said = " ".join(r.output.split())
+    assert f"{n} of {n} requests already done" in said and "already complete" in said
     assert count_generated == []
     assert read_jsonl(tmp_path / "again.jsonl") == read_jsonl(out)
+    assert (run / "metrics.json").read_text() == metrics
 
 
 def test_resume_tolerates_torn_last_line(prompts_file, tiny_llama, baseline, tmp_path,
@@ -400,8 +409,45 @@ def test_resume_needs_same_settings(tmp_path, tiny_llama):
     assert "no earlier run" in r.output
     r = ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--resume",
                     "--max-tokens", 5))
-    assert "no earlier run" in r.output
+    said = " ".join(r.output.split())
+    assert "no earlier run" in said and f"max_tokens {MAX_TOKENS} there, 5 here" in said
     assert len(run_dirs(store)) == 2
+
+
+def test_output_is_not_the_input(tmp_path, tiny_llama):
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    before = inp.read_text()
+    fails(generate(inp, tmp_path / "." / "p.jsonl", tmp_path / "store", tiny_llama),
+          "the input file")
+    assert inp.read_text() == before
+
+
+def test_kv_cache_sized_to_the_work(tmp_path, tiny_llama, monkeypatch):
+    """No more KV slots than requests; a cache that does not fit is a one-line error."""
+    from specctl.engine.model import Model
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}, {"prompt": "hi"}])
+    shapes = []
+    real = Model.new_kv_cache
+
+    def new_kv_cache(self, slots, rows):
+        shapes.append(slots)
+        if len(shapes) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 190.00 GiB")
+        return real(self, slots, rows)
+    monkeypatch.setattr(Model, "new_kv_cache", new_kv_cache)
+    ok(generate(inp, tmp_path / "a.jsonl", tmp_path / "store", tiny_llama, "-b", 100000))
+    assert shapes == [2]
+    fails(generate(inp, tmp_path / "b.jsonl", tmp_path / "store", tiny_llama),
+          "KV cache of 2 sequences", "--batch-size")
+
+
+def test_every_line_bad_fails(tmp_path, tiny_llama):
+    inp = tmp_path / "bad.jsonl"
+    inp.write_text('{"nothing": 1}\n{"prompt": oops}\n')
+    out = tmp_path / "o.jsonl"
+    r = generate(inp, out, tmp_path / "store", tiny_llama, "--skip-bad")
+    assert r.exit_code == 1 and "no line" in r.output and "Traceback" not in r.output
+    assert len(read_jsonl(out)) == 2   # the errors are still recorded
 
 
 # ---------------------------------------------------------------------------------------------

@@ -70,6 +70,10 @@ def warn_flex_off_cuda(model, log) -> None:
             "memory grows with the whole KV cache); it is meant for CUDA")
 
 
+# GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
+UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device")
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     input: str
@@ -148,9 +152,13 @@ class GenerateConfig:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def key(self, input_sha: str) -> str:
-        """What makes two runs the same run (for --resume)."""
+        """What makes two runs the same run (for --resume): the input's contents (not the
+        path it was named by) and the settings that decide the answers, not the ones that only
+        decide how they are computed: a run resumes with another batch size (after running out
+        of memory), prefill chunk or --device (the caller adds the dtype the model runs in)."""
         d = asdict(self)
-        d.pop("skip_bad")
+        for name in UNKEYED:
+            d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
             if d[name] == default:   # (options added later: runs begun before keep their key)
                 d.pop(name)
@@ -300,6 +308,20 @@ def find_resumable(store: Store, key: str) -> Path | None:
                                              best.manifest.get("created", "")):
             best = e
     return best.path if best else None
+
+
+def _nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
+    """For a --resume that found nothing: the newest run of the same input, and what differs."""
+    runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
+    if not runs:
+        return ""
+    e = max(runs, key=lambda e: e.manifest.get("created", ""))
+    old, new = e.manifest.get("config") or {}, asdict(cfg)
+    diff = [k for k in new if k not in UNKEYED and k in old
+            and json.dumps(old[k]) != json.dumps(new[k])]
+    why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else
+           "the model, its dtype or the method's artifact (skip set, adapter, corpus cache)")
+    return f" (the newest run of this input, {e.path.name}, differs in: {why})"
 
 
 def _peak_mb(device: torch.device) -> float:
@@ -566,7 +588,7 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
         warn_flex_off_cuda(model, say)
         drafter = make_drafter(cfg, model, model_dir, store, say)
         # the same run = same input, settings, model and method artifact (e.g. the skip set used)
-        key = cfg.key(input_sha + str(model_dir) + drafter.signature())
+        key = cfg.key(input_sha + str(model_dir) + drafter.signature() + str(model.dtype))
     except Exception as e:
         err = e
     grp.check(err)
@@ -582,7 +604,8 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
         try:
             run_dir = find_resumable(store, key) if resume else None
             if resume and run_dir is None:
-                say("no earlier run with this input and these settings; starting a new one")
+                say("no earlier run with this input and these settings; starting a new one"
+                    + _nearest_run(store, input_sha, cfg))
             done = read_all_records(run_dir) if run_dir else {}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
@@ -642,6 +665,9 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
     grp.check(err)
     plans = grp.gather(plan)
     max_len = min(ctx, max((rows for _, rows in requests), default=16) + 32)
+    if any(rows + 32 > ctx for _, rows in requests):
+        say(f"note: some answers can reach the model's context ({ctx} tokens) before their "
+            "token limit; they stop there")
     if env.active:
         n = [p["requests"] for p in plans]
         say(f"{env.world} processes: {sum(n)} requests to generate, {min(n)} to {max(n)} per rank")
@@ -659,9 +685,22 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
         if peers:
             peers.start()
         if requests:
-            runner = Runner(model, drafter, cfg.sampling(), batch_size=cfg.batch_size,
-                            max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
-                            decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
+            # no more slots than requests: the KV cache is allocated for every slot
+            slots = min(cfg.batch_size, len(requests))
+            try:
+                runner = Runner(model, drafter, cfg.sampling(), batch_size=slots,
+                                max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
+                                decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
+            except (torch.OutOfMemoryError, RuntimeError) as e:
+                if "memory" not in str(e) and "allocate" not in str(e):
+                    raise
+                c = model.cfg
+                gb = (2 * c.num_layers * slots * max_len * c.num_kv_heads * c.head_dim
+                      * model.embed.element_size() / 2**30)
+                raise SpecctlError(
+                    f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
+                    f"sequences x {max_len} rows (about {gb:.1f} GiB): lower --batch-size, or "
+                    "--max-tokens") from None
 
             def on_done(req: Request) -> None:
                 writer.persist(output_line(req), req.answer_ids)
@@ -701,12 +740,16 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
     text = "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines)
     atomic_write_text(run_dir / "outputs.jsonl", text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
-    if env.active:
-        m = merged_metrics(cfg, merged, ranks, wall, model.device)
+    mpath = run_dir / "metrics.json"
+    if not any(p["requests"] or p["errors"] for p in plans) and mpath.is_file():
+        # a resumed run with nothing left: its metrics (throughput included) stay as they were
+        say(f"{run_dir.name} is already complete: nothing to generate")
+        m = json.loads(mpath.read_text())
     else:
-        m = metrics(cfg, merged, stats, wall, model.device)
-    m["model"] = str(model_dir)
-    atomic_write_json(run_dir / "metrics.json", m)
+        m = (merged_metrics(cfg, merged, ranks, wall, model.device) if env.active
+             else metrics(cfg, merged, stats, wall, model.device))
+        m["model"] = str(model_dir)
+        atomic_write_json(mpath, m)
     if out is not None:
         atomic_write_text(out, text)
     return {"run_dir": run_dir, "out": out, "metrics": m, "rank": env.rank,
