@@ -30,9 +30,19 @@ app.add_typer(store_app, name="store")
 console = Console(stderr=True)
 
 
+def _stdout() -> Console:
+    """Tables and JSON on stdout: as wide as the terminal, or unbounded when piped (a table
+    cut to 80 columns folds every cell in a log)."""
+    return Console() if sys.stdout.isatty() else Console(width=1000)
+
+
 def _log(msg: str) -> None:
     """Progress messages from below the CLI: plain text (paths may contain [brackets])."""
     console.print(msg, highlight=False, markup=False)
+
+
+def _warn(msg: str) -> None:
+    console.print(f"[yellow]warning[/]: {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
@@ -139,7 +149,8 @@ def generate(
                                         "'smollm2-135m-instruct' (the default demo model)."),
     method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, kangaroo, self-draft."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
-    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn); "
+                                   "a line's own max_tokens (OpenAI batch body) wins."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
@@ -195,6 +206,7 @@ def generate(
                          context_cands=p["context_cands"], corpus_cands=p["corpus_cands"],
                          context_cache=not p["no_context_cache"],
                          prompt_grams=p["prompt_grams"], **extra)
+    _warn_unused(ctx, cfg)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
@@ -223,6 +235,33 @@ def generate(
     if m["requests"] and m["errors"] == m["requests"]:
         raise SpecctlError(f"no line of {input} could be used ({m['errors']} bad lines: see "
                            "their errors in the output)", exit_code=1)
+
+
+# generate's method options, by the method they belong to
+METHOD_OPTIONS = {
+    "draft-verify": ("skip_set", "max_draft", "gamma0", "alpha", "eps", "beta1", "beta2"),
+    "kangaroo": ("adapter", "eta", "kangaroo_gamma"),
+    "self-draft": ("corpus_cache", "branches", "branch_len", "gram", "context_cands",
+                   "corpus_cands", "no_corpus_cache", "no_context_cache", "prompt_grams"),
+}
+
+
+def _warn_unused(ctx: typer.Context, cfg) -> None:
+    """A warning for each option given on the command line that the run does not use."""
+    given = {n for n in ctx.params
+             if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"}
+    flag = lambda n: "--" + n.replace("_", "-")   # noqa: E731
+    for method, names in METHOD_OPTIONS.items():
+        unused = [flag(n) for n in names if n in given and cfg.method != method]
+        if unused:
+            _warn(f"{', '.join(unused)} only apply to --method {method}; ignored with "
+                  f"--method {cfg.method}")
+    if cfg.method == "self-draft":
+        if {"corpus_cache", "no_corpus_cache"} <= given:
+            _warn("--corpus-cache is ignored with --no-corpus-cache")
+        if cfg.corpus_cache == "none" and not cfg.context_cache:
+            _warn("with no corpus cache and no context cache self-draft has no candidates: it "
+                  "decodes as ar does, one token per step")
 
 
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
@@ -300,7 +339,7 @@ class BenchProgress:
 def _print_bench(res: dict) -> None:
     from specctl import bench as b
 
-    out = Console()
+    out = _stdout()
     t = Table(title=escape(b.title(res)), title_justify="left")
     for col in b.TABLE_COLUMNS:
         t.add_column(col, justify="left" if col in ("method", "= ar") else "right",
@@ -357,7 +396,8 @@ def bench(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
 ):
-    """Benchmark every method on the same prompts: tokens/s, speedup, acceptance, memory."""
+    """Benchmark methods side by side on the same prompts, ar included: tokens/s, speedup,
+    acceptance, memory, outputs checked against ar."""
     from specctl.bench import BenchConfig, mismatch_error, parse_list, run_bench
 
     cfg = BenchConfig(str(input) if input else None, model, parse_list(methods, "--methods"),
@@ -512,7 +552,7 @@ def build_cache(
 @friendly
 def prepare(
     recipe: Path = typer.Option(..., "--recipe", help="Recipe TOML naming the model, the steps "
-                                "([prepare] steps) and their settings."),
+                                "(its \\[prepare] steps) and their settings."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated steps to run "
                                        "(build-cache, search-skip, train-adapter)."),
     force: bool = typer.Option(False, "--force", help="Run steps whose artifact already exists."),
@@ -563,8 +603,8 @@ def _size(n: int) -> str:
 
 @store_app.command("ls", epilog="Example:\n\n  specctl store ls --kind runs")
 @friendly
-def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, runs, skipsets, "
-                                                "adapters or ngram-caches."),
+def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, runs, benches, "
+                                                "skipsets, profiles, adapters or ngram-caches."),
              store: Optional[Path] = StoreOpt):
     """List artifacts in the store."""
     st = Store(store)
@@ -580,7 +620,7 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         t.add_column(col)
     for e in entries:
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes))
-    Console().print(t)
+    _stdout().print(t)
 
 
 @store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")
@@ -595,7 +635,7 @@ def store_show(ident: str = typer.Argument(..., help="Artifact id or unique pref
         m = json.loads(mf.read_text())
         m.pop("per_sample", None)
         info["metrics"] = m
-    Console().print_json(json.dumps(info, ensure_ascii=False))
+    _stdout().print_json(json.dumps(info, ensure_ascii=False))
 
 
 @store_app.command("rm", epilog="Example:\n\n  specctl store rm ar-20261122-101010-abcdef")
@@ -606,8 +646,11 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
     """Remove an artifact."""
     st = Store(store)
     e = st.find(ident)
-    if not yes and sys.stdin.isatty() and not typer.confirm(f"remove {e.kind}/{e.id}?"):
-        raise typer.Exit(1)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise SpecctlError(f"not removing {e.kind}/{e.id} without asking: pass --yes")
+        if not typer.confirm(f"remove {e.kind}/{e.id}?"):
+            raise typer.Exit(1)
     st.remove(e.id)
     console.print(f"removed {e.kind}/{e.id}", highlight=False)
 

@@ -441,6 +441,42 @@ def test_kv_cache_sized_to_the_work(tmp_path, tiny_llama, monkeypatch):
           "KV cache of 2 sequences", "--batch-size")
 
 
+def test_written_files_follow_the_umask(tmp_path, tiny_llama):
+    """Atomic writes (temp file + rename) give files the mode open() would: a shared store
+    stays readable by the group."""
+    import os
+    old = os.umask(0o022)
+    try:
+        inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+        ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama))
+        (run,) = run_dirs(tmp_path / "store")
+        for f in (tmp_path / "o.jsonl", run / "outputs.jsonl", run / "metrics.json",
+                  run / "manifest.json"):
+            assert f.stat().st_mode & 0o777 == 0o644, f
+        from specctl.store import Store
+        with Store(tmp_path / "store").building("adapters", "x", {"kind": "adapter"}) as d:
+            (d / "w").write_text("1")
+        assert (tmp_path / "store" / "adapters" / "x").stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(old)
+
+
+def test_options_of_another_method_are_named(tmp_path, tiny_llama):
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--skip-set", "nope.json", "--branches", 3, "--prompt-grams"))
+    said = " ".join(r.output.split())
+    assert "--skip-set only apply to --method draft-verify; ignored with --method ar" in said
+    assert "--branches, --prompt-grams only apply to --method self-draft" in said
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))
+    assert "no candidates" in " ".join(r.output.split())
+    # a skip set that is neither a file nor a stored id fails before the model is loaded
+    fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                   "--method", "draft-verify", "--skip-set", "nope.json"),
+          "nope.json: no such file or folder")
+
+
 def test_every_line_bad_fails(tmp_path, tiny_llama):
     inp = tmp_path / "bad.jsonl"
     inp.write_text('{"nothing": 1}\n{"prompt": oops}\n')
@@ -476,6 +512,8 @@ def test_store_commands(tmp_path, tiny_llama):
     fails(invoke("store", "show", "nope", "--store", store), "nope")
     fails(invoke("store", "rm", "nope", "--yes", "--store", store), "nope")
 
+    fails(invoke("store", "rm", run.name, "--store", store), "--yes")   # cannot ask: no tty
+    assert run.exists()
     r = ok(invoke("store", "rm", run.name, "--yes", "--store", store))
     assert f"removed runs/{run.name}" in r.output
     assert not run.exists()

@@ -66,7 +66,7 @@ def test_duplicate_ids_allowed(tmp_path):
 
 
 BAD = [
-    ('{"prompt": "a"', "malformed JSON"),
+    ('{"prompt": "a"', "malformed JSON: Expecting ',' delimiter (column 15)"),
     ('[1, 2]', "expected a JSON object"),
     ('{"question": "a"}', "unknown prompt format: expected one of prompt, messages, turns, body.messages"),
     ('{"prompt": "  "}', "prompt: must be a non-empty string"),

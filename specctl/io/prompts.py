@@ -178,7 +178,7 @@ def read_prompts(path: str | Path, skip_bad: bool = False) -> list[PromptRecord]
                     except UnicodeDecodeError as e:
                         raise _Bad(f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})")
                     try:
-                        obj = json.loads(text)
+                        obj = json.loads(text.rstrip("\r\n"))
                     except json.JSONDecodeError as e:
                         raise _Bad(f"malformed JSON: {e.msg} (column {e.colno})")
                     fields = _parse(obj)

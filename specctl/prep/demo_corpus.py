@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 from specctl.errors import SpecctlError
-from specctl.store import Store, atomic_write_text
+from specctl.store import Store, atomic_write_text, published
 
 PACKAGE = "gensim==4.4.0"
 DATA = "gensim/test/test_data/"
@@ -75,7 +75,7 @@ def fetch_demo_corpus(store: Store, log=print, wheel: Path | None = None) -> Pat
                                    "your own text files or the OANC to build-cache)")
             wheel = wheels[0]
         dest.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".demo-corpus-", dir=dest.parent))
+        stage = published(Path(tempfile.mkdtemp(prefix=".demo-corpus-", dir=dest.parent)), 0o777)
         try:
             with zipfile.ZipFile(wheel) as z:
                 for member, (name, enc) in MEMBERS.items():

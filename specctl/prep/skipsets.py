@@ -56,16 +56,10 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
                      log=print) -> tuple[SkipSet, str]:
     """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from)."""
     if spec:
-        p = Path(spec).expanduser()
+        p = store.locate(spec, "skipsets")
         if p.is_dir():
             p = p / "skipset.json"
-        if p.is_file():
-            data, where = read_json(p), str(p)
-        else:
-            e = store.find(spec)
-            if e.kind != "skipsets":
-                raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not a skip set")
-            data, where = read_json(e.path / "skipset.json"), f"{e.kind}/{e.id}"
+        data, where = read_json(p), str(p)
     else:
         best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
         if best is None:

@@ -328,13 +328,8 @@ def load_adapter(path: Path, model) -> Adapter:
 def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> tuple[Adapter, str]:
     """--adapter PATH | ID, or the model's stored adapter with the best held-out agreement."""
     if spec:
-        p = Path(spec).expanduser()
-        if p.is_dir():
-            return load_adapter(p, model), str(p)
-        e = store.find(spec)
-        if e.kind != "adapters":
-            raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not an adapter")
-        return load_adapter(e.path, model), f"adapters/{e.id}"
+        p = store.locate(spec, "adapters")
+        return load_adapter(p, model), str(p)
     best = store.best_for_model("adapters", fingerprint, "heldout_top1")
     if best is None:
         raise SpecctlError("no Kangaroo adapter for this model in the store: run "

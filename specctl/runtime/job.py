@@ -568,6 +568,10 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
     if lead:
         try:
             records = _read_input(cfg, in_path)
+            for method, spec, kind in (("draft-verify", cfg.skip_set, "skipsets"),
+                                       ("kangaroo", cfg.adapter, "adapters")):
+                if cfg.method == method and spec:   # a typo fails before the model loads
+                    store.locate(spec, kind)
             model_dir = resolve_model(cfg.model, store, log=say)
         except Exception as e:
             err = e

@@ -74,7 +74,9 @@ class SkipSet:
         try:
             return cls(int(d["num_layers"]), frozenset(int(i) for i in d["attn"]),
                        frozenset(int(i) for i in d["mlp"]))
-        except (KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
+            raise ValueError(f"not a skip set: no {e} field") from None
+        except (TypeError, ValueError) as e:
             raise ValueError(f"not a skip set ({e})") from None
 
 

@@ -41,12 +41,27 @@ def default_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specctl"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def published(path: Path, mode: int = 0o666) -> Path:
+    """Give a temp file (mkstemp: 0600) or directory (mkdtemp: 0700) the mode an ordinary
+    open() or mkdir() would have (mode less the umask), so that the files of a shared store
+    stay readable by the others who use it."""
+    os.chmod(path, mode & ~_umask())
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a temp file in the same directory and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        published(Path(tmp))
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -142,7 +157,8 @@ class Store:
         """
         final = self.path(kind, ident)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{ident}.", suffix=".tmp"))
+        tmp = published(Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{ident}.",
+                                              suffix=".tmp")), 0o777)
         try:
             yield tmp
             atomic_write_json(tmp / "manifest.json", manifest)
@@ -185,6 +201,21 @@ class Store:
             names = ", ".join(f"{e.kind}/{e.id}" for e in matches[:5])
             raise SpecctlError(f"{ident!r} is ambiguous: {names}")
         return matches[0]
+
+    def locate(self, spec: str, kind: str) -> Path:
+        """An option naming an artifact (--skip-set, --adapter): a file or folder, else the id
+        (or unique id prefix) of a `kind` artifact in the store."""
+        p = Path(spec).expanduser()
+        if p.exists():
+            return p
+        try:
+            e = self.find(spec)
+        except SpecctlError:
+            raise SpecctlError(f"{spec}: no such file or folder, and no {kind} artifact with "
+                               f"that id in the store at {self.root}") from None
+        if e.kind != kind:
+            raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not {kind}")
+        return e.path
 
     def best_for_model(self, kind: str, fingerprint: str, score: str) -> Entry | None:
         """The artifact of `kind` made for the model `fingerprint` with the highest manifest
