@@ -164,6 +164,8 @@ def generate(
     attention: str = AttentionOpt,
     cuda_graphs: bool = GraphsOpt,
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Record bad lines in the output instead of stopping."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N prompt lines "
+                                        "(--resume without it then does the rest)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     skip_set: Optional[str] = SkipSetOpt,
@@ -197,7 +199,7 @@ def generate(
     cfg = GenerateConfig(str(input), p["model"], p["method"], p["batch_size"], p["max_tokens"],
                          p["temperature"], p["top_p"], p["top_k"], p["seed"], p["chat"],
                          tuple(p["stop"]), p["device"], p["dtype"], skip_bad,
-                         attention=p["attention"], cuda_graphs=p["cuda_graphs"],
+                         attention=p["attention"], cuda_graphs=p["cuda_graphs"], limit=limit,
                          skip_set=p["skip_set"], max_draft=p["max_draft"], gamma0=p["gamma0"],
                          alpha=p["alpha"], eps=p["eps"], beta1=p["beta1"], beta2=p["beta2"],
                          adapter=p["adapter"], eta=p["eta"], kangaroo_gamma=p["kangaroo_gamma"],

@@ -477,6 +477,20 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
           "nope.json: no such file or folder")
 
 
+def test_limit_then_resume_does_the_rest(tmp_path, tiny_llama, count_generated):
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"hello {i}"} for i in range(4)]
+                      + [{"nothing": 1}])   # a bad line past the limit is not read
+    store = tmp_path / "store"
+    ok(generate(inp, tmp_path / "a.jsonl", store, tiny_llama, "--limit", 2))
+    assert [l["index"] for l in read_jsonl(tmp_path / "a.jsonl")] == [0, 1]
+    count_generated.clear()
+    ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--limit", 4, "--resume"))
+    assert sorted(count_generated) == [2, 3] and len(run_dirs(store)) == 1
+    assert len(read_jsonl(tmp_path / "b.jsonl")) == 4
+    fails(generate(inp, tmp_path / "c.jsonl", store, tiny_llama, "--limit", 0), "--limit")
+    fails(invoke("generate", "-", "--store", store), "standard input")
+
+
 def test_every_line_bad_fails(tmp_path, tiny_llama):
     inp = tmp_path / "bad.jsonl"
     inp.write_text('{"nothing": 1}\n{"prompt": oops}\n')

@@ -153,11 +153,16 @@ def _lines(f):
             yield line_no, chunk
 
 
-def read_prompts(path: str | Path, skip_bad: bool = False) -> list[PromptRecord]:
+def read_prompts(path: str | Path, skip_bad: bool = False,
+                 limit: int | None = None) -> list[PromptRecord]:
+    """The prompt lines of a JSONL file (the first `limit` of them, if given)."""
     path = Path(path)
     try:
         f = open(path, "rb")
     except FileNotFoundError:
+        if str(path) == "-":
+            raise SpecctlError("prompts are read from a file, not from standard input: "
+                               "save them to a .jsonl file and pass its path") from None
         raise SpecctlError(f"{path}: prompt file not found") from None
     except OSError as e:
         raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
@@ -165,6 +170,8 @@ def read_prompts(path: str | Path, skip_bad: bool = False) -> list[PromptRecord]
     with f:
         try:
             for line_no, raw in _lines(f):
+                if limit is not None and len(records) >= limit:
+                    break
                 if raw is not None and line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
                     raw = raw[3:]
                 if raw is not None and not raw.strip():

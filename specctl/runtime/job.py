@@ -71,7 +71,8 @@ def warn_flex_off_cuda(model, log) -> None:
 
 
 # GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
-UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device")
+# (--limit too: a run of the first N lines resumes to do them all)
+UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "limit")
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class GenerateConfig:
     prefill_chunk: int = 512
     attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
     cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
+    limit: int | None = None          # only the first N prompt lines
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -122,6 +124,8 @@ class GenerateConfig:
             raise SpecctlError("--batch-size must be at least 1")
         if self.max_tokens < 1:
             raise SpecctlError("--max-tokens must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise SpecctlError("--limit must be at least 1")
         check_attention(self.attention)
         self.exit_params()
         self.self_draft_params()
@@ -523,7 +527,7 @@ class _PeerProgress:
 
 
 def _read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
-    records = read_prompts(in_path, skip_bad=cfg.skip_bad)
+    records = read_prompts(in_path, skip_bad=cfg.skip_bad, limit=cfg.limit)
     if not cfg.chat:
         for r in records:
             if r.error is None and r.raw_prompt is None:
