@@ -137,7 +137,8 @@ def test_bf16_autocast_training_keeps_fp32_weights(tiny_llama, data, tmp_path):
 
 
 def test_exit_layer_option_is_checked(tiny_llama, data, tmp_path):
-    for bad in ("zero", "0", "-1"):
+    for bad in ("zero", "0", "-1", "4"):   # (the tiny model has 4 layers)
         r = CliRunner().invoke(app, ["train-adapter", "--model", str(tiny_llama), "--data",
-                                     str(data), "--exit-layer", bad, "--store", str(tmp_path)])
-        assert r.exit_code != 0 and "--exit-layer" in r.output
+                                     str(tmp_path / "not-read.json" if bad == "4" else data),
+                                     "--exit-layer", bad, "--store", str(tmp_path)])
+        assert r.exit_code != 0 and "--exit-layer" in r.output, r.output

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-from specctl.io.sharegpt import download_sharegpt_json, read_conversations
-from specctl.models.checkpoint import load_tokenizer, resolve_model
-from specctl.models.loader import load_model, model_fingerprint
 from dataclasses import replace
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from specctl.errors import SpecctlError
+from specctl.io.sharegpt import download_sharegpt_json, read_conversations
+from specctl.models.checkpoint import load_tokenizer, resolve_model
+from specctl.models.loader import load_config, load_model, model_fingerprint
 from specctl.prep.train_adapter import TrainConfig, save_adapter, sweep_exit_layer, train
 from specctl.store import Store
 
@@ -16,6 +17,9 @@ from specctl.store import Store
 def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
                       console=None) -> dict:
     model_dir = resolve_model(cfg.model, store, log=log)
+    layers = load_config(model_dir)[0].num_layers
+    if not cfg.exit_layer < layers:   # before the data is read (train() checks it again)
+        raise SpecctlError(f"--exit-layer must be in [1, {layers - 1}]")
     tok = load_tokenizer(model_dir)
     source = cfg.data or download_sharegpt_json(store.root / "data", log)
     convs, report = read_conversations(source, strict=cfg.strict, limit=cfg.limit, log=log)
