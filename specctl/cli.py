@@ -321,7 +321,7 @@ class BenchProgress:
     def __init__(self, enabled: bool = True):
         self.p = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
                           TextColumn("{task.description}"), TimeElapsedColumn(),
-                          console=console, disable=not enabled)
+                          TimeRemainingColumn(), console=console, disable=not enabled)
         self.task = None
 
     def start(self, total: int) -> None:
