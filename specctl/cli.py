@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -212,7 +213,7 @@ def generate(
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
-    if out.exists() and input.exists() and out.resolve() == input.resolve():
+    if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
     st = Store(store)
     # under torchrun & co. (RANK/WORLD_SIZE) only rank 0 talks: progress, summary, the error

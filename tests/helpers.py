@@ -172,7 +172,7 @@ class HostReads:
     READS = {"item", "tolist", "numpy", "cpu", "cuda", "to", "__bool__", "__int__",
              "__float__", "__index__"}
     SYNC_OPS = {"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-                "_local_scalar_dense", "lift_fresh", "lift_fresh_copy"}
+                "_local_scalar_dense", "lift_fresh", "lift_fresh_copy", "bincount", "histc"}
 
     def __init__(self):
         import torch
@@ -193,7 +193,10 @@ class HostReads:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 name = func.overloadpacket.__name__
                 if name in guard.SYNC_OPS or (name in ("index", "index_put", "index_put_")
-                                              and _bool_index(args)):
+                                              and _bool_index(args)) or (
+                        name == "repeat_interleave"   # tensor repeats: the size is read back
+                        and func._overloadname != "self_int"
+                        and (kwargs or {}).get("output_size") is None):
                     guard.found.append(f"aten.{name}")
                 out = func(*args, **(kwargs or {}))
                 if isinstance(out, (bool, int, float)):

@@ -412,6 +412,29 @@ def test_resume_needs_same_settings(tmp_path, tiny_llama):
     said = " ".join(r.output.split())
     assert "no earlier run" in said and f"max_tokens {MAX_TOKENS} there, 5 here" in said
     assert len(run_dirs(store)) == 2
+    # --dtype auto and fp32 are the same run on a CPU (the dtype the model runs in is keyed)
+    r = ok(generate(inp, tmp_path / "c.jsonl", store, tiny_llama, "--resume", "--dtype", "auto"))
+    assert "already complete" in " ".join(r.output.split()) and len(run_dirs(store)) == 2
+
+
+def test_runs_of_older_versions_resume(tmp_path, tiny_llama, monkeypatch, count_generated):
+    """A run begun before the key left out the path, batch size and device (its manifest
+    holds the old key) is still found by --resume."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}, {"prompt": "hi"}])
+    store = tmp_path / "store"
+    new_key, suffix = job.GenerateConfig.key, "cpu:torch.float32"   # (device type, dtype)
+
+    def old_key(self, extra, legacy=False):   # what specctl computed before
+        return new_key(self, extra if legacy else extra[:-len(suffix)], legacy=True)
+    monkeypatch.setattr(job.GenerateConfig, "key", old_key)
+    ok(generate(inp, tmp_path / "a.jsonl", store, tiny_llama))
+    monkeypatch.setattr(job.GenerateConfig, "key", new_key)
+    (run,) = run_dirs(store)
+    rec = run / "records.jsonl"
+    rec.write_text(rec.read_text().splitlines(keepends=True)[0])
+    count_generated.clear()
+    r = ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--resume"))
+    assert f"resuming {run.name}" in " ".join(r.output.split()) and count_generated == [1]
 
 
 def test_output_is_not_the_input(tmp_path, tiny_llama):
@@ -487,6 +510,17 @@ def test_limit_then_resume_does_the_rest(tmp_path, tiny_llama, count_generated):
     ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--limit", 4, "--resume"))
     assert sorted(count_generated) == [2, 3] and len(run_dirs(store)) == 1
     assert len(read_jsonl(tmp_path / "b.jsonl")) == 4
+    (run,) = run_dirs(store)
+    # metrics of an earlier --limit left in place (by a crash before the last write) are not
+    # taken for the complete run's
+    stale = json.loads((run / "metrics.json").read_text())
+    (run / "metrics.json").write_text(json.dumps({**stale, "requests": 2}))
+    r = ok(generate(inp, tmp_path / "c.jsonl", store, tiny_llama, "--limit", 4, "--resume"))
+    assert "already complete" not in r.output
+    assert json.loads((run / "metrics.json").read_text())["requests"] == 4
+    # a --limit below what is done writes only those lines
+    ok(generate(inp, tmp_path / "d.jsonl", store, tiny_llama, "--limit", 3, "--resume"))
+    assert [l["index"] for l in read_jsonl(tmp_path / "d.jsonl")] == [0, 1, 2]
     fails(generate(inp, tmp_path / "c.jsonl", store, tiny_llama, "--limit", 0), "--limit")
     fails(invoke("generate", "-", "--store", store), "standard input")
 
@@ -532,6 +566,22 @@ def test_store_commands(tmp_path, tiny_llama):
     assert f"removed runs/{run.name}" in r.output
     assert not run.exists()
     assert "empty" in ok(invoke("store", "ls", "--store", store)).output
+
+
+def test_store_locate(tmp_path):
+    from specctl.errors import SpecctlError
+    from specctl.store import Store
+    st = Store(tmp_path / "store")
+    for kind, ident in (("skipsets", "abc-1"), ("skipsets", "abc-2"), ("adapters", "abd-l2")):
+        with st.building(kind, ident, {"kind": kind}):
+            pass
+    assert st.locate("abc-1", "skipsets").name == "abc-1"
+    assert st.locate("abd", "adapters").name == "abd-l2"   # a prefix unique among adapters
+    assert st.locate(str(tmp_path), "adapters") == tmp_path   # a path wins
+    for spec, kind, msg in (("abc", "skipsets", "ambiguous"), ("abd", "skipsets", "adapters"),
+                            ("zzz", "skipsets", "no such file")):
+        with pytest.raises(SpecctlError, match=msg):
+            st.locate(spec, kind)
 
 
 def test_models_pull_unknown_alias(tmp_path):

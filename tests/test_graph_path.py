@@ -95,13 +95,14 @@ def test_captured_forwards_never_read_the_device(tiny_llama, reference, monkeypa
 
 
 @pytest.mark.parametrize("bad", ["item", "tolist", "bool", "nonzero", "mask_index", "tensor",
-                                 "no_device", "cpu"])
+                                 "no_device", "cpu", "repeat_tensor", "bincount"])
 def test_host_reads_catches_what_a_capture_cannot_hold(bad):
     x = torch.arange(6)
     fns = {"item": lambda: x.max().item(), "tolist": lambda: x.tolist(),
            "bool": lambda: bool(x.sum() > 3), "nonzero": lambda: torch.nonzero(x),
            "mask_index": lambda: x[x > 2], "tensor": lambda: torch.tensor([1, 2]) + x[:2],
-           "no_device": lambda: torch.arange(6) + x, "cpu": lambda: x.cpu()}
+           "no_device": lambda: torch.arange(6) + x, "cpu": lambda: x.cpu(),
+           "repeat_tensor": lambda: x.repeat_interleave(x), "bincount": lambda: x.bincount()}
     reads = HostReads()
     try:
         with reads:
@@ -113,6 +114,8 @@ def test_host_reads_catches_what_a_capture_cannot_hold(bad):
     clean = HostReads()
     with clean:   # while device-side work is not flagged
         torch.where(x > 2, x, 0).cumsum(0).to(torch.float32)[torch.arange(3, device=x.device)]
+        x.repeat_interleave(2)
+        x.repeat_interleave(x, output_size=15)
     assert clean.found == []
 
 

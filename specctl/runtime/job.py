@@ -71,8 +71,9 @@ def warn_flex_off_cuda(model, log) -> None:
 
 
 # GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
-# (--limit too: a run of the first N lines resumes to do them all)
-UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "limit")
+# (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
+# given: the caller keys the device type and dtype the model runs in instead)
+UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit")
 
 
 @dataclass(frozen=True)
@@ -155,18 +156,21 @@ class GenerateConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
-    def key(self, input_sha: str) -> str:
+    def key(self, extra: str, legacy: bool = False) -> str:
         """What makes two runs the same run (for --resume): the input's contents (not the
         path it was named by) and the settings that decide the answers, not the ones that only
         decide how they are computed: a run resumes with another batch size (after running out
-        of memory), prefill chunk or --device (the caller adds the dtype the model runs in)."""
+        of memory) or prefill chunk. `extra`: the input's hash, the model, the method's
+        artifact, and the device type and dtype the model runs in. legacy: the key of runs
+        begun by specctl before 2026-11-22 (every field but skip_bad, `extra` without the
+        device and dtype), so that they still resume."""
         d = asdict(self)
-        for name in UNKEYED:
+        for name in ("skip_bad", "limit") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
             if d[name] == default:   # (options added later: runs begun before keep their key)
                 d.pop(name)
-        return hashlib.sha256(json.dumps([d, input_sha], sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Tokenization:
@@ -314,6 +318,12 @@ def find_resumable(store: Store, key: str) -> Path | None:
     return best.path if best else None
 
 
+def _read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
+    """The run's finished requests among the lines read (all of them, unless --limit)."""
+    read = {r.index for r in records}
+    return {i: r for i, r in read_all_records(run_dir).items() if i in read}
+
+
 def _nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     """For a --resume that found nothing: the newest run of the same input, and what differs."""
     runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
@@ -324,7 +334,8 @@ def _nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     diff = [k for k in new if k not in UNKEYED and k in old
             and json.dumps(old[k]) != json.dumps(new[k])]
     why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else
-           "the model, its dtype or the method's artifact (skip set, adapter, corpus cache)")
+           "the model, the kind of device or dtype it runs in, or the method's artifact (skip "
+           "set, adapter, corpus cache)")
     return f" (the newest run of this input, {e.path.name}, differs in: {why})"
 
 
@@ -595,13 +606,16 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
                            attention=cfg.attention)
         warn_flex_off_cuda(model, say)
         drafter = make_drafter(cfg, model, model_dir, store, say)
-        # the same run = same input, settings, model and method artifact (e.g. the skip set used)
-        key = cfg.key(input_sha + str(model_dir) + drafter.signature() + str(model.dtype))
+        # the same run = same input, settings, model and method artifact (e.g. the skip set
+        # used), on the same kind of device in the same dtype
+        made = input_sha + str(model_dir) + drafter.signature()
+        key = cfg.key(made + f"{model.device.type}:{model.dtype}")
+        legacy = cfg.key(made, legacy=True)
     except Exception as e:
         err = e
     grp.check(err)
     if env.active:   # the model path may differ between nodes; everything else must not
-        same = cfg.key(input_sha + drafter.signature())
+        same = cfg.key(input_sha + drafter.signature() + f"{model.dtype}:{cfg.limit}")
         grp.check(SpecctlError("the ranks disagree on the input file contents, the options or the "
                                "method's artifact: every rank must get the same command line and "
                                "see the same files") if len(set(grp.gather(same))) > 1 else None)
@@ -610,11 +624,12 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
     opened, err = None, None
     if lead:
         try:
-            run_dir = find_resumable(store, key) if resume else None
+            run_dir = (find_resumable(store, key) or find_resumable(store, legacy)
+                       if resume else None)
             if resume and run_dir is None:
                 say("no earlier run with this input and these settings; starting a new one"
                     + _nearest_run(store, input_sha, cfg))
-            done = read_all_records(run_dir) if run_dir else {}
+            done = _read_done(run_dir, records) if run_dir else {}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
                 run_dir = store.path("runs", run_id)
@@ -700,7 +715,7 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
                                 max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
                                 decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
             except (torch.OutOfMemoryError, RuntimeError) as e:
-                if "memory" not in str(e) and "allocate" not in str(e):
+                if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
                     raise
                 c = model.cfg
                 gb = (2 * c.num_layers * slots * max_len * c.num_kv_heads * c.head_dim
@@ -743,17 +758,22 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
         # the ranks started together (right after the last gather); the job lasted until the
         # slowest one finished: rank 0's own view of that, or a rank's own clock if longer
         wall = max([wall] + [r["wall_time_s"] for r in ranks])
-        done = read_all_records(run_dir)
+        done = _read_done(run_dir, records)
     lines = [{k: v for k, v in done[i].items() if k != "token_ids"} for i in sorted(done)]
     text = "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines)
     atomic_write_text(run_dir / "outputs.jsonl", text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
     mpath = run_dir / "metrics.json"
+    m = None
     if not any(p["requests"] or p["errors"] for p in plans) and mpath.is_file():
-        # a resumed run with nothing left: its metrics (throughput included) stay as they were
-        say(f"{run_dir.name} is already complete: nothing to generate")
+        # a resumed run with nothing left: its metrics (throughput included) stay as they
+        # were, if they are those of these requests (not of an earlier --limit, say)
         m = json.loads(mpath.read_text())
-    else:
+        if m.get("requests") == len(merged):
+            say(f"{run_dir.name} is already complete: nothing to generate")
+        else:
+            m = None
+    if m is None:
         m = (merged_metrics(cfg, merged, ranks, wall, model.device) if env.active
              else metrics(cfg, merged, stats, wall, model.device))
         m["model"] = str(model_dir)

@@ -42,16 +42,23 @@ def default_root() -> Path:
 
 
 def _umask() -> int:
-    mask = os.umask(0o022)
+    mask = os.umask(0o022)   # (read once, at import: os.umask can only be read by setting it)
     os.umask(mask)
     return mask
 
 
-def published(path: Path, mode: int = 0o666) -> Path:
+UMASK = _umask()
+
+
+def published(path: Path | int, mode: int = 0o666) -> Path | int:
     """Give a temp file (mkstemp: 0600) or directory (mkdtemp: 0700) the mode an ordinary
     open() or mkdir() would have (mode less the umask), so that the files of a shared store
-    stay readable by the others who use it."""
-    os.chmod(path, mode & ~_umask())
+    stay readable by the others who use it. path: a path or an open file descriptor. Where
+    the filesystem has no modes to set, it stays as it is."""
+    try:
+        (os.fchmod if isinstance(path, int) else os.chmod)(path, mode & ~UMASK)
+    except OSError:
+        pass
     return path
 
 
@@ -61,8 +68,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        published(Path(tmp))
         with os.fdopen(fd, "wb") as f:
+            published(f.fileno())
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -208,14 +215,18 @@ class Store:
         p = Path(spec).expanduser()
         if p.exists():
             return p
-        try:
-            e = self.find(spec)
-        except SpecctlError:
-            raise SpecctlError(f"{spec}: no such file or folder, and no {kind} artifact with "
-                               f"that id in the store at {self.root}") from None
-        if e.kind != kind:
-            raise SpecctlError(f"{spec!r} is a {e.kind} artifact, not {kind}")
-        return e.path
+        mine = self.entries(kind)
+        got = [e for e in mine if e.id == spec] or [e for e in mine if e.id.startswith(spec)]
+        if len(got) == 1:
+            return got[0].path
+        if got:
+            names = ", ".join(f"{e.kind}/{e.id}" for e in got[:5])
+            raise SpecctlError(f"{spec!r} is ambiguous: {names}")
+        other = [e for e in self.entries() if e.id.startswith(spec)]
+        if other:
+            raise SpecctlError(f"{spec!r} is a {other[0].kind} artifact, not {kind}")
+        raise SpecctlError(f"{spec}: no such file or folder, and no {kind} artifact with that "
+                           f"id in the store at {self.root}")
 
     def best_for_model(self, kind: str, fingerprint: str, score: str) -> Entry | None:
         """The artifact of `kind` made for the model `fingerprint` with the highest manifest
