@@ -76,6 +76,25 @@ def test_eos_and_context_stop(model):
     assert len(got[0]) == 4 and got[0] == ref[0][:4]
 
 
+def test_every_method_stops_at_the_context_as_ar_does(model):
+    """Near the context end a step may accept only as many drafts as leave room for its bonus
+    token: prompt and answer together stop at max_len for every method, as for ar (one draft
+    too many made the speculative methods emit one token more there)."""
+    from helpers import method_drafters
+    prompts = [[5, 6, 7, 8] * 12, [9, 10, 11] * 15, [12, 13] * 21]   # repetitive: drafts hit
+    max_len = 64
+    ref, _ = run_ids(model, prompts, max_tokens=40, max_len=max_len)
+    assert [len(p) + len(r) for p, r in zip(prompts, ref)] == [max_len] * 3
+    full = [p + r for p, r in zip(prompts, ref)]
+    for name, dr in method_drafters(model, prompts, ref).items():
+        for b in (1, 3):
+            got, stats = run_ids(model, prompts, batch_size=b, max_tokens=40, max_len=max_len,
+                                 drafter=dr)
+            assert [p + g for p, g in zip(prompts, got)] == full, (name, b)
+            if dr is not None:
+                assert sum(k * n for k, n in stats.accept_hist.items()) > 0, name
+
+
 def test_sampling_same_seed_same_output_any_batch(model):
     prompts = _prompts(5, seed=5)
     sp = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=7)

@@ -194,7 +194,10 @@ class Runner:
     def step(self, seqs: list[Sequence]) -> None:
         """One draft -> verify -> commit step over prefilled, unfinished sequences."""
         kv = self.kv
-        room = [min(self.max_len - kv.lens[s.slot] - 1,
+        # drafts a sequence may accept: with the bonus token after them, a step emits at most
+        # room + 1 tokens, so neither the token budget nor the context (prompt and answer
+        # together at most max_len tokens, where ar stops) is passed
+        room = [min(self.max_len - kv.lens[s.slot] - 2,
                     s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
         self.drafter.propose(seqs, kv, room)
         inputs, real, probes = [], [], []
