@@ -1,9 +1,11 @@
 """Randomized losslessness: random prompts (short vocabularies make drafts hit), token budgets,
-contexts that end mid-draft, EOS ids, prefill chunks and batch sizes, for every method with
-random settings, on the eager and the graph path: greedy output equals ar's at batch 1.
+contexts that end mid-draft, EOS ids, stop strings, multi-turn requests, prefill chunks and
+batch sizes, for every method with random settings, on the eager and the graph path: greedy
+output (token ids, texts, finish reasons) equals ar's at batch 1.
 
-It found the context-end off-by-one (a step accepting one draft too many next to max_len).
-The default run tries 60 cases; `-m slow` runs 1000."""
+It found two bugs: a step could accept one draft too many next to the context end, and a stop
+string completed inside a step's accepted drafts ended the answer at the step's end (the text
+was cut right, the token ids were not). The default run tries 100 cases; `-m slow` 1500."""
 
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import pytest
 from helpers import Oracle, run_ids
 from specctl.engine.graphs import CudaGraphs
 from specctl.models.loader import load_model
+from specctl.runtime.runner import Runner
+from specctl.runtime.sequence import Request
+from specctl.spec.drafter import NoDraft
 from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
 from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
@@ -67,10 +72,55 @@ def _check(seeds, eager, graph):
     assert hits >= len(seeds) // 3   # the drafts were accepted often enough to matter
 
 
+def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk):
+    """Multi-turn requests at the token level: stage k's ids follow the answers so far."""
+    reqs = [Request(i, [[{}] for _ in st], max_tokens[i]) for i, st in enumerate(stages)]
+
+    def render(r):
+        ids = []
+        for k in range(len(r.answers) + 1):
+            ids += stages[r.index][k]
+            if k < len(r.answers):
+                ids += [t for t in r.answer_ids[k] if t not in eos]
+        return ids
+    res = {}
+    runner = Runner(m, drafter or NoDraft(), SamplingParams(), batch_size=b, max_len=max_len,
+                    eos_ids=set(eos), render=render,
+                    decode=lambda ids: " ".join(map(str, ids)) + " ", stop=stop,
+                    prefill_chunk=chunk)
+    runner.run(reqs, lambda r: res.__setitem__(r.index, (r.answers, r.answer_ids,
+                                                         r.finish_reasons)))
+    return [res[i] for i in range(len(stages))]
+
+
+def _check_turns(seeds, eager, graph):
+    for seed in seeds:
+        rng = random.Random(seed)
+        vocab = rng.choice([8, 30, 300])
+        max_len = rng.choice([64, 96, 128, 256])
+        n = rng.randint(1, 6)
+        stages = [[[rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+                   for _ in range(rng.randint(1, 3))] for _ in range(n)]
+        max_tokens = [rng.randint(1, 30) for _ in range(n)]
+        eos = rng.choice([(), (rng.randrange(vocab),)])
+        stop = rng.choice([(), (f" {rng.randrange(vocab)} ",),
+                           (f" {rng.randrange(vocab)} {rng.randrange(vocab)} ",)])
+        chunk = rng.choice([3, 7, 512])
+        ref = _run_turns(eager, stages, max_tokens, None, 1, max_len, eos, stop, chunk)
+        kind = rng.choice(["draft-verify", "kangaroo", "self-draft"])
+        m = rng.choice([eager, graph])
+        texts = [sum(st, []) + sum(r[1], []) for st, r in zip(stages, ref)]
+        dr = _drafter(rng, kind, m, eager, texts)
+        got = _run_turns(m, stages, max_tokens, dr, rng.randint(1, 6), max_len, eos, stop, chunk)
+        assert got == ref, (seed, kind, "graph" if m is graph else "eager", stop)
+
+
 def test_random_configs_are_lossless(model, graph):
     _check(range(60), model, graph)
+    _check_turns(range(40), model, graph)
 
 
 @pytest.mark.slow
 def test_random_configs_are_lossless_many(model, graph):
     _check(range(60, 1060), model, graph)
+    _check_turns(range(40, 540), model, graph)

@@ -299,6 +299,9 @@ class Runner:
         return out
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
+        """Append a step's tokens, each checked as ar checks its one token per step: the
+        answer ends at the token that completes EOS, the budget or a stop string, not at the
+        end of the step's accepted drafts."""
         for t in tokens:
             if len(s.out_ids) >= s.req.max_tokens:
                 s.finish_reason = "length"
@@ -308,12 +311,11 @@ class Runner:
             if t in self.eos_ids:
                 s.finish_reason = "stop"
                 break
+            if self.stop and any(x in self.decode(s.out_ids[-64:]) for x in self.stop):
+                s.finish_reason = "stop_string"
+                break
         if not s.finished and len(s.out_ids) >= s.req.max_tokens:
             s.finish_reason = "length"
-        if not s.finished and self.stop:
-            tail = self.decode(s.out_ids[-64:])
-            if any(x in tail for x in self.stop):
-                s.finish_reason = "stop_string"
         if not s.finished and self.kv.lens[s.slot] + 1 >= self.max_len:
             s.finish_reason = "context"
         s.pending = s.out_ids[-1] if s.out_ids else None
