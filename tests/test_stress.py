@@ -115,12 +115,43 @@ def _check_turns(seeds, eager, graph):
         assert got == ref, (seed, kind, "graph" if m is graph else "eager", stop)
 
 
+def _check_sampling(seeds, eager, graph):
+    """Sampling: Self-Draft (one-hot drafts) emits exactly what ar samples with the same seed,
+    at any batch size; draft-verify and Kangaroo (drafts drawn from q) the same on the eager and
+    the graph path, at any batch size."""
+    for seed in seeds:
+        rng = random.Random(seed)
+        vocab = rng.choice([8, 30, 300])
+        max_len = rng.choice([64, 128, 256])
+        prompts = [[rng.randrange(vocab) for _ in range(rng.randint(1, min(60, max_len - 2)))]
+                   for _ in range(rng.randint(1, 7))]
+        max_tokens = rng.randint(1, 40)
+        sp = SamplingParams(temperature=rng.choice([0.5, 1.0, 1.5]), top_k=rng.choice([0, 5]),
+                            top_p=rng.choice([1.0, 0.9]), seed=seed)
+        ar, _ = run_ids(eager, prompts, max_tokens=max_tokens, max_len=max_len, sampling=sp)
+        kind = rng.choice(["draft-verify", "kangaroo", "self-draft"])
+        outs = []
+        for m in (eager, graph):
+            sub = random.Random(seed + 10**6)   # the same drafter settings on both paths
+            dr = _drafter(sub, kind, m, eager, [p + r for p, r in zip(prompts, ar)])
+            dr.sp = sp
+            got, _ = run_ids(m, prompts, batch_size=rng.randint(1, 6), max_tokens=max_tokens,
+                             max_len=max_len, drafter=dr, sampling=sp)
+            outs.append(got)
+        if kind == "self-draft":
+            assert outs[0] == ar and outs[1] == ar, (seed, kind)
+        else:
+            assert outs[0] == outs[1], (seed, kind)
+
+
 def test_random_configs_are_lossless(model, graph):
     _check(range(60), model, graph)
     _check_turns(range(40), model, graph)
+    _check_sampling(range(30), model, graph)
 
 
 @pytest.mark.slow
 def test_random_configs_are_lossless_many(model, graph):
     _check(range(60, 1060), model, graph)
     _check_turns(range(40, 540), model, graph)
+    _check_sampling(range(30, 330), model, graph)

@@ -29,8 +29,8 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.runtime.sequence import Request, Sequence
 from specctl.spec.drafter import Drafter
-from specctl.spec.verify import (DraftTree, SamplingParams, verify_greedy,
-                                 verify_sampling_batch, warp)
+from specctl.spec.verify import (DraftTree, SamplingParams, position_uniforms, sample_rows,
+                                 verify_greedy, verify_sampling_batch, warp)
 
 
 @dataclass
@@ -184,11 +184,15 @@ class Runner:
             todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
 
     def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Each sequence's next token from its row: the argmax, or its draw (position_uniforms)."""
         if self.sp.greedy:
             return logits.argmax(-1).tolist()
-        probs = warp(logits, self.sp).cpu()
-        return [int(torch.multinomial(probs[i], 1, generator=s.rng).item())
-                for i, s in enumerate(seqs)]
+        return sample_rows(warp(logits, self.sp), [self._uniforms(s, 1)[0] for s in seqs]).tolist()
+
+    def _uniforms(self, s: Sequence, n: int) -> list[float]:
+        """The uniforms of s's next n output positions (one stream per request and turn)."""
+        return position_uniforms(self.sp.seed, s.req.index * 64 + len(s.req.answers),
+                                 len(s.out_ids), n)
 
     # -- one step ---------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> None:
@@ -226,9 +230,10 @@ class Runner:
             starts = [0]
             for n in real[:-1]:
                 starts.append(starts[-1] + n)
-            verdicts = verify_sampling_batch([s.draft for s in seqs],
-                                             warp(logits[vrows], self.sp), starts,
-                                             [s.rng for s in seqs])
+            verdicts = verify_sampling_batch(
+                [s.draft for s in seqs], warp(logits[vrows], self.sp), starts,
+                [s.rng for s in seqs],
+                [self._uniforms(s, 1 + max(s.draft.depths(), default=0)) for s in seqs])
         kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
                         for s, v in zip(seqs, verdicts)])
         for s, v in zip(seqs, verdicts):

@@ -20,8 +20,10 @@ admitted). The context cache is shared by all sequences of a run and persists ac
 Candidates for a step: up to `context_cands` grams keyed by the pending token (newest first),
 then up to `corpus_cands` continuations from the corpus cache (built offline by build-cache;
 longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
-agreeing path of the trie (the candidate with the longest agreeing prefix); sampling uses the one
-verifier's sequential-candidate acceptance (one-hot q). The probe rows' KV is never committed.
+agreeing path of the trie (the candidate with the longest agreeing prefix); sampling walks the
+trie the same way against the target's own draws (verify.verify_sampling_batch: a candidate is
+accepted with probability p(x), as by sequential rejection, and the text is exactly what ar
+samples with the same seed). The probe rows' KV is never committed.
 """
 
 from __future__ import annotations

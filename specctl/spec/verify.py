@@ -1,5 +1,10 @@
 """One verifier for every method: greedy verification and lossless speculative sampling over
-draft trees. Pure functions of (tree, target distribution, rng); no model.
+draft trees. Pure functions of (tree, target distribution, random draws); no model.
+
+Sampled tokens come from counter-based uniforms, one per output position of an answer
+(position_uniforms), through the inverse CDF (sample_rows). ar samples that way, and so does
+the verification of deterministic drafts, so their text is ar's for the same seed at any batch
+size; drafts drawn from a drafter's q use speculative sampling with the request's generator.
 
 Terms (used the same way everywhere in specctl):
 - p: the target model's next-token distribution (after temperature/top-k/top-p).
@@ -21,7 +26,6 @@ order is candidate priority.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,9 +126,42 @@ def draw_drafts(logits: torch.Tensor, sp: SamplingParams, rngs: list) -> tuple:
     return toks, conf, q
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's step: a well-mixed 64-bit value of x."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def position_uniforms(seed: int, stream: int, start: int, n: int) -> list[float]:
+    """Uniforms in [0, 1) for output positions start .. start + n - 1 of one answer (stream:
+    the request and turn). Counter-based: the draw for a position depends on nothing else,
+    not on the drafts, the batch or the steps before, so a sampled token is the one ar samples
+    there (sample_rows) whatever method produced the text before it."""
+    base = _mix(_mix(seed & _M64) ^ (stream & _M64))
+    return [(_mix((base + (start + i) * 0x9E3779B97F4A7C15) & _M64) >> 11) * 2.0 ** -53
+            for i in range(n)]
+
+
+def sample_rows(probs: torch.Tensor, u) -> torch.Tensor:
+    """One token per row of probs [R, V] (on any device) by the inverse CDF at u[r]: the first
+    token whose cumulative probability passes u[r] times the row's total. Zero-probability
+    tokens are never chosen. Returns a [R] tensor on probs' device."""
+    cdf = probs.float().cumsum(-1)
+    t = torch.as_tensor(u, dtype=torch.float64).to(probs.device)[:, None] * cdf[:, -1:].double()
+    tok = torch.searchsorted(cdf, t.float(), right=True)[:, 0]
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)   # (rounding at the end)
+    return torch.minimum(tok, last)
+
+
 def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
-    """target: argmax of the n + 1 target rows. Follow the child that equals the target's
-    choice as long as one exists."""
+    """target: the target's token for each of the n + 1 rows: its argmax, or (sampling, one-hot
+    drafts: verify_sampling_batch) its draw. Follow the child that equals the target's choice
+    as long as one exists."""
     ch = tree.children()
     accepted, row = [], 0
     while True:
@@ -136,97 +173,100 @@ def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
         row = nxt + 1
 
 
-def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator) -> Verdict:
-    """Lossless speculative sampling over a tree (recursive rejection over siblings).
-
-    p: [n + 1, V] target probabilities (rows as in the module docstring).
-    At a node, each child x in order is accepted with probability min(1, p(x) / q(x)); on
-    rejection p becomes norm(max(p - q, 0)) (one-hot q: p(x) is zeroed and p renormalized) and
-    the next child is tried. If all children fail (or there are none), the bonus is drawn from
-    the current p. With one child this is standard speculative sampling; with one-hot q it is
-    the sequential-candidate acceptance of Self-Draft / SpecInfer.
-
-    Done in two halves so that a batch needs no more than two small transfers from the device
-    (verify_sampling_batch): walk_sampling decides acceptance from each draft token's
-    probability at its parent's row and the totals of rows with siblings; draw_bonus then needs
-    the one row the walk stopped at.
-    """
-    return verify_sampling_batch([tree], p, [0], [rng])[0]
+def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator | None = None,
+                    u: list[float] | None = None) -> Verdict:
+    """Lossless speculative sampling over one tree: verify_sampling_batch for a batch of one.
+    p: [n + 1, V] target probabilities (rows as in the module docstring); rng: for a tree with
+    q; u: for a one-hot tree, the uniforms of the output positions at depths 0 .. max depth."""
+    return verify_sampling_batch([tree], p, [0], [rng], [u])[0]
 
 
 def verify_sampling_batch(trees: list[DraftTree], probs: torch.Tensor, starts: list[int],
-                          rngs: list[torch.Generator]) -> list[Verdict]:
-    """verify_sampling for a batch: probs [R, V] (on any device) holds tree b's n_b + 1 rows
-    from starts[b]. Reads back the draft tokens' probabilities and the sibling rows' totals in
-    one transfer, then the row each walk stopped at, one per tree, in another."""
-    rows = [starts[b] + p + 1 for b, t in enumerate(trees) for p in t.parents]
-    toks = [x for t in trees for x in t.tokens]
-    multi = sorted(r for r, c in Counter(rows).items() if c > 1)   # totals: for siblings
+                          rngs: list, us: list) -> list[Verdict]:
+    """Speculative sampling for a batch: probs [R, V] (on any device) holds tree b's n_b + 1
+    rows from starts[b].
+
+    A one-hot tree (deterministic drafts: n-grams, candidates; or none) is verified against the
+    target's own draws: each row's token is sampled at the uniform of its output position
+    (us[b][depth], sample_rows) and the tree is walked as greedy verification walks the argmax.
+    The emitted tokens are then exactly those ar samples with the same uniforms, whatever the
+    drafts; a child x is accepted with probability p(x), as by the sequential rejection of
+    Self-Draft / SpecInfer (which a sibling's turn renormalizes the same way), and the bonus
+    follows p restricted to the tokens not drafted there.
+
+    A tree with q (drafts sampled from the drafter's distribution: draft-verify, Kangaroo) uses
+    speculative sampling with the request's generator rngs[b]: at a node each child x is
+    accepted with probability min(1, p(x) / q(x)); on rejection p becomes norm(max(p - q, 0))
+    and the next child is tried; the bonus is drawn from p as the walk left it. Done in two
+    halves so that a batch needs two small transfers: walk_sampling decides from each draft
+    token's probability at its parent's row (and whole rows only where a rejected child has a
+    sibling), draw_bonus then needs the one row the walk stopped at.
+    """
     idx = dict(dtype=torch.long, device=probs.device)
-    px = probs[torch.tensor(rows, **idx), torch.tensor(toks, **idx)]
-    got = torch.cat([px.double(), probs[torch.tensor(multi, **idx)].double().sum(-1)]).tolist()
-    px, total = got[:len(rows)], dict(zip(multi, got[len(rows):]))
-    walks, k = [], 0
-    for b, (t, rng) in enumerate(zip(trees, rngs)):
-        sums = [total.get(starts[b] + r, 1.0) for r in range(len(t) + 1)]
-        walks.append(walk_sampling(t, px[k:k + len(t)], sums,
-                                   lambda r, b=b: probs[starts[b] + r].cpu(), rng))
+    plain = [b for b, t in enumerate(trees) if t.q is None]
+    withq = [b for b, t in enumerate(trees) if t.q is not None]
+    rows = [starts[b] + p + 1 for b in withq for p in trees[b].parents]
+    toks = [x for b in withq for x in trees[b].tokens]
+    prow = [starts[b] + r for b in plain for r in range(len(trees[b]) + 1)]
+    u = [us[b][d] for b in plain for d in [0] + trees[b].depths()]
+    parts = [probs[torch.tensor(rows, **idx), torch.tensor(toks, **idx)].double()]
+    if prow:
+        parts.append(sample_rows(probs[torch.tensor(prow, **idx)], u).double())
+    got = torch.cat(parts).tolist()   # one transfer: the q-drafts' p, the one-hot rows' draws
+    px, drawn = got[:len(rows)], [int(t) for t in got[len(rows):]]
+    out: list[Verdict | None] = [None] * len(trees)
+    k = 0
+    for b in plain:
+        n = len(trees[b]) + 1
+        out[b] = verify_greedy(trees[b], drawn[k:k + n])
+        k += n
+    walks, k = {}, 0
+    for b in withq:
+        t = trees[b]
+        walks[b] = walk_sampling(t, px[k:k + len(t)], lambda r, b=b: probs[starts[b] + r].cpu(),
+                                 rngs[b])
         k += len(t)
-    last = probs[[starts[b] + w.row for b, w in enumerate(walks)]].cpu()   # [B, V]
-    return [Verdict(w.accepted, draw_bonus(w, last[b], rng))
-            for b, (w, rng) in enumerate(zip(walks, rngs))]
+    if walks:
+        last = probs[[starts[b] + walks[b].row for b in withq]].cpu()   # [B_q, V]
+        for i, b in enumerate(withq):
+            out[b] = Verdict(walks[b].accepted, draw_bonus(walks[b], last[i], rngs[b]))
+    return out
 
 
 @dataclass
 class SampleWalk:
     accepted: list[int]                 # accepted nodes, root to leaf
     row: int                            # the row the bonus is drawn from
-    zeroed: list[int]                   # its tokens rejected (one-hot drafts): p(x) := 0
-    minus: torch.Tensor | None = None   # or the rejected drafter distribution: max(p - q, 0)
-    residual: torch.Tensor | None = None   # or the residual itself (siblings with q)
+    minus: torch.Tensor | None = None   # the rejected drafter distribution: max(p - q, 0)
+    residual: torch.Tensor | None = None   # or the residual itself (after a sibling's turn)
 
 
-def walk_sampling(tree: DraftTree, px: list[float], sums: list[float], full, rng) -> SampleWalk:
-    """The acceptance half of verify_sampling. px[j]: p of node j's token at its parent's row;
-    sums[r]: row r's total (it matters only for rows with several children: a row's only child
-    rejected ends the walk there, and draw_bonus renormalizes the row itself); full(r): row r
-    itself, fetched only for a drafter distribution's rejection followed by a sibling (no
-    drafter makes such trees today)."""
+def walk_sampling(tree: DraftTree, px: list[float], full, rng) -> SampleWalk:
+    """The acceptance half of speculative sampling for a tree with q. px[j]: p of node j's
+    token at its parent's row; full(r): row r itself, fetched only for a rejection followed by
+    a sibling (no drafter makes such trees today)."""
     ch = tree.children()
     accepted, row = [], 0
     while True:
-        zeroed, mass, minus, res = [], sums[row], None, None
+        minus, res = None, None
         kids = ch[row]
         for i, j in enumerate(kids):
             x = tree.tokens[j]
+            qx = float(tree.q[j][x])
             u = torch.rand((), generator=rng, dtype=torch.float64).item()
-            if res is not None:                          # after a q rejection: the full residual
-                qx = float(tree.q[j][x])
-                ok = qx > 0 and u < min(1.0, float(res[x]) / qx)
-            elif tree.q is None:
-                pj = 0.0 if x in zeroed else px[j]
-                ok = u < (pj / mass if zeroed else pj)   # (the first child: p as it is)
-            else:
-                qx = float(tree.q[j][x])
-                ok = qx > 0 and u < min(1.0, px[j] / qx)
-            if ok:
+            px_ = float(res[x]) if res is not None else px[j]
+            if qx > 0 and u < min(1.0, px_ / qx):
                 accepted.append(j)
                 row = j + 1
                 break
-            if tree.q is None:
-                if x not in zeroed:
-                    zeroed.append(x)
-                    mass -= pj
-                if mass <= 0:                            # nothing left: p as it was
-                    zeroed, mass = [], sums[row]
-            elif res is not None or i + 1 < len(kids):   # a sibling follows: residual needed
+            if res is not None or i + 1 < len(kids):   # a sibling follows: residual needed
                 if res is None:
                     base = res = full(row).double()   # (fetched once per row)
                 res = _minus(res, tree.q[j].double(), base)
             else:
                 minus = tree.q[j].double()
         else:
-            return SampleWalk(accepted, row, zeroed, minus, res)
+            return SampleWalk(accepted, row, minus, res)
 
 
 def _minus(pr: torch.Tensor, q: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -243,11 +283,6 @@ def draw_bonus(walk: SampleWalk, p_row: torch.Tensor, rng: torch.Generator) -> i
         pr = walk.residual
     elif walk.minus is not None:
         pr = _minus(pr, walk.minus, pr)
-    elif walk.zeroed:
-        pr = pr.clone()
-        pr[walk.zeroed] = 0.0
-        s = pr.sum()
-        pr = pr / s if s > 0 else p_row.double()
     return int(torch.multinomial(pr.float(), 1, generator=rng).item())
 
 
