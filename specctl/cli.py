@@ -155,7 +155,8 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     top_k: int = typer.Option(0, "--top-k", help="0 = off."),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed (per request, batch-independent)."),
+    seed: int = typer.Option(0, "--seed", help="Sampling seed (per request: the same output at "
+                             "any batch size, draft-verify aside)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
                                        "<input stem>.out.jsonl in the current directory)."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),

@@ -118,7 +118,8 @@ def _check_turns(seeds, eager, graph):
 def _check_sampling(seeds, eager, graph):
     """Sampling: Self-Draft (one-hot drafts) emits exactly what ar samples with the same seed,
     at any batch size; draft-verify and Kangaroo (drafts drawn from q) the same on the eager and
-    the graph path, at any batch size."""
+    the graph path (Kangaroo at any batch size; draft-verify's exit threshold adapts to the
+    whole batch's acceptance, so its drafts, and with q its samples, depend on the batch)."""
     for seed in seeds:
         rng = random.Random(seed)
         vocab = rng.choice([8, 30, 300])
@@ -130,13 +131,16 @@ def _check_sampling(seeds, eager, graph):
                             top_p=rng.choice([1.0, 0.9]), seed=seed)
         ar, _ = run_ids(eager, prompts, max_tokens=max_tokens, max_len=max_len, sampling=sp)
         kind = rng.choice(["draft-verify", "kangaroo", "self-draft"])
+        sizes = [rng.randint(1, 6), rng.randint(1, 6)]
+        if kind == "draft-verify":
+            sizes[1] = sizes[0]
         outs = []
-        for m in (eager, graph):
+        for m, b in zip((eager, graph), sizes):
             sub = random.Random(seed + 10**6)   # the same drafter settings on both paths
             dr = _drafter(sub, kind, m, eager, [p + r for p, r in zip(prompts, ar)])
             dr.sp = sp
-            got, _ = run_ids(m, prompts, batch_size=rng.randint(1, 6), max_tokens=max_tokens,
-                             max_len=max_len, drafter=dr, sampling=sp)
+            got, _ = run_ids(m, prompts, batch_size=b, max_tokens=max_tokens, max_len=max_len,
+                             drafter=dr, sampling=sp)
             outs.append(got)
         if kind == "self-draft":
             assert outs[0] == ar and outs[1] == ar, (seed, kind)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, verify_greedy,
-                                 verify_sampling, warp)
+from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, sample_rows,
+                                 verify_greedy, verify_sampling, warp)
 from helpers import chi_square_ok
 
 
@@ -146,6 +146,48 @@ def _reference_sampling(tree, p, rng):
             pr = pr / s if s > 0 else p[row].double().clone()
         if not moved:
             return Verdict(accepted, int(torch.multinomial(pr.float(), 1, generator=rng).item()))
+
+
+def test_one_hot_trees_emit_exactly_ar_samples():
+    """A tree of deterministic drafts (siblings, duplicates, several levels, zero-probability
+    tokens) emits exactly the tokens ar draws one by one at the same position uniforms, with
+    each row's distribution depending on the path to it; and accepts drafts that way."""
+    from specctl.spec.verify import position_uniforms, sample_rows
+    vocab = 5
+    g = torch.Generator().manual_seed(0)
+
+    def dist(path):   # the target's p after `path`: a function of the whole path
+        h = torch.Generator().manual_seed(hash(tuple(path)) % 2**31)
+        p = torch.softmax(torch.randn(vocab, generator=h) * 2, -1)
+        p[len(path) % vocab] = 0.0                   # a warped-away token
+        return p / p.sum()
+    accepted = 0
+    for case in range(400):
+        n = int(torch.randint(0, 7, (), generator=g))
+        parents = [int(torch.randint(-1, j, (), generator=g)) for j in range(n)]
+        tree = DraftTree(torch.randint(0, vocab, (n,), generator=g).tolist(), parents)
+        paths = [[]]
+        for j, par in enumerate(parents):
+            paths.append(paths[par + 1] + [tree.tokens[j]])
+        u = position_uniforms(case, 7, 3, 1 + max(tree.depths(), default=0))
+        v = verify_sampling(tree, torch.stack([dist(pth) for pth in paths]), None, u)
+        ar = []   # ar: one draw per position from the path so far
+        for d in range(len(v.accepted) + 1):
+            ar.append(int(sample_rows(dist(ar)[None], [u[d]])[0]))
+        assert v.tokens(tree) == ar, (case, tree, v)
+        accepted += len(v.accepted)
+    assert accepted > 50
+    with pytest.raises(ValueError, match="uniforms"):
+        verify_sampling(DraftTree([1], [-1]), torch.full((2, vocab), 0.2), None)
+
+
+def test_sample_rows_follows_p_and_skips_zeros():
+    p = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0], [0.2, 0.0, 0.0, 0.0, 0.8]]).double()
+    u = torch.linspace(0, 1 - 2 ** -53, 1001).tolist()
+    got = [sample_rows(p, [x, x]).tolist() for x in u]
+    assert {a for a, _ in got} == {1, 3} and {b for _, b in got} == {0, 4}
+    assert abs(sum(a == 1 for a, _ in got) / len(u) - 0.5) < 0.01
+    assert abs(sum(b == 0 for _, b in got) / len(u) - 0.2) < 0.01
 
 
 @pytest.mark.parametrize("kind", ["q_chain", "q_siblings"])

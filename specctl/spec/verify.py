@@ -151,9 +151,14 @@ def sample_rows(probs: torch.Tensor, u) -> torch.Tensor:
     """One token per row of probs [R, V] (on any device) by the inverse CDF at u[r]: the first
     token whose cumulative probability passes u[r] times the row's total. Zero-probability
     tokens are never chosen. Returns a [R] tensor on probs' device."""
-    cdf = probs.float().cumsum(-1)
-    t = torch.as_tensor(u, dtype=torch.float64).to(probs.device)[:, None] * cdf[:, -1:].double()
-    tok = torch.searchsorted(cdf, t.float(), right=True)[:, 0]
+    cdf = probs.double().cumsum(-1)   # (fp64: every token keeps its share of [0, 1))
+    # a parallel scan (CUDA) may round a flat step upwards: the CDF stands still where p = 0
+    cdf = torch.where(probs > 0, cdf, 0.0).cummax(-1).values
+    uu = torch.tensor(u, dtype=torch.float64)
+    if probs.is_cuda:
+        uu = uu.pin_memory()
+    t = uu.to(probs.device, non_blocking=True)[:, None] * cdf[:, -1:]
+    tok = torch.searchsorted(cdf, t, right=True)[:, 0]
     last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).int().argmax(-1)   # (rounding at the end)
     return torch.minimum(tok, last)
 
@@ -207,6 +212,8 @@ def verify_sampling_batch(trees: list[DraftTree], probs: torch.Tensor, starts: l
     withq = [b for b, t in enumerate(trees) if t.q is not None]
     rows = [starts[b] + p + 1 for b in withq for p in trees[b].parents]
     toks = [x for b in withq for x in trees[b].tokens]
+    if any(us[b] is None for b in plain):
+        raise ValueError("a tree without q is verified at its positions' uniforms: pass them")
     prow = [starts[b] + r for b in plain for r in range(len(trees[b]) + 1)]
     u = [us[b][d] for b in plain for d in [0] + trees[b].depths()]
     parts = [probs[torch.tensor(rows, **idx), torch.tensor(toks, **idx)].double()]
