@@ -115,3 +115,19 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
         kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
         outs.append(m.forward_logits(ForwardBatch(seqs, "cuda"), kv).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
+    """Sampling on the graph path: Self-Draft's text is ar's, token for token (fp32), and the
+    draws (inverse CDF on the device) never leave the warped support."""
+    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    gpu = load_model(tiny_llama, "cuda", "fp32")
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8] + random_prompts(6, seed=2)
+    sp = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=4)
+    ar, _ = run_ids(gpu, prompts, batch_size=1, max_tokens=24, sampling=sp)
+    dr = SelfDraftDrafter(SelfDraftParams(), None)
+    dr.sp = sp
+    got, stats = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=24, sampling=sp,
+                         drafter=dr)
+    assert got == ar and gpu.graphs.replays > 0
