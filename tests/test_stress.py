@@ -72,7 +72,8 @@ def _check(seeds, eager, graph):
     assert hits >= len(seeds) // 3   # the drafts were accepted often enough to matter
 
 
-def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk):
+def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk,
+               sp=SamplingParams()):
     """Multi-turn requests at the token level: stage k's ids follow the answers so far."""
     reqs = [Request(i, [[{}] for _ in st], max_tokens[i]) for i, st in enumerate(stages)]
 
@@ -84,7 +85,7 @@ def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk):
                 ids += [t for t in r.answer_ids[k] if t not in eos]
         return ids
     res = {}
-    runner = Runner(m, drafter or NoDraft(), SamplingParams(), batch_size=b, max_len=max_len,
+    runner = Runner(m, drafter or NoDraft(), sp, batch_size=b, max_len=max_len,
                     eos_ids=set(eos), render=render,
                     decode=lambda ids: " ".join(map(str, ids)) + " ", stop=stop,
                     prefill_chunk=chunk)
@@ -93,7 +94,8 @@ def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk):
     return [res[i] for i in range(len(stages))]
 
 
-def _check_turns(seeds, eager, graph):
+def _check_turns(seeds, eager, graph, sampling=False):
+    """Greedy: every method equals ar. Sampling: Self-Draft equals ar's samples."""
     for seed in seeds:
         rng = random.Random(seed)
         vocab = rng.choice([8, 30, 300])
@@ -106,12 +108,17 @@ def _check_turns(seeds, eager, graph):
         stop = rng.choice([(), (f" {rng.randrange(vocab)} ",),
                            (f" {rng.randrange(vocab)} {rng.randrange(vocab)} ",)])
         chunk = rng.choice([3, 7, 512])
-        ref = _run_turns(eager, stages, max_tokens, None, 1, max_len, eos, stop, chunk)
-        kind = rng.choice(["draft-verify", "kangaroo", "self-draft"])
+        sp = SamplingParams(temperature=rng.choice([0.7, 1.2]), top_k=rng.choice([0, 5]),
+                            seed=seed) if sampling else SamplingParams()
+        ref = _run_turns(eager, stages, max_tokens, None, 1, max_len, eos, stop, chunk, sp)
+        kind = "self-draft" if sampling else rng.choice(["draft-verify", "kangaroo",
+                                                         "self-draft"])
         m = rng.choice([eager, graph])
         texts = [sum(st, []) + sum(r[1], []) for st, r in zip(stages, ref)]
         dr = _drafter(rng, kind, m, eager, texts)
-        got = _run_turns(m, stages, max_tokens, dr, rng.randint(1, 6), max_len, eos, stop, chunk)
+        dr.sp = sp
+        got = _run_turns(m, stages, max_tokens, dr, rng.randint(1, 6), max_len, eos, stop, chunk,
+                         sp)
         assert got == ref, (seed, kind, "graph" if m is graph else "eager", stop)
 
 
@@ -151,6 +158,7 @@ def _check_sampling(seeds, eager, graph):
 def test_random_configs_are_lossless(model, graph):
     _check(range(60), model, graph)
     _check_turns(range(40), model, graph)
+    _check_turns(range(10), model, graph, sampling=True)
     _check_sampling(range(30), model, graph)
 
 
@@ -158,4 +166,5 @@ def test_random_configs_are_lossless(model, graph):
 def test_random_configs_are_lossless_many(model, graph):
     _check(range(60, 1060), model, graph)
     _check_turns(range(40, 540), model, graph)
+    _check_turns(range(10, 210), model, graph, sampling=True)
     _check_sampling(range(30, 330), model, graph)
