@@ -197,17 +197,22 @@ class Store:
                 out.append(Entry(k, p.name, p, manifest))
         return out
 
-    def find(self, ident: str) -> Entry:
-        """Find an artifact by id (or unique id prefix) across kinds."""
-        matches = [e for e in self.entries() if e.id == ident]
-        if not matches:
-            matches = [e for e in self.entries() if e.id.startswith(ident)]
-        if not matches:
-            raise SpecctlError(f"no artifact {ident!r} in the store at {self.root}")
+    @staticmethod
+    def _match(ident: str, entries: list[Entry]) -> Entry | None:
+        """The entry with id `ident`, else the one whose id starts with it; None if none."""
+        matches = [e for e in entries if e.id == ident] or \
+            [e for e in entries if e.id.startswith(ident)]
         if len(matches) > 1:
             names = ", ".join(f"{e.kind}/{e.id}" for e in matches[:5])
             raise SpecctlError(f"{ident!r} is ambiguous: {names}")
-        return matches[0]
+        return matches[0] if matches else None
+
+    def find(self, ident: str) -> Entry:
+        """Find an artifact by id (or unique id prefix) across kinds."""
+        e = self._match(ident, self.entries())
+        if e is None:
+            raise SpecctlError(f"no artifact {ident!r} in the store at {self.root}")
+        return e
 
     def locate(self, spec: str, kind: str) -> Path:
         """An option naming an artifact (--skip-set, --adapter): a file or folder, else the id
@@ -215,13 +220,9 @@ class Store:
         p = Path(spec).expanduser()
         if p.exists():
             return p
-        mine = self.entries(kind)
-        got = [e for e in mine if e.id == spec] or [e for e in mine if e.id.startswith(spec)]
-        if len(got) == 1:
-            return got[0].path
-        if got:
-            names = ", ".join(f"{e.kind}/{e.id}" for e in got[:5])
-            raise SpecctlError(f"{spec!r} is ambiguous: {names}")
+        e = self._match(spec, self.entries(kind))
+        if e is not None:
+            return e.path
         other = [e for e in self.entries() if e.id.startswith(spec)]
         if other:
             raise SpecctlError(f"{spec!r} is a {other[0].kind} artifact, not {kind}")
