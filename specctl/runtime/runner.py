@@ -50,6 +50,11 @@ class RunStats:
         return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
+def _stream(req: Request) -> int:
+    """The random stream of a request's current turn (its generator, its position uniforms)."""
+    return req.index * 64 + len(req.answers)
+
+
 def request_rng(seed: int, index: int) -> torch.Generator:
     """Per-request generator: same seed, same request -> same samples, whatever the batch."""
     g = torch.Generator()
@@ -110,7 +115,7 @@ class Runner:
         if req.started is None:
             req.started = time.perf_counter()
         ids = self.render(req)
-        rng = None if self.sp.greedy else request_rng(self.sp.seed, req.index * 64 + len(req.answers))
+        rng = None if self.sp.greedy else request_rng(self.sp.seed, _stream(req))
         seq = Sequence(req, ids, slot, rng)
         req.prompt_tokens += len(ids)
         self.kv.reset(slot)
@@ -191,8 +196,7 @@ class Runner:
 
     def _uniforms(self, s: Sequence, n: int) -> list[float]:
         """The uniforms of s's next n output positions (one stream per request and turn)."""
-        return position_uniforms(self.sp.seed, s.req.index * 64 + len(s.req.answers),
-                                 len(s.out_ids), n)
+        return position_uniforms(self.sp.seed, _stream(s.req), len(s.out_ids), n)
 
     # -- one step ---------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> None:
