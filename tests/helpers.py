@@ -204,8 +204,7 @@ class HostReads:
                 return out
 
         def _moves(args, kwargs):
-            import torch as t
-            return "device" in kwargs or any(isinstance(a, (str, t.device)) for a in args[1:])
+            return "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])
 
         def _bool_index(args):
             idx = args[1] if len(args) > 1 else []
