@@ -361,6 +361,61 @@ def test_tokenizer_fingerprint(tok_dir, tmp_path):
         tokenizer_fingerprint(tmp_path)
 
 
+def _variant(src, dst, edit):
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "tokenizer.json").read_text())
+    edit(cfg)
+    (dst / "tokenizer.json").write_text(json.dumps(cfg, indent=1))
+    return dst
+
+
+def test_fingerprint_is_what_the_tokenizer_does_not_how_it_is_written(tok_dir, tmp_path):
+    # what transformers 5.17 and 5.23 write differently for the same GGUF tokenizer (seen on
+    # the GPU machine: a cache built here was refused there): a no-op normalizer, another
+    # decoder, explicit defaults in the BPE model, merges as "a b" strings or [a, b] pairs
+    def rewrite(cfg):
+        cfg["normalizer"] = {"type": "Sequence", "normalizers": []}
+        cfg["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"},
+                                                           {"type": "Fuse"}]}
+        cfg["pre_tokenizer"]["trim_offsets"] = not cfg["pre_tokenizer"].get("trim_offsets")
+        m = cfg["model"]
+        m.update(end_of_word_suffix=None if m.get("end_of_word_suffix") else "",
+                 continuing_subword_prefix=None if m.get("continuing_subword_prefix") else "")
+        m["merges"] = [" ".join(x) if isinstance(x, list) else x.split(" ") for x in m["merges"]]
+    fp = tokenizer_fingerprint(tok_dir)
+    assert tokenizer_fingerprint(_variant(tok_dir, tmp_path / "rewritten", rewrite)) == fp
+
+    def swap_merges(cfg):   # the same vocabulary, merges applied in another order
+        m = cfg["model"]["merges"]
+        m[0], m[-1] = m[-1], m[0]
+    def rename(cfg):        # one vocabulary entry with another id
+        v = cfg["model"]["vocab"]
+        a, b = sorted(v, key=v.get)[-2:]
+        v[a], v[b] = v[b], v[a]
+    for name, edit in (("merges", swap_merges), ("vocab", rename)):
+        assert tokenizer_fingerprint(_variant(tok_dir, tmp_path / name, edit)) != fp, name
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text('{"model": {"type": "BPE"')
+    with pytest.raises(SpecctlError, match="not a valid tokenizer.json"):
+        tokenizer_fingerprint(tmp_path / "broken")
+
+
+def test_caches_with_the_earlier_fingerprint_still_resolve(built, tok_dir, tmp_path):
+    from specctl.spec.corpus_cache import _legacy_fingerprint
+    store, res = built
+    old = tmp_path / "old-cache"
+    shutil.copytree(res["path"], old)
+    cfg = json.loads((old / "config.json").read_text())
+    cfg["tokenizer_fingerprint"] = _legacy_fingerprint(tok_dir)
+    (old / "config.json").write_text(json.dumps(cfg))
+    assert cfg["tokenizer_fingerprint"] != tokenizer_fingerprint(tok_dir)
+    assert resolve_corpus_cache(store, tok_dir, str(old), lambda m: None) == old
+    other = tmp_path / "other"
+    make_tokenizer(other, vocab_size=300)
+    with pytest.raises(SpecctlError, match="another tokenizer"):
+        resolve_corpus_cache(store, other, str(old), lambda m: None)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, oanc_tree, tok_dir):
     store = Store(tmp_path_factory.mktemp("store"))

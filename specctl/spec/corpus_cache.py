@@ -105,28 +105,44 @@ def hash_keys(keys: np.ndarray) -> np.ndarray:
 # tokenizer fingerprint
 
 
-_TOKENIZER_JSON_KEYS = ("normalizer", "pre_tokenizer", "model", "added_tokens")
+# Text whose token ids are part of the fingerprint: words, numbers, code, whitespace runs,
+# accents, CJK, Cyrillic, emoji, markup (what a tokenizer's normalizer and pre-tokenizer act on).
+_PROBE = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 67.89 1,000,000\n\t  "
+          "def f(x):\n    return x**2  # code\n\n\n   indented   spaces  "
+          "Ünïcödé: naïve café façade, 日本語のテキスト, 中文, русский текст, emoji 🚀🎉👍🏽, "
+          "<tags> &amp; {\"json\": [1, 2]} https://example.com/a?b=c don't I'll we've")
 
 
 def tokenizer_fingerprint(model_dir: Path | str) -> str:
     """sha256 (hex) of what decides how text becomes token ids in a model folder.
 
-    tokenizer.json: its normalizer, pre_tokenizer, model and added_tokens, as canonical JSON (so
-    re-saving the same tokenizer, or changing truncation/padding settings, keeps the
-    fingerprint); else vocab.json + merges.txt; else tokenizer.model (sentencepiece), by content.
+    tokenizer.json: what it does, not how it is written: the vocabulary with its added tokens,
+    the BPE merges (either spelling) and the ids of a fixed probe text. Transformers versions
+    write the same tokenizer differently (a GGUF converted by 5.17 and by 5.23 differ in no-op
+    normalizers, decoders and defaults), and truncation/padding settings do not change ids, so
+    neither changes the fingerprint. Else vocab.json + merges.txt, else tokenizer.model
+    (sentencepiece), by content.
     """
     d = Path(model_dir)
     tj = d / "tokenizer.json"
     h = hashlib.sha256()
     if tj.is_file():
+        from tokenizers import Tokenizer
         try:
-            data = json.loads(tj.read_text(encoding="utf-8"))
-            part = {k: data.get(k) for k in _TOKENIZER_JSON_KEYS}
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            model = json.loads(tj.read_text(encoding="utf-8")).get("model") or {}
+            tok = Tokenizer.from_file(str(tj))
+            tok.no_truncation()
+            tok.no_padding()
+        except Exception as e:   # a broken or hostile file: one clear error
             raise SpecctlError(f"{tj}: not a valid tokenizer.json ({e})") from None
-        h.update(b"tokenizer.json\0")
-        h.update(json.dumps(part, sort_keys=True, ensure_ascii=False,
-                            separators=(",", ":")).encode("utf-8"))
+        merges = [m.split(" ", 1) if isinstance(m, str) else list(m)
+                  for m in model.get("merges") or []]
+        vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: (kv[1], kv[0]))
+        h.update(b"tokenizer-behaviour\0")
+        for part in (model.get("type"), vocab, merges,
+                     tok.encode(_PROBE, add_special_tokens=False).ids):
+            h.update(json.dumps(part, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+            h.update(b"\0")
         return h.hexdigest()
     names = [n for n in ("vocab.json", "merges.txt") if (d / n).is_file()]
     if not names and (d / "tokenizer.model").is_file():
@@ -139,6 +155,22 @@ def tokenizer_fingerprint(model_dir: Path | str) -> str:
         h.update((d / n).read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+def _legacy_fingerprint(model_dir: Path | str) -> str | None:
+    """The fingerprint that caches built by earlier specctl versions carry: tokenizer.json's normalizer,
+    pre_tokenizer, model and added_tokens as canonical JSON (None without a tokenizer.json).
+    Still accepted, so such a cache keeps working with the model folder it was built from."""
+    tj = Path(model_dir) / "tokenizer.json"
+    if not tj.is_file():
+        return None
+    try:
+        data = json.loads(tj.read_text(encoding="utf-8"))
+        part = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
+    except (ValueError, AttributeError):
+        return None
+    return hashlib.sha256(b"tokenizer.json\0" + json.dumps(
+        part, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
 def tokenizer_name(model_dir: Path | str) -> str:
@@ -401,9 +433,10 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
     id (or unique prefix). A cache made with another tokenizer is a SpecctlError.
     """
     fp = tokenizer_fingerprint(model_dir)
+    accepted = {fp, _legacy_fingerprint(model_dir)}
     if choice is None:
         cands = [e for e in store.entries(KIND)
-                 if e.manifest.get("tokenizer_fingerprint") == fp
+                 if e.manifest.get("tokenizer_fingerprint") in accepted
                  and (e.path / ARTIFACT_FILE).is_file()]
         if not cands:
             return None
@@ -420,7 +453,7 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
         where, path = f"{KIND}/{e.id}", e.path
     cfg = _read_config(path)
     got = cfg.get("tokenizer_fingerprint")
-    if got != fp:
+    if got not in accepted:
         raise SpecctlError(
             f"n-gram cache {where} was built with another tokenizer "
             f"({cfg.get('tokenizer', '?')}, fingerprint {str(got)[:12]}) than the model's "
