@@ -40,6 +40,7 @@ class SdpaMeta:
     mask: torch.Tensor               # [B, 1, N_max, L_max] bool, True = may attend
     block_mask: tuple | None = None  # ((slots, max_len), FlexAttention BlockMask), made on first use
     static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
+    bias: torch.Tensor | None = None  # mask as 0 / -inf in the queries' dtype, made on first use
 
 
 def sdpa_meta(batch: ForwardBatch) -> SdpaMeta:
@@ -95,7 +96,11 @@ def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     """q: [T, H, hd]; k_cache, v_cache: [slots, max_len, KV, hd] -> [T, H, hd]."""
     k = k_cache[meta.slots, :meta.kv_len].transpose(1, 2)   # [B, KV, L, hd]
     v = v_cache[meta.slots, :meta.kv_len].transpose(1, 2)
-    out = F.scaled_dot_product_attention(_per_seq(q, meta), k, v, attn_mask=meta.mask,
+    if meta.bias is None or meta.bias.dtype != q.dtype:
+        # once per forward: given the boolean mask, SDPA would convert it in every layer
+        meta.bias = torch.zeros(meta.mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            ~meta.mask, float("-inf"))
+    out = F.scaled_dot_product_attention(_per_seq(q, meta), k, v, attn_mask=meta.bias,
                                          enable_gqa=k.shape[1] != q.shape[1])
     return _packed(out, meta, q.shape[0])
 

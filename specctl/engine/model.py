@@ -22,10 +22,10 @@ from specctl.engine.kv import KVCache
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # computed in fp32 like the reference implementation, cast back afterwards
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """torch's rms_norm: on CUDA one fused kernel accumulating in fp32, where the spelled-out
+    reference (float, pow, mean, rsqrt, mul, cast, mul) launches eight; a small model's step
+    is bound by launches (issue 7). fp32 results equal the reference's up to rounding."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -47,10 +47,11 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, hd]; cos, sin: [T, 1, hd] (the rotate-half layout of HF Llama)."""
+    """x: [T, heads, hd]; cos, sin: [T, 1, hd] from Model._rope (the rotate-half layout of HF
+    Llama, with rotate_half's sign folded into sin's first half): x * cos + rotate_half(x) * sin
+    in three launches (mul, cat, addcmul) instead of five."""
     half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rot * sin
+    return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin)
 
 
 class Layer:
@@ -122,9 +123,11 @@ class Model:
         return kv
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, hd] for apply_rope (sin's first half negated: rotate_half's sign)."""
         freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                # [T, 1, hd]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin()
+        return emb.cos().to(self.dtype), sin.to(self.dtype)
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
@@ -162,10 +165,9 @@ class Model:
             if i not in plan.skip_attn:
                 h = rms_norm(x, L.attn_norm, c.rms_eps)
                 qkv = F.linear(h, L.wqkv, L.bqkv)
-                q = qkv[:, :H * hd].view(T, H, hd)
-                k = qkv[:, H * hd:(H + KV) * hd].view(T, KV, hd)
+                qk = apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
+                q, k = qk[:, :H], qk[:, H:]       # queries and keys rotated in one pass
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
-                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
                 kv.write(i, slots, rows, k, v)
                 o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
                 x = x + F.linear(o, L.wo, L.bo)
