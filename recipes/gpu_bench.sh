@@ -13,7 +13,7 @@
 # It converts the GGUF into a fresh store (specctl models pull --from), runs the GPU tests, then
 # `specctl bench` for ar, every method whose artifact is there, the Self-Draft ablations and the
 # HF peers (eager, prompt lookup, static-cache compiled) at batch 1, 8 and 32 (bf16), the host
-# profile, and writes the table (bench.md) and results into OUTDIR.
+# profile, and writes the table (bench.md), the run's results.json and (PLOTS=1) its plots into OUTDIR.
 set -euo pipefail
 gguf=$1; prompts=$2; skip=${3:-}; out=${4:-gpu-bench}
 mkdir -p "$out"
@@ -37,7 +37,9 @@ if [[ $steps == *,bench,* ]]; then
       --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup "${WARMUP:-2}" -q "${extra[@]}" \
       --attention "${ATTENTION:-sdpa}" \
       2>&1 | tee "$out/bench.log"
-  $py -m specctl report --md "$out/bench.md" --plots "$out" || $py -m specctl report --md "$out/bench.md"
+  if [ -n "${PLOTS:-}" ]; then $py -m specctl report --md "$out/bench.md" --plots "$out"
+  else $py -m specctl report --md "$out/bench.md" --no-plots; fi
+  cp "$(ls -td "$SPECCTL_HOME"/benches/*/ | head -1)results.json" "$out/results.json"
 fi
 [[ $steps == *,profile,* ]] && $py recipes/host_profile.py --input "$prompts" --methods ar,self-draft --batch-sizes 1,8,32 --prompts 16 \
     --max-tokens 64 --device cuda 2>&1 | tee "$out/host-profile.md" || true
