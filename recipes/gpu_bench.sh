@@ -9,7 +9,9 @@
 # (10 min on the lent GPU) can split them; keep ar in METHODS of every bench call: speedups are
 # ratios within one bench run. E.g. one call per batch size (BATCH_SIZES=1, then 8, then 32),
 # STEPS=bench; MAX_TOKENS, REPEATS, WARMUP (default 128, 3, 2) trim a call (transformers' eager
-# peers at batch 1 run ~25 tokens/s: they take most of a batch-1 call).
+# peers at batch 1 run ~25-50 tokens/s: they take most of a batch-1 call); LIMIT=N benches the
+# first N prompts. The prompts and skip set of the published tables are in recipes/gpu/ (see
+# recipes/gpu/README.md for the exact calls).
 # It converts the GGUF into a fresh store (specctl models pull --from), runs the GPU tests, then
 # `specctl bench` for ar, every method whose artifact is there, the Self-Draft ablations and the
 # HF peers (eager, prompt lookup, static-cache compiled) at batch 1, 8 and 32 (bf16), the host
@@ -34,7 +36,7 @@ if [[ $steps == *,bench,* ]]; then
   methods=$methods,self-draft,self-draft:no-corpus,self-draft:no-context,self-draft:light,hf,hf-static,hf-prompt-lookup
   methods=${METHODS:-$methods}
   $py -m specctl bench "$prompts" --methods "$methods" --batch-sizes "${BATCH_SIZES:-1,8,32}" \
-      --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup "${WARMUP:-2}" -q "${extra[@]}" \
+      ${LIMIT:+--limit "$LIMIT"} --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup "${WARMUP:-2}" -q "${extra[@]}" \
       --attention "${ATTENTION:-sdpa}" \
       2>&1 | tee "$out/bench.log"
   if [ -n "${PLOTS:-}" ]; then $py -m specctl report --md "$out/bench.md" --plots "$out"
