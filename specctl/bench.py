@@ -26,7 +26,11 @@ What is measured, per (method, batch size):
   later repeats must reproduce the first one's tokens exactly (`repeats_identical`).
 - Outputs are compared token for token with `ar` of the same batch size and with `ar` at batch 1
   (run untimed once if batch 1 is not benchmarked). Every specctl method must match; `hf` rows
-  are informational (padding and bf16 may change a greedy choice).
+  are informational (padding and bf16 may change a greedy choice). Where a row differs (from
+  `ar`, or between its repeats), `divergence_gaps` measures how close to a tie the model was at
+  each sequence's first differing token: in bf16 a near-tie (a logit gap within
+  NEAR_TIE_STEPS rounding steps) is flipped by any change of summation order; a large gap
+  would be a bug. The table's `= ar` column says which.
 - Peak memory: CUDA: torch.cuda.max_memory_allocated over the timed repeats (reset before each;
   it includes every resident model: the HF peer's weights too once loaded), and run_memory_mb,
   the peak minus what was allocated before the run (KV cache and activations).
@@ -44,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import resource
@@ -93,7 +98,9 @@ RESULTS_SCHEMA = """
     "matches_ar": bool | null,         # vs ar at the same batch size
     "matches_ar_b1": bool | null,      # vs ar at batch 1
     "mismatch": {"vs", "prompts", "first": {"index", "turn", "token"}} | null,
-    "repeats_identical": bool
+    "repeats_identical": bool,
+    "divergence": {"vs", "analyzed", "max_gap", "max_steps",    # only where the row differs
+                   "gaps": [{"index", "token", "gap", "step"}]}
   }],
   "category_rows": [{"method", "batch_size", "category", "requests", "new_tokens",
                      "tokens_per_s": {...as above}, "speedup_vs_ar",
@@ -373,6 +380,45 @@ def compare(got: dict[int, list[list[int]]], ref: dict[int, list[list[int]]], vs
     return None if not bad else {"vs": vs, "prompts": len(bad), "of": len(ref), "first": first}
 
 
+MAX_DIVERGENCES = 64   # sequences analyzed per row
+
+
+@torch.inference_mode()
+def divergence_gaps(model, render, recs: list[PromptRecord], got: dict[int, list[list[int]]],
+                    ref: dict[int, list[list[int]]]) -> list[dict]:
+    """Where a sequence's first answer leaves the reference's, how close the model was to a tie.
+
+    For each request (at most MAX_DIVERGENCES) whose first-turn tokens differ from the
+    reference's at position j while both have a token there: one eager forward of the model
+    over the prompt and the common prefix, and the logit of the reference's token minus that of
+    the other at j (fp32 logits, from the model in its own dtype). A gap within a step or two
+    of the dtype's rounding (`step`: the spacing of the top logit in that dtype) is a near-tie
+    that any change in summation order can flip: a forward over more tokens, another kernel, or
+    a non-repeatable one. A large gap would be a real difference.
+    """
+    from specctl.engine.batch import ForwardBatch, SeqInput
+
+    out = []
+    for r in recs:
+        a, b = got.get(r.index, [[]]), ref.get(r.index, [[]])
+        x, y = (a[0] if a else []), (b[0] if b else [])
+        j = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        if j is None:
+            continue
+        req = Request(r.index, [list(t) for t in r.turns], 1, r.raw_prompt)
+        ids = list(render(req)) + y[:j]
+        kv = model.new_kv_cache(1, len(ids) + 1)
+        h = model.forward(ForwardBatch([SeqInput(0, ids, 0)], model.device), kv)
+        logits = model.logits(h[-1:])[0]
+        top = float(logits.max())
+        step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(abs(top) or 1.0))
+        out.append({"index": r.index, "token": j,
+                    "gap": round(float(logits[y[j]] - logits[x[j]]), 4), "step": step})
+        if len(out) >= MAX_DIVERGENCES:
+            break
+    return out
+
+
 def _peak_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
@@ -584,6 +630,28 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
             + (f", {row['speedup_vs_ar']:.2f}x ar" if row["speedup_vs_ar"] else "")
             + (f", mean accepted tokens {row['mean_accepted_tokens']}"
                if row["mean_accepted_tokens"] is not None else ""))
+    for row in rows:   # after every timed run: the analysis runs the model on its own cache
+        m, b = row["method"], row["batch_size"]
+        runs = runs_of[(m, b)]
+        if row["mismatch"]:
+            vs = row["mismatch"]["vs"]
+            ref = ar_out[b] if vs == f"ar b{b}" else ref_b1
+            gaps = divergence_gaps(model, tk.render, recs, runs[0].outputs, ref)
+        elif not row["repeats_identical"]:
+            vs = "its first repeat"
+            other = next(r.outputs for r in runs[1:] if r.outputs != runs[0].outputs)
+            gaps = divergence_gaps(model, tk.render, recs, other, runs[0].outputs)
+        else:
+            continue
+        if gaps:
+            row["divergence"] = {"vs": vs, "analyzed": len(gaps),
+                                 "max_gap": max(abs(g["gap"]) for g in gaps),
+                                 "max_steps": round(max(abs(g["gap"]) / g["step"] for g in gaps), 2),
+                                 "gaps": gaps}
+            log(f"{m} b{b}: first divergences from {vs} at logit gaps up to "
+                f"{row['divergence']['max_gap']:.3g} ({row['divergence']['max_steps']:g} rounding "
+                f"steps of the top logit in {str(model.dtype).replace('torch.', '')}; "
+                f"{len(gaps)} sequences)")
     progress.stop()
 
     ok = all(r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]
@@ -682,10 +750,18 @@ def _match(r: dict) -> str:
         return "-"
     if r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]:
         return "yes"
+    d = r.get("divergence")
+    gap = ""
+    if d:   # how close to a tie the first divergences were (divergence_gaps)
+        gap = (f"; near-ties, gap ≤ {d['max_gap']:.3g}" if d["max_steps"] <= NEAR_TIE_STEPS
+               else f"; gap up to {d['max_gap']:.3g}")
     if not r["repeats_identical"]:
-        return "NO (repeats differ)"
+        return f"NO (repeats differ{gap})"
     mm = r["mismatch"]
-    return f"NO ({mm['prompts']}/{mm['of']} vs {mm['vs']})"
+    return f"NO ({mm['prompts']}/{mm['of']} vs {mm['vs']}{gap})"
+
+
+NEAR_TIE_STEPS = 2   # a gap within this many rounding steps of the top logit is a near-tie
 
 
 TABLE_COLUMNS = ("method", "batch", "tokens/s", "min–max", "speedup", "mean acc.",

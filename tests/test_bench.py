@@ -5,6 +5,7 @@ method, skipped methods with reasons, per-category rows, and report's tables, ma
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from specctl.bench import compare, spread
 from specctl.cli import app
 from specctl.spec.draft_verify import SkipSet
 from specctl.spec.drafter import NoDraft
+from specctl.runtime.sequence import Request
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -203,7 +205,42 @@ def test_outputs_match_check_catches_a_broken_method(work, prompts, tiny_llama, 
     bad = by["draft-verify"]
     assert bad["matches_ar"] is False and bad["matches_ar_b1"] is False
     assert bad["mismatch"]["first"]["index"] == 0 and bad["mismatch"]["prompts"] == 1
-    assert "NO (1/5 vs ar b1)" in (d / "table.md").read_text()
+    # the divergence is no near-tie: fp32 logits far apart (a bug, not rounding)
+    div = bad["divergence"]
+    assert div["vs"] == "ar b1" and div["analyzed"] == 1 and div["gaps"][0]["index"] == 0
+    assert div["max_steps"] > 1000 and div["max_gap"] > 1e-3
+    assert "NO (1/5 vs ar b1; gap up to" in (d / "table.md").read_text()
+
+
+def test_divergence_gap_is_the_models_logit_gap_at_the_first_difference(tiny_llama, model):
+    """Against transformers' own forward of the checkpoint: the gap between the reference's token
+    and the other's, at the first differing position, after the common prefix."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specctl.bench import divergence_gaps
+    from specctl.io.prompts import read_prompts
+    from specctl.runtime.job import Tokenization
+
+    tk = Tokenization(tiny_llama, True)
+    p = Path(tiny_llama) / "div.jsonl"
+    p.write_text(json.dumps({"prompt": "The quick brown fox"}) + "\n"
+                 + json.dumps({"prompt": "To be or not to be"}) + "\n")
+    recs = read_prompts(p)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    prompt = tk.render(Request(recs[1].index, [list(t) for t in recs[1].turns], 1))
+    ref_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+    ref_ids = ref_ids.tolist()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + ref_ids[:3]])).logits[0, -1]
+    alt = int(logits.topk(2).indices[1])                 # the runner-up at position 3
+    got = {1: [ref_ids[:3] + [alt] + ref_ids[4:]], 0: [[5, 6]]}
+    ref = {1: [ref_ids], 0: [[5, 6]]}                    # request 0 equal: not analyzed
+    (g,) = divergence_gaps(model, tk.render, recs, got, ref)
+    assert g["index"] == 1 and g["token"] == 3
+    assert abs(g["gap"] - float(logits[ref_ids[3]] - logits[alt])) < 1e-4 and g["gap"] >= 0
+    assert g["step"] == torch.finfo(torch.float32).eps * 2.0 ** math.floor(
+        math.log2(float(logits.max())))
 
 
 def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
