@@ -394,6 +394,14 @@ def test_fingerprint_is_what_the_tokenizer_does_not_how_it_is_written(tok_dir, t
         v[a], v[b] = v[b], v[a]
     for name, edit in (("merges", swap_merges), ("vocab", rename)):
         assert tokenizer_fingerprint(_variant(tok_dir, tmp_path / name, edit)) != fp, name
+    def dropout(cfg):       # BPE dropout: random merges, but the same tokenizer
+        cfg["model"]["dropout"] = 0.5
+    drop = _variant(tok_dir, tmp_path / "dropout", dropout)
+    assert {tokenizer_fingerprint(drop) for _ in range(3)} == {fp}
+
+    def added(cfg):         # an added token's settings change how text is split
+        cfg["added_tokens"][0]["lstrip"] = not cfg["added_tokens"][0].get("lstrip")
+    assert tokenizer_fingerprint(_variant(tok_dir, tmp_path / "added", added)) != fp
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "tokenizer.json").write_text('{"model": {"type": "BPE"')
     with pytest.raises(SpecctlError, match="not a valid tokenizer.json"):
@@ -414,6 +422,18 @@ def test_caches_with_the_earlier_fingerprint_still_resolve(built, tok_dir, tmp_p
     make_tokenizer(other, vocab_size=300)
     with pytest.raises(SpecctlError, match="another tokenizer"):
         resolve_corpus_cache(store, other, str(old), lambda m: None)
+    # a model without tokenizer.json (vocab.json + merges.txt) has no earlier fingerprint: a
+    # cache that names none is refused, not matched by the missing value
+    files = tmp_path / "files-tokenizer"
+    files.mkdir()
+    model = json.loads((tok_dir / "tokenizer.json").read_text())["model"]
+    (files / "vocab.json").write_text(json.dumps(model["vocab"]))
+    (files / "merges.txt").write_text("#version: 0.2\n" + "".join(
+        (m if isinstance(m, str) else " ".join(m)) + "\n" for m in model["merges"]))
+    del cfg["tokenizer_fingerprint"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecctlError, match="another tokenizer"):
+        resolve_corpus_cache(store, files, str(old), lambda m: None)
 
 
 @pytest.fixture(scope="module")

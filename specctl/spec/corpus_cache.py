@@ -116,8 +116,9 @@ _PROBE = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 67.8
 def tokenizer_fingerprint(model_dir: Path | str) -> str:
     """sha256 (hex) of what decides how text becomes token ids in a model folder.
 
-    tokenizer.json: what it does, not how it is written: the vocabulary with its added tokens,
-    the BPE merges (either spelling) and the ids of a fixed probe text. Transformers versions
+    tokenizer.json: what it does, not how it is written: the model type, the vocabulary with
+    its added tokens (and their settings), the BPE merges (either spelling) or the Unigram
+    scores, and the ids of a fixed probe text (BPE dropout off). Transformers versions
     write the same tokenizer differently (a GGUF converted by 5.17 and by 5.23 differ in no-op
     normalizers, decoders and defaults), and truncation/padding settings do not change ids, so
     neither changes the fingerprint. Else vocab.json + merges.txt, else tokenizer.model
@@ -129,18 +130,28 @@ def tokenizer_fingerprint(model_dir: Path | str) -> str:
     if tj.is_file():
         from tokenizers import Tokenizer
         try:
-            model = json.loads(tj.read_text(encoding="utf-8")).get("model") or {}
+            data = json.loads(tj.read_text(encoding="utf-8"))
+            model = data.get("model") or {}
             tok = Tokenizer.from_file(str(tj))
             tok.no_truncation()
             tok.no_padding()
+            if getattr(tok.model, "dropout", None):   # random merges: the probe must not vary
+                tok.model.dropout = None
+            kind = type(tok.model).__name__
+            merges = [m.split(" ", 1) if isinstance(m, str) else list(m)
+                      for m in model.get("merges") or []]
+            scores = model.get("vocab") if kind == "Unigram" else None   # [[piece, score]]
+            added = sorted([[a.get("id"), a.get("content"), bool(a.get("special")),
+                             bool(a.get("normalized")), bool(a.get("lstrip")),
+                             bool(a.get("rstrip")), bool(a.get("single_word"))]
+                            for a in data.get("added_tokens") or []], key=str)
+            vocab = sorted(tok.get_vocab(with_added_tokens=True).items(),
+                           key=lambda kv: (kv[1], kv[0]))
+            probe = tok.encode(_PROBE, add_special_tokens=False).ids
         except Exception as e:   # a broken or hostile file: one clear error
             raise SpecctlError(f"{tj}: not a valid tokenizer.json ({e})") from None
-        merges = [m.split(" ", 1) if isinstance(m, str) else list(m)
-                  for m in model.get("merges") or []]
-        vocab = sorted(tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: (kv[1], kv[0]))
         h.update(b"tokenizer-behaviour\0")
-        for part in (model.get("type"), vocab, merges,
-                     tok.encode(_PROBE, add_special_tokens=False).ids):
+        for part in (kind, vocab, added, merges, scores, probe):
             h.update(json.dumps(part, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
             h.update(b"\0")
         return h.hexdigest()
@@ -433,7 +444,8 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
     id (or unique prefix). A cache made with another tokenizer is a SpecctlError.
     """
     fp = tokenizer_fingerprint(model_dir)
-    accepted = {fp, _legacy_fingerprint(model_dir)}
+    legacy = _legacy_fingerprint(model_dir)
+    accepted = {fp} if legacy is None else {fp, legacy}   # never None: a cache without one
     if choice is None:
         cands = [e for e in store.entries(KIND)
                  if e.manifest.get("tokenizer_fingerprint") in accepted
