@@ -99,8 +99,8 @@ RESULTS_SCHEMA = """
     "matches_ar_b1": bool | null,      # vs ar at batch 1
     "mismatch": {"vs", "prompts", "first": {"index", "turn", "token"}} | null,
     "repeats_identical": bool,
-    "divergence": {"vs", "analyzed", "max_gap", "max_steps",    # only where the row differs
-                   "gaps": [{"index", "token", "gap", "step"}]}
+    "divergence": {"vs", "differing", "analyzed", "max_gap", "max_steps",  # where it differs
+                   "gaps": [{"index", "token", "gap", "step", "steps"}]}
   }],
   "category_rows": [{"method", "batch_size", "category", "requests", "new_tokens",
                      "tokens_per_s": {...as above}, "speedup_vs_ar",
@@ -411,9 +411,11 @@ def divergence_gaps(model, render, recs: list[PromptRecord], got: dict[int, list
         h = model.forward(ForwardBatch([SeqInput(0, ids, 0)], model.device), kv)
         logits = model.logits(h[-1:])[0]
         top = float(logits.max())
-        step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(abs(top) or 1.0))
-        out.append({"index": r.index, "token": j,
-                    "gap": round(float(logits[y[j]] - logits[x[j]]), 4), "step": step})
+        top = abs(top) if math.isfinite(top) and top != 0 else 1.0
+        step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(top))
+        gap = float(logits[y[j]] - logits[x[j]])
+        out.append({"index": r.index, "token": j, "gap": round(gap, 6), "step": step,
+                    "steps": round(abs(gap) / step, 2) if math.isfinite(gap) else None})
         if len(out) >= MAX_DIVERGENCES:
             break
     return out
@@ -633,25 +635,31 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
     for row in rows:   # after every timed run: the analysis runs the model on its own cache
         m, b = row["method"], row["batch_size"]
         runs = runs_of[(m, b)]
-        if row["mismatch"]:
-            vs = row["mismatch"]["vs"]
-            ref = ar_out[b] if vs == f"ar b{b}" else ref_b1
-            gaps = divergence_gaps(model, tk.render, recs, runs[0].outputs, ref)
-        elif not row["repeats_identical"]:
-            vs = "its first repeat"
-            other = next(r.outputs for r in runs[1:] if r.outputs != runs[0].outputs)
-            gaps = divergence_gaps(model, tk.render, recs, other, runs[0].outputs)
-        else:
+        try:
+            if row["mismatch"]:
+                vs = row["mismatch"]["vs"]
+                ref, got = (ar_out[b] if vs == f"ar b{b}" else ref_b1), runs[0].outputs
+            elif not row["repeats_identical"]:
+                vs = "its first repeat"
+                ref = runs[0].outputs
+                got = next(r.outputs for r in runs[1:] if r.outputs != ref)
+            else:
+                continue
+            gaps = divergence_gaps(model, tk.render, recs, got, ref)
+        except Exception as e:   # noqa: BLE001 - a diagnosis must not cost the timed results
+            log(f"{m} b{b}: the divergence analysis failed ({type(e).__name__}: {e})")
             continue
-        if gaps:
-            row["divergence"] = {"vs": vs, "analyzed": len(gaps),
-                                 "max_gap": max(abs(g["gap"]) for g in gaps),
-                                 "max_steps": round(max(abs(g["gap"]) / g["step"] for g in gaps), 2),
-                                 "gaps": gaps}
-            log(f"{m} b{b}: first divergences from {vs} at logit gaps up to "
-                f"{row['divergence']['max_gap']:.3g} ({row['divergence']['max_steps']:g} rounding "
-                f"steps of the top logit in {str(model.dtype).replace('torch.', '')}; "
-                f"{len(gaps)} sequences)")
+        steps = [g["steps"] for g in gaps]
+        if gaps and None not in steps:
+            row["divergence"] = {
+                "vs": vs, "differing": sum(1 for i in ref if got.get(i) != ref[i]),
+                "analyzed": len(gaps), "max_gap": max(abs(g["gap"]) for g in gaps),
+                "max_steps": max(steps), "gaps": gaps}
+            d = row["divergence"]
+            log(f"{m} b{b}: first divergences from {vs} at logit gaps up to {d['max_gap']:.3g} "
+                f"({d['max_steps']:g} rounding steps of the top logit in "
+                f"{str(model.dtype).replace('torch.', '')}; {d['analyzed']} of {d['differing']} "
+                "differing sequences read: first answers only)")
     progress.stop()
 
     ok = all(r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]
@@ -753,9 +761,14 @@ def _match(r: dict) -> str:
     d = r.get("divergence")
     gap = ""
     if d:   # how close to a tie the first divergences were (divergence_gaps)
-        gap = (f"; near-ties, gap ≤ {d['max_gap']:.3g}" if d["max_steps"] <= NEAR_TIE_STEPS
-               else f"; gap up to {d['max_gap']:.3g}")
+        gap = (f"near-ties, gap ≤ {d['max_gap']:.3g}" if d["max_steps"] <= NEAR_TIE_STEPS
+               else f"gap up to {d['max_gap']:.3g}")
+        if d["analyzed"] < d.get("differing", d["analyzed"]):
+            gap += f" ({d['analyzed']} of {d['differing']} read)"
+        gap = "; " + gap
     if not r["repeats_identical"]:
+        if d and d["vs"] != "its first repeat":
+            gap = f"; vs {d['vs']}:{gap[1:]}"
         return f"NO (repeats differ{gap})"
     mm = r["mismatch"]
     return f"NO ({mm['prompts']}/{mm['of']} vs {mm['vs']}{gap})"

@@ -327,3 +327,18 @@ def test_compare_and_spread():
     assert (s["median"], s["min"], s["max"], s["runs"]) == (11.0, 10.0, 12.0, [10.0, 12.0, 11.0])
     assert s["iqr"] == pytest.approx(1.0) and s["spread_pct"] == pytest.approx(100 * 2 / 11, abs=0.01)
     assert spread([5.0])["iqr"] == 0.0
+
+
+def test_match_column_says_how_close_divergences_were():
+    from specctl.bench import _match
+    mm = {"vs": "ar b1", "prompts": 5, "of": 8, "first": None}
+    row = {"matches_ar": False, "matches_ar_b1": False, "repeats_identical": True, "mismatch": mm}
+    assert _match(row) == "NO (5/8 vs ar b1)"
+    div = {"vs": "ar b1", "differing": 5, "analyzed": 5, "max_gap": 0.125, "max_steps": 1.0}
+    assert _match({**row, "divergence": div}) == "NO (5/8 vs ar b1; near-ties, gap ≤ 0.125)"
+    far = {**div, "max_gap": 3.5, "max_steps": 28.0, "analyzed": 4}
+    assert _match({**row, "divergence": far}) == "NO (5/8 vs ar b1; gap up to 3.5 (4 of 5 read))"
+    rep = {**row, "repeats_identical": False, "divergence": div}
+    assert _match(rep) == "NO (repeats differ; vs ar b1: near-ties, gap ≤ 0.125)"
+    own = {**rep, "mismatch": None, "divergence": {**div, "vs": "its first repeat"}}
+    assert _match(own) == "NO (repeats differ; near-ties, gap ≤ 0.125)"
