@@ -39,7 +39,8 @@ if [[ $steps == *,bench,* ]]; then
       ${LIMIT:+--limit "$LIMIT"} --max-tokens "${MAX_TOKENS:-128}" --repeats "${REPEATS:-3}" --warmup "${WARMUP:-2}" -q "${extra[@]}" \
       --attention "${ATTENTION:-sdpa}" \
       2>&1 | tee "$out/bench.log"
-  if [ -n "${PLOTS:-}" ]; then $py -m specctl report --md "$out/bench.md" --plots "$out"
+  if [ -n "${PLOTS:-}" ]; then $py -m specctl report --md "$out/bench.md" --plots "$out" \
+      || $py -m specctl report --md "$out/bench.md" --no-plots
   else $py -m specctl report --md "$out/bench.md" --no-plots; fi
   cp "$(ls -td "$SPECCTL_HOME"/benches/*/ | head -1)results.json" "$out/results.json"
 fi

@@ -15,7 +15,9 @@
 #      /tmp/art/sharegpt32.jsonl /tmp/art/skip.json /tmp/out   (recipes/gpu/README.md)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-for d in .gpuA .gpuB; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
+exclude=$(git rev-parse --git-path info/exclude)   # (a worktree's .git is a file)
+mkdir -p "$(dirname "$exclude")" && touch "$exclude"
+for d in .gpuA .gpuB; do grep -qx "/$d/" "$exclude" || echo "/$d/" >> "$exclude"; done
 [ -s .stage1/part00 ] && [ -s .stage2/part01 ] || { echo "run ../shared/tools/stage-device.sh first" >&2; exit 1; }
 rm -rf .gpuA .gpuB && mkdir -p .gpuA/whl .gpuB/art
 cat .stage1/part00 .stage2/part01 > .gpuB/model.tmp
@@ -27,3 +29,11 @@ cp .whl/*.whl .gpuA/whl/
 cp recipes/gpu/sharegpt32.jsonl .gpuB/art/ && cp recipes/gpu/skip-attn-16-20-24-28.json .gpuB/art/skip.json
 (cd .gpuB && tar czf art.tgz art && rm -rf art)
 du -sb .gpuA .gpuB
+# each call carries its folder plus the tracked files: together under 64 MiB
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+for d in .gpuA .gpuB; do
+  n=$(( $(du -sb "$d" | cut -f1) + tree ))
+  if (( n > 64 * 1024 * 1024 )); then
+    echo "$d and the tracked files come to $n bytes, over the 64 MiB a call carries" >&2; exit 1
+  fi
+done
