@@ -455,14 +455,8 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
         best = max(cands, key=lambda e: (str(e.manifest.get("created", "")), e.id))
         log(f"corpus cache: {KIND}/{best.id}")
         return best.path
-    p = Path(choice).expanduser()
-    if p.exists():
-        where, path = str(p), p
-    else:
-        e = store.find(choice)
-        if e.kind != KIND:
-            raise SpecctlError(f"{choice!r} is a {e.kind} artifact, not an n-gram cache")
-        where, path = f"{KIND}/{e.id}", e.path
+    path = store.locate(choice, KIND)   # a path, else a store id (as --skip-set, --adapter)
+    where = str(path) if path == Path(choice).expanduser() else f"{KIND}/{path.name}"
     cfg = _read_config(path)
     got = cfg.get("tokenizer_fingerprint")
     if got not in accepted:

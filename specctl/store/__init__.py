@@ -226,8 +226,8 @@ class Store:
         other = [e for e in self.entries() if e.id.startswith(spec)]
         if other:
             raise SpecctlError(f"{spec!r} is a {other[0].kind} artifact, not {kind}")
-        raise SpecctlError(f"{spec}: no such file or folder, and no {kind} artifact with that "
-                           f"id in the store at {self.root}")
+        raise SpecctlError(f"{spec}: no such file or folder, and no artifact with that id "
+                           f"among the {kind} in the store at {self.root}")
 
     def best_for_model(self, kind: str, fingerprint: str, score: str) -> Entry | None:
         """The artifact of `kind` made for the model `fingerprint` with the highest manifest
