@@ -7,11 +7,12 @@
 
 On the lent H100, `ar` in bf16 gave different tokens from one repeat to the next (same inputs,
 same captured graphs), and so did transformers' eager `generate` at batch 8 and 32, while
-Self-Draft's and draft-verify's repeats at batch 1 were identical. This runs `ar` (the one
-Runner, demo model from the store) `--repeats` times per setting and says, per setting and
-batch size, whether the repeats agree and, where not, the logit gap at the first divergence
-(bench.divergence_gaps). Settings, each on freshly captured graphs, with one untimed warm-up
-run first (so every repeat replays the same graphs), in this order:
+Self-Draft's and draft-verify's repeats at batch 1 were identical. This runs `specctl bench`
+for `ar` alone (demo model from the store) under each setting and says, per setting and batch
+size, whether its repeats agree and, where outputs differ, the logit gap at the first
+divergences (bench.divergence_gaps). Each setting is a bench run of its own: the model loaded
+and its graphs captured anew, a warm-up first, so every repeat replays the same graphs.
+Settings, in this order:
 
 - default
 - eager: no CUDA graphs
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 
 import torch
 
@@ -73,61 +74,37 @@ def main() -> None:
                     help="comma-separated subset (default: all but deterministic on CUDA)")
     a = ap.parse_args()
 
-    from specctl.bench import _requests, divergence_gaps
-    from specctl.engine.graphs import CudaGraphs
-    from specctl.io.prompts import read_prompts
-    from specctl.models.checkpoint import resolve_model
-    from specctl.models.loader import load_model
-    from specctl.runtime import job
-    from specctl.runtime.runner import Runner
-    from specctl.spec.drafter import NoDraft
-    from specctl.spec.verify import SamplingParams
+    from specctl.bench import BenchConfig, parse_list, run_bench
     from specctl.store import Store
 
     store = Store(a.store)
-    model_dir = resolve_model(None, store)
-    model = load_model(model_dir, a.device, a.dtype)
-    tk = job.Tokenization(model_dir, chat=True)
-    recs = read_prompts(a.input)[:a.prompts]
-    cuda = model.device.type == "cuda"
+    cuda = torch.cuda.is_available() and a.device in ("auto", "cuda")
     names = (["default", "eager", "bf16-reduction-off", "sdpa-math"] if cuda
              else ["default", "eager"])
     if a.settings:
         names = a.settings.split(",")
-
-    def run(b: int) -> dict:
-        out = {}
-        runner = Runner(model, NoDraft(), SamplingParams(), batch_size=b, max_len=1024,
-                        eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode)
-        runner.run(_requests(recs, a.max_tokens), lambda r: out.__setitem__(r.index, r.answer_ids))
-        return out
-
-    graphs = model.graphs
-    print(f"{model.device} {str(model.dtype).replace('torch.', '')}, {len(recs)} prompts, "
-          f"{a.max_tokens} new tokens, {a.repeats} repeats per setting")
-    print("| setting | batch | repeats identical | sequences differing | max logit gap |")
-    print("|---|---|---|---|---|")
+    print(f"ar, {a.prompts} prompts, {a.max_tokens} new tokens, {a.repeats} repeats per "
+          "setting (each a `specctl bench` run: warm-up, graphs captured anew, stored)")
+    print("| setting | batch | repeats identical | first divergences |")
+    print("|---|---|---|---|")
     for name in names:
-        model.graphs = None if name == "eager" else graphs
-        if model.graphs is not None:   # capture anew under this setting
-            model.graphs = CudaGraphs(model) if cuda else CudaGraphs(model, capture=False)
-        with ExitStack() as stack:
-            stack.enter_context(setting(name))
-            for b in [int(x) for x in a.batch_sizes.split(",")]:
-                try:
-                    run(b)   # warm-up: captures this setting's graphs
-                    runs = [run(b) for _ in range(a.repeats)]
-                    bad = [o for o in runs[1:] if o != runs[0]]
-                    if not bad:
-                        print(f"| {name} | {b} | yes | 0 | - |", flush=True)
-                        continue
-                    differing = sum(1 for i in runs[0] if bad[0].get(i) != runs[0][i])
-                    gaps = divergence_gaps(model, tk.render, recs, bad[0], runs[0])
-                    gap = f"{max(abs(g['gap']) for g in gaps):.3g}" if gaps else "-"
-                    print(f"| {name} | {b} | no | {differing} | {gap} |", flush=True)
-                except Exception as e:   # noqa: BLE001 - report it, go on with the next
-                    print(f"| {name} | {b} | error: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:120] if str(e) else ''} | | |", flush=True)
+        cfg = BenchConfig(a.input, methods=("ar",), batch_sizes=parse_list(
+            a.batch_sizes, "--batch-sizes", int), max_tokens=a.max_tokens, repeats=a.repeats,
+            warmup=1, limit=a.prompts, device=a.device, dtype=a.dtype,
+            cuda_graphs=name != "eager")
+        try:
+            with setting(name):
+                res = run_bench(cfg, store, log=lambda m: None)
+        except Exception as e:   # noqa: BLE001 - report it, go on with the next
+            print(f"| {name} | - | error: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:120] if str(e) else ''} | |", flush=True)
+            continue
+        for r in res["rows"]:   # (bench.divergence_gaps: vs ar at batch 1, else the repeats)
+            d = r.get("divergence")
+            gap = (f"{d['differing']} sequences, logit gap up to {d['max_gap']:.3g} "
+                   f"(vs {d['vs']})" if d else "-")
+            print(f"| {name} | {r['batch_size']} | {'yes' if r['repeats_identical'] else 'no'} "
+                  f"| {gap} |", flush=True)
 
 
 if __name__ == "__main__":
