@@ -237,7 +237,8 @@ class Runner:
             verdicts = verify_sampling_batch(
                 [s.draft for s in seqs], warp(logits[vrows], self.sp), starts,
                 [s.rng for s in seqs],
-                [self._uniforms(s, 1 + max(s.draft.depths(), default=0)) for s in seqs])
+                [self._uniforms(s, 1 + max(s.draft.depths(), default=0))
+                 if s.draft.q is None else None for s in seqs])   # (q-trees use s.rng)
         kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
                         for s, v in zip(seqs, verdicts)])
         for s, v in zip(seqs, verdicts):
