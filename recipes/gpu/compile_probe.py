@@ -54,6 +54,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--store", default=None)
+    ap.add_argument("--random", default=None, metavar="SHAPE",
+                    help="random weights of a shapes.py shape instead of the demo checkpoint")
     a = ap.parse_args()
 
     from specctl.engine.batch import FULL
@@ -62,7 +64,15 @@ def main() -> None:
     from specctl.models.loader import load_model
     from specctl.store import Store
 
-    model = load_model(resolve_model(None, Store(a.store)), a.device, a.dtype)
+    if a.random:
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from shapes import random_model
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        model = random_model(a.random, dev, torch.bfloat16 if dev == "cuda" else torch.float32)
+    else:
+        model = load_model(resolve_model(None, Store(a.store)), a.device, a.dtype)
     cuda = model.device.type == "cuda"
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")]
     slots = max(b for b, _ in shapes)
