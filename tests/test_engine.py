@@ -172,3 +172,28 @@ def test_kv_commit_many_moves_every_layer_and_slot():
     with pytest.raises(ValueError, match="past the cache"):
         kv.commit_many([(2, [0]), (3, [0, 8])])                    # reads row 12 of 12
     assert kv.lens == [5, 5, 1, 4]                                 # nothing half-done
+
+
+def test_argmax_equals_the_logits_argmax(tiny_llama):
+    """Model.argmax (the greedy head, no fp32 [T, V] tensor) picks what the fp32 logits do."""
+    model = load_model(tiny_llama, "cpu", "fp32")
+    h = torch.randn(37, model.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.argmax(h), model.logits(h).argmax(-1))
+
+
+def test_step_table_measures_and_round_trips(tiny_llama):
+    from specctl.engine.steptable import StepTable, measure_step_table
+    model = load_model(tiny_llama, "cpu", "fp32")
+    seen = []
+    t = measure_step_table(model, batches=(1, 3), ns=(1, 4), context=20, repeats=2, warmup=1,
+                           progress=lambda b, n, ms: seen.append((b, n)))
+    assert seen == [(1, 1), (1, 4), (3, 1), (3, 4)]
+    assert all(v > 0 for row in t.table for v in row)
+    back = StepTable.from_json(t.to_json())
+    assert back == t
+    assert t.ms(3, 4) == t.table[1][1] and t.ms(2, 1) == t.table[1][0]   # next batch up
+    mid = t.ms(1, 2)
+    assert min(t.table[0]) <= mid <= max(t.table[0])                     # linear in n
+    assert "| 3 |" in t.markdown()
+    with pytest.raises(ValueError):
+        StepTable.from_json({**t.to_json(), "table": [[1.0], [2.0, 3.0]]})

@@ -28,7 +28,7 @@ def test_graph_logits_equal_eager(tiny_llama):
                 kv = prefill_slots(m, m.new_kv_cache(4, 64), prompts, "cuda")
                 b = ForwardBatch([SeqInput(s, list(range(7, 7 + n)), len(p))
                                   for s, p in enumerate(prompts)], "cuda")
-                outs.append(m.forward_logits(b, kv, plan).clone())
+                outs.append(m.logits(m.run(b, kv, plan)).clone())
             torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
     assert g.graphs.replays > 0 and e.graphs is None
 
@@ -60,7 +60,7 @@ def test_graph_tree_logits_equal_eager(tiny_llama):
         kv = prefill_slots(m, m.new_kv_cache(4, 64), prompts, "cuda")
         b = ForwardBatch([tree_input(s, 3, nodes, len(p)) for s, p in enumerate(prompts)], "cuda")
         assert b.num_new == [n] * 3
-        outs.append(m.forward_logits(b, kv).clone())
+        outs.append(m.logits(m.run(b, kv)).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
     assert g.graphs.replays > 0
 
@@ -113,7 +113,7 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
     for attention in ("sdpa", "flex"):
         m = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=graphs, attention=attention)
         kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
-        outs.append(m.forward_logits(ForwardBatch(seqs, "cuda"), kv).clone())
+        outs.append(m.logits(m.run(ForwardBatch(seqs, "cuda"), kv)).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
 
 

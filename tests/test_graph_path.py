@@ -80,10 +80,10 @@ def test_captured_forwards_never_read_the_device(tiny_llama, reference, monkeypa
     monkeypatch.setattr(A, "_flex_kernel", lambda device_type: reads.outside(kernel))
     forward, shapes = m.graphs._forward, set()
 
-    def recorded(kv, Bb, n, plan, *args, **kwargs):
+    def recorded(kv, Bb, n, C, plan, *args, **kwargs):
         shapes.add((n, plan.start))
         with reads:
-            return forward(kv, Bb, n, plan, *args, **kwargs)
+            return forward(kv, Bb, n, C, plan, *args, **kwargs)
     monkeypatch.setattr(m.graphs, "_forward", recorded)
     for name, dr in method_drafters(m, prompts[:4], ref[:4]).items():
         got, _ = run_ids(m, prompts[:4], batch_size=4, max_tokens=8, drafter=dr)

@@ -186,10 +186,12 @@ def test_sampling_is_lossless(model):
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
 
 
-def test_graph_forward_math_on_cpu(model):
+@pytest.mark.parametrize("num_slots, max_len", [(3, 64), (16, 300)])
+def test_graph_forward_math_on_cpu(model, num_slots, max_len):
     """The computation engine/graphs.py captures (static buffers, device-side masks from prefix
-    lengths and local masks, padded batch rows on a scratch slot) run eagerly on the CPU equals
-    the eager packed forward for a masked tree + branches step and for chains."""
+    lengths and local masks, padded batch rows on a scratch slot, KV columns cut to a bucket,
+    attention over every slot as a view or over the batch's gathered slots) run eagerly on the
+    CPU equals the eager packed forward for a masked tree + branches step and for chains."""
     from specctl.engine.batch import FULL
     from specctl.engine.graphs import CudaGraphs
     g = CudaGraphs(model, capture=False)
@@ -200,25 +202,27 @@ def test_graph_forward_math_on_cpu(model):
     def primed():
         from specctl.engine.kv import KVCache
         c = model.cfg
-        return prefill_slots(model, KVCache(c.num_layers, 3, 64, c.num_kv_heads, c.head_dim,
-                                            spare=True), prompts)
+        return prefill_slots(model, KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads,
+                                            c.head_dim, spare=True), prompts)
 
     for tree in (True, False):
         seqs = [tree_input(s, 3, nodes, len(p)) if tree else SeqInput(s, [3, 4, 5], len(p))
                 for s, p in enumerate(prompts)]
         b = ForwardBatch(seqs)
         k = b.num_new[0]
-        ref = model.forward_logits(b, primed())
+        ref = model.logits(model.run(b, primed()))
         kv = primed()
+        C = g.kv_columns(max(b.prefix_lens) + k, kv.max_len)
+        assert C == min(max_len, 128)
         pad = lambda t, fill: torch.cat([t, torch.full((Bb * k - t.numel(),), fill)])
         local = torch.ones(k, k, dtype=torch.bool).tril().expand(Bb, k, k).clone()
         for i, s in enumerate(seqs):
             if s.mask is not None:
                 local[i] = s.mask
-        out = g._forward(kv, Bb, k, FULL, pad(b.tokens, 0), pad(b.positions, 0),
+        out = g._forward(kv, Bb, k, C, FULL, pad(b.tokens, 0), pad(b.positions, 0),
                          torch.tensor(b.seq_slots + [kv.scratch]),
                          torch.tensor(b.prefix_lens + [0]), local)[0]
-        torch.testing.assert_close(out[:3 * k], ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(model.logits(out[:3 * k]), ref, atol=1e-4, rtol=1e-4)
 
 
 def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):

@@ -95,7 +95,8 @@ def main() -> None:
             kv = model.new_kv_cache(slots, a.context)
             t0 = time.perf_counter()
             try:
-                cap = graphs._capture(kv, B, n, FULL)   # warm-up (compiles) + capture
+                C = graphs.kv_columns(5 + n, kv.max_len)
+                cap = graphs._capture(kv, B, n, C, FULL)   # warm-up (compiles) + capture
                 g = torch.Generator().manual_seed(0)   # the same inputs for both variants
                 cap.tokens.copy_(torch.randint(0, model.cfg.vocab_size, cap.tokens.shape,
                                                generator=g))

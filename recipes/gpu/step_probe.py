@@ -5,8 +5,8 @@
 Random weights of the named shape (shapes.py), so it needs no checkpoint. Parts:
 - bw: device-to-device copy bandwidth (bytes read + written), the floor of a weight-bound step.
 - steps: for each attention backend and (batch, tokens per sequence), the median replay time of
-  the captured step (engine/graphs.py, prefix `--context` rows, cache `--cache` rows), and the
-  top kernels of one eager forward of the same shape under torch.profiler (name, count, time).
+  the captured step (engine/graphs.py, prefix `--context` rows, cache `--cache` rows; the
+  step ends at the last layer's states, the LM head is timed in `head`), and the top kernels of one eager forward of the same shape under torch.profiler (name, count, time).
 - head: the LM head as the step ends today ([T, V] fp32 logits) against argmax + confidence only.
 - det: bitwise repeatability: one captured graph replayed 100 times on frozen inputs, and each
   matmul / norm / attention call of the forward repeated 100 times on fixed random inputs (the
@@ -107,8 +107,9 @@ def steps(model, shapes, context: int, cache: int, backends, profile: bool) -> N
         model.graphs = CudaGraphs(model)
         kv = model.new_kv_cache(slots, cache)
         for B, n in shapes:
+            C = model.graphs.kv_columns(context + n, kv.max_len)
             try:
-                cap = model.graphs._capture(kv, B, n, FULL)
+                cap = model.graphs._capture(kv, B, n, C, FULL)
                 fill(cap, B, n, context, model.cfg.vocab_size, slots)
                 ms = cuda_ms(cap.graph.replay)
             except Exception as e:   # noqa: BLE001 - report and go on
@@ -117,7 +118,7 @@ def steps(model, shapes, context: int, cache: int, backends, profile: bool) -> N
                 continue
             say(f"| {backend} | {B} x {n} | {ms:.3f} | {ms / (B * n):.4f} |")
             if profile:
-                args = (kv, B, n, FULL, cap.tokens, cap.positions, cap.slots, cap.prefix,
+                args = (kv, B, n, C, FULL, cap.tokens, cap.positions, cap.slots, cap.prefix,
                         cap.local)
                 details.append(f"\n{backend} {B} x {n} (eager forward of the same shape):")
                 details.extend(top_kernels(lambda: model.graphs._forward(*args)))
@@ -129,20 +130,13 @@ def steps(model, shapes, context: int, cache: int, backends, profile: bool) -> N
 
 
 def head(model, Ts) -> None:
-    say("\n## LM head: fp32 [T, V] logits + argmax vs in-dtype argmax + confidence")
-    say("| T | logits fp32 + argmax ms | bf16 max + logsumexp ms |")
+    say("\n## LM head: fp32 [T, V] logits + argmax vs Model.argmax (model dtype)")
+    say("| T | logits fp32 + argmax ms | Model.argmax ms |")
     say("|---|---|---|")
     for T in Ts:
         h = torch.randn(T, model.cfg.hidden_size, device="cuda", dtype=model.dtype)
-
-        def full():
-            return model.logits(h).argmax(-1)
-
-        def lean():
-            z = F.linear(F.rms_norm(h, (h.shape[-1],), model.norm, 1e-5), model.lm_head)
-            m, i = z.max(-1)
-            return i, torch.exp(m.float() - torch.logsumexp(z.float(), -1))
-        say(f"| {T} | {cuda_ms(full):.3f} | {cuda_ms(lean):.3f} |")
+        say(f"| {T} | {cuda_ms(lambda: model.logits(h).argmax(-1)):.3f} "
+            f"| {cuda_ms(lambda: model.argmax(h)):.3f} |")
 
 
 def distinct(fn, reps: int = 100) -> int:
@@ -162,7 +156,7 @@ def det(model) -> None:
     model.graphs = CudaGraphs(model)
     kv = model.new_kv_cache(8, 1024)
     for B in (1, 8):
-        cap = model.graphs._capture(kv, B, 1, FULL)
+        cap = model.graphs._capture(kv, B, 1, model.graphs.kv_columns(301, kv.max_len), FULL)
         fill(cap, B, 1, 300, c.vocab_size, 8)
 
         def rep():

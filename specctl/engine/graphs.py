@@ -1,24 +1,36 @@
-"""CUDA-graph replay of decoding forwards (the GPU fast path).
+"""CUDA-graph replay of decoding forwards (the GPU fast path): the executor of decoding steps.
 
 On a GPU a small model's eager forward is bound by kernel launches, not by the GPU: hundreds of
 launches per forward cost more CPU time than the GPU needs for the math. So the forwards of a
-decoding step are captured once per shape and replayed:
+decoding step are captured once per shape and replayed. Callers hand `run` an unpadded batch
+and get unpadded outputs (one row per real token, in packed order); the shapes, padding and
+static buffers are this module's business:
 
-- a captured shape is (batch bucket B_b, new tokens per sequence n, layer plan): every sequence
-  brings the same n tokens (an `ar` step: n = 1; a draft forward: n = 1 with a skip plan; a
-  verify of chains, trees or Self-Draft's candidates + branches, which the runner pads to a
-  common n: see `padded_n`). Prefill and anything past `max_n` tokens run eagerly.
-- inputs are copied into static buffers: tokens and positions [B_b * n], slot and prefix length
-  per sequence [B_b], and each sequence's mask among its new tokens [B_b, n, n] (causal for a
-  chain). Rows past the real batch point to a scratch slot (the KV cache has one spare slot on
-  CUDA), so padding never touches a real sequence; the padded rows' outputs are dropped. Batch
-  buckets are powers of two up to the slot count.
-- attention reads the full cache length of each slot with a mask computed on the device from
-  the prefix lengths and the local masks, so the captured kernels do not depend on lengths.
-- the captured graph ends with the LM head: a replay yields [B_b * n, V] logits. Or with a
-  caller's head (Model.forward_logits): Kangaroo's draft forward is layers [0, l) plus its
+- a captured shape is (batch bucket B_b, tokens per sequence n, KV columns C, layer plan, head).
+  Every sequence is padded to one n (`padded_n`: exact up to 16, then multiples of 16): an `ar`
+  step has n = 1, a draft forward n = 1 with a skip plan, a verify of chains, trees or
+  Self-Draft's candidates + branches a few to ~100. Padding tokens sit past a sequence's real
+  rows, see only its prefix and themselves, and no real token sees them; their KV rows are
+  never committed and their outputs are dropped. Batch rows past the real batch point to a
+  scratch slot (the KV cache has one spare slot), so padding never touches a real sequence.
+  Prefill and anything past `max_n` tokens run eagerly.
+- attention reads C columns of the cache: the batch's longest prefix + n, rounded up to 128 x a
+  power of two (at most the cache length), so a step over 300-token contexts does not read a
+  2,000-row cache. With a batch that fills most slots, attention runs over every slot's rows of
+  the cache as a view (queries placed by slot; idle slots compute a row that is dropped) rather
+  than gathering the batch's slots first: a gather reads and writes every K/V row once more.
+- inputs are staged on the host with numpy into one (pinned, on CUDA) buffer and copied to the
+  graph's static buffers in one transfer: tokens and positions [B_b * n], slot and prefix length
+  per sequence [B_b], the index of each real row among the padded ones; masks among each
+  sequence's new tokens [B_b, n, n] in a second transfer, only when a step is not all chains.
+- the captured graph ends at the last layer's states [B_b * n, D]: the LM head runs on the rows
+  the caller needs (argmax for greedy, fp32 logits only for sampled rows; Model.argmax/logits).
+  Or with a caller's head (Model.run): Kangaroo's draft forward is layers [0, l) plus its
   adapter, yielding the layer-l states and the draft logits. A plan starting past layer 0 takes
   its input hidden states from a static buffer too (Kangaroo's verify from the exit layer).
+- cuBLAS workspaces are cleared right before and after each capture (as inductor's cudagraph
+  trees do), so a graph owns the workspace it captured and eager work (another library's
+  compiled graphs included) cannot free it underneath.
 No host synchronization happens inside a replay; the caller reads back only what it decides on.
 
 Off CUDA (`capture=False`, the CPU tests) everything above runs the same (buckets, static
@@ -31,26 +43,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specctl.engine.attention import SdpaMeta
 from specctl.engine.batch import ForwardBatch, LayerPlan
 
+KV_BLOCK = 128   # KV columns are read in multiples of this (and powers of two of it)
+
 
 @dataclass
 class _Captured:
     kv: object                # the cache the graph's pointers refer to (kept alive with it)
-    head: object              # the head it was captured with (None: the LM head)
+    head: object              # the head it was captured with (None: none, states out)
     graph: object             # torch.cuda.CUDAGraph (or _EagerReplay off CUDA)
-    ints: torch.Tensor        # [2 * Bb * n + 2 * Bb]: the four below, filled by one copy
+    ints: torch.Tensor        # [3 * Bb * n + 2 * Bb]: the five below, filled by one copy
     tokens: torch.Tensor      # [Bb * n]
     positions: torch.Tensor   # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
+    real: torch.Tensor        # [Bb * n] index of each real row among the padded rows (a prefix)
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
     chains: bool              # local holds the causal mask of every row (as captured)
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
-    outputs: tuple            # [Bb * n, ...] each: (logits,) or the head's outputs
+    outputs: tuple            # [Bb * n, ...] each: (states,) or the head's outputs
 
 
 class _EagerReplay:
@@ -73,6 +89,9 @@ class CudaGraphs:
         self.cache: dict[tuple, _Captured] = {}
         self.kept: dict[tuple, object] = {}
         self.replays = 0
+        self._stage = torch.empty(0, dtype=torch.long)       # host staging (pinned on CUDA)
+        self._stage_local = torch.empty(0, dtype=torch.bool)
+        self._staged = None                                  # event: the last copy is done
 
     def keep(self, key: tuple, kv, make):
         """An object made once and handed out again for the same key while the model's KV
@@ -95,88 +114,161 @@ class CudaGraphs:
         m = n if n <= 16 else -(-n // 16) * 16
         return m if m <= self.max_n else None
 
-    def eligible(self, batch: ForwardBatch, kv) -> bool:
-        n = batch.num_new[0]
-        return (kv.scratch is not None and n <= self.max_n
-                and all(m == n for m in batch.num_new))
+    @staticmethod
+    def kv_columns(need: int, max_len: int) -> int:
+        """KV columns a step attends over: `need` rounded up to KV_BLOCK x a power of two."""
+        return min(max_len, KV_BLOCK * CudaGraphs.bucket(-(-need // KV_BLOCK)))
+
+    def _shape(self, batch: ForwardBatch, kv) -> int | None:
+        """The padded n this batch replays with, or None (it runs eagerly)."""
+        if kv.scratch is None:
+            return None
+        n = self.padded_n(max(batch.num_new))
+        if n is None or any(p + n > kv.max_len for p in batch.prefix_lens):
+            return None
+        return n
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv, plan: LayerPlan, hidden: torch.Tensor | None = None,
             head=None):
-        """The forward's outputs from a replay (see Model.forward_logits), or None where no
-        graph fits (the caller runs it eagerly)."""
-        if plan.capture is not None or (plan.start > 0) != (hidden is not None) \
-                or not self.eligible(batch, kv):
+        """The forward's outputs from a replay, one row per real token of the batch (see
+        Model.run), or None where no graph fits (the caller runs it eagerly)."""
+        if plan.capture is not None or (plan.start > 0) != (hidden is not None):
             return None
-        B, n = len(batch.seqs), batch.num_new[0]
+        n = self._shape(batch, kv)
+        if n is None:
+            return None
+        B = len(batch.seqs)
         if any(c.kv is not kv for c in self.cache.values()):
             # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
             # old ones must go, or a reused id() could replay into freed memory)
             self.cache.clear()
             if self.capture:
                 self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
-        key = (self.bucket(B), n, plan, None if head is None else head.key)
+        Bb = self.bucket(B)
+        C = self.kv_columns(max(batch.prefix_lens) + n, kv.max_len)
+        key = (Bb, n, plan, None if head is None else head.key, C)
         cap = self.cache.get(key)
         if cap is None or cap.head is not head:   # (a new head object: its tensors moved)
-            cap = self.cache[key] = self._capture(kv, self.bucket(B), n, plan, head)
-        Bb = cap.slots.shape[0]
-        pad = [0] * ((Bb - B) * n)   # padded rows: token 0 at position 0 on the scratch slot
-        ints = torch.tensor(batch.token_list + pad + batch.position_list + pad + batch.seq_slots
-                            + [kv.scratch] * (Bb - B) + batch.prefix_lens + [0] * (Bb - B),
-                            dtype=torch.long)
-        cap.ints.copy_(ints, non_blocking=True)   # one host-to-device transfer
-        masked = any(s.mask is not None for s in batch.seqs)
-        if n > 1 and (masked or not cap.chains):
-            local = self._tril(n).expand(Bb, n, n).clone()
-            for b, s in enumerate(batch.seqs):
-                if s.mask is not None:
-                    local[b] = s.mask
-            cap.local.copy_(local, non_blocking=True)
-            cap.chains = not masked
+            cap = self.cache[key] = self._capture(kv, Bb, n, C, plan, head)
+        padded = self._stage_inputs(cap, batch, kv, Bb, n)
+        T = batch.num_tokens
         if hidden is not None:
-            cap.hidden[:B * n].copy_(hidden)
+            if padded:
+                cap.hidden.index_copy_(0, cap.real[:T], hidden)
+            else:
+                cap.hidden[:T].copy_(hidden)
         cap.graph.replay()
         self.replays += 1
-        outs = tuple(o[:B * n] for o in cap.outputs)
+        if padded:
+            outs = tuple(o.index_select(0, cap.real[:T]) for o in cap.outputs)
+        else:
+            outs = tuple(o[:T] for o in cap.outputs)
         return outs[0] if head is None else outs
 
-    _trils: dict[int, torch.Tensor] = {}
+    def _host_buffer(self, name: str, numel: int, dtype) -> np.ndarray:
+        buf = getattr(self, name)
+        if buf.numel() < numel:
+            buf = torch.empty(max(numel, 2 * buf.numel()), dtype=dtype, pin_memory=self.capture)
+            setattr(self, name, buf)
+        return buf[:numel].numpy()
+
+    def _stage_inputs(self, cap: _Captured, batch: ForwardBatch, kv, Bb: int, n: int) -> bool:
+        """Write the batch, padded to Bb x n, into the graph's static inputs: numpy into one
+        host buffer, one copy (a second one for masks when the step has trees or padding).
+        Returns whether any sequence was padded."""
+        if self._staged is not None:
+            self._staged.synchronize()   # the host buffers' last copy has been read
+        B, counts = len(batch.seqs), batch.num_new
+        padded = any(k != n for k in counts)
+        ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
+        tok, pos, slots, prefix, real = np.split(ints, np.cumsum([Bb * n, Bb * n, Bb, Bb]))
+        tok[:], pos[:] = 0, np.tile(np.arange(n), Bb)   # padded batch rows: scratch slot
+        slots[:], prefix[:] = kv.scratch, 0
+        slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
+        cu = batch.cu_seqlens
+        toks, posl = np.asarray(batch.token_list), np.asarray(batch.position_list)
+        if not padded:
+            tok[:B * n], pos[:B * n] = toks, posl
+        else:
+            for b, k in enumerate(counts):
+                o = b * n
+                tok[o:o + k], pos[o:o + k] = toks[cu[b]:cu[b + 1]], posl[cu[b]:cu[b + 1]]
+                tok[o + k:o + n] = toks[cu[b + 1] - 1]         # padding: the last token again,
+                pos[o + k:o + n] = batch.prefix_lens[b] + np.arange(k, n)   # rows past it
+                real[cu[b]:cu[b + 1]] = np.arange(o, o + k)
+        cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
+        masked = any(s.mask is not None for s in batch.seqs)
+        if n > 1 and (masked or padded or not cap.chains):
+            local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
+            local[:] = self._tril(n)
+            for b, (s, k) in enumerate(zip(batch.seqs, counts)):
+                if s.mask is not None:
+                    local[b, :k, :k] = s.mask.numpy()
+                if k < n:   # a padding row sees (the prefix and) itself only
+                    local[b, k:] = False
+                    local[b, np.arange(k, n), np.arange(k, n)] = True
+            cap.local.copy_(self._stage_local[:Bb * n * n].view(Bb, n, n), non_blocking=True)
+            cap.chains = not (masked or padded)
+        if self.capture:
+            self._staged = torch.cuda.Event()
+            self._staged.record()
+        return padded
+
+    _trils: dict[int, np.ndarray] = {}
 
     @classmethod
-    def _tril(cls, n: int) -> torch.Tensor:
+    def _tril(cls, n: int) -> np.ndarray:
         t = cls._trils.get(n)
         if t is None:
-            t = cls._trils[n] = torch.ones(n, n, dtype=torch.bool).tril()
+            t = cls._trils[n] = np.tril(np.ones((n, n), dtype=bool))
         return t
 
-    def _forward(self, kv, Bb: int, n: int, plan: LayerPlan, tokens, positions, slots, prefix,
-                 local, hidden=None, head=None) -> tuple:
-        m = self.model
-        dev = m.device
+    def _meta(self, kv, Bb: int, n: int, C: int, slots, prefix, local) -> SdpaMeta:
+        """Attention metadata of a captured forward, computed on the device. Column c of a
+        sequence's row: committed (c < prefix) or new token c - prefix when the local mask lets
+        the query see it. With most slots in the batch, attention runs over every slot of the
+        cache (a view, no gather): per-slot prefix and local mask, queries placed by slot."""
+        dev = self.model.device
+        S = kv.k[0].shape[0]   # slots including the scratch slot
         idx = torch.arange(n, device=dev)
+        if 3 * Bb > S:
+            pre = torch.zeros(S, dtype=prefix.dtype, device=dev).index_copy_(0, slots, prefix)
+            loc = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(S, n, n) \
+                .clone().index_copy_(0, slots, local)
+            att_slots, rows_of, uniform = slice(0, S), slots.repeat_interleave(n), False
+        else:
+            pre, loc = prefix, local
+            att_slots, uniform = slots, True
+            rows_of = torch.arange(Bb, device=dev).repeat_interleave(n)
+        rel = torch.arange(C, device=dev)[None, None, :] - pre[:, None, None]
+        new = loc.gather(2, rel.clamp(0, n - 1).expand(loc.shape[0], n, C))
+        mask = (rel < 0) | ((rel < n) & new)                             # [S or Bb, n, C]
+        return SdpaMeta(att_slots, C, n, uniform, rows_of, idx.repeat(Bb), mask[:, None],
+                        static=True)
+
+    def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, positions, slots,
+                 prefix, local, hidden=None, head=None) -> tuple:
+        m = self.model
+        idx = torch.arange(n, device=m.device)
         rows = (prefix[:, None] + idx[None, :]).reshape(-1)               # [Bb * n]
         slot_tok = slots.repeat_interleave(n)                             # [Bb * n]
-        # column c of sequence b: committed (c < prefix) or new token c - prefix when the
-        # local mask lets the query see it
-        rel = torch.arange(kv.max_len, device=dev)[None, None, :] - prefix[:, None, None]
-        new = local.gather(2, rel.clamp(0, n - 1).expand(Bb, n, kv.max_len))
-        mask = (rel < 0) | ((rel < n) & new)                             # [Bb, n, max_len]
-        meta = SdpaMeta(slots, kv.max_len, n, True, None, None, mask[:, None], static=True)
+        meta = self._meta(kv, Bb, n, C, slots, prefix, local)
         x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
         h = m._layers(x, positions, slot_tok, rows, meta, kv, plan, end)
-        return (m.logits(h),) if head is None else tuple(head(h, positions, slot_tok, rows, meta))
+        return (h,) if head is None else tuple(head(h, positions, slot_tok, rows, meta))
 
     @torch.inference_mode()
-    def _capture(self, kv, Bb: int, n: int, plan: LayerPlan, head=None) -> _Captured:
+    def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:
         dev = self.model.device
-        ints = torch.zeros(2 * Bb * n + 2 * Bb, dtype=torch.long, device=dev)
-        tokens, positions, slots, prefix = ints.split([Bb * n, Bb * n, Bb, Bb])
+        ints = torch.zeros(3 * Bb * n + 2 * Bb, dtype=torch.long, device=dev)
+        tokens, positions, slots, prefix, real = ints.split([Bb * n, Bb * n, Bb, Bb, Bb * n])
         slots.fill_(kv.scratch)
-        local = self._tril(n).to(dev).expand(Bb, n, n).clone()
+        local = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(Bb, n, n).clone()
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
-        args = (kv, Bb, n, plan, tokens, positions, slots, prefix, local, hidden, head)
+        args = (kv, Bb, n, C, plan, tokens, positions, slots, prefix, local, hidden, head)
         if self.capture:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -185,10 +277,12 @@ class CudaGraphs:
                     self._forward(*args)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            torch._C._cuda_clearCublasWorkspaces()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 outputs = self._forward(*args)
+            torch._C._cuda_clearCublasWorkspaces()
         else:
             outputs = self._forward(*args)
             graph = _EagerReplay(lambda: self._forward(*args), outputs)
-        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, local, True,
-                         hidden, outputs)
+        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, local,
+                         True, hidden, outputs)

@@ -1,7 +1,8 @@
 """The Llama-family decoder forward over a packed batch (see batch.py) and a per-slot KV cache.
 
     hidden = model.forward(batch, kv, plan)      # [T, D] residual stream after plan's last layer
-    logits = model.logits(hidden)                # [T, V] final RMSNorm + LM head
+    logits = model.logits(hidden)                # [T, V] fp32: final RMSNorm + LM head
+    tokens = model.argmax(hidden)                # [T] greedy tokens, no fp32 [T, V] made
 
 The model knows nothing of tokenizers or decoding methods. Weights are plain tensors in HF layout
 (`[out, in]`), with q/k/v and gate/up fused at load time so each block does two matmuls
@@ -52,6 +53,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     in three launches (mul, cat, addcmul) instead of five."""
     half = x.shape[-1] // 2
     return torch.addcmul(x * cos, torch.cat((x[..., half:], x[..., :half]), dim=-1), sin)
+
+
+def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+    """x + a @ w.T (+ b): the residual add done by the matmul's epilogue (one launch, not two;
+    a small model's step is bound by launches)."""
+    if b is not None:
+        return x + F.linear(a, w, b)
+    return torch.addmm(x, a, w.t())
 
 
 class Layer:
@@ -170,27 +179,28 @@ class Model:
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
                 kv.write(i, slots, rows, k, v)
                 o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
-                x = x + F.linear(o, L.wo, L.bo)
+                x = _residual(x, o, L.wo, L.bo)
             if i not in plan.skip_mlp:
                 h = rms_norm(x, L.mlp_norm, c.rms_eps)
                 gu = F.linear(h, L.w_gate_up, L.b_gate_up)
                 g, u = gu.chunk(2, dim=-1)
-                x = x + F.linear(F.silu(g) * u, L.w_down, L.b_down)
+                x = _residual(x, F.silu(g) * u, L.w_down, L.b_down)
         if plan.capture is not None and plan.capture == end:
             captured = x
         return x if plan.capture is None else (x, captured)
 
     @torch.inference_mode()
-    def forward_logits(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
-                       hidden: torch.Tensor | None = None, head=None):
+    def run(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
+            hidden: torch.Tensor | None = None, head=None):
         """The one entry point of decoding forwards, replayed from a captured CUDA graph when
         one fits the batch (engine/graphs.py), else run eagerly. Runs `plan` (from hidden
-        [T, D] when it starts past layer 0) and returns the [T, V] logits, or, given a `head`,
-        what head(h, positions, slots, rows, attention meta) returns from the last layer's
-        states h (a tuple of [T, ...] tensors; Kangaroo's adapter is one). A head has a
-        hashable `key` naming its computation and must keep the tensors it reads in place
-        across calls (a graph replays them by address). Outputs of a replay are static buffers
-        the next replay overwrites: a caller that keeps them clones them."""
+        [T, D] when it starts past layer 0) and returns the [T, D] states after its last layer
+        (for logits / argmax / top1, on just the rows the caller needs), or, given a `head`,
+        what head(h, positions, slots, rows, attention meta) returns from them (a tuple of
+        [T, ...] tensors; Kangaroo's adapter is one). A head has a hashable `key` naming its
+        computation and must keep the tensors it reads in place across calls (a graph replays
+        them by address). Outputs of a replay are static buffers the next replay overwrites:
+        a caller that keeps them past its next forward clones them."""
         if self.graphs is not None:
             out = self.graphs.run(batch, kv, plan, hidden, head)
             if out is not None:
@@ -198,10 +208,19 @@ class Model:
                 return out
         h = self.forward(batch, kv, plan, hidden)
         if head is None:
-            return self.logits(h)
+            return h
         return head(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, D] residual stream after the last layer -> [T, V] fp32 logits."""
-        return F.linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head).float()
+        return self._head(hidden).float()
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head)
+
+    @torch.inference_mode()
+    def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[T, D] -> [T] greedy tokens, from logits in the model's dtype: the argmax of the fp32
+        logits (an upcast is exact), without writing and reading a [T, V] fp32 tensor."""
+        return self._head(hidden).argmax(-1)

@@ -28,6 +28,7 @@ import torch
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.runtime.sequence import Request, Sequence
+from specctl.runtime.threads import ThreadTuner
 from specctl.spec.drafter import Drafter
 from specctl.spec.verify import (DraftTree, SamplingParams, position_uniforms, sample_rows,
                                  verify_greedy, verify_sampling_batch, warp)
@@ -41,7 +42,6 @@ class RunStats:
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
     padded_tokens: int = 0         # what a padded batch would have computed for the same steps
     generated: int = 0
-    graph_pad_tokens: int = 0      # rows added to inputs so a step replays one CUDA graph
     probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
 
@@ -66,7 +66,8 @@ class Runner:
     def __init__(self, model: Model, drafter: Drafter, sampling: SamplingParams, *,
                  batch_size: int, max_len: int, eos_ids: set[int],
                  render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
-                 stop: tuple[str, ...] = (), prefill_chunk: int = 512):
+                 stop: tuple[str, ...] = (), prefill_chunk: int = 512,
+                 threads: int | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.model, self.drafter, self.sp = model, drafter, sampling
@@ -81,10 +82,27 @@ class Runner:
             headroom = max(headroom, model.graphs.max_n)
         self.kv = model.new_kv_cache(batch_size, max_len + headroom)
         self.stats = RunStats()
+        # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
+        self.threads = threads
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests: Iterable[Request], on_done: Callable[[Request], None],
             on_tokens: Callable[[int], None] | None = None) -> RunStats:
+        cpu_threads = torch.get_num_threads()
+        try:
+            return self._loop(requests, on_done, on_tokens, self._tuner())
+        finally:
+            torch.set_num_threads(cpu_threads)
+
+    def _tuner(self) -> ThreadTuner | None:
+        if self.model.device.type != "cpu":
+            return None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+            return None
+        return ThreadTuner(torch.get_num_threads())
+
+    def _loop(self, requests, on_done, on_tokens, tuner: ThreadTuner | None) -> RunStats:
         waiting: deque[Request] = deque(requests)
         free = list(range(self.batch_size))
         running: list[Sequence] = []
@@ -102,8 +120,13 @@ class Runner:
             running.sort(key=lambda s: s.slot)
             live = [s for s in running if not s.finished]
             if live:
-                before = self.stats.generated
+                before, tokens = self.stats.generated, self.stats.step_tokens
+                if tuner:
+                    tuner.before()
+                    t = time.perf_counter()
                 self.step(live)
+                if tuner:
+                    tuner.after(time.perf_counter() - t, self.stats.step_tokens - tokens)
                 if on_tokens:
                     on_tokens(self.stats.generated - before)
             for s in [s for s in running if s.finished]:
@@ -179,8 +202,7 @@ class Runner:
                 if s.prefilled == len(s.prompt_ids):
                     ends.append((s, batch.cu_seqlens[b + 1] - 1))
             if ends:
-                logits = self.model.logits(hidden[[i for _, i in ends]])
-                first = self._sample_rows(logits, [s for s, _ in ends])
+                first = self._sample_rows(hidden[[i for _, i in ends]], [s for s, _ in ends])
                 for (s, _), tok in zip(ends, first):
                     # the prefill forward emits the first token: a step for CR (so ar's CR is
                     # exactly 1), but no verification, so no entry in the accept statistics
@@ -188,11 +210,13 @@ class Runner:
                     self._emit(s, [tok])
             todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
 
-    def _sample_rows(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's next token from its row: the argmax, or its draw (position_uniforms)."""
+    def _sample_rows(self, h: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Each sequence's next token from its row of last-layer states h [B, D]: the argmax,
+        or its draw (position_uniforms)."""
         if self.sp.greedy:
-            return logits.argmax(-1).tolist()
-        return sample_rows(warp(logits, self.sp), [self._uniforms(s, 1)[0] for s in seqs]).tolist()
+            return self.model.argmax(h).tolist()
+        return sample_rows(warp(self.model.logits(h), self.sp),
+                           [self._uniforms(s, 1)[0] for s in seqs]).tolist()
 
     def _uniforms(self, s: Sequence, n: int) -> list[float]:
         """The uniforms of s's next n output positions (one stream per request and turn)."""
@@ -215,27 +239,27 @@ class Runner:
             real.append(1 + n_tree)
             probes.append(n_probe)
         ran = [len(x.tokens) for x in inputs]
-        batch = ForwardBatch(self._pad_for_graphs(inputs), self.model.device)
+        batch = ForwardBatch(inputs, self.model.device)
         if self.drafter.custom_verify:
-            logits = self.drafter.verify_logits(batch, kv, seqs)        # [T, V]
+            h = self.drafter.verify_hidden(batch, kv, seqs)             # [T, D]
         else:
-            logits = self.model.forward_logits(batch, kv)               # [T, V]
+            h = self.model.run(batch, kv)                               # [T, D]
         cu = batch.cu_seqlens
         if self.sp.greedy or any(probes):
-            target = logits.argmax(-1).tolist()   # one read-back for verification and probes
+            target = self.model.argmax(h).tolist()   # one read-back for verification and probes
         for b, s in enumerate(seqs):
             if probes[b]:
                 s.probe_out = target[cu[b] + real[b]:cu[b] + real[b] + probes[b]]
-        if self.sp.greedy:   # padding and probe rows (if any) are ignored
+        if self.sp.greedy:   # probe rows (if any) are ignored
             verdicts = [verify_greedy(s.draft, target[cu[b]:cu[b] + real[b]])
                         for b, s in enumerate(seqs)]
-        else:
+        else:   # fp32 logits of the verified rows only
             vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
             starts = [0]
             for n in real[:-1]:
                 starts.append(starts[-1] + n)
             verdicts = verify_sampling_batch(
-                [s.draft for s in seqs], warp(logits[vrows], self.sp), starts,
+                [s.draft for s in seqs], warp(self.model.logits(h[vrows]), self.sp), starts,
                 [s.rng for s in seqs],
                 [self._uniforms(s, 1 + max(s.draft.depths(), default=0))
                  if s.draft.q is None else None for s in seqs])   # (q-trees use s.rng)
@@ -253,7 +277,6 @@ class Runner:
         self.stats.steps += 1
         self.stats.step_tokens += sum(ran)
         self.stats.probe_tokens += sum(probes)
-        self.stats.graph_pad_tokens += batch.num_tokens - sum(ran)
         self.stats.padded_tokens += max(ran) * len(seqs)
 
     def step_input(self, s: Sequence, room: int) -> tuple[SeqInput, int, int]:
@@ -278,35 +301,6 @@ class Runner:
             pos = [base] + [base + d for d in nodes.depths()]
             x = SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
         return x, len(tree), len(probe)
-
-    def _pad_for_graphs(self, inputs: list[SeqInput]) -> list[SeqInput]:
-        """With CUDA graphs, every sequence's input is padded to one token count (graphs.py's
-        `padded_n`) so the step replays one captured graph: on a GPU the extra rows are nearly
-        free, the launches are not. Padding tokens sit past every real row, see only the prefix
-        and themselves, and no real token sees them; their KV rows and logits are discarded.
-        Elsewhere (CPU) nothing is padded: the tokens computed are the real tokens."""
-        g = self.model.graphs
-        if g is None:
-            return inputs
-        n = g.padded_n(max(len(x.tokens) for x in inputs))
-        if n is None or all(len(x.tokens) == n for x in inputs) or any(
-                x.prefix_len + n > self.kv.max_len for x in inputs):
-            return inputs
-        out = []
-        for x in inputs:
-            k = len(x.tokens)
-            if k == n:
-                out.append(x)
-            elif x.mask is None and x.positions is None:   # a chain stays a chain
-                out.append(SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - k), x.prefix_len))
-            else:
-                m = torch.eye(n, dtype=torch.bool)
-                m[:k, :k] = x.mask if x.mask is not None else torch.ones(k, k, dtype=torch.bool).tril()
-                pos = list(x.positions if x.positions is not None
-                           else range(x.prefix_len, x.prefix_len + k)) + [x.prefix_len] * (n - k)
-                out.append(SeqInput(x.slot, x.tokens + [x.tokens[-1]] * (n - k), x.prefix_len,
-                                    pos, m))
-        return out
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
         """Append a step's tokens, each checked as ar checks its one token per step: the

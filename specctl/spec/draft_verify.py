@@ -148,12 +148,13 @@ class LayerSkipDrafter(Drafter):
         while active:
             batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
                                   for s, _ in active], self.model.device)
-            logits = self.model.forward_logits(batch, kv, self.plan)   # [B, V]
+            h = self.model.run(batch, kv, self.plan)                   # [B, D]
             self.draft_forwards += 1
             for s, _ in active:   # per-sequence count, for the search's cost model
                 s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
                 s.state["tried"] = True
-            toks, conf, q = draw_drafts(logits, self.sp, [s.rng for s, _ in active])
+            toks, conf, q = draw_drafts(self.model.logits(h), self.sp,
+                                        [s.rng for s, _ in active])
             d += 1
             nxt = []
             for i, (s, cap) in enumerate(active):

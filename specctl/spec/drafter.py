@@ -41,7 +41,8 @@ class Drafter:
     # the default is one full forward of the target over [pending + drafts]
     custom_verify = False
 
-    def verify_logits(self, batch, kv, seqs):
+    def verify_hidden(self, batch, kv, seqs):
+        """The verify forward's last-layer states [T, D] (the runner applies the LM head)."""
         raise NotImplementedError
 
     # a drafter that needs the prompt's hidden states entering layer `prefill_capture` (Kangaroo:

@@ -127,7 +127,7 @@ class Adapter:
 
 
 class AdapterHead:
-    """The adapter as the head of a layers-[0, l) forward (Model.forward_logits): layer-l
+    """The adapter as the head of a layers-[0, l) forward (Model.run): layer-l
     states -> (the states, draft logits), writing the adapter's KV rows into its own cache."""
 
     def __init__(self, adapter: Adapter, akv: KVCache):
@@ -197,7 +197,7 @@ class KangarooDrafter(Drafter):
         while active:
             batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
                                   for s, _, _ in active], self.model.device)
-            h, logits = self.model.forward_logits(batch, kv, LayerPlan(end=self.l), head=head)
+            h, logits = self.model.run(batch, kv, LayerPlan(end=self.l), head=head)
             h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
             self.draft_forwards += 1
             toks, conf, q = draw_drafts(logits, self.sp, [s.rng for s, _, _ in active])
@@ -219,18 +219,15 @@ class KangarooDrafter(Drafter):
 
     custom_verify = True
 
-    def verify_logits(self, batch: ForwardBatch, kv: KVCache, seqs) -> torch.Tensor:
-        """The double early exit: layers [l, L) only, from the saved layer-l states. Rows the
-        runner padded for a graph (past a sequence's real ones) take its last state: any
-        finite input does, their outputs are dropped and no real row sees them."""
+    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs) -> torch.Tensor:
+        """The double early exit: layers [l, L) only, from the saved layer-l states."""
         rows = []
         for s, n in zip(seqs, batch.num_new):
             hs = s.state.pop("h")[:len(s.draft) + 1]
-            if len(hs) != len(s.draft) + 1 or len(hs) > n:
+            if len(hs) != len(s.draft) + 1 or len(hs) != n:
                 raise RuntimeError("kangaroo: saved states do not match the verify batch")
-            rows += hs + [hs[-1]] * (n - len(hs))
-        return self.model.forward_logits(batch, kv, LayerPlan(start=self.l),
-                                         hidden=torch.stack(rows))
+            rows += hs
+        return self.model.run(batch, kv, LayerPlan(start=self.l), hidden=torch.stack(rows))
 
 
 def adapter_config(model, exit_layer: int) -> dict:

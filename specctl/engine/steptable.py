@@ -1,0 +1,105 @@
+"""The step-cost table: what one decoding step costs by batch size and tokens per sequence.
+
+    table = measure_step_table(model, batches=(1, 8, 32), ns=(1, 2, 4, 8, 16, 32, 64, 96))
+    table.ms(32, 16)          # median ms of a step of 32 sequences x 16 new tokens each
+    table.ms(32, 16) / table.ms(32, 1)   # what verifying 15 extra tokens per sequence costs
+
+A step here is what the runner does for a greedy verify: one Model.run over b sequences of n new
+tokens each (every sequence `context` committed rows deep; on CUDA through the captured graphs),
+then the greedy head over every row, read back to the host. This is the price list a speculation
+controller needs: a draft of k tokens pays off only while ms(b, k + 1) / ms(b, 1) stays below the
+tokens it is expected to emit.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specctl.engine.batch import ForwardBatch, SeqInput
+
+
+@dataclass(frozen=True)
+class StepTable:
+    device: str
+    dtype: str
+    attention: str
+    context: int
+    batches: tuple[int, ...]
+    ns: tuple[int, ...]
+    table: tuple[tuple[float, ...], ...]   # table[i][j]: ms of batches[i] x ns[j]
+
+    def ms(self, b: int, n: int) -> float:
+        """Measured ms of b x n; between measured points, linear in n at the nearest batch
+        size at or above b (the largest one past the table)."""
+        i = next((i for i, x in enumerate(self.batches) if x >= b), len(self.batches) - 1)
+        row, ns = self.table[i], self.ns
+        if n <= ns[0]:
+            return row[0]
+        for j in range(1, len(ns)):
+            if n <= ns[j]:
+                f = (n - ns[j - 1]) / (ns[j] - ns[j - 1])
+                return row[j - 1] + f * (row[j] - row[j - 1])
+        return row[-1] * n / ns[-1]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StepTable":
+        t = cls(str(d["device"]), str(d["dtype"]), str(d["attention"]), int(d["context"]),
+                tuple(int(x) for x in d["batches"]), tuple(int(x) for x in d["ns"]),
+                tuple(tuple(float(v) for v in row) for row in d["table"]))
+        if len(t.table) != len(t.batches) or any(len(r) != len(t.ns) for r in t.table) \
+                or not t.ns or any(not v > 0 for r in t.table for v in r):
+            raise ValueError("malformed step table")
+        return t
+
+    def markdown(self) -> str:
+        head = "| batch \\ n | " + " | ".join(str(n) for n in self.ns) + " |"
+        rows = [head, "|---" * (len(self.ns) + 1) + "|"]
+        for b, r in zip(self.batches, self.table):
+            rows.append(f"| {b} | " + " | ".join(f"{v:.3f}" for v in r) + " |")
+        return "\n".join(rows)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64, 96),
+                       context: int = 256, repeats: int = 10, warmup: int = 2,
+                       progress=None) -> StepTable:
+    """Time a greedy step for every (batch, n); median of `repeats` after `warmup` runs (which
+    also capture the graphs). progress(b, n, ms), if given, is called after each point."""
+    dev = model.device
+    g = torch.Generator().manual_seed(0)
+    table = []
+    for b in batches:
+        kv = model.new_kv_cache(b, context + max(ns) + 1)
+        for s in range(b):
+            kv.lens[s] = context   # committed rows (their values do not change the cost)
+        row = []
+        for n in ns:
+            toks = torch.randint(0, model.cfg.vocab_size, (b, n), generator=g).tolist()
+            batch = ForwardBatch([SeqInput(s, toks[s], context) for s in range(b)], dev)
+            times = []
+            for i in range(warmup + repeats):
+                _sync(dev)
+                t = time.perf_counter()
+                model.argmax(model.run(batch, kv)).tolist()
+                if i >= warmup:
+                    times.append((time.perf_counter() - t) * 1e3)
+            row.append(statistics.median(times))
+            if progress:
+                progress(b, n, row[-1])
+        table.append(tuple(row))
+        for s in range(b):
+            kv.reset(s)
+    return StepTable(dev.type, str(model.dtype).replace("torch.", ""), model.attention, context,
+                     tuple(batches), tuple(ns), tuple(table))

@@ -1,0 +1,65 @@
+"""How many CPU threads a step uses, chosen by measuring (CPU only).
+
+A decoding step on a CPU is a few hundred small ops. Spread over all cores each op ends in a
+barrier that waits for every thread; when another process holds one of the cores, the thread
+parked there is descheduled for a whole time slice at every barrier, and the step slows down
+many times over (seen on a 2-core machine: `ar` at batch 1 fell from ~22 to 3.9 tokens/s with
+one busy process beside it, while one thread would have kept most of a core). No setting is
+right for both a quiet and a busy machine, and the load changes during a run, so the tuner
+tries the candidates now and then and keeps the fastest:
+
+    tuner = ThreadTuner(max_threads)
+    while ...:
+        tuner.before()               # sets torch's thread count for this step
+        step()
+        tuner.after(seconds, tokens) # seconds per packed token of this step
+
+It trials every candidate for `trial` steps, keeps the one with the lowest median time per
+token, and trials again after `period` steps; a trial that confirms the choice doubles the
+period (up to `max_period`), a switch resets it, so a steady machine pays for trials rarely.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+class ThreadTuner:
+    def __init__(self, max_threads: int, trial: int = 3, period: int = 32,
+                 max_period: int = 1024):
+        self.options = sorted({1, max(1, max_threads // 2), max(1, max_threads)})
+        self.trial, self.base, self.max_period = trial, period, max_period
+        self.period = period
+        self.choice = self.options[-1]
+        self._queue: list[int] = []              # threads of the trial steps still to run
+        self._seen: dict[int, list[float]] = {}
+        self._since = period                     # steps since the last trial: trial first
+        self._current = None
+
+    def before(self) -> None:
+        if len(self.options) == 1:
+            return
+        if not self._queue and self._since >= self.period:
+            self._queue = [n for n in self.options for _ in range(self.trial)]
+            self._seen = {}
+            self._since = 0
+        n = self._queue[0] if self._queue else self.choice
+        if n != self._current:
+            torch.set_num_threads(n)
+            self._current = n
+
+    def after(self, seconds: float, tokens: int) -> None:
+        if len(self.options) == 1:
+            return
+        if not self._queue:
+            self._since += 1
+            return
+        n = self._queue.pop(0)
+        self._seen.setdefault(n, []).append(seconds / max(tokens, 1))
+        if not self._queue:   # trial over: keep the fastest
+            best = min(self._seen, key=lambda k: statistics.median(self._seen[k]))
+            self.period = min(2 * self.period, self.max_period) if best == self.choice \
+                else self.base
+            self.choice = best

@@ -1,0 +1,43 @@
+"""The CPU thread tuner (runtime/threads.py): it keeps the fastest thread count it measures."""
+
+from __future__ import annotations
+
+import torch
+
+from specctl.runtime.threads import ThreadTuner
+
+
+def drive(tuner: ThreadTuner, cost, steps: int) -> list[int]:
+    """Run `steps` steps whose seconds per token are cost(threads); returns threads per step."""
+    used = []
+    for _ in range(steps):
+        tuner.before()
+        n = torch.get_num_threads()
+        used.append(n)
+        tuner.after(cost(n), 1)
+    return used
+
+
+def test_tuner_keeps_the_fastest_and_follows_a_change():
+    old = torch.get_num_threads()
+    try:
+        t = ThreadTuner(4, trial=2, period=8, max_period=64)
+        assert t.options == [1, 2, 4]
+        quiet = {1: 3.0, 2: 2.0, 4: 1.0}   # all cores free: more threads, faster
+        used = drive(t, quiet.__getitem__, 200)
+        assert t.choice == 4
+        assert used.count(1) < 0.1 * len(used)   # trials are rare once the choice holds
+        busy = {1: 1.5, 2: 4.0, 4: 9.0}    # another process holds cores: barriers stall
+        drive(t, busy.__getitem__, 100)
+        assert t.choice == 1
+        assert drive(t, busy.__getitem__, 10).count(1) >= 8
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_one_core_has_nothing_to_tune():
+    t = ThreadTuner(1)
+    assert t.options == [1]
+    t.before()
+    t.after(1.0, 1)
+    assert t.choice == 1
