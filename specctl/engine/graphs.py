@@ -16,9 +16,10 @@ static buffers are this module's business:
   Prefill and anything past `max_n` tokens run eagerly.
 - attention reads C columns of the cache: the batch's longest prefix + n, rounded up to 128 x a
   power of two (at most the cache length), so a step over 300-token contexts does not read a
-  2,000-row cache. With a batch that fills most slots, attention runs over every slot's rows of
-  the cache as a view (queries placed by slot; idle slots compute a row that is dropped) rather
-  than gathering the batch's slots first: a gather reads and writes every K/V row once more.
+  2,000-row cache. With a batch of 4 or more that fills most slots, attention runs over every
+  slot's rows of the cache as a view (queries placed by slot; idle slots compute a row that is
+  dropped) rather than gathering the batch's slots first: a gather reads and writes every K/V
+  row once more.
 - inputs are staged on the host with numpy into one (pinned, on CUDA) buffer and copied to the
   graph's static buffers in one transfer: tokens and positions [B_b * n], slot and prefix length
   per sequence [B_b], the index of each real row among the padded ones; masks among each
@@ -232,7 +233,7 @@ class CudaGraphs:
         dev = self.model.device
         S = kv.k[0].shape[0]   # slots including the scratch slot
         idx = torch.arange(n, device=dev)
-        if 3 * Bb > S:
+        if Bb >= 4 and 3 * Bb > S:   # (gathering 1-2 slots takes fewer launches)
             pre = torch.zeros(S, dtype=prefix.dtype, device=dev).index_copy_(0, slots, prefix)
             loc = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(S, n, n) \
                 .clone().index_copy_(0, slots, local)
