@@ -155,6 +155,12 @@ def det(model) -> None:
     model.set_attention("sdpa")
     model.graphs = CudaGraphs(model)
     kv = model.new_kv_cache(8, 1024)
+    for (B, n) in ((8, 1), (8, 16)):   # the eager forward (prefill's path) on frozen KV
+        from specctl.engine.batch import ForwardBatch, SeqInput
+        batch = ForwardBatch([SeqInput(s, list(range(1, 1 + n)), 300 + 17 * s)
+                              for s in range(B)], "cuda")
+        say(f"- eager forward, batch {B} x {n}: "
+            f"{distinct(lambda: model.forward(batch, kv), 30)} distinct states")
     for B in (1, 8):
         cap = model.graphs._capture(kv, B, 1, model.graphs.kv_columns(301, kv.max_len), FULL)
         fill(cap, B, 1, 300, c.vocab_size, 8)
@@ -178,13 +184,37 @@ def det(model) -> None:
             "rms_norm": distinct(lambda: F.rms_norm(x, (c.hidden_size,), L.attn_norm, 1e-5)),
         }
         say(f"- M = {M}: " + ", ".join(f"{k} {v}" for k, v in res.items()))
-    for T, S in ((1, 300), (16, 300)):
-        q = torch.randn(1, c.num_heads, T, c.head_dim, device="cuda", dtype=model.dtype)
-        k = torch.randn(1, c.num_kv_heads, S, c.head_dim, device="cuda", dtype=model.dtype)
+    for M in (300, 1200, 4096):   # prefill shapes (packed prompts)
+        x = torch.randn(M, c.hidden_size, device="cuda", dtype=model.dtype)
+        xi = torch.randn(M, c.intermediate_size, device="cuda", dtype=model.dtype)
+        say(f"- M = {M}: qkv {distinct(lambda: F.linear(x, L.wqkv))}, "
+            f"gate_up {distinct(lambda: F.linear(x, L.w_gate_up))}, "
+            f"down {distinct(lambda: F.linear(xi, L.w_down))}, "
+            f"lm_head {distinct(lambda: F.linear(x, model.lm_head), 20)}")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"default": None, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    for B, T, S in ((1, 1, 300), (1, 16, 300), (8, 16, 600), (1, 300, 300), (8, 300, 300),
+                    (4, 1024, 1024)):
+        q = torch.randn(B, c.num_heads, T, c.head_dim, device="cuda", dtype=model.dtype)
+        k = torch.randn(B, c.num_kv_heads, S, c.head_dim, device="cuda", dtype=model.dtype)
         v = torch.randn_like(k)
-        bias = torch.zeros(1, 1, T, S, device="cuda", dtype=model.dtype)
-        say(f"- sdpa T={T} S={S} float mask + gqa: "
-            f"{distinct(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True))}")
+        keep = torch.ones(T, S, dtype=torch.bool, device="cuda").tril(S - T)
+        bias = torch.zeros(B, 1, T, S, device="cuda", dtype=model.dtype).masked_fill_(
+            ~keep, float("-inf"))
+        res = []
+        for name, be in backends.items():
+            def f():
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+            try:
+                if be is None:
+                    res.append(f"{name} {distinct(f, 50)}")
+                else:
+                    with sdpa_kernel([be]):
+                        res.append(f"{name} {distinct(f, 50)}")
+            except Exception as e:   # noqa: BLE001 - a backend that cannot run this shape
+                res.append(f"{name} n/a ({type(e).__name__})")
+        say(f"- sdpa B={B} T={T} S={S} float mask + gqa: " + ", ".join(res))
 
 
 def main() -> None:
