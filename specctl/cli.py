@@ -113,27 +113,34 @@ def friendly(fn):
 
 
 class RichProgress:
-    """Prompts done and tokens/s for a generate run."""
+    """The progress bar of a long command: work items done of the total, a line saying what
+    runs (a bench's config) or how fast (generate's tokens/s), elapsed and remaining time."""
 
-    def __init__(self, enabled: bool = True):
-        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.fields[tps]} tok/s"), TimeElapsedColumn(),
+    def __init__(self, label: str, enabled: bool = True, text: str = ""):
+        self.p = Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.description}"), TimeElapsedColumn(),
                           TimeRemainingColumn(), console=console, disable=not enabled)
         self.task = None
+        self.text = text
         self.tokens_done = 0
 
-    def start(self, total: int, done: int) -> None:
+    def start(self, total: int, done: int = 0) -> None:
         self.p.start()
-        self.task = self.p.add_task("gen", total=total, completed=done, tps="-")
+        self.task = self.p.add_task(escape(self.text), total=total, completed=done)
 
-    def advance(self, n: int) -> None:
+    def describe(self, text: str) -> None:
+        self.text = text
+        if self.task is not None:
+            self.p.update(self.task, description=escape(text))
+
+    def advance(self, n: int = 1) -> None:
         self.p.advance(self.task, n)
 
     def tokens(self, n: int) -> None:
         self.tokens_done += n
         elapsed = self.p.tasks[0].elapsed or 0.0
         if elapsed > 0:
-            self.p.update(self.task, tps=f"{self.tokens_done / elapsed:.1f}")
+            self.describe(f"{self.tokens_done / elapsed:.1f} tok/s")
 
     def stop(self) -> None:
         self.p.stop()
@@ -194,7 +201,8 @@ def generate(
     store: Optional[Path] = StoreOpt,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
-    from specctl.runtime.job import GenerateConfig, run_generate
+    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.job import run_generate
 
     p = dict(ctx.params)
     extra = _apply_recipe(ctx, recipe, p) if recipe is not None else {}
@@ -220,7 +228,7 @@ def generate(
     # under torchrun & co. (RANK/WORLD_SIZE) only rank 0 talks: progress, summary, the error
     from specctl.runtime.dist import RankStopped, dist_env
     lead = dist_env().rank == 0
-    prog = RichProgress(enabled=not quiet and lead)
+    prog = RichProgress("generate", enabled=not quiet and lead, text="- tok/s")
     try:
         res = run_generate(cfg, st, out, resume=resume, log=_log if lead else lambda m: None,
                            progress=prog if lead else None)
@@ -317,29 +325,6 @@ def search_skip(
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
-class BenchProgress:
-    """Which config is running (warm-up / repeat i of n) over all runs of a bench."""
-
-    def __init__(self, enabled: bool = True):
-        self.p = Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
-                          TextColumn("{task.description}"), TimeElapsedColumn(),
-                          TimeRemainingColumn(), console=console, disable=not enabled)
-        self.task = None
-
-    def start(self, total: int) -> None:
-        self.p.start()
-        self.task = self.p.add_task("", total=total)
-
-    def describe(self, text: str) -> None:
-        self.p.update(self.task, description=escape(text))
-
-    def advance(self) -> None:
-        self.p.advance(self.task)
-
-    def stop(self) -> None:
-        self.p.stop()
-
-
 def _print_bench(res: dict) -> None:
     from specctl import bench as b
 
@@ -411,7 +396,7 @@ def bench(
                       method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
                                           alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
                                           branches=branches, branch_len=branch_len))
-    prog = BenchProgress(enabled=not quiet)
+    prog = RichProgress("bench", enabled=not quiet)
     try:
         res = run_bench(cfg, Store(store), log=_log, progress=prog)
     except KeyboardInterrupt:
@@ -543,9 +528,11 @@ def build_cache(
 ):
     """Build Self-Draft's corpus n-gram cache (saved in the store, keyed by tokenizer)."""
     from specctl.prep.build_cache_cmd import BuildCacheConfig, default_workers, run_build_cache
+    from specctl.prep.ngram_build import CountConfig
 
-    cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model, max_key_len, gram_len, top,
-                           min_count, workers or default_workers(), name)
+    cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model,
+                           CountConfig(max_key_len, gram_len, top, min_count,
+                                       workers or default_workers()), name)
     res = run_build_cache(cfg, Store(store), log=_log, console=None if quiet else console)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 

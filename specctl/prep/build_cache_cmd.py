@@ -35,15 +35,8 @@ OANC_NAMES = ("OANC_GrAF.zip", "OANC-GrAF")
 class BuildCacheConfig:
     corpus: tuple[str, ...] = ()
     model: str | None = None
-    max_key_len: int = 4
-    gram_len: int = 4
-    top: int = 20
-    min_count: int = 6
-    workers: int = 1
+    count: CountConfig = CountConfig()   # what is counted and kept (keys, grams, top, workers)
     name: str | None = None
-
-    def count_config(self) -> CountConfig:
-        return CountConfig(self.max_key_len, self.gram_len, self.top, self.min_count, self.workers)
 
 
 def default_workers() -> int:
@@ -106,7 +99,8 @@ def artifact_id(cfg: BuildCacheConfig, model_dir: Path, paths: list[Path]) -> st
         if ident != cfg.name.lower():
             raise SpecctlError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only")
         return ident
-    return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{cfg.max_key_len}g{cfg.gram_len}"
+    c = cfg.count
+    return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{c.max_key_len}g{c.gram_len}"
 
 
 def describe_inputs(paths: list[Path]) -> list[dict]:
@@ -170,7 +164,7 @@ class _Bars:
 
 
 def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None) -> dict:
-    ccfg = cfg.count_config()   # validates the options first
+    ccfg = cfg.count
     paths = [_demo(store, log) if p == "demo" else Path(p).expanduser() for p in cfg.corpus] \
         or default_corpus(store)
     if not paths:
@@ -211,14 +205,14 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None
             keys, grams = tables.num_keys(), tables.num_grams()
             if sum(keys.values()) == 0:
                 raise SpecctlError(
-                    f"no n-gram occurs {cfg.min_count} or more times in this corpus "
+                    f"no n-gram occurs {cfg.count.min_count} or more times in this corpus "
                     f"({info.tokens:,} tokens): use a larger corpus or a lower --min-count")
             bars.start_write()
             build_s = time.perf_counter() - t_start
             manifest = make_manifest(
                 KIND, ident, tokenizer_fingerprint=fp, tokenizer=tname, model=str(model_dir),
-                settings={"max_key_len": cfg.max_key_len, "gram_len": cfg.gram_len,
-                          "top": cfg.top, "min_count": cfg.min_count, "workers": cfg.workers},
+                settings={k: getattr(ccfg, k) for k in ("max_key_len", "gram_len", "top",
+                                                        "min_count", "workers")},
                 inputs=inputs, corpus=stats.to_dict(), files=stats.files, words=stats.words,
                 documents=info.documents, tokens=info.tokens, bad_bytes=stats.bad_bytes,
                 keys={str(k): v for k, v in keys.items()},

@@ -55,9 +55,10 @@ def run_step(step: str, recipe: Recipe, store: Store, log, console) -> str:
         if not s.get("corpus"):
             raise SpecctlError(f"recipe {recipe.path}: build-cache needs [self-draft.build-cache] "
                                "corpus = [...] (paths, or \"demo\")")
-        cfg = BuildCacheConfig(tuple(s["corpus"]), model, s.get("max_key_len", 4),
-                               s.get("gram_len", 4), s.get("top", 20), s.get("min_count", 6),
-                               s.get("workers", default_workers()), s.get("name"))
+        from specctl.prep.ngram_build import CountConfig
+        count = CountConfig(s.get("max_key_len", 4), s.get("gram_len", 4), s.get("top", 20),
+                            s.get("min_count", 6), s.get("workers", default_workers()))
+        cfg = BuildCacheConfig(tuple(s["corpus"]), model, count, s.get("name"))
         return str(run_build_cache(cfg, store, log=log, console=console)["path"])
     if step == "search-skip":
         from specctl.prep.search_cmd import SearchConfig, run_search_skip

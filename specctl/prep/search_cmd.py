@@ -12,8 +12,8 @@ from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.loader import load_model, model_fingerprint
 from specctl.prep.search_skip import DevSet, plot_search, run_search
-from specctl.prep.skipsets import describe, load_profile, save_skipset, work_dir
-from specctl.runtime.job import Tokenization
+from specctl.prep.skipsets import describe, load_profile, save_skipset, work_dir_skip_set
+from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.spec.draft_verify import SkipSet
 from specctl.store import Store
