@@ -18,10 +18,11 @@ from specctl import __version__
 from specctl.bench.analysis import (_category_tps, accept_numbers, compare, divergence_gaps,
                                     spread)
 from specctl.bench.config import PEERS, WARMUP_TOKENS, BenchConfig
-from specctl.bench.peers import HFMethod, RunResult, SpecctlMethod, _load_hf
+from specctl.bench.peers import HFMethod, SpecctlMethod, _load_hf
 from specctl.bench.report import markdown
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, read_prompts
+from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.methods import warn_flex_off_cuda
 from specctl.runtime.metrics import peak_mb
 from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
@@ -55,25 +56,19 @@ def _env(device: torch.device) -> dict:
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
 
-class _NoProgress:
-    def start(self, total: int) -> None: ...
-    def describe(self, text: str) -> None: ...
-    def advance(self) -> None: ...
-    def stop(self) -> None: ...
-
-
 @dataclass
 class _Bench:
     """What the phases of one bench hand on to each other."""
     cfg: BenchConfig
     store: Store
     log: Callable[[str], None]
-    progress: object
+    report: Reporter
     recs: list[PromptRecord]
     model_dir: Path
     tk: Tokenization
     model: object
     max_len: int = 0
+    progress: Task = field(default_factory=Task)
     runners: dict = field(default_factory=dict)        # method -> SpecctlMethod | HFMethod
     skipped: list[dict] = field(default_factory=list)
     plan: list[tuple[str, int]] = field(default_factory=list)
@@ -90,34 +85,37 @@ class _Bench:
         return any(r.category is not None for r in self.recs)
 
 
-def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print,
-              progress=None) -> dict:
-    """Run the bench, store it as benches/<id>; returns the results (see RESULTS_SCHEMA)."""
+def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Run the bench, store it as benches/<id>; returns the results (see RESULTS_SCHEMA).
+    report: messages and the progress bar (log: a message callback instead)."""
     from specctl.models.checkpoint import resolve_model
     from specctl.models.loader import load_model
 
-    progress = progress or _NoProgress()
+    report = reporter(report, log)
+    log = report.log
     recs, input_desc, input_sha = _load_prompts(cfg, store, log)
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention)
     warn_flex_off_cuda(model, log)
-    b = _Bench(cfg, store, log, progress, recs, model_dir, tk, model)
+    b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
     b.max_len = _max_len(b, input_desc)
     _methods(b)
     need_ref = 1 not in cfg.batch_sizes
-    progress.start(len(b.plan) * (cfg.warmup + cfg.repeats) + int(need_ref))
+    progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
+                                        + int(need_ref))
     reference, ref_b1 = "ar at batch size 1 (timed)", None
     if need_ref:
-        progress.describe("ar b1 (reference outputs, untimed)")
+        progress.update(info="ar b1 (reference outputs, untimed)")
         ref_b1 = b.runners["ar"].run(recs, 1, cfg.max_tokens).outputs
-        progress.advance()
+        progress.update(advance=1)
         reference = "ar at batch size 1 (one untimed reference run)"
     _time(b)
     rows, cat_rows, ar_out, ref_b1 = _rows(b, ref_b1)
     _analyze_divergence(b, rows, ar_out, ref_b1)
-    progress.stop()
+    progress.close()
     return _store(b, rows, cat_rows, reference, input_desc, input_sha)
 
 
@@ -189,17 +187,17 @@ def _time(b: _Bench) -> None:
         here = [m for m, bb in b.plan if bb == bs]
         for m in here:
             for w in range(cfg.warmup):
-                progress.describe(f"{m} b{bs}  warm-up {w + 1}/{cfg.warmup}")
+                progress.update(info=f"{m} b{bs}  warm-up {w + 1}/{cfg.warmup}")
                 if m == "hf-static" or (dev.type == "cuda" and w == 0):
                     # compiled / graph-captured paths: warm up once on the timed shapes, so the
                     # timed runs replay instead of compiling or capturing
                     b.runners[m].run(b.recs, bs, cfg.max_tokens)
                 else:
                     b.runners[m].run(b.recs[:bs], bs, min(cfg.max_tokens, WARMUP_TOKENS))
-                progress.advance()
+                progress.update(advance=1)
         for k in range(cfg.repeats):
             for m in here:
-                progress.describe(f"{m} b{bs}  repeat {k + 1}/{cfg.repeats}")
+                progress.update(info=f"{m} b{bs}  repeat {k + 1}/{cfg.repeats}")
                 base_mb = 0.0
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
@@ -210,7 +208,7 @@ def _time(b: _Bench) -> None:
                 b.peak[(m, bs)] = max(b.peak.get((m, bs), 0.0), p)
                 if dev.type == "cuda":
                     b.extra[(m, bs)] = max(b.extra.get((m, bs), 0.0), round(p - base_mb, 1))
-                progress.advance()
+                progress.update(advance=1)
 
 
 def _row(b: _Bench, m: str, bs: int) -> dict:
@@ -235,7 +233,7 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
 
 def _rows(b: _Bench, ref_b1):
     """One row per (method, batch size), compared with ar; per-category rows."""
-    log, cats = b.log, b.cats
+    log = b.log
     rows, cat_rows = [], []
     ar_rows: dict[int, dict] = {}
     ar_out: dict[int, dict] = {}
@@ -330,7 +328,7 @@ def _analyze_divergence(b: _Bench, rows: list[dict], ar_out: dict, ref_b1) -> No
 
 
 def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha: str) -> dict:
-    from specctl.models.loader import model_fingerprint
+    from specctl.models.fingerprint import model_fingerprint
 
     cfg, dev, model = b.cfg, b.model.device, b.model
     ok = all(r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]

@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from specctl.errors import SpecctlError
 from specctl.models.checkpoint import TOKENIZER_FILES, load_tokenizer, resolve_model
 from specctl.prep.corpus import CorpusReader
+from specctl.reporting import Reporter, reporter
 from specctl.prep.ngram_build import (CountConfig, config_dict, count_tables, tokenize_to_stream,
                                       write_artifact)
-from specctl.spec.corpus_cache import KIND, tokenizer_fingerprint, tokenizer_name
+from specctl.models.fingerprint import tokenizer_fingerprint, tokenizer_name
+from specctl.spec.corpus_cache import KIND
 from specctl.store import Store, file_sha256, make_manifest
 
 OANC_URL = "https://anc.org/data/oanc/"
@@ -117,53 +117,58 @@ def describe_inputs(paths: list[Path]) -> list[dict]:
 
 
 class _Bars:
-    """read+tokenize (bytes, tokens/s), count (windows), write."""
+    """read+tokenize (bytes, tokens/s), count (windows), write: one Reporter task each."""
 
-    def __init__(self, console):
-        self.p = Progress(TextColumn("[bold]{task.description:<9}"), BarColumn(),
-                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                          TimeRemainingColumn(), console=console, disable=console is None)
+    def __init__(self, report: Reporter):
+        self.report = report
         self.read = self.count = self.write = None
         self.tokens, self.t0 = 0, time.perf_counter()
 
     def __enter__(self):
-        self.p.start()
         return self
 
     def __exit__(self, *exc):
-        self.p.stop()
+        for t in (self.read, self.count, self.write):
+            if t is not None:
+                t.close()
 
     def start_read(self, total: int) -> None:
         self.t0 = time.perf_counter()
-        self.read = self.p.add_task("tokenize", total=total or None, info="")
+        self.total_bytes = total or None
+        self.read = self.report.task("tokenize", total=self.total_bytes, counts=False)
 
     def on_bytes(self, n: int) -> None:
-        self.p.advance(self.read, n)
+        self.read.update(advance=n)
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
         dt = time.perf_counter() - self.t0
         rate = f"{self.tokens / dt:,.0f} tok/s" if dt > 0 else "-"
-        self.p.update(self.read, info=f"{self.tokens:,} tokens, {rate}")
+        self.read.update(info=f"{self.tokens:,} tokens, {rate}")
 
     def end_read(self) -> None:
-        t = self.p.tasks[self.read]
-        if t.total is not None:
-            self.p.update(self.read, completed=t.total)
+        if self.total_bytes is not None:
+            self.read.update(completed=self.total_bytes)
+        self.read.close()
 
     def on_count(self, what: str, done: int, total: int) -> None:
         if self.count is None:
-            self.count = self.p.add_task("count", total=total or 1, info="n-gram windows")
-        self.p.update(self.count, completed=done, info=f"{done:,}/{total:,} n-gram windows")
+            self.count = self.report.task("count", total=total or 1, counts=False,
+                                          info="n-gram windows")
+        self.count.update(completed=done, info=f"{done:,}/{total:,} n-gram windows")
 
     def start_write(self) -> None:
-        self.write = self.p.add_task("write", total=1, info="")
+        if self.count is not None:
+            self.count.close()
+        self.write = self.report.task("write", total=1, counts=False)
 
     def end_write(self, nbytes: int) -> None:
-        self.p.update(self.write, completed=1, info=f"{nbytes / 1e6:.1f} MB")
+        self.write.update(completed=1, info=f"{nbytes / 1e6:.1f} MB")
 
 
-def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None) -> dict:
+def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None = None) -> dict:
+    report = reporter(report)
+    log = report.log
     ccfg = cfg.count
     paths = [_demo(store, log) if p == "demo" else Path(p).expanduser() for p in cfg.corpus] \
         or default_corpus(store)
@@ -186,7 +191,7 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-cache-", dir=work_root))
     try:
-        with _Bars(console) as bars:
+        with _Bars(report) as bars:
             bars.start_read(reader.total_bytes())
             reader.on_bytes = bars.on_bytes
             info = tokenize_to_stream(reader, tok, work / "stream.i32", ccfg, bars.on_tokens)

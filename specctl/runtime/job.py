@@ -21,6 +21,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import resolve_model
 from specctl.models.loader import load_model
+from specctl.reporting import QUIET, Reporter, Task
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
@@ -41,7 +42,7 @@ class _Job:
     store: Store
     grp: Group
     say: Callable[[str], None]
-    progress: object | None
+    report: Reporter
     records: list[PromptRecord] = field(default_factory=list)
     model_dir: Path | None = None
     input_sha: str = ""
@@ -64,10 +65,10 @@ class _Job:
 
 
 def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bool = False,
-                 log: Callable[[str], None] = print, progress=None) -> dict:
+                 report: Reporter | None = None) -> dict:
     """Run a whole job; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}.
 
-    progress: optional object with start(total, done) / advance(n_done) / tokens(n) calls.
+    report: messages, and a progress bar over the prompts with the tokens/s (rank 0 only).
 
     Under a launcher that sets RANK / WORLD_SIZE (torchrun, Slurm; see runtime/dist.py) every
     process calls this with the same arguments and the processes make one job: rank 0 opens the
@@ -82,9 +83,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     """
     grp = Group(dist_env()).start()
     try:
-        lead = grp.env.rank == 0
-        job = _Job(cfg, store, grp, log if lead else (lambda msg: None),
-                   progress if lead else None)
+        report = (report or QUIET) if grp.env.rank == 0 else QUIET
+        job = _Job(cfg, store, grp, report.log, report)
         _read(job)
         _load(job)
         _open_run(job, resume)
@@ -229,15 +229,17 @@ def _persist(job: _Job, line: dict, token_ids=None) -> None:
         job.done[line["index"]] = line
 
 
-def _make_runner(job: _Job) -> Runner:
-    cfg, model = job.cfg, job.model
+def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
+                rows: list[int]) -> Runner:
+    """A Runner for requests needing `rows` KV rows each (see kv_rows), sized to the work:
+    no more slots than requests (the KV cache is allocated for every slot), no more rows than
+    the longest request needs (within the model's context)."""
     ctx = model.cfg.max_position
-    max_len = min(ctx, max((rows for _, rows in job.requests), default=16) + 32)
-    # no more slots than requests: the KV cache is allocated for every slot
-    slots = min(cfg.batch_size, len(job.requests))
+    max_len = min(ctx, max(rows, default=16) + 32)
+    slots = min(cfg.batch_size, len(rows))
     try:
-        return Runner(model, job.drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
-                      eos_ids=job.tk.eos_ids, render=job.tk.render, decode=job.tk.decode,
+        return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
+                      eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
                       stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
@@ -251,35 +253,49 @@ def _make_runner(job: _Job) -> Runner:
             "--max-tokens") from None
 
 
+class _Progress:
+    """Prompts done and tokens/s, on a Reporter task (also fed by the other ranks' files)."""
+
+    def __init__(self, task: Task):
+        self.task, self.tokens_done, self.t0 = task, 0, time.perf_counter()
+
+    def advance(self, n: int) -> None:
+        self.task.update(advance=n)
+
+    def tokens(self, n: int) -> None:
+        self.tokens_done += n
+        elapsed = time.perf_counter() - self.t0
+        if elapsed > 0:
+            self.task.update(info=f"{self.tokens_done / elapsed:.1f} tok/s")
+
+
 def _generate(job: _Job):
     """Run this process's requests; returns (RunStats or None, own wall, wall to the barrier)."""
-    env, progress, lock = job.grp.env, job.progress, threading.Lock()
+    env, lock = job.grp.env, threading.Lock()
+    progress = _Progress(job.report.task(
+        "generate", len(job.records), len(job.done_ix) + sum(p["errors"] for p in job.plans),
+        info="- tok/s"))
     peers = None
-    if progress and env.active:
+    if env.active and job.lead:
         peers = PeerProgress({record_file(job.run_dir, DistEnv(r, env.world, r)): p["offset"]
                               for r, p in enumerate(job.plans) if r != env.rank}, progress, lock)
     stats, err = None, None
     t0 = time.perf_counter()
     try:
-        if progress:
-            progress.start(len(job.records),
-                           len(job.done_ix) + sum(p["errors"] for p in job.plans))
         if peers:
             peers.start()
         if job.requests:
-            runner = _make_runner(job)
+            runner = make_runner(job.cfg, job.model, job.drafter, job.tk,
+                                 [rows for _, rows in job.requests])
 
             def on_done(req: Request) -> None:
                 _persist(job, output_line(req), req.answer_ids)
-                if progress:
-                    with lock:
-                        progress.advance(1)
+                with lock:
+                    progress.advance(1)
 
-            on_tokens = None
-            if progress:
-                def on_tokens(n: int) -> None:
-                    with lock:
-                        progress.tokens(n)
+            def on_tokens(n: int) -> None:
+                with lock:
+                    progress.tokens(n)
 
             stats = runner.run([r for r, _ in job.requests], on_done, on_tokens=on_tokens)
     except Exception as e:
@@ -288,6 +304,7 @@ def _generate(job: _Job):
         job.writer.close()
         if peers:
             peers.stop()
+        progress.task.close()
     mine_wall = time.perf_counter() - t0
     job.grp.check(err)   # the barrier: every rank has finished its shard (or the job stops here)
     return stats, mine_wall, time.perf_counter() - t0

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from specctl.errors import SpecctlError
+from specctl.models.fingerprint import model_fingerprint
+from specctl.runtime.artifacts import (describe_skip_set, resolve_adapter, resolve_corpus_cache,
+                                       resolve_skip_set)
 from specctl.runtime.config import GenerateConfig
 from specctl.spec.drafter import NoDraft
 from specctl.store import Store
@@ -21,9 +24,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
     """The method's drafter, with its artifact found in the store (and said which)."""
     if cfg.method == "ar":
         return NoDraft()
-    from specctl.models.loader import model_fingerprint
     if cfg.method == "kangaroo":
-        from specctl.prep.train_adapter import resolve_adapter
         from specctl.spec.kangaroo import KangarooDrafter, KangarooParams
         adapter, where = resolve_adapter(cfg.adapter, store, model_fingerprint(model_dir), model)
         log(f"kangaroo: adapter {where} (exit layer {adapter.l})")
@@ -37,7 +38,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
         prm = cfg.self_draft_params()
         corpus, cid = None, None
         if prm.corpus_cache:
-            from specctl.spec.corpus_cache import CorpusCache, resolve_corpus_cache
+            from specctl.spec.corpus_cache import CorpusCache
             path = resolve_corpus_cache(store, model_dir, cfg.corpus_cache, log)
             if path is None:
                 log("self-draft: no corpus cache for this model's tokenizer in the store "
@@ -55,10 +56,9 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
         return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
-    from specctl.prep.skipsets import describe, resolve_skip_set
     from specctl.spec.draft_verify import LayerSkipDrafter
 
     skip, where = resolve_skip_set(cfg.skip_set, store, model_fingerprint(model_dir),
                                    model.cfg.num_layers)
-    log(f"draft-verify: skip set {where}: {describe(skip)}")
+    log(f"draft-verify: skip set {where}: {describe_skip_set(skip)}")
     return LayerSkipDrafter(model, skip, cfg.sampling(), cfg.exit_params())

@@ -15,7 +15,6 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, read_prompts
 from specctl.runtime.config import UNKEYED, GenerateConfig
 from specctl.runtime.dist import DistEnv
