@@ -49,7 +49,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                     log(f"self-draft: corpus cache {path}")
         if model.device.type == "cpu" and prm.branches:
             log("self-draft: on a CPU the ~90 extra branch and candidate tokens per sequence and "
-                "step cost real compute (0.2-0.6x of ar on a 2-core CPU, see README); it pays "
+                "step cost real compute (0.2-0.6x of ar on a 2-core CPU, see docs/benchmarks.md); it pays "
                 "on a GPU. On a CPU at batch 1 try --prompt-grams --branches 0 --context-cands 4 "
                 "--corpus-cands 1 (break-even to about 1.1x of ar there, with a corpus cache "
                 "close to the prompts)")
