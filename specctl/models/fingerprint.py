@@ -90,9 +90,9 @@ def tokenizer_fingerprint(model_dir: Path | str) -> str:
 
 
 def _legacy_fingerprint(model_dir: Path | str) -> str | None:
-    """The fingerprint that caches built by earlier specctl versions carry: tokenizer.json's normalizer,
-    pre_tokenizer, model and added_tokens as canonical JSON (None without a tokenizer.json).
-    Still accepted, so such a cache keeps working with the model folder it was built from."""
+    """The older form of the tokenizer fingerprint: tokenizer.json's normalizer, pre_tokenizer,
+    model and added_tokens as canonical JSON (None without a tokenizer.json). Still accepted, so
+    a cache that carries it keeps working with the model folder it was built from."""
     tj = Path(model_dir) / "tokenizer.json"
     if not tj.is_file():
         return None

@@ -129,13 +129,13 @@ class GenerateConfig:
         path it was named by) and the settings that decide the answers, not the ones that only
         decide how they are computed: a run resumes with another batch size (after running out
         of memory) or prefill chunk. `extra`: the input's hash, the model, the method's
-        artifact, and the device type and dtype the model runs in. legacy: the key of runs
-        begun by specctl before 2026-11-22 (every field but skip_bad, `extra` without the
-        device and dtype), so that they still resume."""
+        artifact, and the device type and dtype the model runs in. legacy: the older form of
+        the key (every field but skip_bad and limit, `extra` without the device and dtype),
+        still accepted so that runs recorded under it resume."""
         d = asdict(self)
         for name in ("skip_bad", "limit") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
-            if d[name] == default:   # (options added later: runs begun before keep their key)
+            if d[name] == default:   # at their defaults left out: keys without them still match
                 d.pop(name)
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]
