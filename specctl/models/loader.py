@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
+from specctl.models.fingerprint import model_fingerprint  # noqa: F401  (its old home)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
