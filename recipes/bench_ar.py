@@ -39,7 +39,7 @@ import torch
 
 from specctl.io.sharegpt import first_human_turns
 from specctl.models.checkpoint import resolve_model
-from specctl.runtime.job import Tokenization
+from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.store import Store, atomic_write_json
 

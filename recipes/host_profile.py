@@ -18,7 +18,9 @@ import time
 
 import torch
 
-from specctl.runtime import job
+from specctl.runtime.config import GenerateConfig
+from specctl.runtime.methods import make_drafter
+from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
 from specctl.store import Store
@@ -40,7 +42,7 @@ def main() -> None:
     from specctl.models.loader import load_model
     model_dir = resolve_model(None, store)
     model = load_model(model_dir, a.device)
-    tk = job.Tokenization(model_dir, chat=True)
+    tk = Tokenization(model_dir, chat=True)
     if a.input:
         from specctl.io.prompts import read_prompts
         texts = [r.turns[0][-1]["content"] for r in read_prompts(a.input)][:a.prompts]
@@ -79,9 +81,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for m in a.methods.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
-            cfg = job.GenerateConfig(input="x", method=m, batch_size=b, max_tokens=a.max_tokens)
+            cfg = GenerateConfig(input="x", method=m, batch_size=b, max_tokens=a.max_tokens)
             try:
-                drafter = job.make_drafter(cfg, model, model_dir, store, lambda *_: None)
+                drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
             except Exception as e:   # a missing artifact: say so and go on
                 print(f"| {m} | {b} | skipped: {e} ||||||")
                 continue

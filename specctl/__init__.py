@@ -1,3 +1,17 @@
-"""specctl: self-speculative decoding for Llama-family LLMs (batched, lossless)."""
+"""specctl: self-speculative decoding for Llama-family LLMs (batched, lossless).
+
+    from specctl import Generator
+    outputs = Generator(model="smollm2-135m-instruct", method="self-draft").generate(["Hi!"])
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["GenerationOutput", "Generator", "__version__"]
+
+
+def __getattr__(name: str):
+    # lazily: `import specctl.errors` & co. must not load torch and the whole runtime
+    if name in ("Generator", "GenerationOutput"):
+        from specctl.runtime import generator
+        return getattr(generator, name)
+    raise AttributeError(f"module 'specctl' has no attribute {name!r}")

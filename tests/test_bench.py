@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import specctl.runtime.job as job
+import specctl.bench.peers as peers
 from helpers import fails
 from specctl.bench import compare, spread
 from specctl.cli import app
@@ -187,11 +187,11 @@ class WrongToken(NoDraft):
 
 
 def test_outputs_match_check_catches_a_broken_method(work, prompts, tiny_llama, monkeypatch):
-    real = job.make_drafter
+    real = peers.make_drafter
 
     def make(cfg, *a, **kw):
         return WrongToken() if cfg.method == "draft-verify" else real(cfg, *a, **kw)
-    monkeypatch.setattr(job, "make_drafter", make)
+    monkeypatch.setattr(peers, "make_drafter", make)
     store = work / "store-broken"
     r = bench(prompts, store, tiny_llama, "--methods", "ar,draft-verify", "--batch-sizes", "1",
               "--repeats", 1)
@@ -220,7 +220,7 @@ def test_divergence_gap_is_the_models_logit_gap_at_the_first_difference(tiny_lla
 
     from specctl.bench import divergence_gaps
     from specctl.io.prompts import read_prompts
-    from specctl.runtime.job import Tokenization
+    from specctl.runtime.tokenization import Tokenization
 
     tk = Tokenization(tiny_llama, True)
     p = Path(tiny_llama) / "div.jsonl"
@@ -330,7 +330,7 @@ def test_compare_and_spread():
 
 
 def test_match_column_says_how_close_divergences_were():
-    from specctl.bench import _match
+    from specctl.bench.report import _match
     mm = {"vs": "ar b1", "prompts": 5, "of": 8, "first": None}
     row = {"matches_ar": False, "matches_ar_b1": False, "repeats_identical": True, "mismatch": mm}
     assert _match(row) == "NO (5/8 vs ar b1)"

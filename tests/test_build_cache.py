@@ -25,8 +25,9 @@ from specctl.errors import SpecctlError
 from specctl.prep.build_cache_cmd import BuildCacheConfig, run_build_cache
 from specctl.prep.corpus import CorpusReader, decode, unsafe_member_name
 from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
-from specctl.spec.corpus_cache import (CorpusCache, brute_force_table, hash_key, hash_keys,
-                                       resolve_corpus_cache, tokenizer_fingerprint)
+from specctl.models.fingerprint import tokenizer_fingerprint
+from specctl.runtime.artifacts import resolve_corpus_cache
+from specctl.spec.corpus_cache import CorpusCache, brute_force_table, hash_key, hash_keys
 from specctl.store import Store
 from tiny import make_tokenizer
 
@@ -409,7 +410,7 @@ def test_fingerprint_is_what_the_tokenizer_does_not_how_it_is_written(tok_dir, t
 
 
 def test_caches_with_the_earlier_fingerprint_still_resolve(built, tok_dir, tmp_path):
-    from specctl.spec.corpus_cache import _legacy_fingerprint
+    from specctl.models.fingerprint import _legacy_fingerprint
     store, res = built
     old = tmp_path / "old-cache"
     shutil.copytree(res["path"], old)
@@ -439,8 +440,8 @@ def test_caches_with_the_earlier_fingerprint_still_resolve(built, tok_dir, tmp_p
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, oanc_tree, tok_dir):
     store = Store(tmp_path_factory.mktemp("store"))
-    res = run_build_cache(BuildCacheConfig((str(oanc_tree),), str(tok_dir), min_count=3,
-                                           workers=2), store, log=lambda m: None)
+    res = run_build_cache(BuildCacheConfig((str(oanc_tree),), str(tok_dir),
+                                           CountConfig(min_count=3, workers=2)), store)
     return store, res
 
 
@@ -467,8 +468,8 @@ def test_build_matches_brute_force_over_tokenized_documents(built, oanc_tree, to
 
 def test_zip_build_identical_to_tree(built, oanc_zip, tok_dir):
     store, res = built
-    res2 = run_build_cache(BuildCacheConfig((str(oanc_zip),), str(tok_dir), min_count=3,
-                                            workers=1, name="from-zip"), store, log=lambda m: None)
+    res2 = run_build_cache(BuildCacheConfig((str(oanc_zip),), str(tok_dir),
+                                            CountConfig(min_count=3), name="from-zip"), store)
     assert res2["id"] == "from-zip"
     a = (res["path"] / "ngram.safetensors").read_bytes()
     b = (res2["path"] / "ngram.safetensors").read_bytes()
@@ -497,8 +498,8 @@ def test_resolve_corpus_cache(built, tok_dir, tmp_path):
 def test_newest_matching_cache_wins(tok_dir, tmp_path, oanc_tree):
     store = Store(tmp_path / "s")
     for name, created in (("older", "2020-01-01T00:00:00Z"), ("newer", "2030-01-01T00:00:00Z")):
-        res = run_build_cache(BuildCacheConfig((str(oanc_tree),), str(tok_dir), min_count=3,
-                                               name=name), store, log=lambda m: None)
+        res = run_build_cache(BuildCacheConfig((str(oanc_tree),), str(tok_dir),
+                                               CountConfig(min_count=3), name=name), store)
         mf = res["path"] / "manifest.json"
         m = json.loads(mf.read_text())
         m["created"] = created
@@ -596,8 +597,8 @@ def test_real_text_build(tmp_path, demo_model_dir):
     cache_dir = Path(os.environ.get("SPECCTL_TEST_CACHE") or Path.home() / ".cache" / "specctl-test")
     lee = _gensim_lee(cache_dir.expanduser() / "gensim")
     store = Store(tmp_path / "store")
-    res = run_build_cache(BuildCacheConfig((str(lee),), str(demo_model_dir), min_count=2),
-                          store, log=lambda m: None)
+    res = run_build_cache(BuildCacheConfig((str(lee),), str(demo_model_dir), CountConfig(min_count=2)),
+                          store)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(demo_model_dir))
     ids = tok(lee.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]

@@ -13,6 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 import specctl.runtime.job as job
+from specctl.runtime.config import GenerateConfig
 from helpers import fails
 from specctl.cli import app
 
@@ -422,13 +423,13 @@ def test_runs_of_older_versions_resume(tmp_path, tiny_llama, monkeypatch, count_
     holds the old key) is still found by --resume."""
     inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}, {"prompt": "hi"}])
     store = tmp_path / "store"
-    new_key, suffix = job.GenerateConfig.key, "cpu:torch.float32"   # (device type, dtype)
+    new_key, suffix = GenerateConfig.key, "cpu:torch.float32"   # (device type, dtype)
 
     def old_key(self, extra, legacy=False):   # what specctl computed before
         return new_key(self, extra if legacy else extra[:-len(suffix)], legacy=True)
-    monkeypatch.setattr(job.GenerateConfig, "key", old_key)
+    monkeypatch.setattr(GenerateConfig, "key", old_key)
     ok(generate(inp, tmp_path / "a.jsonl", store, tiny_llama))
-    monkeypatch.setattr(job.GenerateConfig, "key", new_key)
+    monkeypatch.setattr(GenerateConfig, "key", new_key)
     (run,) = run_dirs(store)
     rec = run / "records.jsonl"
     rec.write_text(rec.read_text().splitlines(keepends=True)[0])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from specctl.errors import SpecctlError
-from specctl.io.sharegpt import (Conversation, JsonArrayReader, ReadReport, download_sharegpt_json,
-                                 iter_json_array, read_conversations, to_conversation)
+from specctl.io.conversations import Conversation, ReadReport, read_conversations, to_conversation
+from specctl.io.sharegpt import JsonArrayReader, download_sharegpt_json, iter_json_array
 
 
 def sg(*turns, id=None):

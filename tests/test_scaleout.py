@@ -14,9 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import specctl.runtime.job as job
+from specctl.runtime.config import GenerateConfig
+from specctl.runtime.dist import shard
+from specctl.runtime.metrics import _sum_stats, merged_metrics, metrics
 from specctl.cli import app
 from specctl.errors import SpecctlError
 from specctl.runtime.dist import DistEnv, Group, dist_env
@@ -295,14 +299,14 @@ def test_dist_env_parsing():
 def test_shards_cover_everything_once():
     items = list(range(11))
     for world in (1, 2, 3, 4, 16):
-        parts = [job.shard(items, r, world) for r in range(world)]
+        parts = [shard(items, r, world) for r in range(world)]
         assert sorted(i for p in parts for i in p) == items
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 def test_merged_metrics_pool_acceptance_over_ranks():
     from specctl.runtime.runner import RunStats
-    cfg = job.GenerateConfig("x.jsonl")
+    cfg = GenerateConfig("x.jsonl")
     lines = [{"index": 0, "new_tokens": 6, "steps": 2, "accept_lengths": [3, 1],
               "draft_lengths": [4, 4]},
              {"index": 1, "new_tokens": 2, "steps": 2, "accept_lengths": [0, 0],
@@ -314,8 +318,8 @@ def test_merged_metrics_pool_acceptance_over_ranks():
               "wall_time_s": w, "peak_memory_mb": p}
              for r, (s, w, p) in enumerate([(a, 1.0, 100.0), (b, 0.5, 300.0)])]
     ranks = json.loads(json.dumps(ranks))   # as they travel between ranks
-    m = job.merged_metrics(cfg, lines, ranks, 2.0, job.torch.device("cpu"))
-    one = job.metrics(cfg, lines, None, 2.0, job.torch.device("cpu"))
+    m = merged_metrics(cfg, lines, ranks, 2.0, torch.device("cpu"))
+    one = metrics(cfg, lines, None, 2.0, torch.device("cpu"))
     for k in ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar"):
         assert m[k] == one[k]                    # pooled over the lines, as for one process
     assert m["acceptance_rate"] == round(4 / 12, 4) and m["mean_accepted_tokens"] == 2.0
@@ -323,7 +327,7 @@ def test_merged_metrics_pool_acceptance_over_ranks():
     assert m["padding_ratio"] == round(1 - 16 / 20, 4) and m["step_tokens"] == 16
     assert m["peak_memory_mb"] == 300.0
     assert [p["tokens_per_s"] for p in m["per_rank"]] == [6.0, 4.0]
-    assert job._sum_stats([asdict(a), json.loads(json.dumps(asdict(b)))]).accept_hist == \
+    assert _sum_stats([asdict(a), json.loads(json.dumps(asdict(b)))]).accept_hist == \
         {3: 1, 1: 1, 0: 2}
 
 

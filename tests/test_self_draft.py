@@ -242,7 +242,7 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
 def test_light_variant_is_lossless(model, reference):
     """bench's self-draft:light (the CPU-friendly settings): what it sets, and greedy = ar."""
     from specctl.errors import SpecctlError
-    from specctl.runtime.job import GenerateConfig, split_variant
+    from specctl.runtime.config import GenerateConfig, split_variant
     method, opts = split_variant("self-draft:light")
     prm = GenerateConfig(input="x", method=method, **opts).self_draft_params()
     assert (prm.branches, prm.context_cands, prm.corpus_cands, prm.prompt_grams) == (0, 4, 1, True)

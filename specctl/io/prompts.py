@@ -137,6 +137,17 @@ def _parse(obj) -> dict:
                 max_tokens=max_tokens, raw_prompt=raw)
 
 
+def prompt_record(prompt, index: int = 0) -> PromptRecord:
+    """One prompt given in memory as a PromptRecord: a string (a user message), a list of
+    {"role", "content"} messages, or a dict in any of the line formats above."""
+    obj = ({"prompt": prompt} if isinstance(prompt, str) else
+           {"messages": prompt} if isinstance(prompt, (list, tuple)) else prompt)
+    try:
+        return PromptRecord(index=index, line_no=index + 1, **_parse(obj))
+    except _Bad as e:
+        raise SpecctlError(f"prompt {index}: {e}") from None
+
+
 def _lines(f):
     """Yield (line_no, bytes) per line; bytes is None for a line over MAX_LINE_BYTES."""
     line_no = 0

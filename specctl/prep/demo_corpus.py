@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 from specctl.errors import SpecctlError
+from specctl.reporting import quiet
 from specctl.store import Store, atomic_write_text, published
 
 PACKAGE = "gensim==4.4.0"
@@ -56,7 +57,7 @@ def wiki_prose(xml: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def fetch_demo_corpus(store: Store, log=print, wheel: Path | None = None) -> Path:
+def fetch_demo_corpus(store: Store, log=quiet, wheel: Path | None = None) -> Path:
     """The folder of demo .txt files (fetched and converted once)."""
     dest = store.root / "data" / "demo-corpus"
     if dest.is_dir() and all((dest / f).is_file() for f, _ in MEMBERS.values()):

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.models.checkpoint import resolve_model
-from specctl.models.loader import model_fingerprint
+from specctl.models.fingerprint import model_fingerprint
 from specctl.recipe import STEPS, Recipe
+from specctl.reporting import Reporter, reporter
 from specctl.store import Store
 
 
@@ -26,7 +27,7 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     """The stored artifact that makes `step` unnecessary, or None."""
     fp = model_fingerprint(model_dir)
     if step == "build-cache":
-        from specctl.spec.corpus_cache import resolve_corpus_cache
+        from specctl.runtime.artifacts import resolve_corpus_cache
         try:
             p = resolve_corpus_cache(store, model_dir, None, lambda *_: None)
         except SpecctlError:
@@ -46,7 +47,7 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     raise SpecctlError(f"unknown step {step!r}")
 
 
-def run_step(step: str, recipe: Recipe, store: Store, log, console) -> str:
+def run_step(step: str, recipe: Recipe, store: Store, report: Reporter) -> str:
     """Run one step with the recipe's settings; returns the artifact's path."""
     model = recipe.model
     if step == "build-cache":
@@ -55,17 +56,18 @@ def run_step(step: str, recipe: Recipe, store: Store, log, console) -> str:
         if not s.get("corpus"):
             raise SpecctlError(f"recipe {recipe.path}: build-cache needs [self-draft.build-cache] "
                                "corpus = [...] (paths, or \"demo\")")
-        cfg = BuildCacheConfig(tuple(s["corpus"]), model, s.get("max_key_len", 4),
-                               s.get("gram_len", 4), s.get("top", 20), s.get("min_count", 6),
-                               s.get("workers", default_workers()), s.get("name"))
-        return str(run_build_cache(cfg, store, log=log, console=console)["path"])
+        from specctl.prep.ngram_build import CountConfig
+        count = CountConfig(s.get("max_key_len", 4), s.get("gram_len", 4), s.get("top", 20),
+                            s.get("min_count", 6), s.get("workers", default_workers()))
+        cfg = BuildCacheConfig(tuple(s["corpus"]), model, count, s.get("name"))
+        return str(run_build_cache(cfg, store, report)["path"])
     if step == "search-skip":
         from specctl.prep.search_cmd import SearchConfig, run_search_skip
         s = recipe.section("draft-verify.search")
         cfg = SearchConfig(model, s.get("dev"), s.get("iters", 1000), s.get("init_points", 0),
                            s.get("objective", "model"), s.get("prompts", 8),
                            s.get("max_new", 32), s.get("seed", 0))
-        return str(run_search_skip(cfg, store, True, log=log, console=console)["path"])
+        return str(run_search_skip(cfg, store, True, report)["path"])
     if step == "train-adapter":
         from specctl.prep.train_adapter import TrainConfig
         from specctl.prep.train_cmd import run_train_adapter
@@ -74,12 +76,14 @@ def run_step(step: str, recipe: Recipe, store: Store, log, console) -> str:
                           float(s.get("lr", 5e-5)), s.get("max_len", 2048),
                           s.get("batch_tokens", 4096), s.get("limit"), float(s.get("heldout", 0.05)),
                           seed=s.get("seed", 0))
-        return str(run_train_adapter(cfg, store, True, log=log, console=console)["path"])
+        return str(run_train_adapter(cfg, store, True, report)["path"])
     raise SpecctlError(f"unknown step {step!r}")
 
 
-def run_prepare(recipe: Recipe, store: Store, log=print, console=None,
+def run_prepare(recipe: Recipe, store: Store, report: Reporter | None = None,
                 only: list[str] | None = None, force: bool = False) -> list[dict]:
+    report = reporter(report)
+    log = report.log
     steps = recipe.steps
     if only:
         bad = [s for s in only if s not in STEPS]
@@ -91,10 +95,7 @@ def run_prepare(recipe: Recipe, store: Store, log=print, console=None,
     model_dir = resolve_model(recipe.model, store, log=log)
     results = []
     for i, step in enumerate(steps, 1):
-        if console is not None:
-            console.rule(f"[bold][{i}/{len(steps)}] {step}")
-        else:
-            log(f"[{i}/{len(steps)}] {step}")
+        report.section(f"[{i}/{len(steps)}] {step}")
         t0 = time.perf_counter()
         have = None if force else existing_artifact(step, recipe, store, model_dir)
         if have:
@@ -102,7 +103,7 @@ def run_prepare(recipe: Recipe, store: Store, log=print, console=None,
             results.append({"step": step, "status": "skipped", "artifact": have,
                             "wall_s": round(time.perf_counter() - t0, 1)})
             continue
-        path = run_step(step, recipe, store, log, console)
+        path = run_step(step, recipe, store, report)
         results.append({"step": step, "status": "ran", "artifact": path,
                         "wall_s": round(time.perf_counter() - t0, 1)})
     return results

@@ -5,15 +5,16 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 from specctl.errors import SpecctlError
 from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
-from specctl.models.loader import load_model, model_fingerprint
+from specctl.models.fingerprint import model_fingerprint
+from specctl.models.loader import load_model
 from specctl.prep.search_skip import DevSet, plot_search, run_search
-from specctl.prep.skipsets import describe, load_profile, save_skipset, work_dir
-from specctl.runtime.job import Tokenization
+from specctl.prep.skipsets import load_profile, save_skipset, work_dir
+from specctl.reporting import Reporter, reporter
+from specctl.runtime.artifacts import describe_skip_set
+from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.spec.draft_verify import SkipSet
 from specctl.store import Store
@@ -52,8 +53,10 @@ def dev_prompts(cfg: SearchConfig, store: Store, tk: Tokenization, log) -> list[
     return [tk.render(r) for r in reqs]
 
 
-def run_search_skip(cfg: SearchConfig, store: Store, resume: bool, log=print,
-                    console=None) -> dict:
+def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
+                    report: Reporter | None = None) -> dict:
+    report = reporter(report)
+    log = report.log
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, chat=True)
     model = load_model(model_dir, cfg.device, cfg.dtype)
@@ -71,23 +74,21 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool, log=print,
     dev = DevSet(model, prompts, cfg.max_new)
     L = model.cfg.num_layers
     t0 = time.perf_counter()
-    prog = Progress(TextColumn("[bold]search-skip"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console,
-                    disable=console is None)
-    task = prog.add_task("search", total=cfg.iters, info="")
+    task = report.task("search-skip", cfg.iters)
 
     def on_probe(p, best):
-        prog.update(task, completed=p.iteration + 1, info=(
+        task.update(completed=p.iteration + 1, info=(
             f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
             f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
     interrupted = False
-    with prog:
-        try:
-            probes = run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed,
-                                cfg.init_points, on_probe)
-        except KeyboardInterrupt:
-            interrupted = True
-            probes = None
+    try:
+        probes = run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed,
+                            cfg.init_points, on_probe)
+    except KeyboardInterrupt:
+        interrupted = True
+        probes = None
+    finally:
+        task.close()
     if probes is None:   # keep what was probed: the log is complete up to the interruption
         from specctl.prep.search_skip import Probe
         import json
@@ -109,7 +110,7 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool, log=print,
         "interrupted": interrupted,
     }
     path = save_skipset(store, ident, result, log_path, plot if plotted else None, fp)
-    log(f"best of {len(probes)} probes (#{best.iteration}): {describe(skip)}")
+    log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
     log(f"acceptance rate {best.accept_rate:.3f}, mean accepted tokens {best.mean_accepted:.2f}, "
         f"estimated speedup over ar {result['speedup_estimate']:.3f}x ({cfg.objective} objective)")
     if not plotted:

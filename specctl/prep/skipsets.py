@@ -4,8 +4,7 @@
     profiles/<model-fp>-<device>-<dtype>/   profile.json, manifest.json
     work/search-<model-fp>-<objective>/probes.jsonl   the live log of a running search
 
-`generate --method draft-verify` takes the stored skip set of the model with the best estimated
-speedup unless `--skip-set FILE|ID` names one.
+runtime/artifacts.py finds them again.
 """
 
 from __future__ import annotations
@@ -13,16 +12,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from specctl.errors import SpecctlError
 from specctl.prep.costs import CostProfile, measure_costs
-from specctl.spec.draft_verify import SkipSet
+from specctl.reporting import quiet
+from specctl.runtime.artifacts import profile_id, profile_path
 from specctl.store import Store, atomic_write_json, make_manifest, read_json
 
 
-def load_profile(store: Store, model, fingerprint: str, log=print) -> CostProfile:
+def load_profile(store: Store, model, fingerprint: str, log=quiet) -> CostProfile:
     """The model's cost profile on this device/dtype: measured once, then read back."""
-    ident = f"{fingerprint}-{model.device.type}-{str(model.dtype).replace('torch.', '')}"
-    path = store.path("profiles", ident) / "profile.json"
+    ident = profile_id(fingerprint, model)
+    path = profile_path(store, fingerprint, model)
     if path.exists():
         try:
             return CostProfile.from_json(read_json(path))
@@ -50,33 +49,3 @@ def save_skipset(store: Store, ident: str, result: dict, log_path: Path,
         if plot is not None and plot.exists():
             shutil.copyfile(plot, d / "search.png")
     return store.path("skipsets", ident)
-
-
-def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layers: int,
-                     log=print) -> tuple[SkipSet, str]:
-    """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from)."""
-    if spec:
-        p = store.locate(spec, "skipsets")
-        if p.is_dir():
-            p = p / "skipset.json"
-        data, where = read_json(p), str(p)
-    else:
-        best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
-        if best is None:
-            raise SpecctlError("no skip set for this model in the store: run "
-                               "`specctl search-skip` (with the same --model) first, or pass "
-                               "--skip-set FILE")
-        data, where = read_json(best.path / "skipset.json"), f"skipsets/{best.id}"
-    try:
-        skip = SkipSet.from_json(data)
-    except (ValueError, AttributeError) as e:
-        raise SpecctlError(f"{where}: {e}") from None
-    if skip.num_layers != num_layers:
-        raise SpecctlError(f"{where}: skip set is for {skip.num_layers} layers, the model has "
-                           f"{num_layers}")
-    return skip, where
-
-
-def describe(skip: SkipSet) -> str:
-    return (f"{len(skip.attn)} attention + {len(skip.mlp)} MLP of {2 * skip.num_layers} blocks "
-            f"skipped (attn {sorted(skip.attn)}, mlp {sorted(skip.mlp)})")

@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.errors import SpecctlError
+from specctl.reporting import quiet
 from specctl.spec.kangaroo import Adapter, adapter_config
 from specctl.store import Store, atomic_write_json, make_manifest
 
@@ -142,7 +143,7 @@ def _load_ckpt(path: Path, adapter: Adapter, opt) -> tuple[int, list]:
 
 
 def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
-          on_step: Callable[[dict], None] | None = None, log=print) -> tuple[Adapter, dict]:
+          on_step: Callable[[dict], None] | None = None, log=quiet) -> tuple[Adapter, dict]:
     """Encode, cache features, train; returns the adapter and a summary."""
     l = cfg.exit_layer
     if not 1 <= l < model.cfg.num_layers:
@@ -278,7 +279,7 @@ def expected_speedup(top1: float, l: int, profile, gamma: int) -> float:
 
 
 def sweep_exit_layer(model, tok, conversations, cfg: TrainConfig, work: Path, profile,
-                     log=print) -> tuple[int, list[dict]]:
+                     log=quiet) -> tuple[int, list[dict]]:
     """`--exit-layer auto`: train a short adapter (2 epochs of 1024-token batches on
     `sweep_conversations` conversations) at each candidate layer, measure its held-out top-1 agreement, price it with
     expected_speedup, keep the best. Returns (layer, the table)."""
@@ -314,26 +315,3 @@ def save_adapter(store: Store, model, adapter: Adapter, fingerprint: str, summar
         atomic_write_json(d / "config.json", adapter_config(model, adapter.l))
         atomic_write_json(d / "train_log.json", summary)
     return store.path("adapters", ident)
-
-
-def load_adapter(path: Path, model) -> Adapter:
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-        w = load_file(str(path / "adapter.safetensors"))
-        return Adapter(model, int(cfg["exit_layer"]), w)
-    except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
-        raise SpecctlError(f"{path}: not a usable adapter ({e})") from None
-
-
-def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> tuple[Adapter, str]:
-    """--adapter PATH | ID, or the model's stored adapter with the best held-out agreement."""
-    if spec:
-        p = store.locate(spec, "adapters")
-        return load_adapter(p, model), str(p)
-    best = store.best_for_model("adapters", fingerprint, "heldout_top1")
-    if best is None:
-        raise SpecctlError("no Kangaroo adapter for this model in the store: run "
-                           "`specctl train-adapter` (with the same --model) first, or pass "
-                           "--adapter DIR")
-    return load_adapter(best.path, model), f"adapters/{best.id}"
-

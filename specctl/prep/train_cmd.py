@@ -4,26 +4,29 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
 from specctl.errors import SpecctlError
-from specctl.io.sharegpt import download_sharegpt_json, read_conversations
+from specctl.io.conversations import read_conversations
+from specctl.io.sharegpt import download_sharegpt_json
 from specctl.models.checkpoint import load_tokenizer, resolve_model
-from specctl.models.loader import load_config, load_model, model_fingerprint
+from specctl.models.fingerprint import model_fingerprint
+from specctl.models.loader import load_config, load_model
 from specctl.prep.train_adapter import TrainConfig, save_adapter, sweep_exit_layer, train
+from specctl.reporting import Reporter, reporter
 from specctl.store import Store
 
 
-def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
-                      console=None) -> dict:
+def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
+                      report: Reporter | None = None) -> dict:
+    report = reporter(report)
+    log = report.log
     model_dir = resolve_model(cfg.model, store, log=log)
     layers = load_config(model_dir)[0].num_layers
     if not cfg.exit_layer < layers:   # before the data is read (train() checks it again)
         raise SpecctlError(f"--exit-layer must be in [1, {layers - 1}]")
     tok = load_tokenizer(model_dir)
     source = cfg.data or download_sharegpt_json(store.root / "data", log)
-    convs, report = read_conversations(source, strict=cfg.strict, limit=cfg.limit, log=log)
-    log(f"{source}: {report.summary()}")
+    convs, read = read_conversations(source, strict=cfg.strict, limit=cfg.limit, log=log)
+    log(f"{source}: {read.summary()}")
     model = load_model(model_dir, cfg.device, "fp32" if cfg.device in ("cpu", "auto") and
                        not _cuda() else "bf16")
     fp = model_fingerprint(model_dir)
@@ -37,18 +40,16 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool, log=print,
                                                                                 log), log)
         log(f"exit layer {l} chosen")
         cfg = replace(cfg, exit_layer=l)
-    prog = Progress(TextColumn("[bold]train-adapter"), BarColumn(),
-                    TextColumn("step {task.completed}/{task.total} loss {task.fields[loss]} "
-                               "{task.fields[tps]} tok/s"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, disable=console is None)
-    task = prog.add_task("train", total=None, loss="-", tps="-")
+    task = report.task("train-adapter", None, info="loss - - tok/s")
 
     def on_step(rec: dict) -> None:
-        prog.update(task, total=rec["total"], completed=rec["step"], loss=f"{rec['loss']:.4f}",
-                    tps=rec["tokens_per_s"])
-    with prog:
+        task.update(total=rec["total"], completed=rec["step"],
+                    info=f"loss {rec['loss']:.4f} {rec['tokens_per_s']} tok/s")
+    try:
         adapter, summary = train(model, tok, convs, cfg, work, resume, on_step, log)
-    summary["data"] = {"source": str(source), "read": report.summary()}
+    finally:
+        task.close()
+    summary["data"] = {"source": str(source), "read": read.summary()}
     if sweep is not None:
         summary["exit_layer_sweep"] = sweep
     path = save_adapter(store, model, adapter, fp, summary)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -206,3 +208,75 @@ class Group:
 
 def _exit_code(err: BaseException) -> int:
     return err.exit_code if isinstance(err, SpecctlError) else 1
+
+
+def shard(items: list, rank: int, world: int) -> list:
+    """Rank r's share of the requests still to do: the k-th goes to rank k % world (round-robin
+    over the requests still missing, in input order). Interleaving balances better than
+    contiguous blocks: inputs are often grouped (MT-bench by category, files by length), and a
+    block of long prompts would hold the whole job back on one rank; the shares differ by at
+    most one request. Computed over what is missing, so a resumed run (any world size) spreads
+    the remaining work evenly."""
+    return items[rank::world]
+
+
+def ranges(ix: list[int]) -> list[list[int]]:
+    """Sorted ints as [first, last] runs (compact to send between ranks)."""
+    out: list[list[int]] = []
+    for i in ix:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def unranges(rs: list[list[int]]) -> set[int]:
+    return {i for a, b in rs for i in range(a, b + 1)}
+
+
+class PeerProgress:
+    """Rank 0's progress bar over the whole job: a thread tails the other ranks' record files
+    (one complete line = one finished request) from where they stood when generation began."""
+
+    def __init__(self, files: dict[Path, int], progress, lock: threading.Lock,
+                 interval: float = 0.5):
+        self.offsets, self.progress, self.lock, self.interval = dict(files), progress, lock, interval
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="specctl-peer-progress",
+                                       daemon=True)
+
+    def start(self) -> "PeerProgress":
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> None:
+        for f, off in self.offsets.items():
+            try:
+                with open(f, "rb") as fh:
+                    fh.seek(off)
+                    chunk = fh.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n") + 1   # complete lines only; a partial one waits
+            if not end:
+                continue
+            self.offsets[f] = off + end
+            for raw in chunk[:end].splitlines():
+                try:
+                    n = int(json.loads(raw).get("new_tokens") or 0)
+                except (ValueError, AttributeError, TypeError):
+                    continue
+                with self.lock:
+                    self.progress.advance(1)
+                    if n:
+                        self.progress.tokens(n)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.poll()

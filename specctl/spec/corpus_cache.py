@@ -20,19 +20,18 @@ The artifact folder (`<store>/ngram-caches/<id>/`) holds:
     config.json         max_key_len, gram_len, top, min_count, tokenizer_fingerprint, tokenizer
     manifest.json       the store's manifest (corpus, counts, build time)
 
-The cache depends on the tokenizer only: `tokenizer_fingerprint(model_dir)` names it, and
-`resolve_corpus_cache` refuses a cache made with another tokenizer.
+The cache depends on the tokenizer only: `models.fingerprint.tokenizer_fingerprint` names it, and
+`runtime.artifacts.resolve_corpus_cache` refuses a cache made with another tokenizer.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import struct
 from bisect import bisect_left
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 
@@ -99,97 +98,6 @@ def hash_keys(keys: np.ndarray) -> np.ndarray:
     h *= np.uint64(_F2)
     h ^= h >> np.uint64(31)
     return h
-
-
-# ---------------------------------------------------------------------------------------------
-# tokenizer fingerprint
-
-
-# Text whose token ids are part of the fingerprint: words, numbers, code, whitespace runs,
-# accents, CJK, Cyrillic, emoji, markup (what a tokenizer's normalizer and pre-tokenizer act on).
-_PROBE = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 67.89 1,000,000\n\t  "
-          "def f(x):\n    return x**2  # code\n\n\n   indented   spaces  "
-          "Ünïcödé: naïve café façade, 日本語のテキスト, 中文, русский текст, emoji 🚀🎉👍🏽, "
-          "<tags> &amp; {\"json\": [1, 2]} https://example.com/a?b=c don't I'll we've")
-
-
-def tokenizer_fingerprint(model_dir: Path | str) -> str:
-    """sha256 (hex) of what decides how text becomes token ids in a model folder.
-
-    tokenizer.json: what it does, not how it is written: the model type, the vocabulary with
-    its added tokens (and their settings), the BPE merges (either spelling) or the Unigram
-    scores, and the ids of a fixed probe text (BPE dropout off). Transformers versions
-    write the same tokenizer differently (a GGUF converted by 5.17 and by 5.23 differ in no-op
-    normalizers, decoders and defaults), and truncation/padding settings do not change ids, so
-    neither changes the fingerprint. Else vocab.json + merges.txt, else tokenizer.model
-    (sentencepiece), by content.
-    """
-    d = Path(model_dir)
-    tj = d / "tokenizer.json"
-    h = hashlib.sha256()
-    if tj.is_file():
-        from tokenizers import Tokenizer
-        try:
-            data = json.loads(tj.read_text(encoding="utf-8"))
-            model = data.get("model") or {}
-            tok = Tokenizer.from_file(str(tj))
-            tok.no_truncation()
-            tok.no_padding()
-            if getattr(tok.model, "dropout", None):   # random merges: the probe must not vary
-                tok.model.dropout = None
-            kind = type(tok.model).__name__
-            merges = [m.split(" ", 1) if isinstance(m, str) else list(m)
-                      for m in model.get("merges") or []]
-            scores = model.get("vocab") if kind == "Unigram" else None   # [[piece, score]]
-            added = sorted([[a.get("id"), a.get("content"), bool(a.get("special")),
-                             bool(a.get("normalized")), bool(a.get("lstrip")),
-                             bool(a.get("rstrip")), bool(a.get("single_word"))]
-                            for a in data.get("added_tokens") or []], key=str)
-            vocab = sorted(tok.get_vocab(with_added_tokens=True).items(),
-                           key=lambda kv: (kv[1], kv[0]))
-            probe = tok.encode(_PROBE, add_special_tokens=False).ids
-        except Exception as e:   # a broken or hostile file: one clear error
-            raise SpecctlError(f"{tj}: not a valid tokenizer.json ({e})") from None
-        h.update(b"tokenizer-behaviour\0")
-        for part in (kind, vocab, added, merges, scores, probe):
-            h.update(json.dumps(part, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-            h.update(b"\0")
-        return h.hexdigest()
-    names = [n for n in ("vocab.json", "merges.txt") if (d / n).is_file()]
-    if not names and (d / "tokenizer.model").is_file():
-        names = ["tokenizer.model"]
-    if not names:
-        raise SpecctlError(f"{d}: no tokenizer files (tokenizer.json, vocab.json + merges.txt "
-                           "or tokenizer.model)")
-    for n in names:
-        h.update(n.encode() + b"\0")
-        h.update((d / n).read_bytes())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _legacy_fingerprint(model_dir: Path | str) -> str | None:
-    """The fingerprint that caches built by earlier specctl versions carry: tokenizer.json's normalizer,
-    pre_tokenizer, model and added_tokens as canonical JSON (None without a tokenizer.json).
-    Still accepted, so such a cache keeps working with the model folder it was built from."""
-    tj = Path(model_dir) / "tokenizer.json"
-    if not tj.is_file():
-        return None
-    try:
-        data = json.loads(tj.read_text(encoding="utf-8"))
-        part = {k: data.get(k) for k in ("normalizer", "pre_tokenizer", "model", "added_tokens")}
-    except (ValueError, AttributeError):
-        return None
-    return hashlib.sha256(b"tokenizer.json\0" + json.dumps(
-        part, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
-def tokenizer_name(model_dir: Path | str) -> str:
-    """A readable name for the tokenizer: the model folder's name (hub snapshots: org--name)."""
-    d = Path(model_dir).resolve()
-    if d.parent.name == "snapshots" and d.parent.parent.name.startswith("models--"):
-        return d.parent.parent.name[len("models--"):]
-    return d.name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +320,7 @@ def _check_table(st: Path, k: int, g: int, t: _Table, full: bool) -> None:
 # finding the cache for a model
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path) -> dict:
     """config.json of an artifact folder (or the metadata of a bare .safetensors)."""
     path = Path(path)
     if path.is_dir():
@@ -433,40 +341,6 @@ def _read_config(path: Path) -> dict:
         return json.loads(meta["config"])
     except (KeyError, json.JSONDecodeError):
         raise SpecctlError(f"{path}: not an n-gram cache (no config in its metadata)") from None
-
-
-def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
-                         log: Callable[[str], None] = print) -> Path | None:
-    """The n-gram cache to use with the model in `model_dir`.
-
-    choice None: the newest cache in the store made with this model's tokenizer, or None if
-    there is none. Otherwise `choice` is a path (artifact folder or its .safetensors) or a store
-    id (or unique prefix). A cache made with another tokenizer is a SpecctlError.
-    """
-    fp = tokenizer_fingerprint(model_dir)
-    legacy = _legacy_fingerprint(model_dir)
-    accepted = {fp} if legacy is None else {fp, legacy}   # never None: a cache without one
-    if choice is None:
-        cands = [e for e in store.entries(KIND)
-                 if e.manifest.get("tokenizer_fingerprint") in accepted
-                 and (e.path / ARTIFACT_FILE).is_file()]
-        if not cands:
-            return None
-        best = max(cands, key=lambda e: (str(e.manifest.get("created", "")), e.id))
-        log(f"corpus cache: {KIND}/{best.id}")
-        return best.path
-    path = store.locate(choice, KIND)   # a path, else a store id (as --skip-set, --adapter)
-    where = str(path) if path == Path(choice).expanduser() else f"{KIND}/{path.name}"
-    cfg = _read_config(path)
-    got = cfg.get("tokenizer_fingerprint")
-    if got not in accepted:
-        raise SpecctlError(
-            f"n-gram cache {where} was built with another tokenizer "
-            f"({cfg.get('tokenizer', '?')}, fingerprint {str(got)[:12]}) than the model's "
-            f"({tokenizer_name(model_dir)}, {fp[:12]}): build one for this model with "
-            f"`specctl build-cache CORPUS --model {model_dir}`")
-    log(f"corpus cache: {where}")
-    return path
 
 
 def brute_force_table(docs: Iterable[list[int]], max_key_len: int, gram_len: int, top: int,

@@ -1,0 +1,112 @@
+"""A bench's numbers: spreads over repeats, acceptance, output comparison with ar, and how close
+to a tie the model was where outputs diverge."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from specctl.bench.config import CTAR_W
+from specctl.bench.peers import RunResult
+from specctl.io.prompts import PromptRecord
+from specctl.runtime.metrics import metrics
+from specctl.runtime.sequence import Request
+
+NEAR_TIE_STEPS = 2   # a gap within this many rounding steps of the top logit is a near-tie
+
+
+def spread(values: list[float]) -> dict:
+    v = sorted(values)
+    med = statistics.median(v)
+    if len(v) >= 2:
+        q = statistics.quantiles(v, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = 0.0
+    return {"median": round(med, 3), "min": round(v[0], 3), "max": round(v[-1], 3),
+            "iqr": round(iqr, 3), "spread_pct": round(100 * (v[-1] - v[0]) / med, 2) if med else 0.0,
+            "runs": [round(x, 3) for x in values]}
+
+
+def accept_numbers(gcfg, lines: list[dict], stats, device) -> dict:
+    """The acceptance numbers of `generate`'s metrics (same definitions), plus zero-accept share."""
+    m = metrics(gcfg, lines, stats, 0.0, device)
+    acc = [a for l in lines for a in l["accept_lengths"]]
+    return {"steps": m["steps"], "mean_accepted_tokens": m["mean_accepted_tokens"],
+            "acceptance_rate": m["acceptance_rate"],
+            "ctar": {str(w): m["ctar"][w] for w in CTAR_W},
+            "zero_accept_share": round(sum(a == 0 for a in acc) / len(acc), 4) if acc else 0.0,
+            "padding_ratio": m["padding_ratio"] if stats is not None else None}
+
+
+def compare(got: dict[int, list[list[int]]], ref: dict[int, list[list[int]]], vs: str) -> dict | None:
+    """None when identical; else how many prompts differ and where the first difference is."""
+    bad, first = [], None
+    for i in sorted(ref):
+        a, b = got.get(i, []), ref[i]
+        if a == b:
+            continue
+        bad.append(i)
+        if first is None:
+            for k in range(max(len(a), len(b))):
+                x = a[k] if k < len(a) else []
+                y = b[k] if k < len(b) else []
+                if x != y:
+                    j = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+                    first = {"index": i, "turn": k, "token": j}
+                    break
+    return None if not bad else {"vs": vs, "prompts": len(bad), "of": len(ref), "first": first}
+
+
+MAX_DIVERGENCES = 64   # sequences analyzed per row
+
+
+@torch.inference_mode()
+def divergence_gaps(model, render, recs: list[PromptRecord], got: dict[int, list[list[int]]],
+                    ref: dict[int, list[list[int]]]) -> list[dict]:
+    """Where a sequence's first answer leaves the reference's, how close the model was to a tie.
+
+    For each request (at most MAX_DIVERGENCES) whose first-turn tokens differ from the
+    reference's at position j while both have a token there: one eager forward of the model
+    over the prompt and the common prefix, and the logit of the reference's token minus that of
+    the other at j (fp32 logits, from the model in its own dtype). A gap within a step or two
+    of the dtype's rounding (`step`: the spacing of the top logit in that dtype) is a near-tie
+    that any change in summation order can flip: a forward over more tokens, another kernel, or
+    a non-repeatable one. A large gap would be a real difference.
+    """
+    from specctl.engine.batch import ForwardBatch, SeqInput
+
+    out = []
+    for r in recs:
+        a, b = got.get(r.index, [[]]), ref.get(r.index, [[]])
+        x, y = (a[0] if a else []), (b[0] if b else [])
+        j = next((j for j, (p, q) in enumerate(zip(x, y)) if p != q), None)
+        if j is None:
+            continue
+        req = Request(r.index, [list(t) for t in r.turns], 1, r.raw_prompt)
+        ids = list(render(req)) + y[:j]
+        kv = model.new_kv_cache(1, len(ids) + 1)
+        h = model.forward(ForwardBatch([SeqInput(0, ids, 0)], model.device), kv)
+        logits = model.logits(h[-1:])[0]
+        top = float(logits.max())
+        top = abs(top) if math.isfinite(top) and top != 0 else 1.0
+        step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(top))
+        gap = float(logits[y[j]] - logits[x[j]])
+        out.append({"index": r.index, "token": j, "gap": round(gap, 6), "step": step,
+                    "steps": round(abs(gap) / step, 2) if math.isfinite(gap) else None})
+        if len(out) >= MAX_DIVERGENCES:
+            break
+    return out
+
+
+def _category_tps(run: RunResult, cats: dict[int, str]) -> dict[str, float]:
+    total = sum(run.residency.values()) or 1.0
+    out = {}
+    for c in sorted(set(cats.values())):
+        idx = [i for i in run.outputs if cats[i] == c]
+        wall = run.wall * sum(run.residency[i] for i in idx) / total
+        tokens = sum(len(a) for i in idx for a in run.outputs[i])
+        out[c] = tokens / wall if wall > 0 else 0.0
+    return out

@@ -1,0 +1,115 @@
+"""What a bench run is: its settings (BenchConfig) and the schema of its results.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specctl.errors import SpecctlError
+from specctl.runtime.config import METHODS, GenerateConfig, check_attention, split_variant
+
+PEERS = ("hf", "hf-prompt-lookup", "hf-static")
+PROMPT_LOOKUP_TOKENS = 10
+WARMUP_TOKENS = 16
+CTAR_W = range(1, 7)
+
+RESULTS_SCHEMA = """
+{
+  "schema": 1, "id": str, "created": str,
+  "config": {BenchConfig fields}, "input": str, "input_sha256": str, "prompts": int,
+  "categories": [str],                 # empty when no prompt has a category
+  "model": str, "model_fingerprint": str, "device": str, "dtype": str,
+  "env": {"specctl", "torch", "transformers", "python", "machine", "cpus", "threads", "gpu"},
+  "peak_memory_kind": "cuda_max_allocated" | "process_rss_high_water",
+  "reference": str,                    # where the ar batch-1 outputs came from
+  "skipped": [{"method", "batch_size" (null = all), "reason"}],
+  "rows": [{
+    "method", "engine": "specctl" | "transformers", "batch_size",
+    "requests", "new_tokens", "steps" (null for transformers),
+    "tokens_per_s": {"median", "min", "max", "iqr", "spread_pct", "runs": [float]},
+    "wall_s": {"median", "runs": [float]},
+    "speedup_vs_ar": float | null,     # median tokens/s over ar's, same batch size
+    "mean_accepted_tokens", "acceptance_rate", "ctar": {"1".."6"}, "zero_accept_share",
+    "padding_ratio",                   # the five above: null for transformers rows
+    "peak_memory_mb",                  # see peak_memory_kind
+    "run_memory_mb": float | null,     # CUDA: peak minus what was allocated before the run
+                                       # (KV cache + activations); null on CPU
+    "matches_ar": bool | null,         # vs ar at the same batch size
+    "matches_ar_b1": bool | null,      # vs ar at batch 1
+    "mismatch": {"vs", "prompts", "first": {"index", "turn", "token"}} | null,
+    "repeats_identical": bool,
+    "divergence": {"vs", "differing", "analyzed", "max_gap", "max_steps",  # where it differs
+                   "gaps": [{"index", "token", "gap", "step", "steps"}]}
+  }],
+  "category_rows": [{"method", "batch_size", "category", "requests", "new_tokens",
+                     "tokens_per_s": {...as above}, "speedup_vs_ar",
+                     "mean_accepted_tokens", "ctar", "zero_accept_share"}],
+  "ok": bool                           # every specctl row matched ar
+}
+"""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    input: str | None                    # JSONL prompts; None = ShareGPT first turns
+    model: str | None = None
+    methods: tuple[str, ...] = ("ar", "draft-verify", "hf", "hf-prompt-lookup")
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    max_tokens: int = 256
+    repeats: int = 3
+    warmup: int = 3
+    limit: int | None = None             # first N prompts (ShareGPT default: 16)
+    chat: bool = True
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    prefill_chunk: int = 512
+    attention: str = "sdpa"
+    cuda_graphs: bool = True
+    # GenerateConfig fields of the methods (draft-verify's skip_set, max_draft, ...): a new
+    # method's options pass through here without changes to the bench
+    method_options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        known = METHODS + PEERS
+        bad = [m for m in self.methods if m.partition(":")[0] not in known]
+        if bad:
+            raise SpecctlError(f"unknown method {bad[0]!r} (available: {', '.join(known)})")
+        if not self.methods:
+            raise SpecctlError("--methods is empty")
+        if len(set(self.methods)) != len(self.methods):
+            raise SpecctlError("--methods names a method twice")
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise SpecctlError("--batch-sizes must be positive integers")
+        if self.max_tokens < 1:
+            raise SpecctlError("--max-tokens must be at least 1")
+        if self.repeats < 1:
+            raise SpecctlError("--repeats must be at least 1")
+        if self.warmup < 0:
+            raise SpecctlError("--warmup must be at least 0")
+        if self.limit is not None and self.limit < 1:
+            raise SpecctlError("--limit must be at least 1")
+        check_attention(self.attention)
+        for m in self.methods:   # the checks generate makes (draft-verify's options too)
+            if m.partition(":")[0] in METHODS:
+                self.generate_config(m, self.batch_sizes[0])
+
+    def generate_config(self, method: str, batch_size: int) -> GenerateConfig:
+        """method may name a variant ('self-draft:no-corpus'): its settings override."""
+        base, overrides = split_variant(method)
+        opts = {**self.method_options, **overrides}
+        return GenerateConfig(input=self.input or "sharegpt", model=self.model,
+                              method=base, batch_size=batch_size,
+                              max_tokens=self.max_tokens, temperature=0.0, seed=self.seed,
+                              chat=self.chat, device=self.device, dtype=self.dtype,
+                              prefill_chunk=self.prefill_chunk, attention=self.attention,
+                              cuda_graphs=self.cuda_graphs, **opts)
+
+
+def parse_list(text: str, what: str, conv=str) -> tuple:
+    try:
+        items = tuple(conv(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecctlError(f"{what}: expected a comma-separated list, got {text!r}") from None
+    if not items:
+        raise SpecctlError(f"{what} is empty")
+    return items

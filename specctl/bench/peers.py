@@ -1,0 +1,147 @@
+"""The timed methods of a bench: specctl's (one Runner per run, a fresh drafter each time) and
+transformers' own `generate` on the same checkpoint (`hf`, `hf-prompt-lookup`, `hf-static`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specctl.bench.config import PROMPT_LOOKUP_TOKENS, BenchConfig
+from specctl.errors import SpecctlError
+from specctl.io.prompts import PromptRecord
+from specctl.runtime.methods import make_drafter
+from specctl.runtime.records import output_line
+from specctl.runtime.runner import Runner
+from specctl.runtime.sequence import Request
+from specctl.runtime.tokenization import to_request
+from specctl.store import Store
+
+
+@dataclass
+class RunResult:
+    wall: float
+    outputs: dict[int, list[list[int]]]          # index -> token ids per turn
+    residency: dict[int, float]                  # index -> seconds in a slot / batch
+    lines: list[dict] = field(default_factory=list)   # specctl: output lines (accept lengths)
+    stats: object | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(a) for turns in self.outputs.values() for a in turns)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SpecctlMethod:
+    engine = "specctl"
+
+    def __init__(self, cfg: BenchConfig, name: str, model, model_dir: Path, tk, store: Store,
+                 max_len: int, log):
+        self.cfg, self.name, self.model, self.model_dir = cfg, name, model, model_dir
+        self.tk, self.store, self.max_len = tk, store, max_len
+        seen: set[str] = set()
+
+        def once(msg: str) -> None:   # make_drafter says which artifact it used: say it once
+            if msg not in seen:
+                seen.add(msg)
+                log(msg)
+        self.log = once
+        # fails here (SpecctlError) when the method's artifact is missing: the method is skipped
+        make_drafter(cfg.generate_config(name, 1), model, model_dir, store, self.log)
+
+    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
+        gcfg = self.cfg.generate_config(self.name, batch_size)
+        drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
+        runner = Runner(self.model, drafter, gcfg.sampling(), batch_size=batch_size,
+                        max_len=self.max_len, eos_ids=self.tk.eos_ids, render=self.tk.render,
+                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk)
+        reqs = [to_request(r, max_tokens) for r in recs]
+        done: list[Request] = []
+        dev = self.model.device
+        _sync(dev)
+        t0 = time.perf_counter()
+        stats = runner.run(reqs, done.append)
+        _sync(dev)
+        wall = time.perf_counter() - t0
+        done.sort(key=lambda r: r.index)
+        return RunResult(wall, {r.index: [list(a) for a in r.answer_ids] for r in done},
+                         {r.index: r.wall_time for r in done},
+                         [output_line(r) for r in done], stats)
+
+
+class HFMethod:
+    """transformers' generate on the same checkpoint: static batches, left padding."""
+    engine = "transformers"
+
+    def __init__(self, name: str, hf_model, tk, device: torch.device):
+        self.name, self.hf, self.tk, self.device = name, hf_model, tk, device
+        tok = tk.tok
+        eos = sorted(tk.eos_ids)
+        self.eos = set(eos)
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+        self.eos_list = eos
+
+    def _generate(self, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+        from transformers import GenerationConfig
+
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):   # left padding
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        gc = GenerationConfig(do_sample=False, max_new_tokens=max_new,
+                              eos_token_id=self.eos_list or None, pad_token_id=self.pad,
+                              prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS
+                              if self.name == "hf-prompt-lookup" else None,
+                              # hf-static: transformers' fast path (static cache, compiled forward)
+                              cache_implementation="static" if self.name == "hf-static" else None)
+        with torch.inference_mode():
+            out = self.hf.generate(input_ids=ids.to(self.device),
+                                   attention_mask=mask.to(self.device), generation_config=gc)
+        return out[:, width:].tolist()
+
+    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
+        reqs = [to_request(r, max_tokens) for r in recs]
+        resid = {r.index: 0.0 for r in reqs}
+        _sync(self.device)
+        t0 = time.perf_counter()
+        stage = 0
+        while True:   # turn k of every request that has one, then turn k + 1 (multi-turn)
+            todo = [r for r in reqs if len(r.stages) > stage]
+            if not todo:
+                break
+            for i in range(0, len(todo), batch_size):
+                chunk = todo[i:i + batch_size]
+                c0 = time.perf_counter()
+                outs = self._generate([self.tk.render(r) for r in chunk],
+                                      max(r.max_tokens for r in chunk))
+                for r, o in zip(chunk, outs):
+                    o = o[:r.max_tokens]
+                    cut = next((j for j, t in enumerate(o) if t in self.eos), None)
+                    o = o if cut is None else o[:cut + 1]   # EOS kept, as the Runner keeps it
+                    r.answer_ids.append(o)
+                    r.answers.append(self.tk.decode([t for t in o if t not in self.eos]))
+                    resid[r.index] += time.perf_counter() - c0
+            stage += 1
+        _sync(self.device)
+        wall = time.perf_counter() - t0
+        return RunResult(wall, {r.index: r.answer_ids for r in reqs}, resid)
+
+
+def _load_hf(model_dir: Path, model, log):
+    from transformers import AutoModelForCausalLM
+
+    log("loading the transformers peer (AutoModelForCausalLM) ...")
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=model.dtype)
+    except Exception as e:   # noqa: BLE001 - any loading failure is a one-line user error
+        raise SpecctlError(f"{model_dir}: transformers could not load the model "
+                           f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return hf.to(model.device).eval()

@@ -1,0 +1,199 @@
+"""Stored bench runs: loading them, their tables (markdown and rows for the CLI) and plots."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from specctl.bench.analysis import NEAR_TIE_STEPS
+from specctl.bench.config import CTAR_W
+from specctl.errors import SpecctlError
+from specctl.store import Store, atomic_write_bytes, read_json
+
+
+def load_benches(store: Store, idents: list[str], all_runs: bool = False) -> list[dict]:
+    if idents:
+        entries = []
+        for i in idents:
+            e = store.find(i)
+            if e.kind != "benches":
+                raise SpecctlError(f"{i!r} is a {e.kind} artifact, not a bench run")
+            entries.append(e)
+    else:
+        entries = sorted(store.entries("benches"), key=lambda e: e.manifest.get("created", ""))
+        if not entries:
+            raise SpecctlError(f"no bench runs in the store at {store.root}: run `specctl bench` first")
+        if not all_runs:
+            entries = entries[-1:]
+    out = []
+    for e in entries:
+        res = read_json(e.path / "results.json")
+        if not isinstance(res, dict) or "rows" not in res:
+            raise SpecctlError(f"{e.path / 'results.json'}: not a bench result")
+        res["path"] = str(e.path)
+        out.append(res)
+    return out
+
+
+def _f(x, nd=2, pct=False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.0f}%" if pct else f"{x:.{nd}f}"
+
+
+def _match(r: dict) -> str:
+    if r["matches_ar"] is None:
+        return "-"
+    if r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]:
+        return "yes"
+    d = r.get("divergence")
+    gap = ""
+    if d:   # how close to a tie the first divergences were (divergence_gaps)
+        gap = (f"near-ties, gap ≤ {d['max_gap']:.3g}" if d["max_steps"] <= NEAR_TIE_STEPS
+               else f"gap up to {d['max_gap']:.3g}")
+        if d["analyzed"] < d.get("differing", d["analyzed"]):
+            gap += f" ({d['analyzed']} of {d['differing']} read)"
+        gap = "; " + gap
+    if not r["repeats_identical"]:
+        if d and d["vs"] != "its first repeat":
+            gap = f"; vs {d['vs']}:{gap[1:]}"
+        return f"NO (repeats differ{gap})"
+    mm = r["mismatch"]
+    return f"NO ({mm['prompts']}/{mm['of']} vs {mm['vs']}{gap})"
+
+
+TABLE_COLUMNS = ("method", "batch", "tokens/s", "min–max", "speedup", "mean acc.",
+                 "CTAR 1..6", "zero acc.", "padding", "peak MB", "= ar")
+
+
+def table_rows(res: dict) -> list[list[str]]:
+    out = []
+    for r in res["rows"]:
+        t = r["tokens_per_s"]
+        ctar = "/".join(f"{r['ctar'][str(w)]:.2f}" for w in CTAR_W) if r["ctar"] else "-"
+        out.append([r["method"], str(r["batch_size"]), f"{t['median']:.1f}",
+                    f"{t['min']:.1f}–{t['max']:.1f}", _f(r["speedup_vs_ar"]) + ("x" if
+                    r["speedup_vs_ar"] is not None else ""), _f(r["mean_accepted_tokens"]), ctar,
+                    _f(r["zero_accept_share"], pct=True), _f(r["padding_ratio"], pct=True),
+                    f"{r['peak_memory_mb']:.0f}", _match(r)])
+    return out
+
+
+CATEGORY_COLUMNS = ("category", "method", "batch", "tokens/s", "min–max", "speedup",
+                    "mean acc.", "zero acc.")
+
+
+def category_rows(res: dict) -> list[list[str]]:
+    out = []
+    for r in sorted(res.get("category_rows", []),
+                    key=lambda r: (r["category"], r["batch_size"])):
+        t = r["tokens_per_s"]
+        out.append([r["category"], r["method"], str(r["batch_size"]), f"{t['median']:.1f}",
+                    f"{t['min']:.1f}–{t['max']:.1f}",
+                    _f(r["speedup_vs_ar"]) + ("x" if r["speedup_vs_ar"] is not None else ""),
+                    _f(r["mean_accepted_tokens"]), _f(r["zero_accept_share"], pct=True)])
+    return out
+
+
+def title(res: dict) -> str:
+    c = res["config"]
+    model = Path(res["model"]).name
+    engine = ""
+    if res["device"].startswith("cuda"):
+        engine = (" " + c.get("attention", "sdpa") + " attention"
+                  + (", CUDA graphs" if c.get("cuda_graphs", True) else ", no CUDA graphs"))
+    return (f"{res['id']}: {model}, {res['device']} {res['dtype']}{engine}, "
+            f"{res['prompts']} prompts, "
+            f"max {c['max_tokens']} new tokens, greedy, "
+            + (f"median of {c['repeats']} repeats" if c["repeats"] > 1 else "1 repeat"))
+
+
+def notes(res: dict) -> list[str]:
+    out = []
+    for s in res["skipped"]:
+        where = f" at batch size {s['batch_size']}" if s["batch_size"] is not None else ""
+        out.append(f"skipped {s['method']}{where}: {s['reason']}")
+    mem = ("peak MB: torch.cuda.max_memory_allocated per config (all resident models)"
+           if res["peak_memory_kind"] == "cuda_max_allocated"
+           else "peak MB: process RSS high-water mark (process-wide, includes earlier rows)")
+    out.append(mem + "; tokens/s: median of the repeats, min–max their spread; "
+               "CTAR w = share of steps accepting more than w drafts")
+    return out
+
+
+def _md_table(cols, rows) -> str:
+    esc = lambda s: str(s).replace("|", "\\|")   # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(esc(x) for x in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def markdown(results: list[dict]) -> str:
+    parts = []
+    for res in results:
+        parts.append(f"### {title(res)}\n")
+        parts.append(_md_table(TABLE_COLUMNS, table_rows(res)) + "\n")
+        if res.get("category_rows"):
+            parts.append("Per category:\n")
+            parts.append(_md_table(CATEGORY_COLUMNS, category_rows(res)) + "\n")
+        parts.append("\n".join(f"- {n}" for n in notes(res)) + "\n")
+    return "\n".join(parts)
+
+
+def write_plots(res: dict, out_dir: Path, prefix: str = "") -> list[Path]:
+    """speedup vs batch size per method; tokens/s per category (if any). Needs matplotlib."""
+    from matplotlib.figure import Figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(fig, name):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+        p = out_dir / f"{prefix}{name}"
+        atomic_write_bytes(p, buf.getvalue())
+        written.append(p)
+
+    rows = res["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    for m in methods:
+        pts = sorted((r["batch_size"], r["speedup_vs_ar"]) for r in rows
+                     if r["method"] == m and r["speedup_vs_ar"] is not None)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
+                    linestyle="--" if m == "ar" else "-")
+    ax.set_xscale("log", base=2)
+    bs = sorted({r["batch_size"] for r in rows})
+    ax.set_xticks(bs, [str(b) for b in bs])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("speedup over ar (median tokens/s)")
+    ax.set_title(f"{Path(res['model']).name}, {res['device']} {res['dtype']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save(fig, "speedup.png")
+
+    crows = res.get("category_rows") or []
+    if crows:
+        cats = sorted({r["category"] for r in crows})
+        sizes = sorted({r["batch_size"] for r in crows})
+        fig = Figure(figsize=(max(6, 1.2 * len(cats)) , 3.5 * len(sizes)))
+        for k, b in enumerate(sizes):
+            ax = fig.add_subplot(len(sizes), 1, k + 1)
+            ms = list(dict.fromkeys(r["method"] for r in crows if r["batch_size"] == b))
+            width = 0.8 / max(len(ms), 1)
+            for j, m in enumerate(ms):
+                by = {r["category"]: r["tokens_per_s"]["median"] for r in crows
+                      if r["batch_size"] == b and r["method"] == m}
+                ax.bar([i + j * width for i in range(len(cats))], [by.get(c, 0) for c in cats],
+                       width, label=m)
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cats))], cats, rotation=30,
+                          ha="right")
+            ax.set_ylabel("tokens/s")
+            ax.set_title(f"batch size {b}")
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        save(fig, "category_tokens_per_s.png")
+    return written

@@ -1,0 +1,377 @@
+"""The bench's timing loop: warm-up, round-robin repeats, rows, divergence analysis, storing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specctl import __version__
+from specctl.bench.analysis import (_category_tps, accept_numbers, compare, divergence_gaps,
+                                    spread)
+from specctl.bench.config import PEERS, WARMUP_TOKENS, BenchConfig
+from specctl.bench.peers import HFMethod, SpecctlMethod, _load_hf
+from specctl.bench.report import markdown
+from specctl.errors import SpecctlError
+from specctl.io.prompts import PromptRecord, read_prompts
+from specctl.reporting import Reporter, Task, reporter
+from specctl.runtime.methods import warn_flex_off_cuda
+from specctl.runtime.metrics import peak_mb
+from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
+
+
+def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecord], str, str]:
+    """(records, input description, input sha256)."""
+    if cfg.input is None:
+        from specctl.io.sharegpt import first_human_turns
+        texts = first_human_turns(cfg.limit or 16, store, log=log)
+        recs = [PromptRecord(i, i + 1, None, None, None, (({"role": "user", "content": t},),),
+                             None, t) for i, t in enumerate(texts)]
+        sha = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
+        return recs, f"sharegpt:{len(texts)}", sha
+    path = Path(cfg.input)
+    recs = read_prompts(path)
+    if cfg.limit:
+        recs = recs[:cfg.limit]
+    if not cfg.chat:
+        require_raw_prompts(recs, path)
+    return recs, str(path.resolve()), file_sha256(path)
+
+
+def _env(device: torch.device) -> dict:
+    import transformers
+    return {"specctl": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+
+
+@dataclass
+class _Bench:
+    """What the phases of one bench hand on to each other."""
+    cfg: BenchConfig
+    store: Store
+    log: Callable[[str], None]
+    report: Reporter
+    recs: list[PromptRecord]
+    model_dir: Path
+    tk: Tokenization
+    model: object
+    max_len: int = 0
+    progress: Task = field(default_factory=Task)
+    runners: dict = field(default_factory=dict)        # method -> SpecctlMethod | HFMethod
+    skipped: list[dict] = field(default_factory=list)
+    plan: list[tuple[str, int]] = field(default_factory=list)
+    runs_of: dict = field(default_factory=dict)        # (method, b) -> [RunResult]
+    peak: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cats(self) -> dict[int, str]:
+        return {r.index: r.category or "uncategorized" for r in self.recs}
+
+    @property
+    def has_cats(self) -> bool:
+        return any(r.category is not None for r in self.recs)
+
+
+def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
+              log: Callable[[str], None] | None = None) -> dict:
+    """Run the bench, store it as benches/<id>; returns the results (see RESULTS_SCHEMA).
+    report: messages and the progress bar (log: a message callback instead)."""
+    from specctl.models.checkpoint import resolve_model
+    from specctl.models.loader import load_model
+
+    report = reporter(report, log)
+    log = report.log
+    recs, input_desc, input_sha = _load_prompts(cfg, store, log)
+    model_dir = resolve_model(cfg.model, store, log=log)
+    tk = Tokenization(model_dir, cfg.chat)
+    model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+                       attention=cfg.attention)
+    warn_flex_off_cuda(model, log)
+    b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
+    b.max_len = _max_len(b, input_desc)
+    _methods(b)
+    need_ref = 1 not in cfg.batch_sizes
+    progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
+                                        + int(need_ref))
+    reference, ref_b1 = "ar at batch size 1 (timed)", None
+    if need_ref:
+        progress.update(info="ar b1 (reference outputs, untimed)")
+        ref_b1 = b.runners["ar"].run(recs, 1, cfg.max_tokens).outputs
+        progress.update(advance=1)
+        reference = "ar at batch size 1 (one untimed reference run)"
+    _time(b)
+    rows, cat_rows, ar_out, ref_b1 = _rows(b, ref_b1)
+    _analyze_divergence(b, rows, ar_out, ref_b1)
+    progress.close()
+    return _store(b, rows, cat_rows, reference, input_desc, input_sha)
+
+
+def _max_len(b: _Bench, input_desc: str) -> int:
+    """KV rows per slot: the longest request's need, within the model's context."""
+    ctx = b.model.cfg.max_position
+    need = 16
+    for r in (to_request(rec, b.cfg.max_tokens) for rec in b.recs):
+        n, rows = kv_rows(b.tk, r)
+        if n >= ctx:
+            raise SpecctlError(f"{input_desc}:{b.recs[r.index].line_no}: prompt is {n} tokens, "
+                               f"longer than the model's context ({ctx})")
+        need = max(need, rows)
+    return min(ctx, need + 32)
+
+
+def _skip(b: _Bench, m: str, batch_size: int | None, reason: str) -> None:
+    b.skipped.append({"method": m, "batch_size": batch_size, "reason": reason})
+    where = f" at batch size {batch_size}" if batch_size is not None else ""
+    b.log(f"skipping {m}{where}: {reason}")
+
+
+def _methods(b: _Bench) -> None:
+    """Which (method, batch size) run, which are skipped and why; ar first."""
+    cfg, dev, log = b.cfg, b.model.device, b.log
+    methods = list(cfg.methods)
+    if "ar" not in methods:
+        methods.insert(0, "ar")
+        log("ar is added: it is the baseline for speedups and outputs")
+    else:
+        methods.remove("ar")
+        methods.insert(0, "ar")
+    hf_model = None
+    for m in methods:
+        if m in PEERS:
+            if m == "hf-static" and dev.type != "cuda":
+                _skip(b, m, None, "transformers' static-cache (compiled) generate is measured "
+                      "on CUDA only")
+                continue
+            if m == "hf-prompt-lookup" and 1 not in cfg.batch_sizes:
+                continue   # skipped below, per batch size
+            if hf_model is None:
+                try:
+                    hf_model = _load_hf(b.model_dir, b.model, log)
+                except SpecctlError as e:
+                    _skip(b, m, None, str(e))
+                    continue
+            b.runners[m] = HFMethod(m, hf_model, b.tk, dev)
+        else:
+            try:
+                b.runners[m] = SpecctlMethod(cfg, m, b.model, b.model_dir, b.tk, b.store,
+                                             b.max_len, log)
+            except SpecctlError as e:
+                _skip(b, m, None, str(e))
+    for bs in sorted(set(cfg.batch_sizes)):
+        for m in methods:
+            if m == "hf-prompt-lookup" and bs != 1:
+                _skip(b, m, bs, "transformers' prompt lookup decoding supports batch size 1 only")
+                continue
+            if m in b.runners:   # else its artifact is missing (said above)
+                b.plan.append((m, bs))
+
+
+def _time(b: _Bench) -> None:
+    """Per batch size: every method's warm-up, then the repeats round-robin over the methods
+    (drift and background load hit every method alike)."""
+    cfg, dev, progress = b.cfg, b.model.device, b.progress
+    for bs in sorted(set(cfg.batch_sizes)):
+        here = [m for m, bb in b.plan if bb == bs]
+        for m in here:
+            for w in range(cfg.warmup):
+                progress.update(info=f"{m} b{bs}  warm-up {w + 1}/{cfg.warmup}")
+                if m == "hf-static" or (dev.type == "cuda" and w == 0):
+                    # compiled / graph-captured paths: warm up once on the timed shapes, so the
+                    # timed runs replay instead of compiling or capturing
+                    b.runners[m].run(b.recs, bs, cfg.max_tokens)
+                else:
+                    b.runners[m].run(b.recs[:bs], bs, min(cfg.max_tokens, WARMUP_TOKENS))
+                progress.update(advance=1)
+        for k in range(cfg.repeats):
+            for m in here:
+                progress.update(info=f"{m} b{bs}  repeat {k + 1}/{cfg.repeats}")
+                base_mb = 0.0
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                    base_mb = torch.cuda.memory_allocated(dev) / 2**20
+                b.runs_of.setdefault((m, bs), []).append(b.runners[m].run(b.recs, bs,
+                                                                          cfg.max_tokens))
+                p = round(peak_mb(dev), 1)
+                b.peak[(m, bs)] = max(b.peak.get((m, bs), 0.0), p)
+                if dev.type == "cuda":
+                    b.extra[(m, bs)] = max(b.extra.get((m, bs), 0.0), round(p - base_mb, 1))
+                progress.update(advance=1)
+
+
+def _row(b: _Bench, m: str, bs: int) -> dict:
+    runs = b.runs_of[(m, bs)]
+    first = runs[0]
+    tps = [r.new_tokens / r.wall if r.wall > 0 else 0.0 for r in runs]
+    row = {"method": m, "engine": b.runners[m].engine, "batch_size": bs,
+           "requests": len(first.outputs), "new_tokens": first.new_tokens, "steps": None,
+           "tokens_per_s": spread(tps), "wall_s": {"median": round(statistics.median(
+               r.wall for r in runs), 4), "runs": [round(r.wall, 4) for r in runs]},
+           "speedup_vs_ar": None, "mean_accepted_tokens": None, "acceptance_rate": None,
+           "ctar": None, "zero_accept_share": None, "padding_ratio": None,
+           "peak_memory_mb": b.peak[(m, bs)], "run_memory_mb": b.extra.get((m, bs)),
+           "matches_ar": None, "matches_ar_b1": None,
+           "mismatch": None,
+           "repeats_identical": all(r.outputs == first.outputs for r in runs[1:])}
+    if row["engine"] == "specctl":
+        row.update(accept_numbers(b.cfg.generate_config(m, bs), first.lines, first.stats,
+                                  b.model.device))
+    return row
+
+
+def _rows(b: _Bench, ref_b1):
+    """One row per (method, batch size), compared with ar; per-category rows."""
+    log = b.log
+    rows, cat_rows = [], []
+    ar_rows: dict[int, dict] = {}
+    ar_out: dict[int, dict] = {}
+    ar_cat: dict[int, dict[str, float]] = {}
+    for m, bs in b.plan:
+        label = f"{m} b{bs}"
+        runs = b.runs_of[(m, bs)]
+        first = runs[0]
+        row = _row(b, m, bs)
+        if m == "ar":
+            ar_rows[bs], ar_out[bs] = row, first.outputs
+            if bs == 1:
+                ref_b1 = first.outputs
+        base = ar_rows.get(bs)
+        if base and base["tokens_per_s"]["median"]:
+            row["speedup_vs_ar"] = round(row["tokens_per_s"]["median"] /
+                                         base["tokens_per_s"]["median"], 4)
+        d_same = compare(first.outputs, ar_out[bs], f"ar b{bs}")
+        d_b1 = compare(first.outputs, ref_b1, "ar b1")
+        row["matches_ar"], row["matches_ar_b1"] = d_same is None, d_b1 is None
+        row["mismatch"] = d_same or d_b1
+        if not row["repeats_identical"]:
+            log(f"{label}: the repeats did not produce identical tokens")
+        if row["engine"] == "specctl" and (row["mismatch"] or not row["repeats_identical"]):
+            log(f"{label}: outputs differ from {row['mismatch']['vs'] if row['mismatch'] else 'its first repeat'}")
+        rows.append(row)
+        if b.has_cats:
+            cat_rows += _category_rows(b, m, bs, ar_cat)
+        log(f"{label}: {row['tokens_per_s']['median']:.1f} tokens/s"
+            + (f", {row['speedup_vs_ar']:.2f}x ar" if row["speedup_vs_ar"] else "")
+            + (f", mean accepted tokens {row['mean_accepted_tokens']}"
+               if row["mean_accepted_tokens"] is not None else ""))
+    return rows, cat_rows, ar_out, ref_b1
+
+
+def _category_rows(b: _Bench, m: str, bs: int, ar_cat: dict) -> list[dict]:
+    cats, runs = b.cats, b.runs_of[(m, bs)]
+    first = runs[0]
+    per_run = [_category_tps(r, cats) for r in runs]
+    if m == "ar":
+        ar_cat[bs] = {c: statistics.median(p[c] for p in per_run) for c in per_run[0]}
+    out = []
+    for c in per_run[0]:
+        idx = [i for i in first.outputs if cats[i] == c]
+        cr = {"method": m, "batch_size": bs, "category": c, "requests": len(idx),
+              "new_tokens": sum(len(a) for i in idx for a in first.outputs[i]),
+              "tokens_per_s": spread([p[c] for p in per_run]), "speedup_vs_ar": None,
+              "mean_accepted_tokens": None, "ctar": None, "zero_accept_share": None}
+        ar_c = ar_cat.get(bs, {}).get(c)
+        if ar_c:
+            cr["speedup_vs_ar"] = round(cr["tokens_per_s"]["median"] / ar_c, 4)
+        if b.runners[m].engine == "specctl":
+            sub = [l for l in first.lines if cats[l["index"]] == c]
+            a = accept_numbers(b.cfg.generate_config(m, bs), sub, None, b.model.device)
+            cr.update({k: a[k] for k in ("mean_accepted_tokens", "ctar", "zero_accept_share")})
+        out.append(cr)
+    return out
+
+
+def _analyze_divergence(b: _Bench, rows: list[dict], ar_out: dict, ref_b1) -> None:
+    """After every timed run (the analysis runs the model on its own cache): where a row
+    differs, how close to a tie the model was at each first differing token."""
+    model, log = b.model, b.log
+    for row in rows:
+        m, bs = row["method"], row["batch_size"]
+        runs = b.runs_of[(m, bs)]
+        try:
+            if row["mismatch"]:
+                vs = row["mismatch"]["vs"]
+                ref, got = (ar_out[bs] if vs == f"ar b{bs}" else ref_b1), runs[0].outputs
+            elif not row["repeats_identical"]:
+                vs = "its first repeat"
+                ref = runs[0].outputs
+                got = next(r.outputs for r in runs[1:] if r.outputs != ref)
+            else:
+                continue
+            gaps = divergence_gaps(model, b.tk.render, b.recs, got, ref)
+        except Exception as e:   # noqa: BLE001 - a diagnosis must not cost the timed results
+            log(f"{m} b{bs}: the divergence analysis failed ({type(e).__name__}: {e})")
+            continue
+        steps = [g["steps"] for g in gaps]
+        if gaps and None not in steps:
+            row["divergence"] = {
+                "vs": vs, "differing": sum(1 for i in ref if got.get(i) != ref[i]),
+                "analyzed": len(gaps), "max_gap": max(abs(g["gap"]) for g in gaps),
+                "max_steps": max(steps), "gaps": gaps}
+            d = row["divergence"]
+            log(f"{m} b{bs}: first divergences from {vs} at logit gaps up to {d['max_gap']:.3g} "
+                f"({d['max_steps']:g} rounding steps of the top logit in "
+                f"{str(model.dtype).replace('torch.', '')}; {d['analyzed']} of {d['differing']} "
+                "differing sequences read: first answers only)")
+
+
+def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha: str) -> dict:
+    from specctl.models.fingerprint import model_fingerprint
+
+    cfg, dev, model = b.cfg, b.model.device, b.model
+    ok = all(r["matches_ar"] and r["matches_ar_b1"] and r["repeats_identical"]
+             for r in rows if r["engine"] == "specctl")
+    bench_id = new_id("bench-")
+    res = {"schema": 1, "id": bench_id, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "config": asdict(cfg), "input": input_desc, "input_sha256": input_sha,
+           "prompts": len(b.recs),
+           "categories": sorted(set(b.cats.values())) if b.has_cats else [],
+           "model": str(b.model_dir), "model_fingerprint": model_fingerprint(b.model_dir),
+           "device": str(dev), "dtype": str(model.dtype).replace("torch.", ""), "env": _env(dev),
+           "peak_memory_kind": "cuda_max_allocated" if dev.type == "cuda"
+           else "process_rss_high_water", "reference": reference,
+           "skipped": b.skipped, "rows": rows, "category_rows": cat_rows, "ok": ok}
+    manifest = make_manifest("bench", bench_id, input=input_desc, input_sha256=input_sha,
+                             model=str(b.model_dir), model_fingerprint=res["model_fingerprint"],
+                             config=asdict(cfg), device=res["device"], ok=ok)
+    with b.store.building("benches", bench_id, manifest) as d:
+        atomic_write_json(d / "results.json", res)
+        atomic_write_text(d / "table.md", markdown([res]))
+    res["path"] = str(b.store.path("benches", bench_id))
+    return res
+
+
+def mismatch_error(res: dict) -> SpecctlError | None:
+    bad = []
+    for r in res["rows"]:
+        if r["engine"] != "specctl":
+            continue
+        if r["mismatch"]:
+            mm = r["mismatch"]
+            f = mm["first"]
+            bad.append(f"{r['method']} b{r['batch_size']} vs {mm['vs']}: {mm['prompts']} of "
+                       f"{mm['of']} prompts (first: prompt {f['index']}, turn {f['turn']}, "
+                       f"token {f['token']})")
+        elif not r["repeats_identical"]:
+            bad.append(f"{r['method']} b{r['batch_size']}: repeats gave different tokens")
+    if not bad:
+        return None
+    if res.get("dtype") not in ("float32", "torch.float32", "fp32"):
+        # bf16/fp16: a forward over a different number of tokens (or another batch shape)
+        # rounds differently, so near-ties can flip and the text diverges from there on. That
+        # is reported (match rate per row), not an error: fp32 is the exact lossless check.
+        return None
+    return SpecctlError("outputs differ from ar greedy: " + "; ".join(bad) +
+                        f" (results stored in {res.get('path', 'the store')})", exit_code=1)

@@ -1,0 +1,144 @@
+"""`specctl bench` and `specctl report`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from specctl.cli.common import (AdapterOpt, AlphaOpt, AttentionOpt, BranchesOpt, BranchLenOpt,
+                                CorpusOpt, Gamma0Opt, GraphsOpt, MaxDraftOpt, RichReporter,
+                                SkipSetOpt, StoreOpt, _stdout, app, console, friendly)
+from specctl.errors import SpecctlError
+from specctl.store import Store
+
+
+def _print_bench(res: dict) -> None:
+    from specctl import bench as b
+
+    out = _stdout()
+    t = Table(title=escape(b.title(res)), title_justify="left")
+    for col in b.TABLE_COLUMNS:
+        t.add_column(col, justify="left" if col in ("method", "= ar") else "right",
+                     overflow="fold")
+    for row in b.table_rows(res):
+        t.add_row(*(escape(x) for x in row))
+    out.print(t)
+    if res.get("category_rows"):
+        t = Table(title="per category (time attributed by residency in a slot)",
+                  title_justify="left")
+        for col in b.CATEGORY_COLUMNS:
+            t.add_column(col, justify="left" if col in ("category", "method") else "right",
+                         overflow="fold")
+        for row in b.category_rows(res):
+            t.add_row(*(escape(x) for x in row))
+        out.print(t)
+    for n in b.notes(res):
+        out.print(n, highlight=False, markup=False)
+
+
+@app.command(epilog="Examples:\n\n  specctl bench prompts.jsonl --methods ar,draft-verify,hf "
+                    "--batch-sizes 1,8\n\n"
+                    "  specctl bench mt_bench.jsonl --max-tokens 256 --repeats 3\n\n"
+                    "  specctl bench --limit 16 --methods ar,hf,hf-prompt-lookup --batch-sizes 1")
+@friendly
+def bench(
+    input: Optional[Path] = typer.Argument(None, help="JSONL prompts (a 'category' field gives "
+                                           "per-category rows); default: ShareGPT first turns."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
+    methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
+                                help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
+                                "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
+                                "self-draft:no-context, self-draft:prompt-grams, self-draft:light."),
+    batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed warm-up runs before them."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts "
+                                        "(ShareGPT default: 16)."),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
+    seed: int = typer.Option(0, "--seed"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
+    attention: str = AttentionOpt,
+    cuda_graphs: bool = GraphsOpt,
+    skip_set: Optional[str] = SkipSetOpt,
+    max_draft: int = MaxDraftOpt,
+    gamma0: float = Gamma0Opt,
+    alpha: float = AlphaOpt,
+    adapter: Optional[str] = AdapterOpt,
+    corpus_cache: Optional[str] = CorpusOpt,
+    branches: int = BranchesOpt,
+    branch_len: int = BranchLenOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Benchmark methods side by side on the same prompts, ar included: tokens/s, speedup,
+    acceptance, memory, outputs checked against ar."""
+    from specctl.bench import BenchConfig, mismatch_error, parse_list, run_bench
+
+    cfg = BenchConfig(str(input) if input else None, model, parse_list(methods, "--methods"),
+                      parse_list(batch_sizes, "--batch-sizes", int), max_tokens, repeats, warmup,
+                      limit, chat, seed, device, dtype, attention=attention,
+                      cuda_graphs=cuda_graphs,
+                      method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
+                                          alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
+                                          branches=branches, branch_len=branch_len))
+    rep = RichReporter(bars=not quiet)
+    try:
+        res = run_bench(cfg, Store(store), rep)
+    except KeyboardInterrupt:
+        rep.stop()
+        console.print("[yellow]interrupted[/]: a bench run is stored only once it is complete")
+        raise typer.Exit(130)
+    finally:
+        rep.stop()
+    _print_bench(res)
+    console.print(f"bench: {res['path']}", highlight=False, markup=False)
+    err = mismatch_error(res)
+    if err is not None:
+        raise err
+
+
+@app.command(epilog="Examples:\n\n  specctl report\n\n"
+                    "  specctl report bench-20261122 --md BENCH.md\n\n"
+                    "  specctl report --all --plots plots/")
+@friendly
+def report(
+    runs: list[str] = typer.Argument(None, help="Bench run ids or unique prefixes "
+                                     "(default: the latest)."),
+    all_runs: bool = typer.Option(False, "--all", help="Every stored bench run."),
+    md: Optional[Path] = typer.Option(None, "--md", help="Also write the tables as markdown."),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Folder for the PNG plots "
+                                         "(default: each bench run's folder in the store)."),
+    no_plots: bool = typer.Option(False, "--no-plots", help="Tables only."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Tables (and PNG plots) of stored bench runs."""
+    from specctl import bench as b
+
+    results = b.load_benches(Store(store), list(runs or []), all_runs)
+    for res in results:
+        _print_bench(res)
+    if md is not None:
+        if md.is_dir():
+            raise SpecctlError(f"--md {md} is a directory; pass a file path")
+        from specctl.store import atomic_write_text
+        atomic_write_text(md, b.markdown(results))
+        console.print(f"markdown: {md}", highlight=False, markup=False)
+    if no_plots:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        console.print("[yellow]matplotlib is not installed[/] (pip install 'specctl[plot]'): "
+                      "no plots written")
+        return
+    for res in results:
+        where = plots if plots is not None else Path(res["path"])
+        prefix = f"{res['id']}-" if plots is not None else ""
+        for p in b.write_plots(res, where, prefix):
+            console.print(f"plot: {p}", highlight=False, markup=False)

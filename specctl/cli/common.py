@@ -1,0 +1,185 @@
+"""What every command shares: the typer apps, the consoles, option definitions, the
+error wrapper (`friendly`) and the Reporter that draws progress with rich."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+from rich.text import Text
+
+from specctl.errors import SpecctlError
+from specctl.reporting import Reporter, Task
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Self-speculative decoding for Llama-family LLMs: batched, lossless.")
+models_app = typer.Typer(no_args_is_help=True, help="Obtain and inspect models.")
+store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored artifacts.")
+app.add_typer(models_app, name="models")
+app.add_typer(store_app, name="store")
+
+console = Console(stderr=True)
+
+
+def _stdout() -> Console:
+    """Tables and JSON on stdout: as wide as the terminal, or unbounded when piped (a table
+    cut to 80 columns folds every cell in a log)."""
+    return Console() if sys.stdout.isatty() else Console(width=1000)
+
+
+def _log(msg: str) -> None:
+    """Progress messages from below the CLI: plain text (paths may contain [brackets])."""
+    console.print(msg, highlight=False, markup=False)
+
+
+def _warn(msg: str) -> None:
+    console.print(f"[yellow]warning[/]: {escape(msg)}", highlight=False, soft_wrap=True)
+
+
+StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
+AttentionOpt = typer.Option("sdpa", "--attention", help="Attention backend: sdpa (default) or "
+                            "flex (FlexAttention with block masks read in place from the KV "
+                            "cache, compiled on CUDA; on a CPU only the slow reference).")
+GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, replay decoding "
+                         "steps from captured CUDA graphs (off: every forward runs eagerly).")
+# draft-verify's options, shared by generate and bench
+_DV = "draft-verify"
+SkipSetOpt = typer.Option(None, "--skip-set", help="Skip set FILE or store ID (default: the "
+                          "model's best stored one).", rich_help_panel=_DV)
+MaxDraftOpt = typer.Option(12, "--max-draft", help="K, most drafts per step.", rich_help_panel=_DV)
+Gamma0Opt = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.", rich_help_panel=_DV)
+AlphaOpt = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adaptive threshold.",
+                        rich_help_panel=_DV)
+EpsOpt = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel=_DV)
+Beta1Opt = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.", rich_help_panel=_DV)
+Beta2Opt = typer.Option(0.9, "--beta2", help="Threshold smoothing.", rich_help_panel=_DV)
+# kangaroo's
+_KG = "kangaroo"
+AdapterOpt = typer.Option(None, "--adapter", help="Adapter DIR or store ID (default: the model's "
+                          "best stored one).", rich_help_panel=_KG)
+EtaOpt = typer.Option(0.6, "--eta", help="Stop drafting when the draft's top-1 probability <= eta.",
+                      rich_help_panel=_KG)
+KGammaOpt = typer.Option(6, "--kangaroo-gamma", help="Most drafts per step.", rich_help_panel=_KG)
+# self-draft's
+_SD = "self-draft"
+CorpusOpt = typer.Option(None, "--corpus-cache", help="Corpus n-gram cache DIR or store ID "
+                         "(default: the newest for the model's tokenizer; 'none' = off).",
+                         rich_help_panel=_SD)
+BranchesOpt = typer.Option(6, "--branches", help="N, draft branches per sequence.", rich_help_panel=_SD)
+BranchLenOpt = typer.Option(6, "--branch-len", help="L, most tokens per branch.", rich_help_panel=_SD)
+GramOpt = typer.Option(4, "--gram", help="G, tokens per context-cache candidate.", rich_help_panel=_SD)
+CtxCandsOpt = typer.Option(10, "--context-cands", help="Most candidates from the context cache "
+                           "per step.", rich_help_panel=_SD)
+CorpusCandsOpt = typer.Option(3, "--corpus-cands", help="Most candidates from the corpus cache "
+                              "per step.", rich_help_panel=_SD)
+NoCorpusOpt = typer.Option(False, "--no-corpus-cache", help="Ablation: no corpus-cache candidates.",
+                           rich_help_panel=_SD)
+NoContextOpt = typer.Option(False, "--no-context-cache", help="Ablation: no context-cache "
+                            "candidates (branches still run).", rich_help_panel=_SD)
+PromptGramsOpt = typer.Option(False, "--prompt-grams", help="Also seed the context cache with the "
+                              "prompt's grams (a specctl addition, not in the paper).",
+                              rich_help_panel=_SD)
+
+
+def friendly(fn):
+    """Turn SpecctlError (and Ctrl-C) into a one-line message and an exit code."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except SpecctlError as e:   # escape: paths and messages may contain [brackets]
+            console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code)
+        except OSError as e:   # the environment: a path that is a file, no space, no permission
+            where = e.filename2 or e.filename
+            msg = f"{where}: {e.strerror}" if where and e.strerror else str(e)
+            console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted[/]: what was finished is kept in the store; "
+                          "generate and search-skip continue from it with --resume")
+            raise typer.Exit(130)
+    return wrapper
+
+
+class _Counts(ProgressColumn):
+    """'done/total' for tasks that count items (not bytes)."""
+
+    def render(self, task) -> Text:
+        if not task.fields.get("counts", True):
+            return Text("")
+        total = "?" if task.total is None else f"{task.total:g}"
+        return Text(f"{task.completed:g}/{total}")
+
+
+class _RichTask(Task):
+    def __init__(self, owner: "RichReporter", task_id):
+        self.owner, self.id, self.closed = owner, task_id, False
+
+    def update(self, *, advance: int = 0, completed: int | None = None,
+               total: int | None = None, info: str | None = None) -> None:
+        kw: dict = {}
+        if completed is not None:
+            kw["completed"] = completed
+        if total is not None:
+            kw["total"] = total
+        if info is not None:
+            kw["info"] = escape(info)
+        if advance:
+            kw["advance"] = advance
+        self.owner.p.update(self.id, **kw)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.owner._closed()
+
+
+class RichReporter(Reporter):
+    """The CLI's Reporter: messages on stderr, tasks as rich progress bars (none when
+    `bars` is False). A display lives while any of its tasks is open."""
+
+    def __init__(self, bars: bool = True, talk: bool = True):
+        super().__init__(_log if talk else None)
+        self.bars, self.p, self.open = bars, None, 0
+
+    def section(self, title: str) -> None:
+        console.rule(f"[bold]{escape(title)}")
+
+    def task(self, label: str, total: int | None = None, completed: int = 0, info: str = "",
+             counts: bool = True) -> Task:
+        if not self.bars:
+            return Task()
+        if self.p is None:
+            self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), _Counts(),
+                              TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                              TimeRemainingColumn(), console=console)
+            self.p.start()
+        self.open += 1
+        return _RichTask(self, self.p.add_task(escape(label), total=total, completed=completed,
+                                               info=escape(info), counts=counts))
+
+    def _closed(self) -> None:
+        self.open -= 1
+        if self.open == 0:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.p is not None:
+            self.p.stop()
+            self.p = None
+            self.open = 0
+
+
+def _with_bars(fn, *args, bars: bool = True, **kw):
+    """fn(*args, report, **kw) with the CLI's reporter, its bars stopped however fn ends."""
+    rep = RichReporter(bars=bars)
+    try:
+        return fn(*args, rep, **kw)
+    finally:
+        rep.stop()

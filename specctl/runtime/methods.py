@@ -1,0 +1,64 @@
+"""The decoding methods' drafters: `make_drafter` builds the one a config names, with its
+artifact (skip set, adapter, corpus cache) found in the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.models.fingerprint import model_fingerprint
+from specctl.runtime.artifacts import (describe_skip_set, resolve_adapter, resolve_corpus_cache,
+                                       resolve_skip_set)
+from specctl.runtime.config import GenerateConfig
+from specctl.spec.drafter import NoDraft
+from specctl.store import Store
+
+
+def warn_flex_off_cuda(model, log) -> None:
+    if model.attention == "flex" and model.device.type != "cuda":
+        log("--attention flex: off CUDA this is PyTorch's unfused reference (slow, and its "
+            "memory grows with the whole KV cache); it is meant for CUDA")
+
+
+def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log):
+    """The method's drafter, with its artifact found in the store (and said which)."""
+    if cfg.method == "ar":
+        return NoDraft()
+    if cfg.method == "kangaroo":
+        from specctl.spec.kangaroo import KangarooDrafter, KangarooParams
+        adapter, where = resolve_adapter(cfg.adapter, store, model_fingerprint(model_dir), model)
+        log(f"kangaroo: adapter {where} (exit layer {adapter.l})")
+        try:
+            prm = KangarooParams(cfg.eta, cfg.kangaroo_gamma)
+        except ValueError as e:
+            raise SpecctlError(f"kangaroo: {e}") from None
+        return KangarooDrafter(model, adapter, cfg.sampling(), prm)
+    if cfg.method == "self-draft":
+        from specctl.spec.self_draft import SelfDraftDrafter
+        prm = cfg.self_draft_params()
+        corpus, cid = None, None
+        if prm.corpus_cache:
+            from specctl.spec.corpus_cache import CorpusCache
+            path = resolve_corpus_cache(store, model_dir, cfg.corpus_cache, log)
+            if path is None:
+                log("self-draft: no corpus cache for this model's tokenizer in the store "
+                    "(build one with `specctl build-cache`); drafting from the context cache only")
+            else:
+                corpus, cid = CorpusCache.load(path), Path(path).name
+                if cfg.corpus_cache:   # (the resolver names the one it picks by itself)
+                    log(f"self-draft: corpus cache {path}")
+        if model.device.type == "cpu" and prm.branches:
+            log("self-draft: on a CPU the ~90 extra branch and candidate tokens per sequence and "
+                "step cost real compute (0.2-0.6x of ar on a 2-core CPU, see docs/benchmarks.md); it pays "
+                "on a GPU. On a CPU at batch 1 try --prompt-grams --branches 0 --context-cands 4 "
+                "--corpus-cands 1 (break-even to about 1.1x of ar there, with a corpus cache "
+                "close to the prompts)")
+        return SelfDraftDrafter(prm, corpus, cid)
+    if cfg.method != "draft-verify":
+        raise SpecctlError(f"unknown method {cfg.method!r}")
+    from specctl.spec.draft_verify import LayerSkipDrafter
+
+    skip, where = resolve_skip_set(cfg.skip_set, store, model_fingerprint(model_dir),
+                                   model.cfg.num_layers)
+    log(f"draft-verify: skip set {where}: {describe_skip_set(skip)}")
+    return LayerSkipDrafter(model, skip, cfg.sampling(), cfg.exit_params())

@@ -1,0 +1,139 @@
+"""A run's record files: crash safety and --resume.
+
+Every finished request is appended to `runs/<id>/records.jsonl` (flushed and fsynced) the moment
+it finishes, so Ctrl-C or a crash loses nothing already generated; a resumed run (same input file
+contents and settings) skips the requests it already has. Several processes share one run
+directory: rank r appends to `records.rank<r>.jsonl`. What a run has done is the union of all its
+record files, so --resume works with any number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from specctl.io.prompts import PromptRecord, read_prompts
+from specctl.runtime.config import UNKEYED, GenerateConfig
+from specctl.runtime.dist import DistEnv
+from specctl.runtime.sequence import Request
+from specctl.runtime.tokenization import require_raw_prompts
+from specctl.store import Store
+
+
+def read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
+    """The prompt records of a generate run (the first --limit lines; bad ones kept with
+    --skip-bad)."""
+    records = read_prompts(in_path, skip_bad=cfg.skip_bad, limit=cfg.limit)
+    if not cfg.chat:
+        require_raw_prompts(records, in_path)
+    return records
+
+
+def output_line(req: Request) -> dict:
+    out = dict(req.meta)
+    out["text"] = req.answers[-1] if len(req.answers) == 1 else req.answers[0]
+    if len(req.answers) > 1:
+        out["turns"] = list(req.answers)
+    new = sum(len(a) for a in req.answer_ids)
+    out.update(new_tokens=new, steps=req.steps, prompt_tokens=req.prompt_tokens,
+               mean_accepted=round(new / req.steps, 4) if req.steps else 0.0,
+               accept_lengths=req.accept_lengths, draft_lengths=req.draft_lengths,
+               finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
+               wall_time_s=round(req.wall_time, 4))
+    return out
+
+
+def _read_records(path: Path) -> dict[int, dict]:
+    done: dict[int, dict] = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                r = json.loads(line)
+                done[int(r["index"])] = r
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue   # a line torn by a crash: that request is simply redone
+    return done
+
+
+def _torn_tail(path: Path) -> bool:
+    """True when `path` is non-empty and its last line has no newline (a write cut short)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:   # missing or empty
+        return False
+
+
+def find_resumable(store: Store, key: str) -> Path | None:
+    best = None
+    for e in store.entries("runs"):
+        if e.manifest.get("key") == key and (best is None or e.manifest.get("created", "") >
+                                             best.manifest.get("created", "")):
+            best = e
+    return best.path if best else None
+
+
+def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
+    """The run's finished requests among the lines read (all of them, unless --limit)."""
+    read = {r.index for r in records}
+    return {i: r for i, r in read_all_records(run_dir).items() if i in read}
+
+
+def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
+    """For a --resume that found nothing: the newest run of the same input, and what differs."""
+    runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
+    if not runs:
+        return ""
+    e = max(runs, key=lambda e: e.manifest.get("created", ""))
+    old, new = e.manifest.get("config") or {}, asdict(cfg)
+    diff = [k for k in new if k not in UNKEYED and k in old
+            and json.dumps(old[k]) != json.dumps(new[k])]
+    why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else
+           "the model, the kind of device or dtype it runs in, or the method's artifact (skip "
+           "set, adapter, corpus cache)")
+    return f" (the newest run of this input, {e.path.name}, differs in: {why})"
+
+
+def record_file(run_dir: Path, env: DistEnv) -> Path:
+    """Where this process appends its finished requests: `records.jsonl` for a single process,
+    `records.rank<r>.jsonl` for rank r of several (each rank appends to its own file only)."""
+    return run_dir / (f"records.rank{env.rank}.jsonl" if env.active else "records.jsonl")
+
+
+def read_all_records(run_dir: Path) -> dict[int, dict]:
+    """The union of a run's record files, whatever world size(s) wrote them: `records.jsonl`
+    and every `records.rank<r>.jsonl`. That union is what a resumed run has done."""
+    done: dict[int, dict] = {}
+    for f in sorted(run_dir.glob("records*.jsonl")):
+        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
+            done.update(_read_records(f))
+    return done
+
+
+class RecordWriter:
+    """This process's record file: one JSON line appended, flushed and fsynced per finished
+    request (a torn last line left by a crash is ended first, so nothing is glued onto it)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        torn = _torn_tail(path)
+        self.fh = open(path, "a", encoding="utf-8")
+        if torn:
+            self.fh.write("\n")
+
+    def persist(self, line: dict, token_ids=None) -> None:
+        self.fh.write(json.dumps({**line, **({"token_ids": token_ids} if token_ids else {})},
+                                 ensure_ascii=False) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def size(self) -> int:
+        self.fh.flush()
+        return os.fstat(self.fh.fileno()).st_size
+
+    def close(self) -> None:
+        self.fh.close()
