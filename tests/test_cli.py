@@ -253,6 +253,8 @@ def test_unwritable_paths(tmp_path, prompts_file, tiny_llama):
     (["--top-p", "1.5"], "--top-p"),
     (["--temperature", "-1"], "--temperature"),
     (["--top-k", "-1"], "--top-k"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--stop", ""], "--stop"),
     (["--method", "nope"], "nope"),
     (["--dtype", "fp8"], "fp8"),
     (["--device", "tpu9"], "tpu9"),
@@ -270,6 +272,12 @@ def test_flex_attention_gives_the_same_answers(tmp_path, baseline, prompts_file,
     assert "meant for CUDA" in r.output
     got = [l["text"] for l in read_jsonl(tmp_path / "o.jsonl")]
     assert got == [l["text"] for l in baseline["lines"]]
+
+
+def test_version():
+    from specctl import __version__
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"specctl {__version__}"
 
 
 def test_option_type_errors_are_usage_errors(tmp_path, prompts_file, tiny_llama):

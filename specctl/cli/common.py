@@ -23,6 +23,19 @@ store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored
 app.add_typer(models_app, name="models")
 app.add_typer(store_app, name="store")
 
+
+def _version(show: bool) -> None:
+    if show:
+        from specctl import __version__
+        typer.echo(f"specctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Self-speculative decoding for Llama-family LLMs: batched, lossless."""
+
 console = Console(stderr=True)
 
 

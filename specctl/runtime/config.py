@@ -95,6 +95,8 @@ class GenerateConfig:
             raise SpecctlError("--max-tokens must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
+        if any(s == "" for s in self.stop):
+            raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
         check_attention(self.attention)
         self.exit_params()
         self.self_draft_params()
