@@ -411,6 +411,23 @@ def test_resume_tolerates_torn_last_line(prompts_file, tiny_llama, baseline, tmp
     assert count_generated == []
 
 
+def test_resume_redoes_an_invalid_record(prompts_file, tiny_llama, baseline, tmp_path,
+                                         count_generated):
+    """A records.jsonl line that parses but is not a finished request's record (edited, or
+    from elsewhere) is redone like a torn line, not a KeyError."""
+    store, run, kept = _crash(baseline, tmp_path, keep_torn=False)
+    rec = run / "records.jsonl"
+    bad = sorted(set(range(len(baseline["lines"]))) - kept)[0]
+    with rec.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"index": bad, "foo": "bar"}) + "\n")
+        f.write(json.dumps([1, 2]) + "\n")
+    count_generated.clear()
+    out = tmp_path / "resumed.jsonl"
+    ok(generate(prompts_file, out, store, tiny_llama, "--resume"))
+    assert bad in count_generated
+    assert strip_timing(read_jsonl(out)) == strip_timing(baseline["lines"])
+
+
 def test_resume_needs_same_settings(tmp_path, tiny_llama):
     store = tmp_path / "store"
     inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])

@@ -46,15 +46,27 @@ def output_line(req: Request) -> dict:
     return out
 
 
+# what a finished request's record must hold to be taken as done (output_line's fields)
+_RECORD = {"index": int, "text": str, "new_tokens": int, "steps": int, "prompt_tokens": int,
+           "accept_lengths": list, "draft_lengths": list, "wall_time_s": (int, float)}
+
+
+def _valid(r) -> bool:
+    return (isinstance(r, dict) and all(isinstance(r.get(k), t) for k, t in _RECORD.items())
+            and r["index"] >= 0 and all(type(x) is int for x in r["accept_lengths"])
+            and all(type(x) is int for x in r["draft_lengths"]))
+
+
 def _read_records(path: Path) -> dict[int, dict]:
     done: dict[int, dict] = {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 r = json.loads(line)
-                done[int(r["index"])] = r
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            except json.JSONDecodeError:
                 continue   # a line torn by a crash: that request is simply redone
+            if _valid(r):  # (anything else, e.g. an edited line, is redone the same way)
+                done[r["index"]] = r
     return done
 
 
