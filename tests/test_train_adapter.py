@@ -10,6 +10,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
+from helpers import fails
+
 from specctl.cli import app
 from specctl.prep.train_adapter import encode
 
@@ -142,3 +144,29 @@ def test_exit_layer_option_is_checked(tiny_llama, data, tmp_path):
                                      str(tmp_path / "not-read.json" if bad == "4" else data),
                                      "--exit-layer", bad, "--store", str(tmp_path)])
         assert r.exit_code != 0 and "--exit-layer" in r.output, r.output
+
+
+@pytest.mark.parametrize("damage", ["truncated", "shape"])
+def test_damaged_adapter_is_one_line(tiny_llama, tmp_path, damage):
+    """A truncated adapter file or one with the wrong shapes for the model: a one-line error
+    naming the adapter, never a SafetensorError traceback or a shape error mid-step."""
+    from safetensors.torch import save_file
+    from specctl.models.loader import load_model
+    from specctl.spec.kangaroo import Adapter
+    model = load_model(tiny_llama, "cpu", "fp32")
+    w = Adapter.init_from_model(model, 1).w
+    if damage == "shape":
+        w = {**w, "q_proj.weight": w["q_proj.weight"][:, :-1].contiguous()}
+    ad = tmp_path / "ad"
+    ad.mkdir()
+    (ad / "config.json").write_text(json.dumps({"exit_layer": 1}))
+    save_file(w, str(ad / "adapter.safetensors"))
+    if damage == "truncated":
+        f = ad / "adapter.safetensors"
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama), "--method",
+                                 "kangaroo", "--adapter", str(ad), "--store", str(tmp_path / "s"),
+                                 "--max-tokens", "4", "-q"])
+    fails(r, str(ad))

@@ -45,6 +45,10 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                     "(build one with `specctl build-cache`); drafting from the context cache only")
             else:
                 corpus, cid = CorpusCache.load(path), Path(path).name
+                if corpus.max_token() >= model.cfg.vocab_size:   # (drafts index the embedding)
+                    raise SpecctlError(
+                        f"{path}: the n-gram cache holds token id {corpus.max_token()}, past this "
+                        f"model's vocabulary ({model.cfg.vocab_size}): it is not for this model")
                 if cfg.corpus_cache:   # (the resolver names the one it picks by itself)
                     log(f"self-draft: corpus cache {path}")
         if model.device.type == "cpu" and prm.branches:

@@ -271,6 +271,11 @@ class CorpusCache:
             i += 1
         return []
 
+    def max_token(self) -> int:
+        """The largest token id in any key or continuation (-1 when empty)."""
+        return max([int(a.max()) for t in self.tables.values() for a in (t.keys, t.conts)
+                    if a.size] or [-1])
+
     def num_keys(self, k: int | None = None) -> int:
         ks = [k] if k else list(self.tables)
         return sum(int(self.tables[j].hashes.shape[0]) for j in ks)
