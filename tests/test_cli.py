@@ -627,3 +627,25 @@ def test_help_shows_an_example(cmd):
 def test_group_help(cmd):
     r = ok(invoke(*cmd, "--help"))
     assert "Usage" in r.output
+
+
+def test_unwritable_out_fails_before_generating(tmp_path, prompts_file, tiny_llama,
+                                                 count_generated):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    count_generated.clear()
+    r = generate(prompts_file, blocker / "out.jsonl", tmp_path / "store", tiny_llama)
+    fails(r, "--out", "cannot write")
+    assert count_generated == []
+
+
+def test_a_run_in_use_is_not_resumed_twice(prompts_file, tiny_llama, baseline, tmp_path):
+    """While one process holds a run (its lock), a second --resume of it exits with a clear
+    message instead of appending to the same records file."""
+    import fcntl
+    store, run, _ = _crash(baseline, tmp_path, keep_torn=False)
+    with open(run / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume")
+        fails(r, run.name, "in use by another specctl process")
+    ok(generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume"))

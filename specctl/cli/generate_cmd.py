@@ -17,6 +17,16 @@ from specctl.cli.common import (AdapterOpt, AlphaOpt, AttentionOpt, Beta1Opt, Be
 from specctl.errors import SpecctlError
 
 
+def _check_writable(out: Path) -> None:
+    """--out must be writable before the job runs, not found unwritable after it."""
+    import tempfile
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as e:
+        raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+
+
 @app.command(epilog="Examples:\n\n  specctl generate prompts.jsonl --out answers.jsonl\n\n"
                     "  specctl generate mt_bench.jsonl --batch-size 16 --max-tokens 512\n\n"
                     "  specctl generate prompts.jsonl --temperature 0.7 --top-p 0.9 --seed 1")
@@ -87,6 +97,7 @@ def generate(
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
+    _check_writable(out)
     try:
         res = gen.generate_file(input, out, resume=resume)
     except RankStopped as e:   # another rank failed; rank 0 prints why

@@ -58,6 +58,7 @@ class _Job:
     errors: list[dict] = field(default_factory=list)
     writer: RecordWriter | None = None
     plans: list[dict] = field(default_factory=list)
+    lock: object = None                  # rank 0: the open lock file of the run folder
 
     @property
     def lead(self) -> bool:
@@ -82,6 +83,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     (one process: the error is simply raised).
     """
     grp = Group(dist_env()).start()
+    job = None
     try:
         report = (report or QUIET) if grp.env.rank == 0 else QUIET
         job = _Job(cfg, store, grp, report.log, report)
@@ -92,6 +94,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         stats, mine_wall, wall = _generate(job)
         return _finish(job, out, stats, mine_wall, wall)
     finally:
+        if job is not None and job.lock is not None:
+            job.lock.close()   # (releases the run folder)
         grp.close()
 
 
@@ -143,6 +147,20 @@ def _load(job: _Job) -> None:
             if len(set(job.grp.gather(same))) > 1 else None)
 
 
+def _lock(run_dir: Path):
+    """An exclusive lock on a run folder for as long as this job runs: a second process
+    resuming the same run would append to the same records file."""
+    import fcntl
+    f = open(run_dir / ".lock", "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise SpecctlError(f"run {run_dir.name} is in use by another specctl process: let it "
+                           "finish (or stop it), then run this again with --resume") from None
+    return f
+
+
 def _open_run(job: _Job, resume: bool) -> None:
     """Rank 0 opens the run (new, or the one --resume finds) and tells the others."""
     cfg, store, opened, err = job.cfg, job.store, None, None
@@ -153,11 +171,14 @@ def _open_run(job: _Job, resume: bool) -> None:
             if resume and run_dir is None:
                 job.say("no earlier run with this input and these settings; starting a new one"
                         + nearest_run(store, job.input_sha, cfg))
+            if run_dir is not None:
+                job.lock = _lock(run_dir)
             job.done = read_done(run_dir, job.records) if run_dir else {}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
                 run_dir = store.path("runs", run_id)
                 run_dir.mkdir(parents=True)
+                job.lock = _lock(run_dir)
                 atomic_write_json(run_dir / "manifest.json", make_manifest(
                     "run", run_id, key=job.key, input=str(Path(cfg.input).resolve()),
                     input_sha256=job.input_sha, model=str(job.model_dir), config=asdict(cfg)))
@@ -347,5 +368,11 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
         m["model"] = str(job.model_dir)
         atomic_write_json(mpath, m)
     if out is not None:
-        atomic_write_text(out, text)
+        try:
+            atomic_write_text(out, text)
+        except OSError as e:   # the answers are safe in the run: say how to get them out
+            raise SpecctlError(
+                f"could not write {out} ({e.strerror or e}); the answers are stored in run "
+                f"{run_dir.name} ({run_dir / 'outputs.jsonl'}): run the same command with "
+                "--resume and another --out to write them") from None
     return {**result, "out": out, "metrics": m}
