@@ -653,3 +653,16 @@ def test_generate_refuses_a_cache_with_ids_past_the_vocabulary(tmp_path, tiny_ll
                             "self-draft", "--corpus-cache", str(out), "--store",
                             str(tmp_path / "s"), "--max-tokens", "4", "-q"])
     fails(r, "past this model's vocabulary", str(out))
+
+
+def test_links_out_of_a_corpus_folder_are_not_followed(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private words that must not end up in a cache")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog.")
+    (corpus / "inside.txt").symlink_to(corpus / "a.txt")
+    (corpus / "leak.txt").symlink_to(secret)
+    docs, st = read_all([corpus])
+    assert [Path(n).name for n, _ in docs] == ["a.txt", "inside.txt"]
+    assert st.links_outside == 1 and "links to files outside" in st.summary()

@@ -87,6 +87,7 @@ class CorpusStats:
     annotation_files: int = 0       # .xml / .anc skipped
     other_files: int = 0            # neither text nor annotation, skipped
     outside_data: int = 0           # OANC files outside OANC-GrAF/data/, skipped
+    links_outside: int = 0          # symbolic links to files outside the given folder, skipped
     refused_members: int = 0        # unsafe zip member names
     oversize_members: int = 0       # zip members over the size cap
     damaged_members: int = 0        # CRC / decompression errors
@@ -111,6 +112,8 @@ class CorpusStats:
             parts.append(f"{self.other_files} other files skipped")
         if self.outside_data:
             parts.append(f"{self.outside_data} files outside OANC-GrAF/data skipped")
+        if self.links_outside:
+            parts.append(f"{self.links_outside} links to files outside the folder skipped")
         if self.refused_members:
             parts.append(f"{self.refused_members} unsafe zip members refused")
         if self.oversize_members:
@@ -209,11 +212,17 @@ class CorpusReader:
         return plan
 
     def _plan_dir(self, root: Path) -> list[tuple]:
-        files = []
+        """The folder's files, walked in sorted order; a link is followed only to a file inside
+        the folder (a corpus folder must not read, say, ~/.ssh through a planted link)."""
+        files, inside = [], root.resolve()
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames.sort()
             for fn in sorted(filenames):
-                files.append(Path(dirpath) / fn)
+                f = Path(dirpath) / fn
+                if f.is_symlink() and not f.resolve().is_relative_to(inside):
+                    self.stats.links_outside += 1
+                    continue
+                files.append(f)
         rel = [f.relative_to(root).as_posix() for f in files]
         prefix = _oanc_data_prefix(rel)
         if prefix is None and root.name == "OANC-GrAF":
