@@ -529,6 +529,12 @@ def test_cli_end_to_end(tmp_path, oanc_zip, tok_dir):
     r = invoke("store", "ls", "--store", store, "--kind", "ngram-caches")
     assert r.exit_code == 0 and path.name in r.output
     assert not list((store / "work").iterdir())           # temp files cleaned up
+    # the same id again: refused (an existing cache is not silently replaced), unless --force
+    again = ("build-cache", oanc_zip, "--model", tok_dir, "--store", store, "--min-count", 3,
+             "--top", 5, "--max-key-len", 3, "--gram-len", 2, "--workers", 1)
+    fails(invoke(*again), path.name, "--force")
+    r = invoke(*again, "--force")
+    assert r.exit_code == 0 and "replacing" in r.output, r.output
 
 
 def test_cli_errors(tmp_path, tok_dir, oanc_tree):

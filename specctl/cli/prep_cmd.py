@@ -113,6 +113,7 @@ def build_cache(
                                           "(default: min(2, CPUs))."),
     name: Optional[str] = typer.Option(None, "--name", help="Artifact id (default: "
                                        "<model>-<corpus>-k<K>g<G>)."),
+    force: bool = typer.Option(False, "--force", help="Replace a cache of the same id."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     store: Optional[Path] = StoreOpt,
 ):
@@ -122,7 +123,7 @@ def build_cache(
 
     cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model,
                            CountConfig(max_key_len, gram_len, top, min_count,
-                                       workers or default_workers()), name)
+                                       workers or default_workers()), name, force)
     res = _with_bars(run_build_cache, cfg, Store(store), bars=not quiet)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 

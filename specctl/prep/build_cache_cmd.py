@@ -37,6 +37,7 @@ class BuildCacheConfig:
     model: str | None = None
     count: CountConfig = CountConfig()   # what is counted and kept (keys, grams, top, workers)
     name: str | None = None
+    force: bool = False                  # replace an existing cache of the same id
 
 
 def default_workers() -> int:
@@ -184,6 +185,9 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
     fp = tokenizer_fingerprint(model_dir)
     tname = tokenizer_name(model_dir)
     ident = artifact_id(cfg, model_dir, paths)
+    if store.path(KIND, ident).exists() and not cfg.force:
+        raise SpecctlError(f"{KIND}/{ident} exists already: pass --force to replace it, or "
+                           "--name for another id")
     inputs = describe_inputs(paths)
     reader = CorpusReader(paths, log=log)
     t_start = time.perf_counter()

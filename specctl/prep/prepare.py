@@ -59,7 +59,8 @@ def run_step(step: str, recipe: Recipe, store: Store, report: Reporter) -> str:
         from specctl.prep.ngram_build import CountConfig
         count = CountConfig(s.get("max_key_len", 4), s.get("gram_len", 4), s.get("top", 20),
                             s.get("min_count", 6), s.get("workers", default_workers()))
-        cfg = BuildCacheConfig(tuple(s["corpus"]), model, count, s.get("name"))
+        cfg = BuildCacheConfig(tuple(s["corpus"]), model, count, s.get("name"),
+                               force=True)   # (prepare runs a step only when it is due)
         return str(run_build_cache(cfg, store, report)["path"])
     if step == "search-skip":
         from specctl.prep.search_cmd import SearchConfig, run_search_skip
