@@ -260,3 +260,42 @@ def test_decode_objective_and_resume_with_other_settings_starts_over(tiny_llama,
     assert "other settings; starting over" in r.output
     res = json.loads(next((store / "skipsets").iterdir()).joinpath("skipset.json").read_text())
     assert res["objective"] == "decode" and res["iterations"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.demo
+def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tmp_path):
+    """Issue 18's acceptance on the demo model: the fast search's 1,000 probes (teacher-forced,
+    GP-UCB over the bits, best sets decoded for real) end with a set that scores at least as
+    well under the decode objective (the dev set decoded, priced by one cost profile) as the
+    previous search's (bayes_opt, decoded probes) best after 100 probes. Long: the previous
+    search alone takes about an hour on a 2-core CPU (SPECCTL_OLD_PROBES/SPECCTL_NEW_PROBES
+    shorten it)."""
+    import os
+    import time
+
+    from specctl.prep.costs import measure_costs
+    from specctl.prep.search_skip import DevSet, confirm, run_search, run_search_legacy
+    from specctl.prep.tf_probe import TeacherForcedDev
+    from transformers import AutoTokenizer
+    model = load_model(demo_model_dir, "cpu", "fp32")
+    tok = AutoTokenizer.from_pretrained(demo_model_dir)
+    texts = PROMPTS + ["Give me three tips for staying focused while studying.",
+                       "How do I reverse a list in Python?", "Summarize the plot of Hamlet.",
+                       "What causes the seasons on Earth?"]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}],
+                                                  add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False) for p in texts]
+    prof = measure_costs(model)
+    dev = DevSet(model, prompts, max_new=32)
+    old = run_search_legacy(dev, prof, int(os.environ.get("SPECCTL_OLD_PROBES", 100)),
+                            tmp_path / "old.jsonl")
+    old_best = min(p.per_token for p in old)
+    t = time.perf_counter()
+    tf = TeacherForcedDev(model, prompts, max_new=32)
+    new = run_search(tf, prof, int(os.environ.get("SPECCTL_NEW_PROBES", 1000)),
+                     tmp_path / "new.jsonl", resume=False, log=lambda m: None)
+    best, ev, _ = confirm(dev, prof, new)
+    took = time.perf_counter() - t
+    assert len(new) == int(os.environ.get("SPECCTL_NEW_PROBES", 1000))
+    assert ev.per_token <= old_best * (1 + 1e-9), (ev.per_token, old_best, took)
