@@ -24,8 +24,10 @@ def search_skip(
                                        "first turns of real ShareGPT conversations)."),
     iters: int = typer.Option(1000, "--iters", help="Probes in all (seeds included)."),
     init_points: int = typer.Option(0, "--init-points", help="Random probes after the 2 seeds."),
-    objective: str = typer.Option("model", "--objective", help="model (cost model: repeatable) "
-                                  "or wall (the clock, batch 1, as in the paper)."),
+    objective: str = typer.Option("model", "--objective", help="model (teacher-forced probes, "
+                                  "drafting simulated, priced by the cost model: fast), decode "
+                                  "(the dev set decoded, priced by the cost model) or wall (the "
+                                  "clock, batch 1, as in the paper)."),
     prompts: int = typer.Option(8, "--prompts", help="Dev prompts used."),
     max_new: int = typer.Option(32, "--max-new", help="New tokens per dev prompt."),
     seed: int = typer.Option(0, "--seed"),

@@ -1,7 +1,10 @@
-"""The `search-skip` job: dev prompts -> DevSet -> Bayesian search -> skip-set artifact."""
+"""The `search-skip` job: dev prompts -> dev set (teacher-forced or decoded) -> Bayesian search
+-> (model objective: the best sets decoded for real) -> skip-set artifact."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass
 
@@ -10,7 +13,7 @@ from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.models.loader import load_model
-from specctl.prep.search_skip import DevSet, plot_search, run_search
+from specctl.prep.search_skip import DevSet, confirm, plot_search, run_search
 from specctl.prep.skipsets import load_profile, save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
 from specctl.runtime.artifacts import describe_skip_set
@@ -18,6 +21,10 @@ from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.spec.draft_verify import SkipSet
 from specctl.store import Store
+
+
+OBJECTIVES = ("model", "decode", "wall")
+CONFIRM_TOP = 5   # model objective: the best sets decoded for real before one is saved
 
 
 @dataclass(frozen=True)
@@ -34,8 +41,9 @@ class SearchConfig:
     dtype: str = "auto"
 
     def __post_init__(self):
-        if self.objective not in ("model", "wall"):
-            raise SpecctlError(f"--objective must be model or wall, got {self.objective!r}")
+        if self.objective not in OBJECTIVES:
+            raise SpecctlError(f"--objective must be one of {', '.join(OBJECTIVES)}, got "
+                               f"{self.objective!r}")
         if self.iters < 1 or self.prompts < 1 or self.max_new < 2 or self.init_points < 0:
             raise SpecctlError("--iters and --prompts must be >= 1, --max-new >= 2, "
                                "--init-points >= 0")
@@ -69,10 +77,19 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
     ctx = model.cfg.max_position
     if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
         raise SpecctlError("a dev prompt is too long for the model's context")
-    profile = load_profile(store, model, fp, log) if cfg.objective == "model" else None
-    log(f"prefilling {len(prompts)} dev prompts ({sum(map(len, prompts))} tokens) ...")
-    dev = DevSet(model, prompts, cfg.max_new)
+    profile = load_profile(store, model, fp, log) if cfg.objective != "wall" else None
     L = model.cfg.num_layers
+    if cfg.objective == "model":
+        from specctl.prep.tf_probe import TeacherForcedDev
+        log(f"decoding {len(prompts)} dev prompts ({sum(map(len, prompts))} prompt tokens) with "
+            f"the full model, keeping its states for teacher-forced probes ...")
+        dev = TeacherForcedDev(model, prompts, cfg.max_new)
+    else:
+        log(f"prefilling {len(prompts)} dev prompts ({sum(map(len, prompts))} tokens) ...")
+        dev = DevSet(model, prompts, cfg.max_new)
+    settings = {"objective": cfg.objective, "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
+                "max_new": cfg.max_new,
+                "profile": profile.to_json() if profile is not None else None}
     t0 = time.perf_counter()
     task = report.task("search-skip", cfg.iters)
 
@@ -83,36 +100,56 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
     interrupted = False
     try:
         probes = run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed,
-                            cfg.init_points, on_probe)
+                            cfg.init_points, on_probe, settings, log)
     except KeyboardInterrupt:
         interrupted = True
         probes = None
     finally:
         task.close()
     if probes is None:   # keep what was probed: the log is complete up to the interruption
-        from specctl.prep.search_skip import Probe
-        import json
-        probes = [Probe(**json.loads(l)) for l in log_path.read_text().splitlines()
-                  if l.strip().endswith("}")]
+        from specctl.prep.search_skip import _read_log
+        probes = _read_log(log_path)
         if not probes:
             raise KeyboardInterrupt
+    search_s = time.perf_counter() - t0
     best = min(probes, key=lambda p: p.per_token)
+    measured: dict = {"seconds_per_token": best.per_token, "relative": best.relative,
+                      "accept_rate": best.accept_rate, "mean_accepted": best.mean_accepted}
+    extra: dict = {}
+    if cfg.objective == "model":
+        log(f"decoding the dev set with the {CONFIRM_TOP} best sets (simulated) for real ...")
+        decode_dev = DevSet(model, prompts, cfg.max_new)
+        best, ev, rows = confirm(decode_dev, profile, probes, CONFIRM_TOP)
+        ar = profile.ar_per_token
+        measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / ar,
+                    "accept_rate": round(ev.accept_rate, 4),
+                    "mean_accepted": round(ev.mean_accepted, 4)}
+        extra = {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
     skip = SkipSet.from_bits(best.bits)
     plot = log_path.with_name("search.png")
     plotted = plot_search(probes, best, L, plot)
     result = {
         **skip.to_json(), "objective": cfg.objective,
-        "seconds_per_token": best.per_token, "relative_time_per_token": best.relative,
-        "speedup_estimate": round(1.0 / best.relative, 4) if best.relative else 0.0,
-        "acceptance_rate": best.accept_rate, "mean_accepted_tokens": best.mean_accepted,
+        "seconds_per_token": measured["seconds_per_token"],
+        "relative_time_per_token": measured["relative"],
+        "speedup_estimate": round(1.0 / measured["relative"], 4) if measured["relative"] else 0.0,
+        "acceptance_rate": measured["accept_rate"],
+        "mean_accepted_tokens": measured["mean_accepted"],
         "iterations": len(probes), "best_iteration": best.iteration,
-        "search_time_s": round(time.perf_counter() - t0, 1), "config": asdict(cfg),
-        "interrupted": interrupted,
+        "search_time_s": round(search_s, 1), "total_time_s": round(time.perf_counter() - t0, 1),
+        "config": asdict(cfg), "interrupted": interrupted,
+        # what the estimate was priced with: it does not carry over to another device/dtype
+        "profile": {"device": str(model.device),
+                    "dtype": str(model.dtype).replace("torch.", ""),
+                    "clock": cfg.objective == "wall"}, **extra,
     }
     path = save_skipset(store, ident, result, log_path, plot if plotted else None, fp)
     log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
-    log(f"acceptance rate {best.accept_rate:.3f}, mean accepted tokens {best.mean_accepted:.2f}, "
-        f"estimated speedup over ar {result['speedup_estimate']:.3f}x ({cfg.objective} objective)")
+    log(f"acceptance rate {result['acceptance_rate']:.3f}, mean accepted tokens "
+        f"{result['mean_accepted_tokens']:.2f}, estimated speedup over ar "
+        f"{result['speedup_estimate']:.3f}x ({cfg.objective} objective"
+        f"{', decoded' if cfg.objective == 'model' else ''}, priced on {model.device} "
+        f"{result['profile']['dtype']})")
     if not plotted:
         log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
     if interrupted:

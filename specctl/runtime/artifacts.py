@@ -27,8 +27,9 @@ from specctl.store import Store, read_json
 
 
 def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layers: int,
-                     log=quiet) -> tuple[SkipSet, str]:
-    """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from)."""
+                     log=quiet, device=None, dtype=None) -> tuple[SkipSet, str]:
+    """--skip-set FILE | ID, or the model's best stored skip set. Returns (set, where from).
+    Given the run's device (and dtype), says so when the set was priced on another one."""
     if spec:
         p = store.locate(spec, "skipsets")
         if p.is_dir():
@@ -48,7 +49,28 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
     if skip.num_layers != num_layers:
         raise SpecctlError(f"{where}: skip set is for {skip.num_layers} layers, the model has "
                            f"{num_layers}")
+    if device is not None:
+        warning = profile_mismatch(data.get("profile"), device, dtype)
+        if warning:
+            log(f"warning: {where}: {warning}")
     return skip, where
+
+
+def profile_mismatch(profile: dict | None, device, dtype=None) -> str | None:
+    """A warning when a skip set was searched (priced) on another device type or dtype than
+    the run's: costs differ between machines (a CPU verifies 2 tokens at 1.7x the cost of 1, a
+    GPU at about 1x), so the set that is fastest there need not be here."""
+    if not isinstance(profile, dict) or "device" not in profile:
+        return None
+    there = str(profile["device"]).split(":")[0]
+    here = str(device).split(":")[0]
+    dt_there = str(profile.get("dtype", ""))
+    dt_here = str(dtype).replace("torch.", "") if dtype is not None else dt_there
+    if there == here and dt_there == dt_here:
+        return None
+    return (f"this skip set was searched with {there} {dt_there} costs; this run is on {here} "
+            f"{dt_here}: its speedup estimate does not carry over (run `specctl search-skip` "
+            f"on this machine for a set priced here)")
 
 
 def describe_skip_set(skip: SkipSet) -> str:

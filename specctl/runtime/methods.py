@@ -63,6 +63,6 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
     from specctl.spec.draft_verify import LayerSkipDrafter
 
     skip, where = resolve_skip_set(cfg.skip_set, store, model_fingerprint(model_dir),
-                                   model.cfg.num_layers)
+                                   model.cfg.num_layers, log, model.device, model.dtype)
     log(f"draft-verify: skip set {where}: {describe_skip_set(skip)}")
     return LayerSkipDrafter(model, skip, cfg.sampling(), cfg.exit_params())
