@@ -672,3 +672,24 @@ def test_links_out_of_a_corpus_folder_are_not_followed(tmp_path):
     docs, st = read_all([corpus])
     assert [Path(n).name for n, _ in docs] == ["a.txt", "inside.txt"]
     assert st.links_outside == 1 and "links to files outside" in st.summary()
+
+
+def test_a_killed_build_leaves_no_work_behind(tmp_path, tok_dir, oanc_tree):
+    """A work folder left by a killed build-cache (no process holds its lock) is listed by
+    `store ls` and removed by the next build-cache; one in use is not touched."""
+    import fcntl
+    store = tmp_path / "store"
+    work = store / "work"
+    (work / "build-cache-dead1").mkdir(parents=True)
+    (work / "build-cache-dead1" / "stream.i32").write_bytes(b"\0" * 4096)
+    live = work / "build-cache-live1"
+    live.mkdir()
+    with open(live / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = invoke("store", "ls", "--store", store)
+        assert "build-cache-dead1" in r.output and "killed" in r.output
+        assert "build-cache-live1" not in r.output
+        r = invoke("build-cache", oanc_tree, "--model", tok_dir, "--store", store,
+                   "--min-count", 2, "--workers", 1)
+        assert r.exit_code == 0, r.output
+        assert sorted(p.name for p in work.iterdir()) == ["build-cache-live1"]

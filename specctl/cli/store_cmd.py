@@ -55,7 +55,8 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
     if kind and kind not in KINDS:
         raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
     entries = st.entries(kind)
-    if not entries:
+    stale = [] if kind else st.stale_work()
+    if not entries and not stale:
         console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
         return
     t = Table(title=str(st.root))
@@ -63,6 +64,9 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         t.add_column(col)
     for e in entries:
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes))
+    for d in stale:   # removed by the next command of the same kind
+        t.add_row("work", d.name, "left by a killed command",
+                  _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
     _stdout().print(t)
 
 

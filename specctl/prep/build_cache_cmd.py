@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,58 +189,52 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
     inputs = describe_inputs(paths)
     reader = CorpusReader(paths, log=log)
     t_start = time.perf_counter()
-    work_root = store.root / "work"
-    work_root.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-cache-", dir=work_root))
-    try:
-        with _Bars(report) as bars:
-            bars.start_read(reader.total_bytes())
-            reader.on_bytes = bars.on_bytes
-            info = tokenize_to_stream(reader, tok, work / "stream.i32", ccfg, bars.on_tokens)
-            bars.end_read()
-            stats = reader.stats
-            for line in stats.problems[:5]:
-                log(f"warning: {line}")
-            if len(stats.problems) > 5:
-                log(f"warning: ... and more ({stats.summary()})")
-            if info.tokens == 0:
-                raise SpecctlError(f"{', '.join(map(str, paths))}: the corpus has no text "
-                                   f"({stats.summary()})")
-            t_count = time.perf_counter()
-            tables, cstats = count_tables(info.path, info, ccfg, work, bars.on_count)
-            count_s = time.perf_counter() - t_count
-            keys, grams = tables.num_keys(), tables.num_grams()
-            if sum(keys.values()) == 0:
-                raise SpecctlError(
-                    f"no n-gram occurs {cfg.count.min_count} or more times in this corpus "
-                    f"({info.tokens:,} tokens): use a larger corpus or a lower --min-count")
-            bars.start_write()
+    with store.work_dir("build-cache") as work, _Bars(report) as bars:
+        bars.start_read(reader.total_bytes())
+        reader.on_bytes = bars.on_bytes
+        info = tokenize_to_stream(reader, tok, work / "stream.i32", ccfg, bars.on_tokens)
+        bars.end_read()
+        stats = reader.stats
+        for line in stats.problems[:5]:
+            log(f"warning: {line}")
+        if len(stats.problems) > 5:
+            log(f"warning: ... and more ({stats.summary()})")
+        if info.tokens == 0:
+            raise SpecctlError(f"{', '.join(map(str, paths))}: the corpus has no text "
+                               f"({stats.summary()})")
+        t_count = time.perf_counter()
+        tables, cstats = count_tables(info.path, info, ccfg, work, bars.on_count)
+        count_s = time.perf_counter() - t_count
+        keys, grams = tables.num_keys(), tables.num_grams()
+        if sum(keys.values()) == 0:
+            raise SpecctlError(
+                f"no n-gram occurs {cfg.count.min_count} or more times in this corpus "
+                f"({info.tokens:,} tokens): use a larger corpus or a lower --min-count")
+        bars.start_write()
+        build_s = time.perf_counter() - t_start
+        manifest = make_manifest(
+            KIND, ident, tokenizer_fingerprint=fp, tokenizer=tname, model=str(model_dir),
+            settings={k: getattr(ccfg, k) for k in ("max_key_len", "gram_len", "top",
+                                                    "min_count", "workers")},
+            inputs=inputs, corpus=stats.to_dict(), files=stats.files, words=stats.words,
+            documents=info.documents, tokens=info.tokens, bad_bytes=stats.bad_bytes,
+            keys={str(k): v for k, v in keys.items()},
+            ngrams={str(k): v for k, v in grams.items()},
+            total_keys=sum(keys.values()), total_ngrams=sum(grams.values()),
+            windows={str(k): v for k, v in cstats["windows"].items()},
+            tokenize_time_s=round(info.seconds, 3), count_time_s=round(count_s, 3),
+        )
+        if store.path(KIND, ident).exists():
+            log(f"replacing {KIND}/{ident}")
+        with store.building(KIND, ident, manifest) as out:
+            path = write_artifact(out, tables, config_dict(ccfg, fp, tname))
             build_s = time.perf_counter() - t_start
-            manifest = make_manifest(
-                KIND, ident, tokenizer_fingerprint=fp, tokenizer=tname, model=str(model_dir),
-                settings={k: getattr(ccfg, k) for k in ("max_key_len", "gram_len", "top",
-                                                        "min_count", "workers")},
-                inputs=inputs, corpus=stats.to_dict(), files=stats.files, words=stats.words,
-                documents=info.documents, tokens=info.tokens, bad_bytes=stats.bad_bytes,
-                keys={str(k): v for k, v in keys.items()},
-                ngrams={str(k): v for k, v in grams.items()},
-                total_keys=sum(keys.values()), total_ngrams=sum(grams.values()),
-                windows={str(k): v for k, v in cstats["windows"].items()},
-                tokenize_time_s=round(info.seconds, 3), count_time_s=round(count_s, 3),
-            )
-            if store.path(KIND, ident).exists():
-                log(f"replacing {KIND}/{ident}")
-            with store.building(KIND, ident, manifest) as out:
-                path = write_artifact(out, tables, config_dict(ccfg, fp, tname))
-                build_s = time.perf_counter() - t_start
-                manifest["artifact_bytes"] = path.stat().st_size
-                manifest["build_time_s"] = round(build_s, 3)
-                manifest["tokens_per_s"] = round(info.tokens / build_s, 1) if build_s else None
-                manifest["tokenize_tokens_per_s"] = (round(info.tokens / info.seconds, 1)
-                                                     if info.seconds else None)
-            bars.end_write(manifest["artifact_bytes"])
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            manifest["artifact_bytes"] = path.stat().st_size
+            manifest["build_time_s"] = round(build_s, 3)
+            manifest["tokens_per_s"] = round(info.tokens / build_s, 1) if build_s else None
+            manifest["tokenize_tokens_per_s"] = (round(info.tokens / info.seconds, 1)
+                                                 if info.seconds else None)
+        bars.end_write(manifest["artifact_bytes"])
     final = store.path(KIND, ident)
     log(f"{stats.summary()}; {info.tokens:,} tokens -> {manifest['total_keys']:,} keys, "
         f"{manifest['total_ngrams']:,} n-grams in {manifest['build_time_s']:.1f} s "

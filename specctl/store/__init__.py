@@ -235,6 +235,41 @@ class Store:
         cands = [e for e in self.entries(kind) if e.manifest.get("model_fingerprint") == fingerprint]
         return max(cands, key=lambda e: e.manifest.get(score) or 0.0) if cands else None
 
+    @contextmanager
+    def work_dir(self, prefix: str) -> Iterator[Path]:
+        """A scratch folder under `work/` for one command, locked while it runs and removed
+        after it. One left behind by a killed command (its lock is free) is removed by the next
+        command that uses the same prefix, before it starts (see stale_work)."""
+        import fcntl
+        root = self.root / "work"
+        root.mkdir(parents=True, exist_ok=True)
+        for old in self.stale_work(prefix):
+            shutil.rmtree(old, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
+        lock = open(work / ".lock", "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            yield work
+        finally:
+            lock.close()
+            shutil.rmtree(work, ignore_errors=True)
+
+    def stale_work(self, prefix: str = "") -> list[Path]:
+        """Scratch folders under `work/` (of commands with this prefix) that no running
+        command holds: left by a killed one."""
+        import fcntl
+        out = []
+        for d in sorted((self.root / "work").glob(f"{prefix}*-*")):
+            if not d.is_dir() or d.name.startswith("search-"):   # (searches resume from theirs)
+                continue
+            try:
+                with open(d / ".lock", "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free: nobody runs there
+            except OSError:
+                continue
+            out.append(d)
+        return out
+
     def remove(self, ident: str) -> Entry:
         e = self.find(ident)
         shutil.rmtree(e.path)
