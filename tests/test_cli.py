@@ -626,7 +626,13 @@ def test_help_shows_an_example(cmd):
 @pytest.mark.parametrize("cmd", [[], ["models"], ["store"]])
 def test_group_help(cmd):
     r = ok(invoke(*cmd, "--help"))
-    assert "Usage" in r.output
+    assert "Usage" in r.output and "Examples" in r.output
+    assert "specctl " + (cmd[0] if cmd else "generate") in r.output.split("Examples")[1]
+
+
+def test_switches_show_no_value_in_help():
+    r = ok(invoke("generate", "--help"))
+    assert "<bool>" not in r.output and "--skip-bad" in r.output and "<int>" in r.output
 
 
 def test_unwritable_out_fails_before_generating(tmp_path, prompts_file, tiny_llama,

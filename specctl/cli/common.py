@@ -16,10 +16,35 @@ from rich.text import Text
 from specctl.errors import SpecctlError
 from specctl.reporting import Reporter, Task
 
+def _plain_switches() -> None:
+    """typer (0.2x) shows every flag as `--quiet <bool>` in help, as if it took a value; a
+    switch takes none, so its type column stays empty (display only)."""
+    from typer.core import TyperOption
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag else shown(self, ctx)
+    TyperOption.display_type_rich = display_type_rich
+
+
+_plain_switches()
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Self-speculative decoding for Llama-family LLMs: batched, lossless.")
-models_app = typer.Typer(no_args_is_help=True, help="Obtain and inspect models.")
-store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored artifacts.")
+                  help="Self-speculative decoding for Llama-family LLMs: batched, lossless.",
+                  epilog="Examples:\n\n"
+                  "  specctl generate prompts.jsonl --out answers.jsonl   (demo model, ar)\n\n"
+                  "  specctl build-cache demo && specctl generate prompts.jsonl --method "
+                  "self-draft\n\n"
+                  "  specctl bench prompts.jsonl --methods ar,self-draft --batch-sizes 1,8\n\n"
+                  "  specctl store ls")
+models_app = typer.Typer(no_args_is_help=True, help="Obtain and inspect models.",
+                         epilog="Examples:\n\n  specctl models pull\n\n"
+                         "  specctl models pull --from ./SmolLM2-135M-Instruct.Q4_1.gguf")
+store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored artifacts.",
+                        epilog="Examples:\n\n  specctl store ls --kind runs\n\n"
+                        "  specctl store show ar-20261122\n\n  specctl store rm OLD-ID --yes")
 app.add_typer(models_app, name="models")
 app.add_typer(store_app, name="store")
 
