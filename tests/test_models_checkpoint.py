@@ -217,3 +217,30 @@ def test_demo_model(demo_model_dir, monkeypatch):
         out = model.generate(ids, max_new_tokens=20, do_sample=False)
     text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert "Paris" in text, text
+
+
+def test_damaged_store_weights_are_refused(tiny_copy):
+    """A stored model's weights file overwritten in the middle (same size) fails its manifest
+    checksum at load, naming the file; it does not load and generate garbage."""
+    from specctl.models.loader import load_model
+    from specctl.store import file_crc32
+    (f,) = sorted(tiny_copy.glob("*.safetensors"))
+    (tiny_copy / "manifest.json").write_text(json.dumps({"weights_crc32": {f.name: file_crc32(f)}}))
+    load_model(tiny_copy, "cpu", "fp32")   # intact: loads
+    data = bytearray(f.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = bytes(64)
+    f.write_bytes(bytes(data))
+    with pytest.raises(SpecctlError, match="checksum"):
+        load_model(tiny_copy, "cpu", "fp32")
+
+
+def test_non_finite_activations_name_the_model(tiny_copy):
+    import torch
+    from helpers import run_ids
+    from specctl.models.loader import load_model
+    m = load_model(tiny_copy, "cpu", "fp32")
+    m.layers[1].w_down[0, 0] = float("nan")
+    with pytest.raises(SpecctlError, match=f"{tiny_copy}.*not finite"):
+        run_ids(m, [[5, 6, 7, 8]], max_tokens=4)
+    assert torch.isnan(m.layers[1].w_down).any()

@@ -98,6 +98,7 @@ class Model:
         self.device = self.embed.device
         self.dtype = self.embed.dtype
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
+        self.name = "model"       # where it came from, for messages (the loader sets it)
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
         self.attention = "sdpa"   # attention backend: a key of engine.attention.BACKENDS

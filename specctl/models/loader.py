@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
+from specctl.store import file_crc32
 from specctl.models.fingerprint import model_fingerprint  # noqa: F401  (its old home)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
@@ -103,6 +104,15 @@ def _weight_files(path: Path) -> list[Path]:
     return files
 
 
+def _stored_checksums(path: Path) -> dict[str, str]:
+    """A store model's weights checksums (its manifest's weights_crc32), else none."""
+    try:
+        sums = json.loads((path / "manifest.json").read_text()).get("weights_crc32")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return sums if isinstance(sums, dict) else {}
+
+
 def load_model(path: Path | str, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
                attention: str = "sdpa") -> Model:
@@ -114,7 +124,12 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
     want = expected_shapes(cfg)
     weights: dict[str, torch.Tensor] = {}
+    sums = _stored_checksums(path)
     for f in _weight_files(path):
+        if f.name in sums and file_crc32(f) != sums[f.name]:
+            raise SpecctlError(f"{f}: the file changed since the store made it (checksum "
+                               "mismatch): it is damaged; pull the model again "
+                               "(`specctl models pull --force`)")
         try:
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():
@@ -135,6 +150,7 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
                                f"config.json implies {shape}")
     weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
     model = Model(cfg, weights)
+    model.name = str(path)
     model.set_attention(attention)
     if dev.type == "cuda" and cuda_graphs:
         from specctl.engine.graphs import CudaGraphs

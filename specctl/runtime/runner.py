@@ -27,6 +27,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
+from specctl.errors import SpecctlError
 from specctl.runtime.sequence import Request, Sequence
 from specctl.runtime.threads import ThreadTuner
 from specctl.spec.drafter import Drafter
@@ -202,7 +203,12 @@ class Runner:
                 if s.prefilled == len(s.prompt_ids):
                     ends.append((s, batch.cu_seqlens[b + 1] - 1))
             if ends:
-                first = self._sample_rows(hidden[[i for _, i in ends]], [s for s, _ in ends])
+                last = hidden[[i for _, i in ends]]
+                if not bool(torch.isfinite(last).all()):   # (once per prompt, not per step)
+                    raise SpecctlError(f"{self.model.name}: the model's activations are not "
+                                       "finite (NaN or inf): its weights are damaged, or do not "
+                                       "fit this --dtype")
+                first = self._sample_rows(last, [s for s, _ in ends])
                 for (s, _), tok in zip(ends, first):
                     # the prefill forward emits the first token: a step for CR (so ar's CR is
                     # exactly 1), but no verification, so no entry in the accept statistics
