@@ -70,7 +70,8 @@ def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     assert meta["step"] >= 2
     r = _train(tiny_llama, data, work, "--resume")          # ... resumed to 2 epochs
     assert r.exit_code == 0 and "resuming at step" in r.output, r.output
-    (ad2,) = list((work / "adapters").iterdir())
+    # (the early stop saved an adapter too; the resumed run's is kept beside it, as "-2")
+    (ad2,) = [p for p in (work / "adapters").iterdir() if p.name.endswith("-2")]
     resumed = load_file(str(ad2 / "adapter.safetensors"))
     for k in full:
         torch.testing.assert_close(resumed[k], full[k], atol=1e-6, rtol=1e-5)
@@ -170,3 +171,11 @@ def test_damaged_adapter_is_one_line(tiny_llama, tmp_path, damage):
                                  "kangaroo", "--adapter", str(ad), "--store", str(tmp_path / "s"),
                                  "--max-tokens", "4", "-q"])
     fails(r, str(ad))
+
+
+def test_a_second_adapter_is_kept_beside_the_first(tiny_llama, data, tmp_path):
+    assert _train(tiny_llama, data, tmp_path).exit_code == 0
+    r = _train(tiny_llama, data, tmp_path, "--epochs", "1")
+    assert r.exit_code == 0, r.output
+    ids = sorted(p.name for p in (tmp_path / "adapters").iterdir() if not p.name.startswith("."))
+    assert len(ids) == 2 and ids[1] == ids[0] + "-2"

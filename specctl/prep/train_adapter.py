@@ -306,7 +306,13 @@ def adapter_ident(fingerprint: str, exit_layer: int) -> str:
 
 
 def save_adapter(store: Store, model, adapter: Adapter, fingerprint: str, summary: dict) -> Path:
-    ident = adapter_ident(fingerprint, adapter.l)
+    """Stored beside any earlier adapter of the same model and exit layer (`<id>-2`, ...), never
+    over it: which one generate takes is decided by held-out agreement, not by recency."""
+    base = ident = adapter_ident(fingerprint, adapter.l)
+    n = 1
+    while store.path("adapters", ident).exists():
+        n += 1
+        ident = f"{base}-{n}"
     with store.building("adapters", ident, make_manifest(
             "adapter", ident, model_fingerprint=fingerprint, exit_layer=adapter.l,
             heldout_top1=summary["heldout_top1"])) as d:

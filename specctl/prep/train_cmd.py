@@ -55,6 +55,10 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
     path = save_adapter(store, model, adapter, fp, summary)
     log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
         f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")
+    best = store.best_for_model("adapters", fp, "heldout_top1")
+    if best is not None and best.path != path:
+        log(f"kept beside the model's other adapters; generate picks adapters/{best.id} (the best "
+            f"held-out top-1); pass --adapter {path.name} to use this one")
     return {"path": path, "summary": summary}
 
 
