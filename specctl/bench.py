@@ -258,7 +258,8 @@ class SpecctlMethod:
         drafter = job.make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
         runner = Runner(self.model, drafter, gcfg.sampling(), batch_size=batch_size,
                         max_len=self.max_len, eos_ids=self.tk.eos_ids, render=self.tk.render,
-                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk)
+                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk,
+                        speculate=gcfg.speculate)
         reqs = _requests(recs, max_tokens)
         done: list[Request] = []
         dev = self.model.device
@@ -358,7 +359,8 @@ def accept_numbers(gcfg, lines: list[dict], stats, device) -> dict:
             "acceptance_rate": m["acceptance_rate"],
             "ctar": {str(w): m["ctar"][w] for w in CTAR_W},
             "zero_accept_share": round(sum(a == 0 for a in acc) / len(acc), 4) if acc else 0.0,
-            "padding_ratio": m["padding_ratio"] if stats is not None else None}
+            "padding_ratio": m["padding_ratio"] if stats is not None else None,
+            "speculation": m["speculation"]}
 
 
 def compare(got: dict[int, list[list[int]]], ref: dict[int, list[list[int]]], vs: str) -> dict | None:
@@ -585,6 +587,7 @@ def run_bench(cfg: BenchConfig, store: Store, log: Callable[[str], None] = print
                    r.wall for r in runs), 4), "runs": [round(r.wall, 4) for r in runs]},
                "speedup_vs_ar": None, "mean_accepted_tokens": None, "acceptance_rate": None,
                "ctar": None, "zero_accept_share": None, "padding_ratio": None,
+               "speculation": None,
                "peak_memory_mb": peak[(m, b)], "run_memory_mb": extra.get((m, b)),
                "matches_ar": None, "matches_ar_b1": None,
                "mismatch": None,

@@ -139,6 +139,11 @@ class RichProgress:
         self.p.stop()
 
 
+SpeculateOpt = typer.Option("fixed", "--speculate", help="auto: a goodput controller gives each "
+                            "sequence a draft budget per step (0 = an ar step) from a measured "
+                            "step-cost profile; fixed: each method drafts its own amount (the papers' "
+                            "settings). Bench: a method may end in :auto or :fixed instead.")
+
 @app.command(epilog="Examples:\n\n  specctl generate prompts.jsonl --out answers.jsonl\n\n"
                     "  specctl generate mt_bench.jsonl --batch-size 16 --max-tokens 512\n\n"
                     "  specctl generate prompts.jsonl --temperature 0.7 --top-p 0.9 --seed 1")
@@ -189,6 +194,7 @@ def generate(
     no_corpus_cache: bool = NoCorpusOpt,
     no_context_cache: bool = NoContextOpt,
     prompt_grams: bool = PromptGramsOpt,
+    speculate: str = SpeculateOpt,
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
                                           "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
@@ -209,7 +215,7 @@ def generate(
                          branches=p["branches"], branch_len=p["branch_len"], gram=p["gram"],
                          context_cands=p["context_cands"], corpus_cands=p["corpus_cands"],
                          context_cache=not p["no_context_cache"],
-                         prompt_grams=p["prompt_grams"], **extra)
+                         prompt_grams=p["prompt_grams"], speculate=p["speculate"], **extra)
     _warn_unused(ctx, cfg)
     out = out or Path(f"{input.stem}.out.jsonl")
     if out.is_dir():
@@ -397,6 +403,7 @@ def bench(
     corpus_cache: Optional[str] = CorpusOpt,
     branches: int = BranchesOpt,
     branch_len: int = BranchLenOpt,
+    speculate: str = SpeculateOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
 ):
@@ -410,7 +417,8 @@ def bench(
                       cuda_graphs=cuda_graphs,
                       method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
                                           alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
-                                          branches=branches, branch_len=branch_len))
+                                          branches=branches, branch_len=branch_len,
+                                          speculate=speculate))
     prog = BenchProgress(enabled=not quiet)
     try:
         res = run_bench(cfg, Store(store), log=_log, progress=prog)

@@ -186,13 +186,21 @@ class Controller:
         emitted = float(len(keys))
         t = self.cost.step_ms(ks)
         best = emitted / t if t > 0 else 0.0
+        b = len(keys)
+        fast = not self.cost.padded and not self.cost.draft_frac
+        tokens = sum(self.cost.tokens(k) for k in ks)
         while True:
             pick = None
             for i, (g, c) in enumerate(zip(gains, caps)):
                 k0 = ks[i]
                 for k in range(k0 + 1, c + 1):
                     ks[i] = k
-                    tt = self.cost.step_ms(ks)
+                    if fast:   # the cost depends on the total tokens only
+                        cost = self.cost
+                        tt = cost.verify_frac * cost.ms(
+                            b, (tokens - cost.tokens(k0) + cost.tokens(k)) / b)
+                    else:
+                        tt = self.cost.step_ms(ks)
                     good = (emitted + g[k] - g[k0]) / tt if tt > 0 else 0.0
                     if good > best * (1 + 1e-9):
                         best, pick = good, (i, k)
@@ -201,6 +209,7 @@ class Controller:
                 break
             i, k = pick
             emitted += gains[i][k] - gains[i][ks[i]]
+            tokens += self.cost.tokens(k) - self.cost.tokens(ks[i])
             ks[i] = k
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted

@@ -46,16 +46,25 @@ VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                                      "corpus_cands": 1}}}
 
 
+SPECULATE = ("auto", "fixed")
+
+
 def split_variant(spec: str) -> tuple[str, dict]:
-    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {})."""
-    method, _, variant = spec.partition(":")
-    if not variant:
-        return method, {}
+    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {}).
+    Any method also takes ':auto' / ':fixed' (its --speculate), after its variant if any:
+    'self-draft:light:auto'."""
+    method, *parts = spec.split(":")
+    out: dict = {}
+    if parts and parts[-1] in SPECULATE:
+        out["speculate"] = parts.pop()
+    if not parts:
+        return method, out
     known = VARIANTS.get(method, {})
-    if variant not in known:
+    if len(parts) > 1 or parts[0] not in known:
         have = ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
-        raise SpecctlError(f"unknown method variant {spec!r} (available: {have})")
-    return method, dict(known[variant])
+        raise SpecctlError(f"unknown method variant {spec!r} (available: {have}; any method "
+                           "may end in :auto or :fixed)")
+    return method, {**known[parts[0]], **out}
 
 
 def check_attention(name: str) -> None:
@@ -96,6 +105,7 @@ class GenerateConfig:
     attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
     cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
     limit: int | None = None          # only the first N prompt lines
+    speculate: str = "fixed"          # auto: the goodput controller's budgets; fixed: the drafter's
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -128,6 +138,8 @@ class GenerateConfig:
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
         check_attention(self.attention)
+        if self.speculate not in SPECULATE:
+            raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
         self.exit_params()
         self.self_draft_params()
         try:
@@ -167,7 +179,8 @@ class GenerateConfig:
         d = asdict(self)
         for name in ("skip_bad", "limit") if legacy else UNKEYED:
             d.pop(name)
-        for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
+        for name, default in (("attention", "sdpa"), ("cuda_graphs", True),
+                              ("speculate", "fixed")):
             if d[name] == default:   # (options added later: runs begun before keep their key)
                 d.pop(name)
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]
@@ -365,9 +378,28 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "step_tokens": stats.step_tokens if stats else 0,
         "prefill_tokens": stats.prefill_tokens if stats else 0,
         "peak_memory_mb": round(peak, 1), "device": str(device),
+        "speculation": speculation_metrics(cfg, stats),
         "per_sample": [{k: l.get(k) for k in ("index", "new_tokens", "steps", "wall_time_s")}
                        for l in good],
     }
+
+
+def speculation_metrics(cfg: GenerateConfig, stats: RunStats | None) -> dict:
+    """--speculate auto's record (runtime/controller.py): the budgets chosen (budget ->
+    sequence-steps), the predicted and measured mean step ms, and the goodput (emitted tokens
+    per second of step time)."""
+    out: dict = {"mode": cfg.speculate}
+    n = stats.controlled_steps if stats else 0
+    if n:
+        out.update({
+            "budget_hist": {str(k): v for k, v in sorted(stats.budget_hist.items())},
+            "controlled_steps": n,
+            "predicted_step_ms": round(stats.predicted_step_ms / n, 3),
+            "measured_step_ms": round(stats.measured_step_ms / n, 3),
+            "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)
+            if stats.measured_step_ms else 0.0,
+            "profile_s": round(stats.profile_s, 3)})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -713,7 +745,8 @@ def _run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: b
             try:
                 runner = Runner(model, drafter, cfg.sampling(), batch_size=slots,
                                 max_len=max_len, eos_ids=tk.eos_ids, render=tk.render,
-                                decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk)
+                                decode=tk.decode, stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
+                                speculate=cfg.speculate)
             except (torch.OutOfMemoryError, RuntimeError) as e:
                 if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
                     raise
