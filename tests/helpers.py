@@ -12,7 +12,8 @@ from specctl.spec.verify import SamplingParams
 
 def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens: int = 16,
             drafter=None, sampling: SamplingParams | None = None, eos_ids=(),
-            max_len: int = 256, prefill_chunk: int = 512):
+            max_len: int = 256, prefill_chunk: int = 512, speculate: str = "fixed",
+            controller=None):
     """Returns (list of generated id lists in input order, RunStats)."""
     reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens)
             for i in range(len(prompts))]
@@ -20,7 +21,7 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
     runner = Runner(model, drafter or NoDraft(), sampling or SamplingParams(),
                     batch_size=batch_size, max_len=max_len, eos_ids=set(eos_ids),
                     render=lambda r: prompts[r.index], decode=lambda ids: " ".join(map(str, ids)),
-                    prefill_chunk=prefill_chunk)
+                    prefill_chunk=prefill_chunk, speculate=speculate, controller=controller)
     stats = runner.run(reqs, lambda r: results.__setitem__(r.index, r.answer_ids[0]))
     return [results[i] for i in range(len(prompts))], stats
 

@@ -32,7 +32,7 @@ ROWS = [
 ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps", "tokens_per_s",
             "wall_s", "speedup_vs_ar", "mean_accepted_tokens", "acceptance_rate", "ctar",
             "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
-            "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical"}
+            "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation"}
 ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
                "zero_accept_share", "padding_ratio")
 

@@ -38,7 +38,8 @@ def accept_numbers(gcfg, lines: list[dict], stats, device) -> dict:
             "acceptance_rate": m["acceptance_rate"],
             "ctar": {str(w): m["ctar"][w] for w in CTAR_W},
             "zero_accept_share": round(sum(a == 0 for a in acc) / len(acc), 4) if acc else 0.0,
-            "padding_ratio": m["padding_ratio"] if stats is not None else None}
+            "padding_ratio": m["padding_ratio"] if stats is not None else None,
+            "speculation": m["speculation"]}
 
 
 def compare(got: dict[int, list[list[int]]], ref: dict[int, list[list[int]]], vs: str) -> dict | None:

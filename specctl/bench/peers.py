@@ -60,7 +60,8 @@ class SpecctlMethod:
         drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
         runner = Runner(self.model, drafter, gcfg.sampling(), batch_size=batch_size,
                         max_len=self.max_len, eos_ids=self.tk.eos_ids, render=self.tk.render,
-                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk)
+                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk,
+                        speculate=gcfg.speculate)
         reqs = [to_request(r, max_tokens) for r in recs]
         done: list[Request] = []
         dev = self.model.device

@@ -221,6 +221,7 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
                r.wall for r in runs), 4), "runs": [round(r.wall, 4) for r in runs]},
            "speedup_vs_ar": None, "mean_accepted_tokens": None, "acceptance_rate": None,
            "ctar": None, "zero_accept_share": None, "padding_ratio": None,
+           "speculation": None,
            "peak_memory_mb": b.peak[(m, bs)], "run_memory_mb": b.extra.get((m, bs)),
            "matches_ar": None, "matches_ar_b1": None,
            "mismatch": None,

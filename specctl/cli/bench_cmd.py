@@ -11,7 +11,7 @@ from rich.table import Table
 
 from specctl.cli.common import (AdapterOpt, AlphaOpt, AttentionOpt, BranchesOpt, BranchLenOpt,
                                 CorpusOpt, Gamma0Opt, GraphsOpt, MaxDraftOpt, RichReporter,
-                                SkipSetOpt, StoreOpt, _stdout, app, console, friendly)
+                                SkipSetOpt, SpeculateOpt, StoreOpt, _stdout, app, console, friendly)
 from specctl.errors import SpecctlError
 from specctl.store import Store
 
@@ -73,6 +73,7 @@ def bench(
     corpus_cache: Optional[str] = CorpusOpt,
     branches: int = BranchesOpt,
     branch_len: int = BranchLenOpt,
+    speculate: str = SpeculateOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
 ):
@@ -86,7 +87,8 @@ def bench(
                       cuda_graphs=cuda_graphs,
                       method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
                                           alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
-                                          branches=branches, branch_len=branch_len))
+                                          branches=branches, branch_len=branch_len,
+                                          speculate=speculate))
     rep = RichReporter(bars=not quiet)
     try:
         res = run_bench(cfg, Store(store), rep)

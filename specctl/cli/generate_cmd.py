@@ -12,8 +12,8 @@ from specctl.cli.common import (AdapterOpt, AlphaOpt, AttentionOpt, Beta1Opt, Be
                                 BranchesOpt, BranchLenOpt, CorpusCandsOpt, CorpusOpt, CtxCandsOpt,
                                 EpsOpt, EtaOpt, Gamma0Opt, GraphsOpt, GramOpt, KGammaOpt,
                                 MaxDraftOpt, NoContextOpt, NoCorpusOpt, PromptGramsOpt,
-                                RichReporter, SkipSetOpt, StoreOpt, _log, _warn, app, console,
-                                friendly)
+                                RichReporter, SkipSetOpt, SpeculateOpt, StoreOpt, _log, _warn,
+                                app, console, friendly)
 from specctl.errors import SpecctlError
 
 
@@ -77,6 +77,7 @@ def generate(
     no_corpus_cache: bool = NoCorpusOpt,
     no_context_cache: bool = NoContextOpt,
     prompt_grams: bool = PromptGramsOpt,
+    speculate: str = SpeculateOpt,
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
                                           "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
@@ -121,7 +122,8 @@ def generate(
 _PLAIN = ("batch_size", "max_tokens", "temperature", "top_p", "top_k", "seed", "chat", "device",
           "dtype", "skip_bad", "attention", "cuda_graphs", "limit", "skip_set", "max_draft",
           "gamma0", "alpha", "eps", "beta1", "beta2", "adapter", "eta", "kangaroo_gamma",
-          "branches", "branch_len", "gram", "context_cands", "corpus_cands", "prompt_grams")
+          "branches", "branch_len", "gram", "context_cands", "corpus_cands", "prompt_grams",
+          "speculate")
 
 
 def _options(p: dict) -> dict:

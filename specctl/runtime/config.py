@@ -20,16 +20,25 @@ VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                                      "corpus_cands": 1}}}
 
 
+SPECULATE = ("auto", "fixed")
+
+
 def split_variant(spec: str) -> tuple[str, dict]:
-    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {})."""
-    method, _, variant = spec.partition(":")
-    if not variant:
-        return method, {}
+    """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {}).
+    Any method also takes ':auto' / ':fixed' (its --speculate), after its variant if any:
+    'self-draft:light:auto'."""
+    method, *parts = spec.split(":")
+    out: dict = {}
+    if parts and parts[-1] in SPECULATE:
+        out["speculate"] = parts.pop()
+    if not parts:
+        return method, out
     known = VARIANTS.get(method, {})
-    if variant not in known:
+    if len(parts) > 1 or parts[0] not in known:
         have = ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
-        raise SpecctlError(f"unknown method variant {spec!r} (available: {have})")
-    return method, dict(known[variant])
+        raise SpecctlError(f"unknown method variant {spec!r} (available: {have}; any method "
+                           "may end in :auto or :fixed)")
+    return method, {**known[parts[0]], **out}
 
 
 def check_attention(name: str) -> None:
@@ -64,6 +73,7 @@ class GenerateConfig:
     attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
     cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
     limit: int | None = None          # only the first N prompt lines
+    speculate: str = "fixed"          # auto: the goodput controller's budgets; fixed: the drafter's
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -98,6 +108,8 @@ class GenerateConfig:
         if any(s == "" for s in self.stop):
             raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
         check_attention(self.attention)
+        if self.speculate not in SPECULATE:
+            raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
         self.exit_params()
         self.self_draft_params()
         try:
@@ -137,7 +149,8 @@ class GenerateConfig:
         d = asdict(self)
         for name in ("skip_bad", "limit") if legacy else UNKEYED:
             d.pop(name)
-        for name, default in (("attention", "sdpa"), ("cuda_graphs", True)):
+        for name, default in (("attention", "sdpa"), ("cuda_graphs", True),
+                              ("speculate", "fixed")):
             if d[name] == default:   # at their defaults left out: keys without them still match
                 d.pop(name)
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

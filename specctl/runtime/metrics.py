@@ -39,6 +39,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "step_tokens": stats.step_tokens if stats else 0,
         "prefill_tokens": stats.prefill_tokens if stats else 0,
         "peak_memory_mb": round(peak, 1), "device": str(device),
+        "speculation": speculation_metrics(cfg, stats),
         "per_sample": [{k: l.get(k) for k in ("index", "new_tokens", "steps", "wall_time_s")}
                        for l in good],
     }
@@ -90,3 +91,21 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
             "padding_ratio": round(1.0 - st.get("step_tokens", 0) / padded, 4) if padded else 0.0,
             "peak_memory_mb": round(r["peak_memory_mb"], 1)})
     return m
+
+
+def speculation_metrics(cfg, stats) -> dict:
+    """--speculate auto's record (runtime/controller.py): the budgets chosen (budget ->
+    sequence-steps), the predicted and measured mean step ms, and the goodput (emitted tokens
+    per second of step time)."""
+    out: dict = {"mode": cfg.speculate}
+    n = stats.controlled_steps if stats else 0
+    if n:
+        out.update({
+            "budget_hist": {str(k): v for k, v in sorted(stats.budget_hist.items())},
+            "controlled_steps": n,
+            "predicted_step_ms": round(stats.predicted_step_ms / n, 3),
+            "measured_step_ms": round(stats.measured_step_ms / n, 3),
+            "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)
+            if stats.measured_step_ms else 0.0,
+            "profile_s": round(stats.profile_s, 3)})
+    return out

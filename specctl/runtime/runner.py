@@ -14,6 +14,11 @@ at most `prefill_chunk` tokens), then one step over all running sequences: the d
 tree per sequence, the target runs once over [pending token + drafts] of every sequence packed
 flat (no padding: the tokens computed equal the sum of real tokens), the verifier picks the
 accepted path and bonus token per sequence, and the KV cache keeps exactly the accepted rows.
+
+Speculation (`speculate`): "fixed" lets each drafter draft its own amount (the papers'
+settings); "auto" asks the goodput controller (runtime/controller.py) for each sequence's draft
+budget every step, before the drafter proposes: the budget caps the sequence's `room` (and is
+set as `seq.budget`), so budget 0 is an `ar` step for it (no draft forward, no probe).
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ class RunStats:
     generated: int = 0
     probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
+    # speculation control (runtime/controller.py): budgets chosen (budget -> sequence-steps),
+    # the controller's predicted ms of the steps and their measured ms (both summed over the
+    # controlled steps), and the seconds spent measuring the step-cost profile
+    budget_hist: dict[int, int] = field(default_factory=dict)
+    predicted_step_ms: float = 0.0
+    measured_step_ms: float = 0.0
+    controlled_steps: int = 0
+    profile_s: float = 0.0
 
     @property
     def padding_ratio(self) -> float:
@@ -68,9 +81,16 @@ class Runner:
                  batch_size: int, max_len: int, eos_ids: set[int],
                  render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
                  stop: tuple[str, ...] = (), prefill_chunk: int = 512,
-                 threads: int | None = None):
+                 threads: int | None = None, speculate: str = "fixed", controller=None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if speculate not in ("auto", "fixed"):
+            raise ValueError(f"speculate must be 'auto' or 'fixed', got {speculate!r}")
+        if speculate == "auto" and controller is None and drafter.name != "ar":
+            # measured before this run's KV cache exists (the measurement makes its own)
+            from specctl.runtime.controller import make_controller
+            controller = make_controller(drafter, model, batch_size)
+        self.controller = controller if speculate == "auto" else None
         self.model, self.drafter, self.sp = model, drafter, sampling
         self.batch_size, self.max_len = batch_size, max_len
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
@@ -83,6 +103,8 @@ class Runner:
             headroom = max(headroom, model.graphs.max_n)
         self.kv = model.new_kv_cache(batch_size, max_len + headroom)
         self.stats = RunStats()
+        if self.controller is not None:
+            self.stats.profile_s = getattr(self.controller, "profile_s", 0.0)
         # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
         self.threads = threads
 
@@ -162,6 +184,8 @@ class Runner:
         req.answers.append(text)
         req.answer_ids.append(ids)
         req.finish_reasons.append(seq.finish_reason or "length")
+        if self.controller is not None:
+            self.controller.forget(seq.slot)
         self.kv.reset(seq.slot)
         free.append(seq.slot)
         free.sort()
@@ -237,6 +261,14 @@ class Runner:
         # together at most max_len tokens, where ar stops) is passed
         room = [min(self.max_len - kv.lens[s.slot] - 2,
                     s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
+        ctl = self.controller
+        if ctl is not None:
+            t0 = time.perf_counter()
+            budgets = ctl.budgets([s.slot for s in seqs], room)
+            room = [min(r, k) for r, k in zip(room, budgets)]
+            for s, k in zip(seqs, budgets):
+                s.budget = k
+                self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
         self.drafter.propose(seqs, kv, room)
         inputs, real, probes = [], [], []
         for s, r in zip(seqs, room):
@@ -280,6 +312,12 @@ class Runner:
                 self.stats.accept_hist.get(len(v.accepted), 0) + 1
             self._emit(s, v.tokens(tree))
         self.drafter.observe(seqs, verdicts)
+        if ctl is not None:
+            ctl.observe([s.slot for s in seqs], [len(s.draft) for s in seqs],
+                        [v.accepted for v in verdicts])
+            self.stats.controlled_steps += 1
+            self.stats.predicted_step_ms += ctl.last_predicted
+            self.stats.measured_step_ms += (time.perf_counter() - t0) * 1e3
         self.stats.steps += 1
         self.stats.step_tokens += sum(ran)
         self.stats.probe_tokens += sum(probes)

@@ -61,6 +61,8 @@ class Sequence:
     probe: DraftTree | None = None      # nodes run beside the draft, never verified (branches)
     probe_out: list[int] | None = None  # the target's argmax after each probe node
     state: dict = field(default_factory=dict)   # drafter-private per-sequence state
+    budget: int | None = None           # this step's draft budget from the controller (None:
+                                        # speculate fixed); 0 = an ar step, no probe either
     started: float = field(default_factory=time.perf_counter)
 
     @property

@@ -206,6 +206,10 @@ class SelfDraftDrafter(Drafter):
 
     def propose(self, seqs, kv, room) -> None:
         for s, r in zip(seqs, room):
+            if getattr(s, "budget", None) == 0:   # the controller's ar step: no branches either
+                s.draft, s.probe = DraftTree(), None
+                s.state["n_ctx_nodes"] = 0
+                continue
             cands, n_ctx = self.candidates(s)
             sizes: list[int] = []
             s.draft = build_trie(cands, max(r, 0), sizes)

@@ -1,0 +1,329 @@
+"""The goodput controller: how many draft tokens each sequence gets this step (issue 16).
+
+Speculation pays only while verifying the extra tokens (and drafting them) costs less than
+the tokens it is expected to add. Every step the controller gives each running sequence a
+draft budget k_i in [0, K] (K: the method's maximum; k_i = 0 is an `ar` step for that
+sequence) that maximizes the goodput of the whole step:
+
+    goodput(k) = E[emitted tokens of the step] / predicted step ms
+               = sum_i gain_i(k_i) / cost(k_1 .. k_B)
+
+Expected emitted tokens (gain)
+- Chain drafters (draft-verify, Kangaroo): with a_j the acceptance of draft position j given
+  that positions 1..j-1 were accepted, a chain of k drafts emits in expectation
+      gain(k) = 1 + sum_{i=1..k} P(first i accepted) = 1 + sum_{i=1..k} prod_{j<=i} a_j.
+  The bonus token makes the 1: budget 0 still emits one token. a_j is estimated online per
+  sequence and per position (accepted / tried at position j, where position j is "tried" when
+  it was drafted and 1..j-1 were accepted), shrunk toward the run's pooled estimate of the same
+  position with `prior_weight` pseudo-trials, which itself starts from `prior_accept` with
+  `prior_weight` pseudo-trials: a short sequence is never guessed blind, and a sequence that
+  accepts more than the pool gets larger budgets as soon as its own counts say so.
+  (The drafter's confidence exit still applies inside the budget: the budget is a cap.)
+- Trees (Self-Draft's trie of cache candidates, verified in node order): the accepted path's
+  nodes have increasing indices (parents precede children), so a trie cut to its first n nodes
+  keeps exactly the accepted nodes with index < n. The controller counts, per node index j,
+  how often node j was on the accepted path (hits[j]) over the steps that drafted (S):
+      gain(n) = 1 + sum_{j<n} hits[j] / S
+  i.e. the tree is trimmed by expected value in the trie's own priority order (candidate
+  rank = expected value order). Same pooled prior as chains (node j's prior rate is
+  prior_accept ** (j + 1)). A sequence's branches (the probe) run only when k_i > 0, and count
+  against the step cost (below); at k_i = 0 they are dropped (an `ar` step).
+
+Predicted step time (cost), from the step-cost table (engine/steptable.py: StepTable.ms(b, n) =
+ms of one verify step of b sequences with n new tokens each) and the method's draft cost:
+    cost(k) = verify_frac * verify_ms + sum_{d=1..D} draft_frac * table.ms(n_d, 1)
+- verify_ms: with n_i = 1 + k_i (+ probe tokens when k_i > 0) the tokens sequence i puts into
+  the verify forward,
+    padded (CUDA: the captured graphs pad every sequence to a common bucket n):
+        verify_ms = table.ms(B, max_i n_i)
+    packed (CPU: no padding, cost follows the total packed tokens, the matmuls dominate):
+        verify_ms = table.ms(B, sum_i n_i / B)      (the batch-B row at the mean tokens)
+  The CPU row is read at a fractional n (linear interpolation), which is the total-token model
+  while keeping the measured per-sequence attention overhead of batch B.
+- draft forwards: drafting runs in lockstep, one forward per draft depth over the sequences
+  still drafting; n_d = #{i: k_i + extra >= d} sequences are in the d-th forward. For
+  draft-verify extra = 0 (budget 0: no draft forward at all), draft_frac = the share of the
+  model's weights (blocks kept + LM head) the skip set runs. For Kangaroo extra = 1 (the
+  shallow forward of the pending token always runs: the verify starts at its layer-l states),
+  draft_frac = (l layers + adapter + head) / model, verify_frac = (L - l layers + head) / model.
+  Self-Draft's host work per candidate is negligible against a forward (not modelled).
+The table is measured on first use (a small grid, a few seconds; cached per model and batch
+for the process): `step_table_for`.
+
+Search: greedy marginal goodput. Start from k = 0; each round, for every sequence, try raising
+its budget to every larger value (a jump, not only +1: the first draft forward is paid once
+and shared, so goodput is not concave in one sequence's k), keep the single change with the
+highest goodput, stop when none improves it. A steep verify cost therefore gives every
+sequence 0 (exactly `ar`'s steps); a flat one gives the full budget; in a mixed batch the
+sequences that accept more get larger budgets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specctl.engine.steptable import StepTable, measure_step_table
+
+
+@dataclass
+class StepCost:
+    """Predicted ms of one step from the step-cost table and the method's draft cost."""
+    table: StepTable
+    padded: bool = False
+    verify_frac: float = 1.0   # share of a full step the verify forward costs (Kangaroo < 1)
+    draft_frac: float = 0.0    # one draft forward of b sequences = draft_frac * table.ms(b, 1)
+    draft_extra: int = 0       # draft forwards a sequence runs beyond its budget (Kangaroo: 1)
+    probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def ms(self, b: int, n: float) -> float:
+        key = (b, n)
+        v = self._memo.get(key)
+        if v is None:
+            v = self._memo[key] = self.table.ms(b, n)
+        return v
+
+    def tokens(self, k: int) -> int:
+        return 1 + k + (self.probe if k > 0 else 0)
+
+    def step_ms(self, ks: list[int]) -> float:
+        b = len(ks)
+        if not b:
+            return 0.0
+        if self.padded:
+            v = self.ms(b, max(self.tokens(k) for k in ks))
+        else:
+            v = self.ms(b, sum(self.tokens(k) for k in ks) / b)
+        total = self.verify_frac * v
+        if self.draft_frac:
+            depth = max(ks) + self.draft_extra
+            for d in range(1, depth + 1):
+                n_d = sum(1 for k in ks if k + self.draft_extra >= d)
+                total += self.draft_frac * self.ms(n_d, 1)
+        return total
+
+
+@dataclass
+class AcceptStats:
+    """Per-position acceptance counts: tried[j] / hit[j] for draft position (chain) or node
+    index (tree) j; steps = verify steps that drafted (trees)."""
+    tried: list[float] = field(default_factory=list)
+    hit: list[float] = field(default_factory=list)
+    steps: int = 0
+
+    def _grow(self, n: int) -> None:
+        while len(self.tried) < n:
+            self.tried.append(0.0)
+            self.hit.append(0.0)
+
+
+class Controller:
+    """Per-sequence, per-step draft budgets (see the module docstring).
+
+        ctl = Controller(cost, max_budget=12, tree=False)
+        ks = ctl.budgets(keys, room)          # keys: one hashable per running sequence
+        ... draft within ks, verify ...
+        ctl.observe(keys, drafted, accepted)  # drafted: nodes verified; accepted: node indices
+        ctl.forget(key)                       # when a sequence leaves its slot
+    """
+
+    def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
+                 prior_accept: float = 0.7, prior_weight: float = 4.0):
+        if max_budget < 0:
+            raise ValueError("max_budget must be >= 0")
+        self.cost, self.K, self.tree = cost, max_budget, tree
+        self.prior_accept, self.prior_weight = prior_accept, prior_weight
+        self.pool = AcceptStats()
+        self.seqs: dict = {}
+        # reporting
+        self.hist: dict[int, int] = {}
+        self.predicted_ms = 0.0
+        self.last_predicted = 0.0
+
+    # -- estimates ----------------------------------------------------------------------------
+    def _pool_rate(self, j: int) -> float:
+        base = self.prior_accept ** (j + 1) if self.tree else self.prior_accept
+        p = self.pool
+        if j < len(p.tried):
+            if self.tree:
+                return (p.hit[j] + self.prior_weight * base) / (p.steps + self.prior_weight)
+            return (p.hit[j] + self.prior_weight * base) / (p.tried[j] + self.prior_weight)
+        return base
+
+    def rates(self, key) -> list[float]:
+        """Chains: a_j (conditional acceptance of position j); trees: hits per step of node j."""
+        st = self.seqs.get(key)
+        out = []
+        w = self.prior_weight
+        for j in range(self.K):
+            prior = self._pool_rate(j)
+            if st is None or j >= len(st.tried):
+                out.append(prior)
+            elif self.tree:
+                out.append((st.hit[j] + w * prior) / (st.steps + w))
+            else:
+                out.append((st.hit[j] + w * prior) / (st.tried[j] + w))
+        return out
+
+    def gains(self, key, cap: int) -> list[float]:
+        """gain(k) for k = 0..cap: expected emitted tokens with a budget of k."""
+        g = [1.0]
+        run = 1.0
+        for a in self.rates(key)[:cap]:
+            if self.tree:
+                g.append(g[-1] + a)
+            else:
+                run *= a
+                g.append(g[-1] + run)
+        return g
+
+    # -- the decision ---------------------------------------------------------------------------
+    def budgets(self, keys: list, room: list[int]) -> list[int]:
+        caps = [max(0, min(self.K, r)) for r in room]
+        gains = [self.gains(k, c) for k, c in zip(keys, caps)]
+        ks = [0] * len(keys)
+        emitted = float(len(keys))
+        t = self.cost.step_ms(ks)
+        best = emitted / t if t > 0 else 0.0
+        b = len(keys)
+        fast = not self.cost.padded and not self.cost.draft_frac
+        tokens = sum(self.cost.tokens(k) for k in ks)
+        while True:
+            pick = None
+            for i, (g, c) in enumerate(zip(gains, caps)):
+                k0 = ks[i]
+                for k in range(k0 + 1, c + 1):
+                    ks[i] = k
+                    if fast:   # the cost depends on the total tokens only
+                        cost = self.cost
+                        tt = cost.verify_frac * cost.ms(
+                            b, (tokens - cost.tokens(k0) + cost.tokens(k)) / b)
+                    else:
+                        tt = self.cost.step_ms(ks)
+                    good = (emitted + g[k] - g[k0]) / tt if tt > 0 else 0.0
+                    if good > best * (1 + 1e-9):
+                        best, pick = good, (i, k)
+                ks[i] = k0
+            if pick is None:
+                break
+            i, k = pick
+            emitted += gains[i][k] - gains[i][ks[i]]
+            tokens += self.cost.tokens(k) - self.cost.tokens(ks[i])
+            ks[i] = k
+        self.last_predicted = self.cost.step_ms(ks)
+        self.predicted_ms += self.last_predicted
+        for k in ks:
+            self.hist[k] = self.hist.get(k, 0) + 1
+        return ks
+
+    # -- learning ---------------------------------------------------------------------------------
+    def observe(self, keys: list, drafted: list[int], accepted: list[list[int]]) -> None:
+        """drafted[i]: nodes verified for sequence i this step; accepted[i]: the accepted node
+        indices (in path order)."""
+        for key, n, acc in zip(keys, drafted, accepted):
+            if n <= 0:
+                continue
+            st = self.seqs.get(key)
+            if st is None:
+                st = self.seqs[key] = AcceptStats()
+            for s in (st, self.pool):
+                s.steps += 1
+                if self.tree:
+                    s._grow(n)
+                    for j in range(n):
+                        s.tried[j] += 1
+                    for j in acc:
+                        if j < n:
+                            s.hit[j] += 1
+                else:
+                    # position j is tried when drafted and 1..j-1 accepted
+                    top = min(n, len(acc) + 1)
+                    s._grow(top)
+                    for j in range(top):
+                        s.tried[j] += 1
+                        if j < len(acc):
+                            s.hit[j] += 1
+
+    def forget(self, key) -> None:
+        self.seqs.pop(key, None)
+
+    def report(self) -> dict:
+        return {"budget_hist": dict(sorted(self.hist.items())),
+                "predicted_step_ms": round(self.predicted_ms, 3)}
+
+
+# -- the step-cost table of a run ----------------------------------------------------------------
+
+_TABLES: dict = {}
+
+
+def step_table_for(model, batch_size: int, *, ns=(1, 2, 4, 8, 16), context: int = 128,
+                   repeats: int = 3, warmup: int = 1) -> StepTable:
+    """The step-cost table of `model` for runs of `batch_size` slots: measured on first use
+    (batches {1, batch_size}, a small grid of tokens per sequence), then kept for the process."""
+    batches = tuple(sorted({1, batch_size}))
+    key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = measure_step_table(model, batches=batches, ns=ns, context=context,
+                                              repeats=repeats, warmup=warmup)
+    return t
+
+
+def _numel(ts) -> int:
+    return sum(t.numel() for t in ts if t is not None)
+
+
+def weight_shares(model) -> tuple[list[int], list[int], int]:
+    """(attention weights per layer, MLP weights per layer, LM head weights): the cost shares
+    of the blocks a layer-skip or early-exit draft runs (matmul work ~ weights per token)."""
+    attn = [_numel([L.wqkv, L.wo]) for L in model.layers]
+    mlp = [_numel([L.w_gate_up, L.w_down]) for L in model.layers]
+    return attn, mlp, model.lm_head.numel()
+
+
+def cost_for(drafter, model, table: StepTable) -> StepCost:
+    """The StepCost of a drafter (draft-verify, kangaroo, self-draft, ar) on `model`."""
+    padded = model.device.type == "cuda" and model.graphs is not None
+    attn, mlp, head = weight_shares(model)
+    total = sum(attn) + sum(mlp) + head
+    name = getattr(drafter, "name", "")
+    if name == "draft-verify":
+        skip = drafter.skip
+        kept = sum(a for i, a in enumerate(attn) if i not in skip.attn) + \
+            sum(m for j, m in enumerate(mlp) if j not in skip.mlp)
+        return StepCost(table, padded, draft_frac=(kept + head) / total)
+    if name == "kangaroo":
+        l = drafter.l
+        shallow = sum(attn[:l]) + sum(mlp[:l])
+        adapter = _numel(drafter.adapter.w.values())
+        return StepCost(table, padded, verify_frac=(total - shallow) / total,
+                        draft_frac=(shallow + adapter + head) / total, draft_extra=1)
+    if name == "self-draft":
+        p = drafter.prm
+        return StepCost(table, padded, probe=p.branches * p.branch_len)
+    return StepCost(table, padded)
+
+
+def max_budget(drafter) -> int:
+    name = getattr(drafter, "name", "")
+    if name == "draft-verify":
+        return drafter.prm.K
+    if name == "kangaroo":
+        return drafter.prm.gamma
+    if name == "self-draft":
+        p = drafter.prm
+        glen = getattr(drafter.corpus, "gram_len", p.gram) if drafter.corpus is not None else p.gram
+        return p.context_cands * p.gram + p.corpus_cands * glen
+    return 0
+
+
+def make_controller(drafter, model, batch_size: int, table: StepTable | None = None,
+                    **kw) -> Controller:
+    t0 = time.perf_counter()
+    table = table or step_table_for(model, batch_size)
+    ctl = Controller(cost_for(drafter, model, table), max_budget(drafter),
+                     tree=getattr(drafter, "name", "") == "self-draft", **kw)
+    ctl.profile_s = time.perf_counter() - t0
+    return ctl

@@ -1,0 +1,206 @@
+"""The goodput controller on synthetic step-cost profiles (no model, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specctl.engine.steptable import StepTable
+from specctl.runtime.controller import Controller, StepCost
+
+NS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def table(f, batches=tuple(range(1, 9))) -> StepTable:
+    """A synthetic table: ms(b, n) = f(b, n)."""
+    return StepTable("cpu", "float32", "sdpa", 128, tuple(batches), NS,
+                     tuple(tuple(float(f(b, n)) for n in NS) for b in batches))
+
+
+steep = table(lambda b, n: 10.0 * b * n)            # every extra token costs a whole step
+flat = table(lambda b, n: 10.0 + 0.001 * b * n)     # verifying more is nearly free
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_steep_cost_gives_budget_zero(tree, padded):
+    ctl = Controller(StepCost(steep, padded, probe=6 if tree else 0), 12, tree=tree,
+                     prior_accept=0.95)
+    for b in (1, 8):
+        assert ctl.budgets(list(range(b)), [100] * b) == [0] * b
+
+
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_flat_cost_gives_full_budget(tree, padded):
+    ctl = Controller(StepCost(flat, padded), 12, tree=tree, prior_accept=0.7)
+    for b in (1, 8):
+        assert ctl.budgets(list(range(b)), [100] * b) == [12] * b
+    # the room still caps it
+    assert ctl.budgets([0, 1], [3, 0]) == [3, 0]
+
+
+def test_draft_forward_cost_counts():
+    # verify nearly free, but each draft forward costs as much as a step: no drafting
+    ctl = Controller(StepCost(flat, draft_frac=1.0), 6, prior_accept=0.7)
+    assert ctl.budgets([0], [10]) == [0]
+    # a cheap draft forward with confident drafts: the full budget
+    ctl = Controller(StepCost(flat, draft_frac=0.01), 6, prior_accept=0.9)
+    assert ctl.budgets([0], [10]) == [6]
+
+
+def test_mixed_batch_gives_more_to_sequences_that_accept_more():
+    # verify cost grows with the total tokens: speculation pays only for good acceptors
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.08 * (n - 1)))
+    ctl = Controller(StepCost(mid), 12, prior_accept=0.5)
+    keys = list(range(8))
+    for _ in range(30):   # sequences 0-3 accept everything, 4-7 nothing
+        ctl.observe(keys, [6] * 8, [list(range(6)) if k < 4 else [] for k in keys])
+    ks = ctl.budgets(keys, [100] * 8)
+    assert min(ks[:4]) > max(ks[4:]), ks
+    assert max(ks[4:]) == 0 and min(ks[:4]) >= 4
+
+
+def test_tree_mixed_batch():
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))
+    ctl = Controller(StepCost(mid), 20, tree=True, prior_accept=0.3)
+    keys = [0, 1]
+    for _ in range(30):   # seq 0's first two trie nodes are always accepted; seq 1 never
+        ctl.observe(keys, [20, 20], [[0, 1], []])
+    ks = ctl.budgets(keys, [100, 100])
+    assert ks[0] >= 2 and ks[1] == 0, ks
+
+
+def test_pooled_prior_for_new_sequences():
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.2 * (n - 1)))
+    ctl = Controller(StepCost(mid), 8, prior_accept=0.2)
+    assert ctl.budgets([0], [10]) == [0]         # a pessimistic prior: ar
+    for _ in range(50):
+        ctl.observe([0], [8], [list(range(8))])  # the pool learns drafts are accepted
+    assert ctl.budgets([99], [10])[0] > 0        # a new sequence starts from the pool
+    assert ctl.report()["budget_hist"]
+
+
+def test_gain_of_a_chain():
+    ctl = Controller(StepCost(flat), 3, prior_accept=0.5, prior_weight=1.0)
+    assert ctl.gains(0, 3) == pytest.approx([1, 1.5, 1.75, 1.875])
+
+
+# -- in the runner: lossless, and the budgets do what the profile says ---------------------------
+
+import random  # noqa: E402
+
+from helpers import method_drafters, run_ids  # noqa: E402
+from specctl.runtime.controller import cost_for, max_budget  # noqa: E402
+
+
+def _ctl(drafter, model, tab, draft_frac=None, **kw):
+    cost = cost_for(drafter, model, tab)
+    if draft_frac is not None and cost.draft_frac:
+        cost.draft_frac = draft_frac
+    return Controller(cost, max_budget(drafter), tree=drafter.name == "self-draft", **kw)
+
+
+def _prompts(n, seed=0, vocab=30):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(3, 20))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_steep_profile_is_exactly_ar(model, batch):
+    prompts = _prompts(4)
+    ref, ar_stats = run_ids(model, prompts, batch_size=batch, max_tokens=12)
+    for name, dr in method_drafters(model, prompts, ref).items():
+        if dr is None:
+            continue
+        got, st = run_ids(model, prompts, batch_size=batch, max_tokens=12, drafter=dr,
+                          speculate="auto", controller=_ctl(dr, model, steep, prior_accept=0.99))
+        assert got == ref, name
+        assert st.steps == ar_stats.steps, name
+        assert set(st.budget_hist) == {0} and set(st.accept_hist) == {0}, name
+        assert st.probe_tokens == 0 and st.step_tokens == ar_stats.step_tokens, name
+        if name == "draft-verify":
+            assert dr.draft_forwards == 0   # the budget ruled drafting out: no draft forward
+        if name == "kangaroo":   # only the shallow forward the verify needs, one per step
+            assert dr.draft_forwards == ar_stats.steps
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_flat_profile_drafts_and_stays_lossless(model, batch):
+    prompts = _prompts(4, seed=1)
+    ref, ar_stats = run_ids(model, prompts, batch_size=batch, max_tokens=12)
+    for name, dr in method_drafters(model, prompts, ref).items():
+        if dr is None:
+            continue
+        got, st = run_ids(model, prompts, batch_size=batch, max_tokens=12, drafter=dr,
+                          speculate="auto",
+                          controller=_ctl(dr, model, flat, draft_frac=0.01, prior_accept=0.9))
+        assert got == ref, name
+        assert max(st.budget_hist) > 0, name
+        assert sum(k * c for k, c in st.accept_hist.items()) > 0, name
+        assert st.steps < ar_stats.steps, name
+        assert st.controlled_steps == st.steps and st.predicted_step_ms > 0
+
+
+def test_random_profiles_are_lossless(model):
+    """Budgets anywhere between 0 and full, changing step to step: greedy still equals ar."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        prompts = _prompts(rng.randint(1, 5), seed=seed, vocab=rng.choice([8, 30]))
+        mt = rng.randint(1, 20)
+        ref, _ = run_ids(model, prompts, max_tokens=mt)
+        slope = rng.choice([0.02, 0.1, 0.3])
+        tab = table(lambda b, n: 10.0 * b * (1 + slope * (n - 1)))
+        for name, dr in method_drafters(model, prompts, ref).items():
+            if dr is None:
+                continue
+            got, _ = run_ids(model, prompts, batch_size=rng.randint(1, 4), max_tokens=mt,
+                             drafter=dr, speculate="auto",
+                             controller=_ctl(dr, model, tab, prior_accept=rng.random()))
+            assert got == ref, (seed, name)
+
+
+def test_cli_speculate_auto(tmp_path, tiny_llama):
+    """generate --speculate auto and a bench method ending in :auto: same answers as ar, and the
+    budgets, predicted and measured step times and goodput in metrics.json / the bench row."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    from specctl.runtime.config import split_variant
+    assert split_variant("self-draft:light:auto")[1]["speculate"] == "auto"
+    assert split_variant("draft-verify:fixed") == ("draft-verify", {"speculate": "fixed"})
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n"
+                               for t in ("one two three", "a b a b a b", "x")))
+    skip = tmp_path / "skip.json"
+    from specctl.spec.draft_verify import SkipSet
+    skip.write_text(json.dumps(SkipSet(4).to_json()))
+    store = tmp_path / "store"
+    common = ["--model", str(tiny_llama), "--store", str(store), "--max-tokens", "6",
+              "--device", "cpu", "--dtype", "fp32", "-q"]
+    outs = {}
+    for spec in ("fixed", "auto"):
+        out = tmp_path / f"{spec}.jsonl"
+        r = CliRunner().invoke(app, ["generate", str(prompts), "--method", "draft-verify",
+                                     "--skip-set", str(skip), "--speculate", spec, "-o", str(out),
+                                     "-b", "2", *common])
+        assert r.exit_code == 0, r.output
+        outs[spec] = [json.loads(l)["text"] for l in out.read_text().splitlines()]
+        (m,) = [json.loads(f.read_text()) for f in (store / "runs").glob("*/metrics.json")
+                if json.loads(f.read_text())["speculation"]["mode"] == spec]
+        assert m["speculation"]["mode"] == spec
+        if spec == "auto":
+            sp = m["speculation"]
+            assert sum(sp["budget_hist"].values()) >= sp["controlled_steps"] > 0
+            assert sp["predicted_step_ms"] > 0 and sp["measured_step_ms"] > 0
+            assert sp["goodput_tokens_per_s"] > 0
+    assert outs["auto"] == outs["fixed"]
+    r = CliRunner().invoke(app, ["bench", str(prompts), "--methods", "ar,draft-verify:auto",
+                                 "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
+                                 "--skip-set", str(skip), *common])
+    assert r.exit_code == 0, r.output
+    res = json.loads(next((store / "benches").glob("*/results.json")).read_text())
+    row = {x["method"]: x for x in res["rows"]}["draft-verify:auto"]
+    assert row["matches_ar"] and row["speculation"]["mode"] == "auto"
+    assert row["speculation"]["budget_hist"]
