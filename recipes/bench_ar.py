@@ -64,8 +64,8 @@ def peak_rss_mb() -> float:   # ru_maxrss is in KiB on Linux
 def ar_generate(model_dir: Path, tk: Tokenization, batch: int):
     from specctl.models.loader import load_model
     from specctl.runtime.runner import Runner
-    from specctl.spec.drafter import NoDraft
-    from specctl.spec.verify import SamplingParams
+    from specctl.speculative.drafter import NoDraft
+    from specctl.speculative.sampling import SamplingParams
 
     model = load_model(model_dir, "cpu", "fp32")
 

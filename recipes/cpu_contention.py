@@ -22,8 +22,8 @@ import torch
 def decode(model, prompts, max_tokens: int, threads: int | None) -> float:
     from specctl.runtime.runner import Runner
     from specctl.runtime.sequence import Request
-    from specctl.spec.drafter import NoDraft
-    from specctl.spec.verify import SamplingParams
+    from specctl.speculative.drafter import NoDraft
+    from specctl.speculative.sampling import SamplingParams
     reqs = [Request(i, [[]], max_tokens) for i in range(len(prompts))]
     runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=1024,
                     eos_ids=set(), render=lambda r: prompts[r.index], decode=lambda ids: "",

@@ -6,8 +6,8 @@ import torch
 
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
-from specctl.spec.drafter import NoDraft
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.drafter import NoDraft
+from specctl.speculative.sampling import SamplingParams
 
 
 def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens: int = 16,
@@ -54,7 +54,7 @@ def check_three_token_sampling(model, prompt: list[int], sp: SamplingParams, dra
     p(x1) p(x2|x1) p(x3|x1 x2) (sp should use a small top-k so the support stays small): x1
     comes from prefill, x2 and x3 from draft + verify steps. Returns the run's stats."""
     from specctl.engine.batch import ForwardBatch, SeqInput
-    from specctl.spec.verify import warp
+    from specctl.speculative.sampling import warp
 
     def dist(ids):
         kv = model.new_kv_cache(1, len(ids) + 1)
@@ -139,9 +139,9 @@ class Oracle:
 def method_drafters(m, prompts, ref, adapter=None):
     """{method: drafter} (None for ar) for the tiny 4-layer model: one drafter of every method,
     each set up so that drafts get accepted."""
-    from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
-    from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
-    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+    from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
     return {
         "ar": None,
         "draft-verify": LayerSkipDrafter(m, SkipSet(4, frozenset({2}), frozenset({3})),

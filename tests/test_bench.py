@@ -16,8 +16,8 @@ import specctl.bench.peers as peers
 from helpers import fails
 from specctl.bench import compare, spread
 from specctl.cli import app
-from specctl.spec.draft_verify import SkipSet
-from specctl.spec.drafter import NoDraft
+from specctl.speculative.draft_verify import SkipSet
+from specctl.speculative.drafter import NoDraft
 from specctl.runtime.sequence import Request
 
 runner = CliRunner(env={"COLUMNS": "200"})

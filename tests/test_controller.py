@@ -174,7 +174,7 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n"
                                for t in ("one two three", "a b a b a b", "x")))
     skip = tmp_path / "skip.json"
-    from specctl.spec.draft_verify import SkipSet
+    from specctl.speculative.draft_verify import SkipSet
     skip.write_text(json.dumps(SkipSet(4).to_json()))
     store = tmp_path / "store"
     common = ["--model", str(tiny_llama), "--store", str(store), "--max-tokens", "6",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from helpers import check_three_token_sampling, random_prompts, run_ids
-from specctl.spec.draft_verify import (ExitParams, ExitState, LayerSkipDrafter, SkipSet,
+from specctl.speculative.draft_verify import (ExitParams, ExitState, LayerSkipDrafter, SkipSet,
                                        update_threshold)
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.sampling import SamplingParams
 
 
 

@@ -9,8 +9,8 @@ import torch
 from helpers import prefill_slots, random_prompts, run_ids, tree_input
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.models.loader import load_model
-from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+from specctl.speculative.sampling import SamplingParams
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -49,7 +49,7 @@ def test_graphs_keep_decoding_lossless(tiny_llama, batch_size):
 
 def test_graph_tree_logits_equal_eager(tiny_llama):
     """A masked (tree + branches) step replayed from a graph equals the eager forward."""
-    from specctl.spec.self_draft import branch_probe, build_trie
+    from specctl.speculative.self_draft import branch_probe, build_trie
     g = load_model(tiny_llama, "cuda", "fp32")
     e = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False)
     prompts = random_prompts(3)
@@ -67,7 +67,7 @@ def test_graph_tree_logits_equal_eager(tiny_llama):
 
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_graphs_keep_self_draft_lossless(tiny_llama, batch_size):
-    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
     cpu = load_model(tiny_llama, "cpu", "fp32")
     gpu = load_model(tiny_llama, "cuda", "fp32")
     prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8] + random_prompts(6, seed=2)
@@ -100,7 +100,7 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
     """The compiled flex kernel against SDPA: on one masked (tree + branches) graph step, and
     without graphs (prefill and eager steps: the dynamic-shape compile) on a packed batch of
     unequal lengths, a tree among them."""
-    from specctl.spec.self_draft import branch_probe, build_trie
+    from specctl.speculative.self_draft import branch_probe, build_trie
     prompts = random_prompts(3, seed=0 if graphs else 8)
     nodes = build_trie([[5, 6, 7], [5, 8]], 10)
     if graphs:
@@ -121,7 +121,7 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
 def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
     """Sampling on the graph path: Self-Draft's text is ar's, token for token (fp32), and the
     draws (inverse CDF on the device) never leave the warped support."""
-    from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
     gpu = load_model(tiny_llama, "cuda", "fp32")
     prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8] + random_prompts(6, seed=2)
     sp = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=4)

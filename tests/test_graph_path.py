@@ -15,9 +15,9 @@ from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
 from specctl.models.loader import load_model
-from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
-from specctl.spec.self_draft import branch_probe, build_trie
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.speculative.self_draft import branch_probe, build_trie
+from specctl.speculative.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

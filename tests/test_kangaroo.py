@@ -8,8 +8,8 @@ import torch
 
 from helpers import check_three_token_sampling, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.speculative.sampling import SamplingParams
 
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import chi_square_ok, hf_greedy, random_prompts, run_ids
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.sampling import SamplingParams
 
 
 def _prompts(n, seed=0):
@@ -39,7 +39,7 @@ def test_slot_is_reused_when_a_sequence_finishes(model):
     prompts = _prompts(6, seed=2)
     from specctl.runtime.runner import Runner
     from specctl.runtime.sequence import Request
-    from specctl.spec.drafter import NoDraft
+    from specctl.speculative.drafter import NoDraft
 
     reqs = [Request(i, [[]], 2 if i % 2 == 0 else 9) for i in range(6)]
     order = []
@@ -56,7 +56,7 @@ def test_chunked_prefill_equals_one_shot(model):
     ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=6)
     from specctl.runtime.runner import Runner
     from specctl.runtime.sequence import Request
-    from specctl.spec.drafter import NoDraft
+    from specctl.speculative.drafter import NoDraft
     got = {}
     r = Runner(model, NoDraft(), SamplingParams(), batch_size=4, max_len=128, eos_ids=set(),
                render=lambda q: prompts[q.index], decode=str, prefill_chunk=7)
@@ -111,7 +111,7 @@ def test_sampling_matches_model_distribution(model):
     (temperature + top-p), by a chi-square test that a 10% temperature error fails."""
     prompt = _prompts(1, seed=6)[0]
     from specctl.engine.batch import ForwardBatch, SeqInput
-    from specctl.spec.verify import warp
+    from specctl.speculative.sampling import warp
     kv = model.new_kv_cache(1, 64)
     logits = model.logits(model.forward(ForwardBatch([SeqInput(0, prompt, 0)]), kv))[-1]
     sp = SamplingParams(temperature=1.0, top_p=0.95, seed=3)

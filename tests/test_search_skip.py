@@ -12,7 +12,7 @@ from specctl.cli import app
 from specctl.models.loader import load_model
 from specctl.prep.costs import CostProfile, run_cost
 from specctl.prep.search_skip import DevSet
-from specctl.spec.draft_verify import SkipSet
+from specctl.speculative.draft_verify import SkipSet
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
            "Explain how a transformer language model works.", "To be or not to be"]
@@ -135,8 +135,8 @@ def _real_batch1(model, prompts, skip, prm, max_new):
     """Real greedy draft-verify runs, one prompt at a time (batch 1), gamma carried over."""
     from specctl.runtime.runner import Runner
     from specctl.runtime.sequence import Request
-    from specctl.spec.draft_verify import LayerSkipDrafter
-    from specctl.spec.verify import SamplingParams
+    from specctl.speculative.draft_verify import LayerSkipDrafter
+    from specctl.speculative.sampling import SamplingParams
     drafter = LayerSkipDrafter(model, skip, SamplingParams(), prm)
     out = []
     for p in prompts:
@@ -157,7 +157,7 @@ def test_simulated_drafting_matches_real_draft_verify(model, K):
     model's KV rows instead of the drafter's own, and drafts after a rejection are priced from
     the teacher-forced confidences: the totals agree closely."""
     from specctl.prep.tf_probe import TeacherForcedDev, simulate
-    from specctl.spec.draft_verify import ExitParams, ExitState
+    from specctl.speculative.draft_verify import ExitParams, ExitState
     prompts = [[5 + i, 9, 17, 33 + i, 40, 7 * i + 3] for i in range(5)]
     max_new = 20
     prm = ExitParams(K=K, gamma0=0.02, alpha=0.5)   # a random model is not confident: draft
@@ -192,7 +192,7 @@ def test_simulation_rules():
     """Exit rule, cap, room, bonus token and back-off on hand-made arrays."""
     import numpy as np
     from specctl.prep.tf_probe import simulate
-    from specctl.spec.draft_verify import ExitParams
+    from specctl.speculative.draft_verify import ExitParams
     prm = ExitParams(K=3)
     n = 9   # max_new 10: nodes y_0 .. y_8
     # always right, always confident: steps of K drafts + bonus until the room runs out

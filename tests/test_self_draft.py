@@ -11,10 +11,11 @@ from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_p
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
-from specctl.spec.drafter import NoDraft
-from specctl.spec.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
+from specctl.speculative.drafter import NoDraft
+from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
-from specctl.spec.verify import SamplingParams, Verdict
+from specctl.speculative.verify import Verdict
+from specctl.speculative.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

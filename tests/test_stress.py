@@ -18,11 +18,11 @@ from specctl.engine.graphs import CudaGraphs
 from specctl.models.loader import load_model
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
-from specctl.spec.drafter import NoDraft
-from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
-from specctl.spec.kangaroo import Adapter, KangarooDrafter, KangarooParams
-from specctl.spec.self_draft import SelfDraftDrafter, SelfDraftParams
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.drafter import NoDraft
+from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+from specctl.speculative.sampling import SamplingParams
 
 
 @pytest.fixture(scope="module")

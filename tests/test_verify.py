@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specctl.spec.verify import (DraftTree, SamplingParams, Verdict, sample_rows,
-                                 verify_greedy, verify_sampling, warp)
+from specctl.speculative.verify import DraftTree, Verdict, verify_greedy, verify_sampling
+from specctl.speculative.sampling import SamplingParams, sample_rows, warp
 from helpers import chi_square_ok
 
 
@@ -111,7 +111,7 @@ def test_warp_top_k_top_p():
 
 
 def test_top1_is_argmax_and_softmax_max():
-    from specctl.spec.verify import top1
+    from specctl.speculative.sampling import top1
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 49152, generator=g) * 4
     logits[2, 40000] = 60.0                              # a confident row, a late token id
@@ -152,7 +152,7 @@ def test_one_hot_trees_emit_exactly_ar_samples():
     """A tree of deterministic drafts (siblings, duplicates, several levels, zero-probability
     tokens) emits exactly the tokens ar draws one by one at the same position uniforms, with
     each row's distribution depending on the path to it; and accepts drafts that way."""
-    from specctl.spec.verify import position_uniforms, sample_rows
+    from specctl.speculative.sampling import position_uniforms, sample_rows
     vocab = 5
     g = torch.Generator().manual_seed(0)
 

@@ -25,8 +25,8 @@ from shapes import random_model  # noqa: E402
 from specctl.engine.graphs import CudaGraphs  # noqa: E402
 from specctl.runtime.runner import Runner  # noqa: E402
 from specctl.runtime.sequence import Request  # noqa: E402
-from specctl.spec.drafter import NoDraft  # noqa: E402
-from specctl.spec.verify import SamplingParams  # noqa: E402
+from specctl.speculative.drafter import NoDraft  # noqa: E402
+from specctl.speculative.sampling import SamplingParams  # noqa: E402
 
 
 def run(model, prompts, batch_size: int, max_tokens: int, trace: list | None = None):

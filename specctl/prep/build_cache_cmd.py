@@ -22,7 +22,7 @@ from specctl.reporting import Reporter, reporter
 from specctl.prep.ngram_build import (CountConfig, config_dict, count_tables, tokenize_to_stream,
                                       write_artifact)
 from specctl.models.fingerprint import tokenizer_fingerprint, tokenizer_name
-from specctl.spec.corpus_cache import KIND
+from specctl.speculative.corpus_cache import KIND
 from specctl.store import Store, file_sha256, make_manifest
 
 OANC_URL = "https://anc.org/data/oanc/"

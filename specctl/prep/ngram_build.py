@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from specctl.errors import SpecctlError
-from specctl.spec.corpus_cache import ARTIFACT_FILE, CONFIG_FILE, FORMAT_VERSION, hash_keys
+from specctl.speculative.corpus_cache import ARTIFACT_FILE, CONFIG_FILE, FORMAT_VERSION, hash_keys
 
 SEP = -1
 

@@ -19,7 +19,7 @@ from specctl.reporting import Reporter, reporter
 from specctl.runtime.artifacts import describe_skip_set
 from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
-from specctl.spec.draft_verify import SkipSet
+from specctl.speculative.draft_verify import SkipSet
 from specctl.store import Store
 
 

@@ -44,8 +44,8 @@ import numpy as np
 from specctl.prep.costs import CostProfile, run_cost
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
-from specctl.spec.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+from specctl.speculative.sampling import SamplingParams
 
 EARLY_STOP_RATIO = 1.25    # stop a probe once it costs this much more per token than the best
 EARLY_STOP_AFTER = 0.25    # ... after this share of the dev tokens
@@ -145,7 +145,7 @@ class DevSet:
         if profile is not None:
             return profile.ar_per_token
         # ar through the same runner: a drafter that never drafts (K drafts of 0 tokens)
-        from specctl.spec.drafter import NoDraft
+        from specctl.speculative.drafter import NoDraft
         self.runner.drafter = NoDraft()
         seqs = self._sequences()
         t0 = time.perf_counter()

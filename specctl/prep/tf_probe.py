@@ -5,7 +5,7 @@ from prefill) are decoded once, as `ar` decodes them, and the full model's KV ro
 hidden states over prompt + y_0 .. y_{M-2} are kept. A probe of a skip set then runs ONE packed
 forward of the skipped model over the M - 1 "nodes" of every prompt: node j is token y_j at its
 position, and sees the full model's KV rows of everything before it plus itself. Its top-1
-token and top-1 probability (the draft's confidence, `top1` in spec/verify.py) are the arrays
+token and top-1 probability (the draft's confidence, `top1` in speculative/sampling.py) are the arrays
 
     agree[j] = (skipped model's top-1 at node j == y_{j+1}),   conf[j] = its probability.
 
@@ -28,7 +28,7 @@ is what the arrays hold. Exactly:
   exit, hence the cost and gamma's update) is taken from conf at the following nodes.
 The simulation (`simulate`) replays the runner's drafting exactly on top of these arrays: the
 exit rule (stop when conf < gamma or after K drafts or at the room left), the adaptive gamma
-(spec/draft_verify.update_threshold, pooled over the batch per step, carried over), the back-off
+(speculative/draft_verify.update_threshold, pooled over the batch per step, carried over), the back-off
 of fruitless steps, the bonus token, lock-step batching of the dev prompts as DevSet decodes them.
 Its counts are priced by the cost model (prep/costs.run_cost) like DevSet's. A test compares the
 simulated counts with real draft-verify runs; the search re-decodes its best few sets for real
@@ -45,15 +45,15 @@ import torch
 from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.prep.costs import CostProfile, run_cost
-from specctl.spec.draft_verify import ExitParams, ExitState, SkipSet, update_threshold
+from specctl.speculative.draft_verify import ExitParams, ExitState, SkipSet, update_threshold
 
 
 def greedy_continuations(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:
     """The full model's greedy answers (max_new tokens each), decoded as `ar` decodes them."""
     from specctl.runtime.runner import Runner
     from specctl.runtime.sequence import Request
-    from specctl.spec.drafter import NoDraft
-    from specctl.spec.verify import SamplingParams
+    from specctl.speculative.drafter import NoDraft
+    from specctl.speculative.sampling import SamplingParams
 
     runner = Runner(model, NoDraft(), SamplingParams(), batch_size=len(prompts),
                     max_len=max(map(len, prompts)) + max_new + 2, eos_ids=set(),

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.errors import SpecctlError
 from specctl.reporting import quiet
-from specctl.spec.kangaroo import Adapter, adapter_config
+from specctl.speculative.kangaroo import Adapter, adapter_config
 from specctl.store import Store, atomic_write_json, make_manifest
 
 

@@ -20,9 +20,9 @@ from typing import Callable
 from specctl.errors import SpecctlError
 from specctl.models.fingerprint import _legacy_fingerprint, tokenizer_fingerprint, tokenizer_name
 from specctl.reporting import quiet
-from specctl.spec.corpus_cache import ARTIFACT_FILE, KIND as CORPUS_KIND, read_config
-from specctl.spec.draft_verify import SkipSet
-from specctl.spec.kangaroo import Adapter
+from specctl.speculative.corpus_cache import ARTIFACT_FILE, KIND as CORPUS_KIND, read_config
+from specctl.speculative.draft_verify import SkipSet
+from specctl.speculative.kangaroo import Adapter
 from specctl.store import Store, read_json
 
 

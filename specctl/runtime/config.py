@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass
 
 from specctl.errors import SpecctlError
-from specctl.spec.verify import SamplingParams
+from specctl.speculative.sampling import SamplingParams
 
 METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
 # named ablations a benchmark can run beside the method itself ("self-draft:no-corpus")
@@ -118,7 +118,7 @@ class GenerateConfig:
             raise SpecctlError("--" + str(e).replace("_", "-", 1)) from None
 
     def exit_params(self):
-        from specctl.spec.draft_verify import ExitParams
+        from specctl.speculative.draft_verify import ExitParams
         try:
             return ExitParams(self.max_draft, self.gamma0, self.eps, self.beta1, self.beta2,
                               self.alpha)
@@ -126,7 +126,7 @@ class GenerateConfig:
             raise SpecctlError(f"draft-verify: {e}") from None
 
     def self_draft_params(self):
-        from specctl.spec.self_draft import SelfDraftParams
+        from specctl.speculative.self_draft import SelfDraftParams
         try:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,

@@ -10,7 +10,7 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.runtime.artifacts import (describe_skip_set, resolve_adapter, resolve_corpus_cache,
                                        resolve_skip_set)
 from specctl.runtime.config import GenerateConfig
-from specctl.spec.drafter import NoDraft
+from specctl.speculative.drafter import NoDraft
 from specctl.store import Store
 
 
@@ -25,7 +25,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
     if cfg.method == "ar":
         return NoDraft()
     if cfg.method == "kangaroo":
-        from specctl.spec.kangaroo import KangarooDrafter, KangarooParams
+        from specctl.speculative.kangaroo import KangarooDrafter, KangarooParams
         adapter, where = resolve_adapter(cfg.adapter, store, model_fingerprint(model_dir), model)
         log(f"kangaroo: adapter {where} (exit layer {adapter.l})")
         try:
@@ -34,11 +34,11 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
             raise SpecctlError(f"kangaroo: {e}") from None
         return KangarooDrafter(model, adapter, cfg.sampling(), prm)
     if cfg.method == "self-draft":
-        from specctl.spec.self_draft import SelfDraftDrafter
+        from specctl.speculative.self_draft import SelfDraftDrafter
         prm = cfg.self_draft_params()
         corpus, cid = None, None
         if prm.corpus_cache:
-            from specctl.spec.corpus_cache import CorpusCache
+            from specctl.speculative.corpus_cache import CorpusCache
             path = resolve_corpus_cache(store, model_dir, cfg.corpus_cache, log)
             if path is None:
                 log("self-draft: no corpus cache for this model's tokenizer in the store "
@@ -60,7 +60,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
         return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
-    from specctl.spec.draft_verify import LayerSkipDrafter
+    from specctl.speculative.draft_verify import LayerSkipDrafter
 
     skip, where = resolve_skip_set(cfg.skip_set, store, model_fingerprint(model_dir),
                                    model.cfg.num_layers, log, model.device, model.dtype)

@@ -35,9 +35,9 @@ from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.sequence import Request, Sequence
 from specctl.runtime.threads import ThreadTuner
-from specctl.spec.drafter import Drafter
-from specctl.spec.verify import (DraftTree, SamplingParams, position_uniforms, sample_rows,
-                                 verify_greedy, verify_sampling_batch, warp)
+from specctl.speculative.drafter import Drafter
+from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
+from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
 
 
 @dataclass

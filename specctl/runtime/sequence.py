@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specctl.spec.verify import DraftTree
+from specctl.speculative.verify import DraftTree
 
 
 @dataclass

@@ -16,7 +16,7 @@ KV rows are discarded with the rejected drafts.
 
 from __future__ import annotations
 
-from specctl.spec.verify import DraftTree
+from specctl.speculative.verify import DraftTree
 
 
 class Drafter:

@@ -32,8 +32,8 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree
+from specctl.speculative.drafter import Drafter
+from specctl.speculative.verify import DraftTree
 
 
 @dataclass(frozen=True)

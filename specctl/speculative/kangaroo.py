@@ -37,8 +37,9 @@ from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, rms_norm
-from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, draw_drafts
+from specctl.speculative.drafter import Drafter
+from specctl.speculative.verify import DraftTree
+from specctl.speculative.sampling import SamplingParams, draw_drafts
 
 ADAPTER_KEYS = ("norm_in.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
                 "o_proj.weight", "norm_out.weight")

@@ -31,8 +31,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.spec.drafter import Drafter
-from specctl.spec.verify import DraftTree, SamplingParams, draw_drafts
+from specctl.speculative.drafter import Drafter
+from specctl.speculative.verify import DraftTree
+from specctl.speculative.sampling import SamplingParams, draw_drafts
 
 
 @dataclass(frozen=True)
