@@ -655,3 +655,14 @@ def test_a_run_in_use_is_not_resumed_twice(prompts_file, tiny_llama, baseline, t
         r = generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume")
         fails(r, run.name, "in use by another specctl process")
     ok(generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume"))
+
+
+def test_threads_option(tmp_path, prompts_file, tiny_llama, baseline):
+    """--threads fixes the CPU threads of a step; the answers and the run's key are those of
+    the default (a thread count is how, not what, is computed)."""
+    fails(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                   "--threads", "0"), "--threads")
+    ok(generate(prompts_file, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                "--threads", "1"))
+    assert strip_timing(read_jsonl(tmp_path / "o.jsonl")) == strip_timing(baseline["lines"])
+    assert GenerateConfig(input="x", threads=1).key("k") == GenerateConfig(input="x").key("k")

@@ -78,6 +78,9 @@ def generate(
     no_context_cache: bool = NoContextOpt,
     prompt_grams: bool = PromptGramsOpt,
     speculate: str = SpeculateOpt,
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per step "
+                                          "(default: measured as the run goes, so a busy "
+                                          "machine does not stall the step)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
                                           "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
@@ -123,7 +126,7 @@ _PLAIN = ("batch_size", "max_tokens", "temperature", "top_p", "top_k", "seed", "
           "dtype", "skip_bad", "attention", "cuda_graphs", "limit", "skip_set", "max_draft",
           "gamma0", "alpha", "eps", "beta1", "beta2", "adapter", "eta", "kangaroo_gamma",
           "branches", "branch_len", "gram", "context_cands", "corpus_cands", "prompt_grams",
-          "speculate")
+          "speculate", "threads")
 
 
 def _options(p: dict) -> dict:

@@ -50,7 +50,8 @@ def check_attention(name: str) -> None:
 # GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
 # given: the caller keys the device type and dtype the model runs in instead)
-UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit")
+UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
+           "threads")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class GenerateConfig:
     cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
     limit: int | None = None          # only the first N prompt lines
     speculate: str = "fixed"          # auto: the goodput controller's budgets; fixed: the drafter's
+    threads: int | None = None        # CPU threads per step; None: measured (runtime/threads.py)
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -108,6 +110,8 @@ class GenerateConfig:
         if any(s == "" for s in self.stop):
             raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
         check_attention(self.attention)
+        if self.threads is not None and self.threads < 1:
+            raise SpecctlError("--threads must be at least 1")
         if self.speculate not in SPECULATE:
             raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
         self.exit_params()
@@ -147,7 +151,7 @@ class GenerateConfig:
         the key (every field but skip_bad and limit, `extra` without the device and dtype),
         still accepted so that runs recorded under it resume."""
         d = asdict(self)
-        for name in ("skip_bad", "limit") if legacy else UNKEYED:
+        for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True),
                               ("speculate", "fixed")):

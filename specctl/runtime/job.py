@@ -262,7 +262,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
         return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
                       eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
                       stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
-                      speculate=cfg.speculate)
+                      speculate=cfg.speculate, threads=cfg.threads)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
             raise
