@@ -142,13 +142,8 @@ def _load_ckpt(path: Path, adapter: Adapter, opt) -> tuple[int, list]:
     return int(meta["step"]), list(meta["log"])
 
 
-def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
-          on_step: Callable[[dict], None] | None = None, log=quiet) -> tuple[Adapter, dict]:
-    """Encode, cache features, train; returns the adapter and a summary."""
-    l = cfg.exit_layer
-    if not 1 <= l < model.cfg.num_layers:
-        raise SpecctlError(f"--exit-layer must be in [1, {model.cfg.num_layers - 1}]")
-    work.mkdir(parents=True, exist_ok=True)
+def _encode_split(tok, conversations, cfg: TrainConfig) -> tuple[list, list[int], list[int]]:
+    """The usable conversations encoded, and a seeded split into held-out and training ids."""
     data = []
     for c in conversations:
         enc = encode(tok, c.messages, cfg.max_len)
@@ -156,39 +151,64 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
             data.append(enc)
     if len(data) < 2:
         raise SpecctlError(f"only {len(data)} usable conversations: need at least 2")
-    rnd = random.Random(cfg.seed)
     order = list(range(len(data)))
-    rnd.shuffle(order)
+    random.Random(cfg.seed).shuffle(order)
     n_held = max(1, int(len(data) * cfg.heldout))
-    held, train_idx = order[:n_held], order[n_held:]
+    return data, order[:n_held], order[n_held:]
+
+
+def _cached_features(model, data: list, l: int, work: Path, log) -> list:
+    """The target's layer-l and final states of every conversation, computed once and kept in
+    the work folder (a resumed run reads them back)."""
     feat_file = work / f"features-l{l}.safetensors"
     if feat_file.exists() and json.loads(feat_file.with_suffix(".json").read_text()).get(
             "n") == len(data):
         ft = load_file(str(feat_file))
-        feats = [(ft[f"{i}.l"], ft[f"{i}.L"]) for i in range(len(data))]
         log(f"reusing cached target features ({feat_file})")
-    else:
-        log(f"computing the target's layer-{l} and final states for {len(data)} conversations ...")
-        feats = [features(model, ids, l) for ids, _ in data]
-        flat = {f"{i}.{k}": t for i, (a, b) in enumerate(feats) for k, t in (("l", a), ("L", b))}
-        save_file(flat, str(feat_file.with_suffix(".tmp")))
-        feat_file.with_suffix(".tmp").replace(feat_file)
-        atomic_write_json(feat_file.with_suffix(".json"), {"n": len(data), "exit_layer": l})
+        return [(ft[f"{i}.l"], ft[f"{i}.L"]) for i in range(len(data))]
+    log(f"computing the target's layer-{l} and final states for {len(data)} conversations ...")
+    feats = [features(model, ids, l) for ids, _ in data]
+    flat = {f"{i}.{k}": t for i, (a, b) in enumerate(feats) for k, t in (("l", a), ("L", b))}
+    save_file(flat, str(feat_file.with_suffix(".tmp")))
+    feat_file.with_suffix(".tmp").replace(feat_file)
+    atomic_write_json(feat_file.with_suffix(".json"), {"n": len(data), "exit_layer": l})
+    return feats
+
+
+def _batches(data: list, train_idx: list[int], cfg: TrainConfig, epoch: int) -> list[list[int]]:
+    """One epoch's batches of training ids, shuffled by epoch, up to cfg.batch_tokens tokens."""
+    idx = list(train_idx)
+    random.Random(cfg.seed * 1000 + epoch).shuffle(idx)
+    out, cur, n = [], [], 0
+    for i in idx:
+        t = len(data[i][0])
+        if cur and n + t > cfg.batch_tokens:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(i)
+        n += t
+    return out + ([cur] if cur else [])
+
+
+def _heldout_top1(model, adapter, feats, masks, held: list[int], amp) -> float:
+    agree, count = 0, 0
+    with torch.no_grad():
+        for i in held:
+            _, a, n = loss_and_agreement(model, adapter, *feats[i], masks[i], amp)
+            agree, count = agree + a, count + n
+    return agree / max(count, 1)
+
+
+def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
+          on_step: Callable[[dict], None] | None = None, log=quiet) -> tuple[Adapter, dict]:
+    """Encode, cache features, train; returns the adapter and a summary."""
+    l = cfg.exit_layer
+    if not 1 <= l < model.cfg.num_layers:
+        raise SpecctlError(f"--exit-layer must be in [1, {model.cfg.num_layers - 1}]")
+    work.mkdir(parents=True, exist_ok=True)
+    data, held, train_idx = _encode_split(tok, conversations, cfg)
+    feats = _cached_features(model, data, l, work, log)
     masks = [torch.tensor(m) for _, m in data]
-
-    def batches(epoch: int) -> list[list[int]]:
-        idx = list(train_idx)
-        random.Random(cfg.seed * 1000 + epoch).shuffle(idx)
-        out, cur, n = [], [], 0
-        for i in idx:
-            t = len(data[i][0])
-            if cur and n + t > cfg.batch_tokens:
-                out.append(cur)
-                cur, n = [], 0
-            cur.append(i)
-            n += t
-        return out + ([cur] if cur else [])
-
     amp = train_dtype(cfg, model)
     if amp is not None:
         log(f"training in {str(amp).replace('torch.', '')} autocast (fp32 weights and optimizer)")
@@ -196,15 +216,9 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
     for k in adapter.w:   # fp32 master weights whatever the compute dtype
         adapter.w[k] = adapter.w[k].to(model.device, torch.float32).requires_grad_(True)
     opt = _optimizer(adapter, cfg.lr)
-    per_epoch = len(batches(0))
+    per_epoch = len(_batches(data, train_idx, cfg, 0))
     total = per_epoch * cfg.epochs
     warm = max(1, int(total * cfg.warmup))
-
-    def set_lr(s: int) -> float:   # linear warm-up, then constant
-        lr = cfg.lr * min(1.0, (s + 1) / warm)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        return lr
     ckpt = work / f"ckpt-l{l}.safetensors"
     step, train_log = 0, []
     if resume and ckpt.exists():
@@ -212,7 +226,7 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
         log(f"resuming at step {step} of {total}")
     t0, tokens = time.perf_counter(), 0
     for epoch in range(cfg.epochs):
-        for bi, batch in enumerate(batches(epoch)):
+        for bi, batch in enumerate(_batches(data, train_idx, cfg, epoch)):
             s = epoch * per_epoch + bi
             if s < step:
                 continue
@@ -225,7 +239,9 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
                 loss_sum += loss.item() * n / n_pos
                 tokens += len(data[i][0])
             torch.nn.utils.clip_grad_norm_(adapter.parameters(), cfg.clip)
-            lr = set_lr(s)
+            lr = cfg.lr * min(1.0, (s + 1) / warm)   # linear warm-up, then constant
+            for g in opt.param_groups:
+                g["lr"] = lr
             opt.step()
             step = s + 1
             rec = {"step": step, "epoch": epoch, "loss": round(loss_sum, 5), "lr": lr,
@@ -235,12 +251,7 @@ def train(model, tok, conversations, cfg: TrainConfig, work: Path, resume: bool,
             if step % cfg.checkpoint_every == 0 or step == total:
                 train_log.append(rec)
                 _save_ckpt(ckpt, adapter, opt, step, train_log)
-        agree, count = 0, 0
-        with torch.no_grad():
-            for i in held:
-                _, a, n = loss_and_agreement(model, adapter, *feats[i], masks[i], amp)
-                agree, count = agree + a, count + n
-        top1 = agree / max(count, 1)
+        top1 = _heldout_top1(model, adapter, feats, masks, held, amp)
         train_log.append({"epoch": epoch, "heldout_top1": round(top1, 4), "step": step})
         log(f"epoch {epoch + 1}/{cfg.epochs}: held-out top-1 agreement {top1:.4f}")
     for k in adapter.w:
