@@ -143,8 +143,9 @@ def friendly(fn):
             console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
             raise typer.Exit(1)
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/]: what was finished is kept in the store; "
-                          "generate and search-skip continue from it with --resume")
+            console.print("[yellow]interrupted[/]: generate, search-skip and train-adapter "
+                          "keep what they finished (run the same command with --resume); "
+                          "other commands start over")
             raise typer.Exit(130)
     return wrapper
 

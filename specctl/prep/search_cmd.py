@@ -61,6 +61,55 @@ def dev_prompts(cfg: SearchConfig, store: Store, tk: Tokenization, log) -> list[
     return [tk.render(r) for r in reqs]
 
 
+def _dev_set(cfg: SearchConfig, model, prompts: list[list[int]], log):
+    if cfg.objective == "model":
+        from specctl.prep.tf_probe import TeacherForcedDev
+        log(f"decoding {len(prompts)} dev prompts ({sum(map(len, prompts))} prompt tokens) with "
+            f"the full model, keeping its states for teacher-forced probes ...")
+        return TeacherForcedDev(model, prompts, cfg.max_new)
+    log(f"prefilling {len(prompts)} dev prompts ({sum(map(len, prompts))} tokens) ...")
+    return DevSet(model, prompts, cfg.max_new)
+
+
+def _probe(cfg: SearchConfig, dev, profile, log_path, resume: bool, settings: dict, L: int,
+           report: Reporter) -> tuple[list, bool]:
+    """The search's probes (all of them, or those logged before a Ctrl-C) and whether it was
+    interrupted."""
+    task = report.task("search-skip", cfg.iters)
+
+    def on_probe(p, best):
+        task.update(completed=p.iteration + 1, info=(
+            f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
+            f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
+    try:
+        return run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
+                          on_probe, settings, report.log), False
+    except KeyboardInterrupt:
+        from specctl.prep.search_skip import _read_log
+        probes = _read_log(log_path)   # the log is complete up to the interruption
+        if not probes:
+            raise
+        return probes, True
+    finally:
+        task.close()
+
+
+def _best(cfg: SearchConfig, model, prompts, profile, probes: list, log) -> tuple:
+    """The best probe and its numbers; with the model objective the best few are decoded for
+    real and the best of those wins, with its decoded numbers."""
+    best = min(probes, key=lambda p: p.per_token)
+    measured: dict = {"seconds_per_token": best.per_token, "relative": best.relative,
+                      "accept_rate": best.accept_rate, "mean_accepted": best.mean_accepted}
+    if cfg.objective != "model":
+        return best, measured, {}
+    log(f"decoding the dev set with the {CONFIRM_TOP} best sets (simulated) for real ...")
+    best, ev, rows = confirm(DevSet(model, prompts, cfg.max_new), profile, probes, CONFIRM_TOP)
+    measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / profile.ar_per_token,
+                "accept_rate": round(ev.accept_rate, 4),
+                "mean_accepted": round(ev.mean_accepted, 4)}
+    return best, measured, {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
+
+
 def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
                     report: Reporter | None = None) -> dict:
     report = reporter(report)
@@ -79,52 +128,15 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         raise SpecctlError("a dev prompt is too long for the model's context")
     profile = load_profile(store, model, fp, log) if cfg.objective != "wall" else None
     L = model.cfg.num_layers
-    if cfg.objective == "model":
-        from specctl.prep.tf_probe import TeacherForcedDev
-        log(f"decoding {len(prompts)} dev prompts ({sum(map(len, prompts))} prompt tokens) with "
-            f"the full model, keeping its states for teacher-forced probes ...")
-        dev = TeacherForcedDev(model, prompts, cfg.max_new)
-    else:
-        log(f"prefilling {len(prompts)} dev prompts ({sum(map(len, prompts))} tokens) ...")
-        dev = DevSet(model, prompts, cfg.max_new)
-    settings = {"objective": cfg.objective, "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
+    dev = _dev_set(cfg, model, prompts, log)
+    settings = {"objective": cfg.objective,
+                "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
                 "max_new": cfg.max_new,
                 "profile": profile.to_json() if profile is not None else None}
     t0 = time.perf_counter()
-    task = report.task("search-skip", cfg.iters)
-
-    def on_probe(p, best):
-        task.update(completed=p.iteration + 1, info=(
-            f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
-            f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
-    interrupted = False
-    try:
-        probes = run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed,
-                            cfg.init_points, on_probe, settings, log)
-    except KeyboardInterrupt:
-        interrupted = True
-        probes = None
-    finally:
-        task.close()
-    if probes is None:   # keep what was probed: the log is complete up to the interruption
-        from specctl.prep.search_skip import _read_log
-        probes = _read_log(log_path)
-        if not probes:
-            raise KeyboardInterrupt
+    probes, interrupted = _probe(cfg, dev, profile, log_path, resume, settings, L, report)
     search_s = time.perf_counter() - t0
-    best = min(probes, key=lambda p: p.per_token)
-    measured: dict = {"seconds_per_token": best.per_token, "relative": best.relative,
-                      "accept_rate": best.accept_rate, "mean_accepted": best.mean_accepted}
-    extra: dict = {}
-    if cfg.objective == "model":
-        log(f"decoding the dev set with the {CONFIRM_TOP} best sets (simulated) for real ...")
-        decode_dev = DevSet(model, prompts, cfg.max_new)
-        best, ev, rows = confirm(decode_dev, profile, probes, CONFIRM_TOP)
-        ar = profile.ar_per_token
-        measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / ar,
-                    "accept_rate": round(ev.accept_rate, 4),
-                    "mean_accepted": round(ev.mean_accepted, 4)}
-        extra = {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
+    best, measured, extra = _best(cfg, model, prompts, profile, probes, log)
     skip = SkipSet.from_bits(best.bits)
     plot = log_path.with_name("search.png")
     plotted = plot_search(probes, best, L, plot)

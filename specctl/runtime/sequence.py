@@ -31,6 +31,7 @@ class Request:
     started: float | None = None
     wall_time: float = 0.0
     prompt_tokens: int = 0
+    first_ids: list[int] | None = None  # the first stage's prompt ids, once rendered (kv_rows)
 
     @property
     def done(self) -> bool:

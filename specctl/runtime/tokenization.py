@@ -34,6 +34,16 @@ class Tokenization:
         self.eos_ids = eos
 
     def render(self, req: Request) -> list[int]:
+        """The prompt ids of the request's next stage; the first stage's are rendered once and
+        kept on the request (sizing the job renders it before the runner admits it)."""
+        if not req.answers and req.first_ids is not None:
+            return req.first_ids
+        ids = self._render(req)
+        if not req.answers:
+            req.first_ids = ids
+        return ids
+
+    def _render(self, req: Request) -> list[int]:
         if not self.chat:
             return self.tok.encode(req.raw_prompt)
         text = self.tok.apply_chat_template(req.history(), add_generation_prompt=True,
