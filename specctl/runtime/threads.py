@@ -27,7 +27,7 @@ import torch
 
 
 class ThreadTuner:
-    def __init__(self, max_threads: int, trial: int = 3, period: int = 32,
+    def __init__(self, max_threads: int, trial: int = 2, period: int = 64,
                  max_period: int = 1024):
         self.options = sorted({1, max(1, max_threads // 2), max(1, max_threads)})
         self.trial, self.base, self.max_period = trial, period, max_period
