@@ -179,3 +179,21 @@ def test_a_second_adapter_is_kept_beside_the_first(tiny_llama, data, tmp_path):
     assert r.exit_code == 0, r.output
     ids = sorted(p.name for p in (tmp_path / "adapters").iterdir() if not p.name.startswith("."))
     assert len(ids) == 2 and ids[1] == ids[0] + "-2"
+
+
+def test_sweep_layers_and_no_sweep(tiny_llama, data, tmp_path):
+    base = ["train-adapter", "--model", str(tiny_llama), "--data", str(data), "--epochs", "1",
+            "--lr", "1e-3", "--batch-tokens", "400", "--heldout", "0.2", "--device", "cpu"]
+    r = CliRunner().invoke(app, base + ["--sweep-layers", "2", "--store", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    (ad,) = list((tmp_path / "a" / "adapters").iterdir())
+    log = json.loads((ad / "train_log.json").read_text())
+    assert [row["exit_layer"] for row in log["exit_layer_sweep"]] == [2]
+    r = CliRunner().invoke(app, base + ["--no-sweep", "--store", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    (ad,) = list((tmp_path / "b" / "adapters").iterdir())
+    assert "exit_layer_sweep" not in json.loads((ad / "train_log.json").read_text())
+    assert json.loads((ad / "config.json").read_text())["exit_layer"] == 2
+    for bad in ("x", "9", "0"):
+        r = CliRunner().invoke(app, base + ["--sweep-layers", bad, "--store", str(tmp_path / "c")])
+        fails(r, "--sweep-layers")

@@ -56,6 +56,11 @@ def train_adapter(
     exit_layer: str = typer.Option("auto", "--exit-layer", help="l: the adapter reads layer l's "
                                    "input; auto = a quick sweep over shallow layers picks the one "
                                    "with the best estimated speedup."),
+    sweep_layers: Optional[str] = typer.Option(None, "--sweep-layers", help="The exit layers "
+                                               "--exit-layer auto tries, e.g. 1,2 (default: 1 "
+                                               ".. max(2, layers / 8))."),
+    no_sweep: bool = typer.Option(False, "--no-sweep", help="With --exit-layer auto: no sweep, "
+                                  "take layer 2 (Kangaroo's choice for 7B models)."),
     epochs: int = typer.Option(1, "--epochs"),
     lr: float = typer.Option(5e-5, "--lr"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per conversation (truncated)."),
@@ -76,7 +81,7 @@ def train_adapter(
     from specctl.prep.train_adapter import TrainConfig
 
     if exit_layer.strip().lower() == "auto":
-        layer = 0
+        layer = 2 if no_sweep else 0
     else:
         try:
             layer = int(exit_layer)
@@ -84,9 +89,14 @@ def train_adapter(
             raise SpecctlError(f"--exit-layer must be a layer number or 'auto', got {exit_layer!r}")
         if layer < 1:
             raise SpecctlError("--exit-layer must be at least 1 (or 'auto')")
+    try:
+        sweep = tuple(int(x) for x in sweep_layers.split(",")) if sweep_layers else None
+    except ValueError:
+        raise SpecctlError(f"--sweep-layers must be comma-separated layer numbers, got "
+                           f"{sweep_layers!r}") from None
     cfg = TrainConfig(model, data, layer, epochs, lr, max_len, batch_tokens, limit, heldout,
                       checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device,
-                      dtype=dtype)
+                      dtype=dtype, sweep_layers=sweep)
     res = _with_bars(run_train_adapter, cfg, Store(store), resume)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 

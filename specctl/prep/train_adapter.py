@@ -55,10 +55,14 @@ class TrainConfig:
     dtype: str = "auto"         # compute: auto = bf16 autocast on CUDA, fp32 elsewhere
     sweep_conversations: int = 64   # conversations per candidate in the exit-layer sweep
     gamma: int = 6              # drafts per step assumed when the sweep prices a layer
+    sweep_layers: tuple[int, ...] | None = None   # the sweep's candidates (None: the default)
 
     def __post_init__(self):
         if self.exit_layer < 0:
             raise SpecctlError("--exit-layer must be a layer number >= 1 or 'auto'")
+        if self.sweep_layers is not None and (not self.sweep_layers
+                                              or min(self.sweep_layers) < 1):
+            raise SpecctlError("--sweep-layers must list layer numbers >= 1")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise SpecctlError("--dtype must be auto, fp32 or bf16")
         if self.epochs < 1 or self.lr <= 0 or self.max_len < 8 or self.batch_tokens < 8:
@@ -297,7 +301,11 @@ def sweep_exit_layer(model, tok, conversations, cfg: TrainConfig, work: Path, pr
     from dataclasses import replace
     sub = conversations[:cfg.sweep_conversations]
     table = []
-    for l in exit_layer_candidates(model.cfg.num_layers):
+    L = model.cfg.num_layers
+    layers = cfg.sweep_layers or exit_layer_candidates(L)
+    if max(layers) >= L:
+        raise SpecctlError(f"--sweep-layers must be in [1, {L - 1}]")
+    for l in layers:
         # enough optimizer steps to separate the layers: 2 epochs of small batches
         c = replace(cfg, exit_layer=l, epochs=2, batch_tokens=min(cfg.batch_tokens, 1024),
                     checkpoint_every=10**9)
