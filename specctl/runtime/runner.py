@@ -36,8 +36,8 @@ from specctl.errors import SpecctlError
 from specctl.runtime.sequence import Request, Sequence
 from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
-from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
+from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
 
 
 @dataclass

@@ -65,6 +65,15 @@ class Adapter:
         missing = [k for k in ADAPTER_KEYS if k not in weights]
         if missing:
             raise ValueError(f"adapter lacks {missing}")
+        D, q, kv = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        shapes = {"norm_in.weight": (D,), "q_proj.weight": (q, D), "k_proj.weight": (kv, D),
+                  "v_proj.weight": (kv, D), "o_proj.weight": (D, q), "norm_out.weight": (D,)}
+        for k, want in shapes.items():   # weights from a file must fit this model
+            t = weights[k]
+            if tuple(t.shape) != want or not t.is_floating_point() or not bool(
+                    t.isfinite().all()):
+                raise ValueError(f"tensor {k} is {t.dtype} {tuple(t.shape)}, expected finite "
+                                 f"floats {want} for this model")
         self.model, self.l = model, exit_layer
         self.w = {k: weights[k] for k in ADAPTER_KEYS}
 
