@@ -157,10 +157,11 @@ def test_kv_commit_many_moves_every_layer_and_slot():
     for t in (kv.k_all, kv.v_all):
         t.copy_(torch.randn(t.shape, generator=g))
     kv.lens[:] = [2, 3, 1, 4]
-    before = [kv.k_all.clone(), kv.v_all.clone()]
+    by_slot = [t.view(3, 4, 12, 2, 4) for t in (kv.k_all, kv.v_all)]   # contiguous layout
+    before = [t.clone() for t in by_slot]
     kv.commit_many([(0, [0, 2, 5]), (1, [0, 1]), (3, [])])
     assert kv.lens == [5, 5, 1, 4]
-    for got, old in zip((kv.k_all, kv.v_all), before):
+    for got, old in zip(by_slot, before):
         assert torch.equal(got[:, 0, 2:5], old[:, 0, [2, 4, 7]])   # rows 2+0, 2+2, 2+5
         assert torch.equal(got[:, 0, :2], old[:, 0, :2])
         assert torch.equal(got[:, 1], old[:, 1]) and torch.equal(got[:, 2:], old[:, 2:])

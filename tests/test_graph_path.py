@@ -160,7 +160,7 @@ def test_flex_attention_equals_sdpa(eager):
     for seqs in cases:
         b = ForwardBatch(seqs)
         q = torch.randn(b.num_tokens, c.num_heads, c.head_dim, generator=g)
-        meta = sdpa_meta(b)
+        meta = sdpa_meta(b, kv)
         want = sdpa_attention(q, kv.k[0], kv.v[0], meta)
         torch.testing.assert_close(flex_attention(q, kv.k[0], kv.v[0], meta), want,
                                    atol=1e-5, rtol=1e-5)
@@ -170,7 +170,8 @@ def test_flex_block_mask_lists_own_slot_blocks(eager):
     """The block mask reads only the sequence's own slot, and no block past its length."""
     from specctl.engine.attention import flex_block_mask
     b = ForwardBatch([SeqInput(2, [4, 5], 130), SeqInput(0, [6], 3)])
-    bm = flex_block_mask(sdpa_meta(b), num_slots=4, max_len=256)
+    kv = KVCache(1, 4, 256, eager.cfg.num_kv_heads, eager.cfg.head_dim)
+    bm = flex_block_mask(sdpa_meta(b, kv), num_slots=4, max_len=256)
     assert bm.kv_num_blocks.view(-1).tolist() == [2, 1]     # 132 rows -> 2 blocks; 4 -> 1
     idx = bm.kv_indices.view(2, -1)
     assert idx[0, :2].tolist() == [4, 5] and idx[1, :1].tolist() == [0]
@@ -182,7 +183,7 @@ def test_flex_needs_block_aligned_cache(eager):
     b = ForwardBatch([SeqInput(0, [4], 0)])
     q = torch.zeros(1, c.num_heads, c.head_dim)
     with pytest.raises(ValueError, match="multiple of 128"):
-        flex_attention(q, kv.k[0], kv.v[0], sdpa_meta(b))
+        flex_attention(q, kv.k[0], kv.v[0], sdpa_meta(b, kv))
     eager.set_attention("flex")
     try:
         assert eager.new_kv_cache(2, 100).max_len == 128   # the model rounds its caches up
@@ -203,7 +204,9 @@ def test_compiled_flex_equals_sdpa(eager):
     prompts = random_prompts(4, seed=7)
     kv = prefill_slots(eager, KVCache(c.num_layers, 4, 256, c.num_kv_heads, c.head_dim,
                                       spare=True), prompts)
-    S, Lm, KV, hd = kv.k[0].shape
+    R, KV, hd = kv.k[0].shape
+    Lm = kv.block
+    S = R // Lm
     k = kv.k[0].view(1, S * Lm, KV, hd).transpose(1, 2)
     v = kv.v[0].view(1, S * Lm, KV, hd).transpose(1, 2)
     compiled = torch.compile(raw)
@@ -216,7 +219,7 @@ def test_compiled_flex_equals_sdpa(eager):
         slots, prefix = torch.tensor(slots), torch.tensor(prefix)
         limit = prefix[:, None] + torch.arange(n)[None, :]
         mask = torch.arange(Lm)[None, None, :] <= limit[:, :, None]       # [B, n, Lm]
-        meta = A.SdpaMeta(slots, Lm, n, True, None, None, mask[:, None])
+        meta = A.SdpaMeta(slots, Lm, None, Lm, n, True, None, None, mask[:, None])
         q = torch.randn(3 * n, c.num_heads, hd, generator=g)
         want = sdpa_attention(q, kv.k[0], kv.v[0], meta)
         out = compiled(A._per_seq(q, meta), k, v, block_mask=A.flex_block_mask(meta, S, Lm),

@@ -222,7 +222,7 @@ def test_graph_forward_math_on_cpu(model, num_slots, max_len):
                 local[i] = s.mask
         out = g._forward(kv, Bb, k, C, FULL, pad(b.tokens, 0), pad(b.positions, 0),
                          torch.tensor(b.seq_slots + [kv.scratch]),
-                         torch.tensor(b.prefix_lens + [0]), local)[0]
+                         torch.tensor(b.prefix_lens + [0]), local, None)[0]
         torch.testing.assert_close(model.logits(out[:3 * k]), ref, atol=1e-4, rtol=1e-4)
 
 

@@ -64,6 +64,7 @@ class _Captured:
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
     real: torch.Tensor        # [Bb * n] index of each real row among the padded rows (a prefix)
+    table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
     chains: bool              # local holds the causal mask of every row (as captured)
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
@@ -140,6 +141,9 @@ class CudaGraphs:
         if n is None:
             return None
         B = len(batch.seqs)
+        if kv.paged:   # a real row past its slot's blocks would land in the null block
+            kv.check_reserved(batch.seq_slots, [p + k for p, k in zip(batch.prefix_lens,
+                                                                       batch.num_new)])
         if any(c.kv is not kv for c in self.cache.values()):
             # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
             # old ones must go, or a reused id() could replay into freed memory)
@@ -183,10 +187,18 @@ class CudaGraphs:
         B, counts = len(batch.seqs), batch.num_new
         padded = any(k != n for k in counts)
         ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
-        tok, pos, slots, prefix, real = np.split(ints, np.cumsum([Bb * n, Bb * n, Bb, Bb]))
+        tok, pos, slots, prefix, real, table = np.split(
+            ints, np.cumsum([Bb * n, Bb * n, Bb, Bb, Bb * n]))
         tok[:], pos[:] = 0, np.tile(np.arange(n), Bb)   # padded batch rows: scratch slot
         slots[:], prefix[:] = kv.scratch, 0
         slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
+        if cap.table is not None:   # unallocated entries and padded batch rows: the null block
+            table = table.reshape(Bb, -1)
+            table[:] = 0
+            nb = table.shape[1]
+            for b, slot in enumerate(batch.seq_slots):
+                t = kv.tables[slot][:nb]
+                table[b, :len(t)] = t
         cu = batch.cu_seqlens
         toks, posl = np.asarray(batch.token_list), np.asarray(batch.position_list)
         if not padded:
@@ -225,51 +237,57 @@ class CudaGraphs:
             t = cls._trils[n] = np.tril(np.ones((n, n), dtype=bool))
         return t
 
-    def _meta(self, kv, Bb: int, n: int, C: int, slots, prefix, local) -> SdpaMeta:
+    def _meta(self, kv, Bb: int, n: int, C: int, slots, prefix, local, table) -> SdpaMeta:
         """Attention metadata of a captured forward, computed on the device. Column c of a
         sequence's row: committed (c < prefix) or new token c - prefix when the local mask lets
-        the query see it. With most slots in the batch, attention runs over every slot of the
-        cache (a view, no gather): per-slot prefix and local mask, queries placed by slot."""
+        the query see it. With most slots of a contiguous cache in the batch, attention runs over
+        every slot of the cache (a view, no gather): per-slot prefix and local mask, queries
+        placed by slot. A paged cache's rows are gathered through the block tables."""
         dev = self.model.device
-        S = kv.k[0].shape[0]   # slots including the scratch slot
+        S = kv.k[0].shape[0] // kv.block   # blocks (contiguous: slots, with the scratch slot)
         idx = torch.arange(n, device=dev)
-        if Bb >= 4 and 3 * Bb > S:   # (gathering 1-2 slots takes fewer launches)
+        rows = (prefix[:, None] + idx[None, :])                           # [Bb, n]
+        if table is not None:
+            index = (table.gather(1, rows // kv.block) * kv.block + rows % kv.block).reshape(-1)
+        else:
+            index = (slots[:, None] * kv.block + rows).reshape(-1)
+        if table is None and Bb >= 4 and 3 * Bb > S:   # (gathering 1-2 slots: fewer launches)
             pre = torch.zeros(S, dtype=prefix.dtype, device=dev).index_copy_(0, slots, prefix)
             loc = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(S, n, n) \
                 .clone().index_copy_(0, slots, local)
             att_slots, rows_of, uniform = slice(0, S), slots.repeat_interleave(n), False
         else:
             pre, loc = prefix, local
-            att_slots, uniform = slots, True
+            att_slots, uniform = (slots if table is None else table), True
             rows_of = torch.arange(Bb, device=dev).repeat_interleave(n)
         rel = torch.arange(C, device=dev)[None, None, :] - pre[:, None, None]
         new = loc.gather(2, rel.clamp(0, n - 1).expand(loc.shape[0], n, C))
         mask = (rel < 0) | ((rel < n) & new)                             # [S or Bb, n, C]
-        return SdpaMeta(att_slots, C, n, uniform, rows_of, idx.repeat(Bb), mask[:, None],
-                        static=True)
+        return SdpaMeta(att_slots, kv.block, index, C, n, uniform, rows_of, idx.repeat(Bb),
+                        mask[:, None], static=True)
 
     def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, positions, slots,
-                 prefix, local, hidden=None, head=None) -> tuple:
+                 prefix, local, table, hidden=None, head=None) -> tuple:
         m = self.model
-        idx = torch.arange(n, device=m.device)
-        rows = (prefix[:, None] + idx[None, :]).reshape(-1)               # [Bb * n]
-        slot_tok = slots.repeat_interleave(n)                             # [Bb * n]
-        meta = self._meta(kv, Bb, n, C, slots, prefix, local)
+        meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
         x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
-        h = m._layers(x, positions, slot_tok, rows, meta, kv, plan, end)
-        return (h,) if head is None else tuple(head(h, positions, slot_tok, rows, meta))
+        h = m._layers(x, positions, meta, kv, plan, end)
+        return (h,) if head is None else tuple(head(h, positions, meta))
 
     @torch.inference_mode()
     def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:
         dev = self.model.device
-        ints = torch.zeros(3 * Bb * n + 2 * Bb, dtype=torch.long, device=dev)
-        tokens, positions, slots, prefix, real = ints.split([Bb * n, Bb * n, Bb, Bb, Bb * n])
+        nb = -(-C // kv.block) if kv.paged else 0
+        ints = torch.zeros(3 * Bb * n + 2 * Bb + Bb * nb, dtype=torch.long, device=dev)
+        tokens, positions, slots, prefix, real, table = ints.split(
+            [Bb * n, Bb * n, Bb, Bb, Bb * n, Bb * nb])
+        table = table.view(Bb, nb) if kv.paged else None
         slots.fill_(kv.scratch)
         local = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(Bb, n, n).clone()
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
-        args = (kv, Bb, n, C, plan, tokens, positions, slots, prefix, local, hidden, head)
+        args = (kv, Bb, n, C, plan, tokens, positions, slots, prefix, local, table, hidden, head)
         if self.capture:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -285,5 +303,5 @@ class CudaGraphs:
         else:
             outputs = self._forward(*args)
             graph = _EagerReplay(lambda: self._forward(*args), outputs)
-        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, local,
-                         True, hidden, outputs)
+        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, table,
+                         local, True, hidden, outputs)

@@ -1,11 +1,24 @@
-"""Per-slot KV cache with per-sequence lengths (EMS-SD's unpadded KV cache).
+"""The KV cache: rows in blocks, a block table per sequence slot, per-sequence lengths.
 
-Storage is preallocated: keys and values of all layers in one tensor each,
-`[layers, num_slots, max_len, kv_heads, head_dim]`; `k[i]`, `v[i]` are layer i's views.
-A sequence lives in one slot; `lens[slot]` is its number of *committed* rows. A forward over new
-tokens writes their rows at `lens[slot] + i` (i = the token's index among the sequence's new
-tokens, whatever its position); they only become part of the sequence by `commit`, which keeps a
-chosen subset of them and compacts it to the front:
+Storage is one tensor each for keys and values, `[layers, rows, kv_heads, head_dim]`, cut into
+blocks of `block` rows; `k[i]`, `v[i]` are layer i's views. A sequence lives in a slot; row r of
+slot s (its r-th token) is stored in block `tables[s][r // block]` at offset `r % block`.
+Two layouts of the same structure:
+
+- contiguous (when the memory budget holds every slot at full length, and always when no
+  budget is given): one block per slot, `max_len` rows long, block s for slot s. Nothing is
+  allocated or freed as sequences grow; attention reads a slot's rows as a view of the storage.
+- paged (when it does not): blocks of BLOCK rows from one pool, handed to a slot as its rows
+  need them (`reserve`) and returned when the slot is emptied (`reset`). Block 0 is the null
+  block: unallocated table entries point at it, so rows that nobody keeps (a captured graph's
+  padding) write there and reads of it are always masked. The scheduler admits a sequence only
+  when the blocks it needs are free, and preempts one when a running sequence cannot grow
+  (runtime/runner.py), so the pool never overflows mid-step.
+
+`lens[slot]` is a slot's number of *committed* rows. A forward over new tokens writes their rows
+at `lens[slot] + i` (i = the token's index among the sequence's new tokens, whatever its
+position); they only become part of the sequence by `commit`, which keeps a chosen subset of
+them and compacts it to the front:
 
     lens = 5, new rows written at 5..9 (say, a root and four branch tokens),
     commit(slot, kept=[0, 2, 3]) -> rows 5, 7, 8 are moved to 5, 6, 7; lens = 8.
@@ -23,28 +36,114 @@ from __future__ import annotations
 
 import torch
 
+BLOCK = 16   # rows per block of a paged cache (vLLM's default)
+
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", spare: bool = False):
-        # spare: one extra scratch slot that padded rows of a CUDA-graph replay write into
-        shape = (num_slots + int(spare), max_len, num_kv_heads, head_dim)
+                 device: torch.device | str = "cpu", spare: bool = False,
+                 num_blocks: int | None = None):
+        """max_len: rows a slot may hold. num_blocks: the pool of a paged cache, in BLOCK-row
+        blocks (None, or enough for every slot at max_len: the contiguous layout).
+        spare: one extra scratch slot that padded rows of a CUDA-graph replay write into."""
+        per = -(-max_len // BLOCK)
+        self.paged = num_blocks is not None and num_blocks < num_slots * per
+        if self.paged:
+            if num_blocks < per:
+                raise ValueError(f"a paged KV cache of {num_blocks} blocks cannot hold one "
+                                 f"sequence of {max_len} rows ({per} blocks)")
+            self.block, max_len = BLOCK, per * BLOCK
+            total = num_blocks + 1                          # + the null block
+            self.free = list(range(num_blocks, 0, -1))      # popped from the end: 1, 2, ...
+            self.tables = [[] for _ in range(num_slots + int(spare))]
+        else:
+            self.block = max_len
+            total = num_slots + int(spare)
+            self.free = []
+            self.tables = [[s] for s in range(total)]
         self.scratch = num_slots if spare else None
+        shape = (total * self.block, num_kv_heads, head_dim)
         self.k_all = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
         self.v_all = torch.zeros((num_layers, *shape), dtype=dtype, device=device)
-        self.k = list(self.k_all.unbind(0))   # per-layer views
+        self.k = list(self.k_all.unbind(0))   # per-layer views [rows, kv_heads, head_dim]
         self.v = list(self.v_all.unbind(0))
         self.num_slots = num_slots
+        self.num_blocks = num_blocks if self.paged else total
         self.max_len = max_len
         self.lens = [0] * num_slots  # committed rows per slot (host-side; the scheduler owns it)
 
-    def write(self, layer: int, slots: torch.Tensor, rows: torch.Tensor,
-              k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store new keys/values. slots, rows: [T] long; k, v: [T, kv_heads, head_dim]."""
-        self.k[layer][slots, rows] = k
-        self.v[layer][slots, rows] = v
+    # -- blocks -------------------------------------------------------------------------------
+    def blocks_for(self, rows: int) -> int:
+        return -(-min(rows, self.max_len) // self.block)
 
+    def reserve(self, slot: int, rows: int) -> bool:
+        """Make slot's first `rows` rows (at most max_len) writable: False, with nothing taken,
+        when the pool has too few free blocks. Always True for the contiguous layout."""
+        table = self.tables[slot]
+        need = self.blocks_for(rows) - len(table)
+        if need <= 0:
+            return True
+        if need > len(self.free):
+            return False
+        for _ in range(need):
+            table.append(self.free.pop())
+        return True
+
+    @property
+    def free_rows(self) -> int:
+        return len(self.free) * self.block if self.paged else 0
+
+    def reset(self, slot: int) -> None:
+        """Empty a slot (its blocks go back to the pool)."""
+        self.lens[slot] = 0
+        if self.paged:
+            self.free.extend(reversed(self.tables[slot]))
+            self.tables[slot] = []
+
+    def sibling(self, num_layers: int) -> "KVCache":
+        """Another cache of num_layers layers with this one's slots, lengths and block tables
+        (shared, not copied): Kangaroo's adapter keeps its rows where the target keeps its."""
+        other = object.__new__(KVCache)
+        other.__dict__.update(self.__dict__)
+        shape = (num_layers, *self.k_all.shape[1:])
+        other.k_all = torch.zeros(shape, dtype=self.k_all.dtype, device=self.k_all.device)
+        other.v_all = torch.zeros_like(other.k_all)
+        other.k, other.v = list(other.k_all.unbind(0)), list(other.v_all.unbind(0))
+        return other
+
+    # -- addressing ---------------------------------------------------------------------------
+    def index(self, slots: list[int], rows: list[int]) -> list[int]:
+        """Storage row of each (slot, row); every row must be reserved."""
+        b, tables = self.block, self.tables
+        try:
+            return [tables[s][r // b] * b + r % b for s, r in zip(slots, rows)]
+        except IndexError:
+            bad = next((s, r) for s, r in zip(slots, rows) if r // b >= len(tables[s]))
+            raise ValueError(f"slot {bad[0]}: row {bad[1]} is not reserved in the KV cache "
+                             f"({len(tables[bad[0]]) * b} rows)") from None
+
+    def check_reserved(self, slots: list[int], ends: list[int]) -> None:
+        """Every slot's rows [0, end) are reserved (a paged cache would otherwise put a row
+        nobody reserved into the null block)."""
+        for s, e in zip(slots, ends):
+            if e > len(self.tables[s]) * self.block:
+                raise ValueError(f"slot {s}: row {e - 1} is not reserved in the KV cache "
+                                 f"({len(self.tables[s]) * self.block} rows)")
+
+    def table(self, slots: list[int], columns: int, device) -> torch.Tensor:
+        """The block tables of `slots` covering `columns` rows, [B, blocks] (unallocated
+        entries: the null block), for a paged cache's attention."""
+        n = -(-columns // self.block)
+        rows = [(t[:n] + [0] * (n - len(t))) for t in (self.tables[s] for s in slots)]
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new keys/values at storage rows `index` [T]; k, v: [T, kv_heads, head_dim]."""
+        self.k[layer][index] = k
+        self.v[layer][index] = v
+
+    # -- committing ---------------------------------------------------------------------------
     def commit(self, slot: int, kept: list[int]) -> None:
         """Keep the new rows at offsets `kept` (ascending) after `lens[slot]`, compacted."""
         self.commit_many([(slot, kept)])
@@ -59,18 +158,19 @@ class KVCache:
             base, n = self.lens[slot], len(kept)
             if any(b <= a for a, b in zip(kept, kept[1:])) or (n and kept[0] < 0):
                 raise ValueError(f"kept offsets must be ascending, got {kept}")
-            if n and base + kept[-1] >= self.max_len:
+            if n and base + kept[-1] >= len(self.tables[slot]) * self.block:
                 raise ValueError(f"slot {slot}: kept row {base + kept[-1]} is past the cache "
-                                 f"({self.max_len} rows)")
+                                 f"({len(self.tables[slot]) * self.block} rows)")
             for j, o in enumerate(kept):   # a contiguous prefix is already in place
                 if o != j:
                     slots.append(slot)
                     dst.append(base + j)
                     src.append(base + o)
         if slots:
-            s, d, r = torch.tensor([slots, dst, src], device=self.k_all.device)   # one copy
+            d, r = torch.tensor([self.index(slots, dst), self.index(slots, src)],
+                                device=self.k_all.device)   # one copy
             for cache in (self.k_all, self.v_all):
-                cache[:, s, d] = cache[:, s, r]   # (the right side is gathered first)
+                cache[:, d] = cache[:, r]   # (the right side is gathered first)
         for slot, kept in items:
             self.lens[slot] += len(kept)
 
@@ -80,9 +180,11 @@ class KVCache:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lens[slot]} to {n}")
         self.lens[slot] = n
 
-    def reset(self, slot: int) -> None:
-        self.lens[slot] = 0
-
     @property
     def bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k_all, self.v_all))
+
+
+def row_bytes(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV row over all layers (keys and values)."""
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from specctl.engine.attention import BACKENDS, FLEX_BLOCK, sdpa_meta
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine.config import ModelConfig
-from specctl.engine.kv import KVCache
+from specctl.engine.kv import BLOCK, KVCache, row_bytes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -111,25 +111,41 @@ class Model:
         if self.graphs is not None:   # captured with the other backend
             self.graphs.cache.clear()
 
-    def new_kv_cache(self, num_slots: int, max_len: int) -> KVCache:
-        """A KV cache for num_slots sequences of up to max_len rows. With CUDA graphs the model
-        keeps the last one and hands it out again (all slots emptied) for the same shape: the
+    def new_kv_cache(self, num_slots: int, max_len: int, budget: int | None = None) -> KVCache:
+        """A KV cache for num_slots sequences of up to max_len rows: contiguous, or paged when
+        `budget` (bytes) cannot hold every slot at max_len (engine/kv.py). With CUDA graphs the
+        model keeps the last one and hands it out again (all slots emptied) for the same shape: the
         captured graphs point into it, so a new run (a bench repeat, the next generate batch)
         replays them instead of capturing again, which costs time and, in bf16, can pick other
         kernels and so round differently. Only one runner may use a model's cache at a time."""
         c = self.cfg
         if self.attention == "flex":   # flex reads whole 128-row blocks of the cache
             max_len = -(-max_len // FLEX_BLOCK) * FLEX_BLOCK
+        blocks = None
+        if budget is not None:
+            blocks = budget // (BLOCK * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,
+                                                  self.dtype))
+            if blocks * BLOCK < max_len:
+                raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds "
+                                 f"{blocks * BLOCK} rows, less than one sequence ({max_len})")
+            if blocks >= num_slots * -(-max_len // BLOCK):
+                blocks = None   # every slot fits at full length: the contiguous layout
+        key = (num_slots, max_len, blocks)
         if self.graphs is not None:
-            kv = getattr(self, "_kv", None)
-            if kv is not None and (kv.num_slots, kv.max_len) == (num_slots, max_len):
+            kept = getattr(self, "_kv", None)
+            if kept is not None and kept[0] == key:
                 for slot in range(num_slots):
-                    kv.reset(slot)
-                return kv
+                    kept[1].reset(slot)
+                return kept[1]
+            # another shape: let the old cache (and the graphs pointing into it) go first, so
+            # the two are never held together (a 7B model's cache is most of the GPU)
+            self._kv = None
+            self.graphs.cache.clear()
+            self.graphs.kept.clear()
         kv = KVCache(c.num_layers, num_slots, max_len, c.num_kv_heads, c.head_dim,
-                     self.dtype, self.device, spare=self.graphs is not None)
+                     self.dtype, self.device, spare=self.graphs is not None, num_blocks=blocks)
         if self.graphs is not None:
-            self._kv = kv
+            self._kv = (key, kv)
         return kv
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,10 +175,9 @@ class Model:
                 raise ValueError("a plan starting past layer 0 needs hidden [T, D]")
             x = hidden.to(self.dtype)
         self.tokens_computed += batch.num_tokens
-        return self._layers(x, batch.positions, batch.slots, batch.rows, sdpa_meta(batch), kv,
-                            plan, end)
+        return self._layers(x, batch.positions, sdpa_meta(batch, kv), kv, plan, end)
 
-    def _layers(self, x, positions, slots, rows, meta, kv: KVCache, plan: LayerPlan, end: int):
+    def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
         c = self.cfg
         cos, sin = self._rope(positions)
@@ -178,7 +193,7 @@ class Model:
                 qk = apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
                 q, k = qk[:, :H], qk[:, H:]       # queries and keys rotated in one pass
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
-                kv.write(i, slots, rows, k, v)
+                kv.write(i, meta.index, k, v)
                 o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
                 x = _residual(x, o, L.wo, L.bo)
             if i not in plan.skip_mlp:
@@ -197,7 +212,7 @@ class Model:
         one fits the batch (engine/graphs.py), else run eagerly. Runs `plan` (from hidden
         [T, D] when it starts past layer 0) and returns the [T, D] states after its last layer
         (for logits / argmax / top1, on just the rows the caller needs), or, given a `head`,
-        what head(h, positions, slots, rows, attention meta) returns from them (a tuple of
+        what head(h, positions, attention meta) returns from them (a tuple of
         [T, ...] tensors; Kangaroo's adapter is one). A head has a hashable `key` naming its
         computation and must keep the tensors it reads in place across calls (a graph replays
         them by address). Outputs of a replay are static buffers the next replay overwrites:
@@ -210,7 +225,7 @@ class Model:
         h = self.forward(batch, kv, plan, hidden)
         if head is None:
             return h
-        return head(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch))
+        return head(h, batch.positions, sdpa_meta(batch, kv))
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -156,14 +156,14 @@ class TeacherForcedDev:
             [SeqInput(b, self.conts[b][:m], ends[b],
                       list(range(len(prompts[b]), ends[b])), torch.eye(m, dtype=torch.bool))
              for b in range(n)], model.device)
-        meta = sdpa_meta(self.batch)
+        meta = sdpa_meta(self.batch, self.kv)
         cols = torch.arange(meta.mask.shape[-1], device=model.device)
         start = torch.tensor([len(p) for p in prompts], device=model.device)[:, None] + \
             torch.arange(m, device=model.device)[None, :]                        # [B, m]
         end = torch.tensor(ends, device=model.device)[:, None, None]
         hide = (cols[None, None, :] >= start[:, :, None]) & (cols[None, None, :] < end)
         meta.mask[:, 0, :m] &= ~hide
-        if sdpa_meta(self.batch) is not meta:
+        if sdpa_meta(self.batch, self.kv) is not meta:
             raise RuntimeError("engine: a batch no longer keeps its attention meta; the "
                                "teacher-forced probe's mask would be lost")
         self.targets = torch.tensor([c[1:max_new] for c in self.conts], device=model.device)

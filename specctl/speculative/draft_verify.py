@@ -130,6 +130,7 @@ class LayerSkipDrafter(Drafter):
                              f"{model.cfg.num_layers}")
         self.model, self.skip, self.sp, self.prm = model, skip, sampling, params
         self.plan = skip.plan()
+        self.step_rows = 1 + params.K
         self.state = ExitState(params.gamma0)
         self.draft_forwards = 0
         self.gamma_trace: list[float] = []

@@ -24,6 +24,9 @@ class Drafter:
     # KV rows past a sequence's limit that one step may write (probe nodes, graph padding):
     # the runner allocates them on top of max_len so late steps keep their full shape
     kv_headroom = 0
+    # KV rows past a sequence's committed length that one step may write (the pending token,
+    # drafts, probe nodes, rows of draft forwards): a paged cache reserves them before the step
+    step_rows = 1
 
     def admit(self, seq) -> None:
         pass

@@ -116,12 +116,12 @@ class Adapter:
     def step(self, h: torch.Tensor, batch: ForwardBatch, akv: KVCache) -> torch.Tensor:
         """Decoding: h [T, D] layer-l states of the batch's tokens -> [T, V] draft logits,
         writing the adapter's KV rows (same slots and rows as the target's)."""
-        return self.decode(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch), akv)
+        return self.decode(h, batch.positions, sdpa_meta(batch, akv), akv)
 
-    def decode(self, h, positions, slots, rows, meta, akv: KVCache) -> torch.Tensor:
+    def decode(self, h, positions, meta, akv: KVCache) -> torch.Tensor:
         """step() on the packed tensors of a forward (what a captured graph holds)."""
         q, k, v = self._qkv(h, positions)
-        akv.write(0, slots, rows, k, v)
+        akv.write(0, meta.index, k, v)
         return self._out(h, self.model.attend(q, akv.k[0], akv.v[0], meta))
 
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -143,10 +143,11 @@ class AdapterHead:
     def __init__(self, adapter: Adapter, akv: KVCache):
         self.adapter, self.akv = adapter, akv
         self.key = ("kangaroo", adapter.l)
+        self.target = None   # the target's cache akv is a sibling of
         self.loaded = None   # the Adapter whose weights it holds (see KangarooDrafter._head)
 
-    def __call__(self, h, positions, slots, rows, meta):
-        return h, self.adapter.decode(h, positions, slots, rows, meta, self.akv)
+    def __call__(self, h, positions, meta):
+        return h, self.adapter.decode(h, positions, meta, self.akv)
 
 
 class KangarooDrafter(Drafter):
@@ -156,6 +157,7 @@ class KangarooDrafter(Drafter):
                  params: KangarooParams = KangarooParams()):
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
+        self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         for k, t in adapter.w.items():   # the adapter runs in the model's device and dtype
             adapter.w[k] = t.to(model.device, model.dtype)
         self.head: AdapterHead | None = None
@@ -166,16 +168,17 @@ class KangarooDrafter(Drafter):
         return f"{self.name}:l{self.l}:{h:.6e}"
 
     def _head(self, kv: KVCache) -> AdapterHead:
-        """The adapter head for this cache: its KV cache has the target cache's shape (slots
-        and rows alike). With graphs, the model's kept one, loaded with this adapter."""
-        m, shape = self.model, tuple(kv.k[0].shape[:2])
+        """The adapter head for this cache: its KV cache is a one-layer sibling of the target's
+        (the same slots, lengths and block tables). With graphs, the model's kept one, loaded
+        with this adapter."""
+        m = self.model
 
         def make(adapter):
-            c = m.cfg
-            return AdapterHead(adapter, KVCache(1, shape[0], shape[1], c.num_kv_heads,
-                                                c.head_dim, m.dtype, m.device))
+            head = AdapterHead(adapter, kv.sibling(1))
+            head.target = kv
+            return head
         if m.graphs is None:
-            if self.head is None or tuple(self.head.akv.k[0].shape[:2]) != shape:
+            if self.head is None or self.head.target is not kv:
                 self.head = make(self.adapter)
             return self.head
         head = m.graphs.keep(("kangaroo", self.l), kv, lambda: make(Adapter(
@@ -194,7 +197,7 @@ class KangarooDrafter(Drafter):
     def prefilled(self, batch: ForwardBatch, kv: KVCache, h: torch.Tensor) -> None:
         """The adapter's KV rows for a prefill chunk, from its layer-l states (captured by the
         prefill forward itself: no second pass over layers [0, l))."""
-        self._head(kv)(h, batch.positions, batch.slots, batch.rows, sdpa_meta(batch))
+        self._head(kv)(h, batch.positions, sdpa_meta(batch, kv))
 
     def propose(self, seqs, kv, room) -> None:
         head = self._head(kv)

@@ -157,6 +157,7 @@ class SelfDraftDrafter(Drafter):
         most = (params.branches * params.branch_len + params.context_cands * params.gram
                 + params.corpus_cands * glen)
         self.kv_headroom = -(-most // 16) * 16 + 16
+        self.step_rows = 1 + most   # the pending token, candidates and branches
         self.finished_prompts = 0
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"context": 0, "corpus": 0}
