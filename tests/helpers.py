@@ -13,7 +13,7 @@ from specctl.speculative.sampling import SamplingParams
 def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens: int = 16,
             drafter=None, sampling: SamplingParams | None = None, eos_ids=(),
             max_len: int = 256, prefill_chunk: int = 512, speculate: str = "fixed",
-            controller=None):
+            controller=None, kv_budget: int | None = None):
     """Returns (list of generated id lists in input order, RunStats)."""
     reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens)
             for i in range(len(prompts))]
@@ -21,9 +21,23 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
     runner = Runner(model, drafter or NoDraft(), sampling or SamplingParams(),
                     batch_size=batch_size, max_len=max_len, eos_ids=set(eos_ids),
                     render=lambda r: prompts[r.index], decode=lambda ids: " ".join(map(str, ids)),
-                    prefill_chunk=prefill_chunk, speculate=speculate, controller=controller)
+                    prefill_chunk=prefill_chunk, speculate=speculate, controller=controller,
+                    kv_budget=kv_budget)
     stats = runner.run(reqs, lambda r: results.__setitem__(r.index, r.answer_ids[0]))
     return [results[i] for i in range(len(prompts))], stats
+
+
+def kv_budget(model, drafter, max_len: int, sequences: float) -> int:
+    """Bytes of a KV cache holding `sequences` full-length sequences of a Runner(max_len) with
+    this drafter: below batch_size of them, the runner's cache is paged."""
+    from specctl.engine.kv import BLOCK, row_bytes
+    head = drafter.kv_headroom if drafter is not None else 0
+    if model.graphs is not None:
+        head = max(head, model.graphs.max_n)
+    rows = -(-(max_len + head) // BLOCK) * BLOCK
+    c = model.cfg
+    return int(rows * sequences) * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,
+                                              model.dtype)
 
 
 def hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:
@@ -113,6 +127,7 @@ def prefill_slots(model, kv, prompts: list[list[int]], device="cpu"):
     """Prefill prompt i into KV slot i and commit it; returns kv."""
     from specctl.engine.batch import ForwardBatch, SeqInput
     for s, p in enumerate(prompts):
+        kv.reserve(s, kv.max_len)
         model.forward(ForwardBatch([SeqInput(s, p, 0)], device), kv)
         kv.lens[s] = len(p)
     return kv

@@ -478,16 +478,37 @@ def test_kv_cache_sized_to_the_work(tmp_path, tiny_llama, monkeypatch):
     shapes = []
     real = Model.new_kv_cache
 
-    def new_kv_cache(self, slots, rows):
+    def new_kv_cache(self, slots, rows, budget=None):
         shapes.append(slots)
         if len(shapes) > 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 190.00 GiB")
-        return real(self, slots, rows)
+        return real(self, slots, rows, budget)
     monkeypatch.setattr(Model, "new_kv_cache", new_kv_cache)
     ok(generate(inp, tmp_path / "a.jsonl", tmp_path / "store", tiny_llama, "-b", 100000))
     assert shapes == [2]
     fails(generate(inp, tmp_path / "b.jsonl", tmp_path / "store", tiny_llama),
-          "KV cache of 2 sequences", "--batch-size")
+          "KV cache of 2 sequences", "--kv-memory", "--batch-size")
+
+
+def test_kv_memory_pages_the_cache(tmp_path, tiny_llama):
+    """--kv-memory below the batch's full-length need: a paged cache, the same answers as the
+    contiguous one, the layout and preemptions in metrics.json; a budget below one sequence or
+    not a size is a one-line error."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"tell me about {w}"} for w in
+                                             ("cats", "dogs", "birds", "fish", "the sea")])
+    ok(generate(inp, tmp_path / "a.jsonl", tmp_path / "store", tiny_llama, "-b", 4))
+    r = ok(generate(inp, tmp_path / "b.jsonl", tmp_path / "store", tiny_llama, "-b", 4,
+                    "--kv-memory", "200KB"))
+    assert "KV cache: paged" in r.output
+    assert [l["text"] for l in read_jsonl(tmp_path / "a.jsonl")] == \
+        [l["text"] for l in read_jsonl(tmp_path / "b.jsonl")]
+    run = Path(r.output.split("run:")[1].split()[0])
+    kvm = json.loads((run / "metrics.json").read_text())["kv_cache"]
+    assert kvm["layout"] == "paged" and kvm["blocks"] > 0 and "preemptions" in kvm
+    fails(generate(inp, tmp_path / "c.jsonl", tmp_path / "store", tiny_llama,
+                   "--kv-memory", "1KB"), "less than one sequence", "--kv-memory")
+    fails(generate(inp, tmp_path / "d.jsonl", tmp_path / "store", tiny_llama,
+                   "--kv-memory", "lots"), "--kv-memory", "not a size")
 
 
 def test_written_files_follow_the_umask(tmp_path, tiny_llama):

@@ -1,6 +1,7 @@
 """Randomized losslessness: random prompts (short vocabularies make drafts hit), token budgets,
 contexts that end mid-draft, EOS ids, stop strings, multi-turn requests, prefill chunks and
-batch sizes, for every method with random settings, on the eager and the graph path: greedy
+batch sizes, contiguous and paged KV caches (small pools: preemptions), for every method with
+random settings, on the eager and the graph path: greedy
 output (token ids, texts, finish reasons) equals ar's at batch 1.
 
 It found two bugs: a step could accept one draft too many next to the context end, and a stop
@@ -13,7 +14,7 @@ import random
 
 import pytest
 
-from helpers import Oracle, run_ids
+from helpers import Oracle, kv_budget, run_ids
 from specctl.engine.graphs import CudaGraphs
 from specctl.models.loader import load_model
 from specctl.runtime.runner import Runner
@@ -65,15 +66,18 @@ def _check(seeds, eager, graph):
         m = rng.choice([eager, graph])
         dr = _drafter(rng, kind, m, eager, [p + r for p, r in zip(prompts, ref)])
         b = rng.randint(1, 6)
+        chunk = rng.choice([3, 7, 16, 512])
+        # half the runs on a paged cache of 1 to 2.5 full-length sequences (preemptions)
+        budget = kv_budget(m, dr, max_len, rng.uniform(1, 2.5)) if rng.random() < 0.5 else None
         got, stats = run_ids(m, prompts, batch_size=b, max_tokens=max_tokens, eos_ids=eos,
-                             max_len=max_len, drafter=dr, prefill_chunk=rng.choice([3, 7, 16, 512]))
-        assert got == ref, (seed, kind, "graph" if m is graph else "eager", b, max_len)
+                             max_len=max_len, drafter=dr, prefill_chunk=chunk, kv_budget=budget)
+        assert got == ref, (seed, kind, "graph" if m is graph else "eager", b, max_len, budget)
         hits += any(k for k in stats.accept_hist)
     assert hits >= len(seeds) // 3   # the drafts were accepted often enough to matter
 
 
 def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk,
-               sp=SamplingParams()):
+               sp=SamplingParams(), budget=None):
     """Multi-turn requests at the token level: stage k's ids follow the answers so far."""
     reqs = [Request(i, [[{}] for _ in st], max_tokens[i]) for i, st in enumerate(stages)]
 
@@ -88,7 +92,7 @@ def _run_turns(m, stages, max_tokens, drafter, b, max_len, eos, stop, chunk,
     runner = Runner(m, drafter or NoDraft(), sp, batch_size=b, max_len=max_len,
                     eos_ids=set(eos), render=render,
                     decode=lambda ids: " ".join(map(str, ids)) + " ", stop=stop,
-                    prefill_chunk=chunk)
+                    prefill_chunk=chunk, kv_budget=budget)
     runner.run(reqs, lambda r: res.__setitem__(r.index, (r.answers, r.answer_ids,
                                                          r.finish_reasons)))
     return [res[i] for i in range(len(stages))]
@@ -117,8 +121,9 @@ def _check_turns(seeds, eager, graph, sampling=False):
         texts = [sum(st, []) + sum(r[1], []) for st, r in zip(stages, ref)]
         dr = _drafter(rng, kind, m, eager, texts)
         dr.sp = sp
-        got = _run_turns(m, stages, max_tokens, dr, rng.randint(1, 6), max_len, eos, stop, chunk,
-                         sp)
+        b = rng.randint(1, 6)
+        budget = kv_budget(m, dr, max_len, rng.uniform(1, 2.5)) if rng.random() < 0.5 else None
+        got = _run_turns(m, stages, max_tokens, dr, b, max_len, eos, stop, chunk, sp, budget)
         assert got == ref, (seed, kind, "graph" if m is graph else "eager", stop)
 
 

@@ -25,6 +25,10 @@ SHAPES = {
     "7b": ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_layers=32,
                       num_heads=32, num_kv_heads=32, head_dim=128, rms_eps=1e-5,
                       max_position=4096),
+    # a small model of the same structure (GQA, untied head), for running the recipes on a CPU
+    "mini": ModelConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=32, rms_eps=1e-5,
+                        max_position=4096),
 }
 
 

@@ -81,6 +81,14 @@ def generate(
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads per step "
                                           "(default: measured as the run goes, so a busy "
                                           "machine does not stall the step)."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", help="Memory for the KV "
+                                            "cache, e.g. 8GB. Less than --batch-size "
+                                            "full-length sequences need: a paged cache, "
+                                            "filled by actual lengths (default: CPU all it "
+                                            "needs, CUDA set by --gpu-memory)."),
+    gpu_memory: float = typer.Option(0.9, "--gpu-memory", help="CUDA: the share of the GPU's "
+                                     "memory that weights, KV cache and work may use "
+                                     "together (vLLM's gpu_memory_utilization)."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
                                           "model and settings; options given here win."),
     store: Optional[Path] = StoreOpt,
@@ -115,6 +123,11 @@ def generate(
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
+    kvm = m.get("kv_cache", {})
+    if kvm.get("layout") == "paged":
+        console.print(f"KV cache: paged, {kvm['blocks']} blocks ({kvm['mib']} MiB); "
+                      f"{kvm['preemptions']} preempted and restarted "
+                      f"({kvm['recomputed_tokens']} tokens again)", highlight=False)
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
     if m["requests"] and m["errors"] == m["requests"]:
         raise SpecctlError(f"no line of {input} could be used ({m['errors']} bad lines: see "
@@ -126,7 +139,7 @@ _PLAIN = ("batch_size", "max_tokens", "temperature", "top_p", "top_k", "seed", "
           "dtype", "skip_bad", "attention", "cuda_graphs", "limit", "skip_set", "max_draft",
           "gamma0", "alpha", "eps", "beta1", "beta2", "adapter", "eta", "kangaroo_gamma",
           "branches", "branch_len", "gram", "context_cands", "corpus_cands", "prompt_grams",
-          "speculate", "threads")
+          "speculate", "threads", "kv_memory", "gpu_memory")
 
 
 def _options(p: dict) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 
 from specctl.errors import SpecctlError
@@ -51,7 +52,21 @@ def check_attention(name: str) -> None:
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
 # given: the caller keys the device type and dtype the model runs in instead)
 UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
-           "threads")
+           "threads", "kv_memory", "gpu_memory")
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
+          "mib": 2**20, "g": 2**30, "gb": 2**30, "gib": 2**30, "t": 2**40, "tb": 2**40,
+          "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'8GB', '512MiB', '1.5g', '1000000' -> bytes (K/M/G/T are powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m and _UNITS.get(m.group(2).lower())
+    if not unit:
+        raise SpecctlError(f"--kv-memory: {text!r} is not a size (say 8GB or 512MB)")
+    return int(float(m.group(1)) * unit)
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,8 @@ class GenerateConfig:
     limit: int | None = None          # only the first N prompt lines
     speculate: str = "fixed"          # auto: the goodput controller's budgets; fixed: the drafter's
     threads: int | None = None        # CPU threads per step; None: measured (runtime/threads.py)
+    kv_memory: str | None = None      # KV cache budget ('8GB'); None: CUDA by gpu_memory, CPU all
+    gpu_memory: float = 0.9           # CUDA: the share of the GPU weights + cache + work may use
     # draft-verify
     skip_set: str | None = None
     max_draft: int = 12
@@ -112,6 +129,10 @@ class GenerateConfig:
         check_attention(self.attention)
         if self.threads is not None and self.threads < 1:
             raise SpecctlError("--threads must be at least 1")
+        if self.kv_memory is not None and parse_size(self.kv_memory) <= 0:
+            raise SpecctlError("--kv-memory must be more than 0")
+        if not 0.0 < self.gpu_memory <= 1.0:
+            raise SpecctlError(f"--gpu-memory must be in (0, 1], got {self.gpu_memory}")
         if self.speculate not in SPECULATE:
             raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
         self.exit_params()

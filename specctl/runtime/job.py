@@ -22,7 +22,7 @@ from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import resolve_model
 from specctl.models.loader import load_model
 from specctl.reporting import QUIET, Reporter, Task
-from specctl.runtime.config import GenerateConfig
+from specctl.runtime.config import GenerateConfig, parse_size
 from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
@@ -258,11 +258,17 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
+    budget = kv_budget(cfg, model, slots, drafter.step_rows)
     try:
         return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
                       eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
                       stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
-                      speculate=cfg.speculate, threads=cfg.threads)
+                      speculate=cfg.speculate, threads=cfg.threads, kv_budget=budget)
+    except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
+        if "KV cache budget" not in str(e):
+            raise
+        raise SpecctlError(f"{e}: raise --kv-memory (or --gpu-memory), or lower "
+                           "--max-tokens") from None
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
             raise
@@ -271,8 +277,40 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
               * model.embed.element_size() / 2**30)
         raise SpecctlError(
             f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
-            f"sequences x {max_len} rows (about {gb:.1f} GiB): lower --batch-size, or "
-            "--max-tokens") from None
+            f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
+            "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
+
+
+def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int) -> int | None:
+    """Bytes for the KV cache: --kv-memory; on CUDA else what --gpu-memory leaves after what
+    the device already holds (weights, other processes) and the step's working memory; on
+    the CPU else None (all it needs)."""
+    if cfg.kv_memory is not None:
+        return parse_size(cfg.kv_memory)
+    if model.device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(model.device)
+    # in use on the device, by anyone, less what torch holds cached but unallocated (reusable)
+    used = total - free - (torch.cuda.memory_reserved(model.device)
+                           - torch.cuda.memory_allocated(model.device))
+    kept = getattr(model, "_kv", None)   # the model's last cache: reused, or let go for this one
+    if kept is not None:
+        used -= kept[1].bytes
+    return max(0, int(cfg.gpu_memory * total) - used - work_bytes(model, slots, step_rows,
+                                                                  cfg.prefill_chunk))
+
+
+def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int) -> int:
+    """A generous estimate of a step's working memory beside weights and KV cache: the
+    activations of the largest forward (a prefill chunk, or every slot's step with graph
+    padding) in the model's dtype, its scores and fp32 logits of its rows, captured graphs'
+    pools, plus a fixed 1 GiB for the CUDA context and libraries' workspaces."""
+    c = model.cfg
+    rows = max(prefill_chunk, slots * max(step_rows, 16))
+    width = 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
+        * c.head_dim
+    per_row = width * model.embed.element_size() + 4 * c.vocab_size
+    return 3 * rows * per_row + 2**30
 
 
 class _Progress:

@@ -40,6 +40,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "prefill_tokens": stats.prefill_tokens if stats else 0,
         "peak_memory_mb": round(peak, 1), "device": str(device),
         "speculation": speculation_metrics(cfg, stats),
+        "kv_cache": kv_metrics(stats),
         "per_sample": [{k: l.get(k) for k in ("index", "new_tokens", "steps", "wall_time_s")}
                        for l in good],
     }
@@ -108,4 +109,17 @@ def speculation_metrics(cfg, stats) -> dict:
             "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)
             if stats.measured_step_ms else 0.0,
             "profile_s": round(stats.profile_s, 3)})
+    return out
+
+
+def kv_metrics(stats) -> dict:
+    """The KV cache: its layout and size, and (paged) the stages preempted for blocks and the
+    tokens they generated again."""
+    if stats is None:
+        return {}
+    out = {"layout": "paged" if stats.kv_blocks else "contiguous",
+           "mib": round(stats.kv_bytes / 2**20, 1)}
+    if stats.kv_blocks:
+        out.update({"blocks": stats.kv_blocks, "preemptions": stats.preemptions,
+                    "recomputed_tokens": stats.recomputed})
     return out

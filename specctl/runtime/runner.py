@@ -9,6 +9,13 @@ finishes (EOS, its token budget, a stop string, the context end) its slot is fre
 waiting prompt is admitted at once, so a long answer never holds a batch back. A multi-turn
 request re-enters the queue (at its front) for its next stage.
 
+With a paged KV cache (a memory budget smaller than every slot at full length, engine/kv.py) a
+prompt is admitted only when the blocks for it and one step are free, and before each step every
+running sequence reserves the rows the step may write (Drafter.step_rows). When the pool runs
+dry the newest sequence is preempted: its blocks are freed, its stage's work undone, and it goes
+back to the front of the queue to start that stage again (recomputed from its prompt; its output
+is the same, since decoding depends only on the request). No step ever runs out of rows.
+
 Each iteration: prefill the newly admitted sequences (their prompts packed together, in chunks of
 at most `prefill_chunk` tokens), then one step over all running sequences: the drafter proposes a
 tree per sequence, the target runs once over [pending token + drafts] of every sequence packed
@@ -58,6 +65,10 @@ class RunStats:
     measured_step_ms: float = 0.0
     controlled_steps: int = 0
     profile_s: float = 0.0
+    preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
+    recomputed: int = 0            # tokens they had generated, generated again
+    kv_bytes: int = 0              # the KV cache's storage
+    kv_blocks: int = 0             # blocks of its pool when paged (0: contiguous)
 
     @property
     def padding_ratio(self) -> float:
@@ -81,7 +92,8 @@ class Runner:
                  batch_size: int, max_len: int, eos_ids: set[int],
                  render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
                  stop: tuple[str, ...] = (), prefill_chunk: int = 512,
-                 threads: int | None = None, speculate: str = "fixed", controller=None):
+                 threads: int | None = None, speculate: str = "fixed", controller=None,
+                 kv_budget: int | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if speculate not in ("auto", "fixed"):
@@ -101,8 +113,13 @@ class Runner:
             # one cache shape for every method, so runs of different methods (a bench's
             # round-robin) keep replaying the same captured graphs instead of re-capturing
             headroom = max(headroom, model.graphs.max_n)
-        self.kv = model.new_kv_cache(batch_size, max_len + headroom)
-        self.stats = RunStats()
+        # kv_budget: bytes for the cache; smaller than every slot at full length -> paged
+        self.kv = model.new_kv_cache(batch_size, max_len + headroom, kv_budget)
+        self._admitted = 0
+        self._on_tokens = None
+        self._rendered = None
+        self.stats = RunStats(kv_bytes=self.kv.bytes,
+                              kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         if self.controller is not None:
             self.stats.profile_s = getattr(self.controller, "profile_s", 0.0)
         # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
@@ -129,10 +146,17 @@ class Runner:
         waiting: deque[Request] = deque(requests)
         free = list(range(self.batch_size))
         running: list[Sequence] = []
+        self._on_tokens = on_tokens
         while waiting or running:
             fresh = []
             while free and waiting:
-                seq = self._admit(waiting.popleft(), free.pop(0))
+                seq = self._admit(waiting[0], free[0])
+                if seq is None:   # too few free KV blocks: wait for a sequence to finish
+                    if not running and not fresh:
+                        raise RuntimeError("KV cache: an empty pool cannot hold one sequence")
+                    break
+                waiting.popleft()
+                free.pop(0)
                 if seq.finished:   # could not start (prompt too long for the context)
                     self._retire(seq, free, waiting, on_done)
                     continue
@@ -141,7 +165,8 @@ class Runner:
                 self._prefill(fresh)
                 running.extend(fresh)
             running.sort(key=lambda s: s.slot)
-            live = [s for s in running if not s.finished]
+            live = self._reserve([s for s in running if not s.finished], running, free,
+                                 waiting)
             if live:
                 before, tokens = self.stats.generated, self.stats.step_tokens
                 if tuner:
@@ -157,19 +182,69 @@ class Runner:
                 self._retire(s, free, waiting, on_done)
         return self.stats
 
-    def _admit(self, req: Request, slot: int) -> Sequence:
+    def _admit(self, req: Request, slot: int) -> Sequence | None:
+        """The request's next stage in `slot`, or None when the KV cache has too few free
+        blocks for its prompt and one step (nothing changed then)."""
+        memo = self._rendered   # (a waiting stage is tried again each step until it fits)
+        if memo is None or memo[0] is not req or memo[1] != len(req.answers):
+            memo = self._rendered = (req, len(req.answers), self.render(req))
+        ids = memo[2]
+        self.kv.reset(slot)
+        fits = len(ids) + 1 <= self.max_len
+        if fits and not self.kv.reserve(slot, len(ids) + self.drafter.step_rows):
+            return None
         if req.started is None:
             req.started = time.perf_counter()
-        ids = self.render(req)
         rng = None if self.sp.greedy else request_rng(self.sp.seed, _stream(req))
-        seq = Sequence(req, ids, slot, rng)
+        self._admitted += 1
+        seq = Sequence(req, ids, slot, rng, admitted=self._admitted,
+                       mark=(req.steps, len(req.accept_lengths), len(req.draft_lengths)))
         req.prompt_tokens += len(ids)
-        self.kv.reset(slot)
-        if len(ids) + 1 > self.max_len:
+        if not fits:
             seq.finish_reason = "context"
         else:
             self.drafter.admit(seq)
         return seq
+
+    def _reserve(self, live: list[Sequence], running: list[Sequence], free: list[int],
+                 waiting: deque) -> list[Sequence]:
+        """Reserve the KV rows this step may write for every live sequence, oldest first,
+        preempting the newest while the pool is short. Returns the sequences that step."""
+        kv = self.kv
+        if not kv.paged:
+            return live
+        rows = self.drafter.step_rows
+        out = []
+        for s in sorted(live, key=lambda s: s.admitted):
+            while s in running and not kv.reserve(s.slot, kv.lens[s.slot] + rows):
+                self._preempt(max((r for r in running if not r.finished),
+                                  key=lambda r: r.admitted), running, free, waiting)
+            if s in running:
+                out.append(s)
+        return sorted(out, key=lambda s: s.slot)
+
+    def _preempt(self, seq: Sequence, running: list[Sequence], free: list[int],
+                 waiting: deque) -> None:
+        """Give seq's slot and blocks back and queue its stage to start again: everything the
+        stage added to its request and to the run's counts is undone."""
+        req = seq.req
+        steps, accepts, drafts = seq.mark
+        req.steps = steps
+        del req.accept_lengths[accepts:], req.draft_lengths[drafts:]
+        req.prompt_tokens -= len(seq.prompt_ids)
+        self.stats.generated -= len(seq.out_ids)
+        self.stats.recomputed += len(seq.out_ids)
+        self.stats.preemptions += 1
+        if self._on_tokens and seq.out_ids:
+            self._on_tokens(-len(seq.out_ids))
+        self.drafter.retire(seq)
+        if self.controller is not None:
+            self.controller.forget(seq.slot)
+        self.kv.reset(seq.slot)
+        running.remove(seq)
+        free.append(seq.slot)
+        free.sort()
+        waiting.appendleft(req)
 
     def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
         req = seq.req

@@ -47,7 +47,7 @@ class Request:
         return msgs
 
 
-@dataclass
+@dataclass(eq=False)   # identity: the scheduler looks sequences up in its lists
 class Sequence:
     """One stage of a request, living in a KV slot while it runs."""
     req: Request
@@ -65,6 +65,9 @@ class Sequence:
     budget: int | None = None           # this step's draft budget from the controller (None:
                                         # speculate fixed); 0 = an ar step, no probe either
     started: float = field(default_factory=time.perf_counter)
+    admitted: int = 0                   # admission order (the newest is preempted first)
+    # the request's step counters when this stage was admitted (a preempted stage's are undone)
+    mark: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def finished(self) -> bool:
