@@ -39,6 +39,33 @@ def test_flat_cost_gives_full_budget(tree, padded):
     assert ctl.budgets([0, 1], [3, 0]) == [3, 0]
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_budget_zero_explores_and_learns(tree):
+    """Under a cost that rules drafting out at the prior, every 32nd step every sequence
+    drafts a little more (all in the same step); a sequence whose drafts then turn out to be
+    always accepted gets budgets of its own, growing deeper than exploration's, while the
+    ones that are always rejected draft rarely."""
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.08 * (n - 1)))
+    ctl = Controller(StepCost(mid), 12, tree=tree, prior_accept=0.05)
+    keys = list(range(4))
+    seen = []
+    for step in range(1, 97):
+        ks = ctl.budgets(keys, [100] * 4)
+        seen.append(ks)
+        if step <= 32:
+            assert ks == ([2 if not tree else 4] * 4 if step == 32 else [0] * 4), (step, ks)
+        # sequence 0 accepts every drafted node, the others none
+        ctl.observe(keys, ks, [list(range(k)) if key == 0 else [] for key, k in zip(keys, ks)])
+    assert ctl.explored >= 4
+    late = seen[40:]
+    assert all(ks[0] > 0 for ks in late)                           # learnt from exploring
+    assert max(ks[0] for ks in seen[64:]) > 4                      # and deeper
+    calm = [ks for i, ks in enumerate(seen[64:], 65) if i % 32]
+    assert sum(max(ks[1:]) > 0 for ks in calm) <= len(calm) // 4
+    off = Controller(StepCost(mid), 12, tree=tree, prior_accept=0.05, explore_every=0)
+    assert all(off.budgets(keys, [100] * 4) == [0] * 4 for _ in range(64))
+
+
 def test_draft_forward_cost_counts():
     # verify nearly free, but each draft forward costs as much as a step: no drafting
     ctl = Controller(StepCost(flat, draft_frac=1.0), 6, prior_accept=0.7)
@@ -113,7 +140,8 @@ def test_steep_profile_is_exactly_ar(model, batch):
         if dr is None:
             continue
         got, st = run_ids(model, prompts, batch_size=batch, max_tokens=12, drafter=dr,
-                          speculate="auto", controller=_ctl(dr, model, steep, prior_accept=0.99))
+                          speculate="auto", controller=_ctl(dr, model, steep, prior_accept=0.99,
+                                                            explore_every=0))
         assert got == ref, name
         assert st.steps == ar_stats.steps, name
         assert set(st.budget_hist) == {0} and set(st.accept_hist) == {0}, name

@@ -47,6 +47,18 @@ ms of one verify step of b sequences with n new tokens each) and the method's dr
   shallow forward of the pending token always runs: the verify starts at its layer-l states),
   draft_frac = (l layers + adapter + head) / model, verify_frac = (L - l layers + head) / model.
   Self-Draft's host work per candidate is negligible against a forward (not modelled).
+Exploration: a sequence at budget 0 drafts nothing, so nothing new is learnt about it, and an
+estimate that once ruled drafting out would rule it out for good (a sequence that turns
+repetitive later, a pooled prior that was too low). So every `explore_every` steps (default 32)
+every sequence with room gets `explore_budget` more drafts (chains 2, trees 4 nodes) than the
+search gave it, in that one step (budget 0 sequences learn their first positions, drafting
+ones the next deeper; a chain position never tried takes the deepest tried position's pooled
+rate): all of them in the same step, because with padded graphs a step costs by its
+longest sequence, so one exploring sequence would cost as much as all. Its price is bounded by
+that step's extra cost over 32 steps (on the H100's demo-model table, batch 32, n 1 -> 5: about
+1.7x a step, so ~2% of the run), and part of it comes back as accepted drafts. The measured
+acceptance then updates the sequence's own estimate, and the next steps' search uses it.
+
 The table is measured on first use (a small grid, a few seconds; cached per model and batch
 for the process): `step_table_for`.
 
@@ -129,11 +141,16 @@ class Controller:
     """
 
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
-                 prior_accept: float = 0.7, prior_weight: float = 4.0):
+                 prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
+                 explore_budget: int | None = None):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
         self.prior_accept, self.prior_weight = prior_accept, prior_weight
+        self.explore_every = explore_every   # 0: never explore
+        self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
+        self.steps = 0
+        self.explored = 0   # sequence-steps given an exploration budget
         self.pool = AcceptStats()
         self.seqs: dict = {}
         # reporting
@@ -145,10 +162,14 @@ class Controller:
     def _pool_rate(self, j: int) -> float:
         base = self.prior_accept ** (j + 1) if self.tree else self.prior_accept
         p = self.pool
-        if j < len(p.tried):
+        if j < len(p.tried) and p.tried[j]:
             if self.tree:
                 return (p.hit[j] + self.prior_weight * base) / (p.steps + self.prior_weight)
             return (p.hit[j] + self.prior_weight * base) / (p.tried[j] + self.prior_weight)
+        if not self.tree and j and any(p.tried[:j]):
+            # a chain position never tried yet: as likely as the deepest one tried (a position's
+            # conditional acceptance varies little with depth), not the blind prior
+            return self._pool_rate(max(i for i in range(min(j, len(p.tried))) if p.tried[i]))
         return base
 
     def rates(self, key) -> list[float]:
@@ -211,6 +232,12 @@ class Controller:
             emitted += gains[i][k] - gains[i][ks[i]]
             tokens += self.cost.tokens(k) - self.cost.tokens(ks[i])
             ks[i] = k
+        self.steps += 1
+        if self.explore_every and self.steps % self.explore_every == 0:
+            for i, (k, c) in enumerate(zip(ks, caps)):
+                if k < c:
+                    ks[i] = min(c, k + self.explore_budget)
+                    self.explored += 1
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
         for k in ks:
