@@ -28,16 +28,17 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
 
 
 def kv_budget(model, drafter, max_len: int, sequences: float) -> int:
-    """Bytes of a KV cache holding `sequences` full-length sequences of a Runner(max_len) with
-    this drafter: below batch_size of them, the runner's cache is paged."""
+    """Bytes of a paged KV cache holding `sequences` full-length sequences of a
+    Runner(max_len) with this drafter: below batch_size of them, the runner's cache is paged."""
     from specctl.engine.kv import BLOCK, row_bytes
     head = drafter.kv_headroom if drafter is not None else 0
     if model.graphs is not None:
         head = max(head, model.graphs.max_n)
     rows = -(-(max_len + head) // BLOCK) * BLOCK
     c = model.cfg
-    return int(rows * sequences) * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,
-                                              model.dtype)
+    extra = getattr(drafter, "kv_layers", 0)   # a drafter's own cache layers (Kangaroo's)
+    per_row = row_bytes(c.num_layers + extra, c.num_kv_heads, c.head_dim, model.dtype)
+    return (int(rows * sequences) + BLOCK) * per_row   # (+ the pool's null block)
 
 
 def hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:

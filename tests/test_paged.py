@@ -41,7 +41,7 @@ def test_blocks_are_reserved_addressed_and_returned():
     kv.reset(0)
     assert kv.tables[0] == [] and sorted(kv.free) == [1, 2]
     assert kv.reserve(1, 1000) and len(kv.tables[1]) == 3   # capped at max_len
-    assert KVCache(2, 3, 40, 1, 2, num_blocks=9).paged is False   # room for every slot
+    assert KVCache(2, 3, 40, 1, 2).paged is False
     with pytest.raises(ValueError, match="cannot hold one sequence"):
         KVCache(2, 3, 40, 1, 2, num_blocks=2)
 
@@ -93,6 +93,33 @@ def test_paged_forward_equals_contiguous(model, graph):
         torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
 
 
+def test_budgets_are_kept_and_flex_needs_contiguous(model, graph):
+    """A cache never takes more than its budget (the graphs' scratch slot and the null block
+    included); flex attention with a budget that would page is a clear error."""
+    for m in (model, graph):
+        for seqs in (1, 1.5, 2, 2.5, 3, 4):
+            budget = kv_budget(m, None, 100, seqs)
+            kv = m.new_kv_cache(3, 100, budget)
+            assert kv.bytes <= budget, (seqs, kv.paged)
+    model.set_attention("flex")
+    try:
+        with pytest.raises(ValueError, match="flex attention reads only a contiguous"):
+            model.new_kv_cache(4, 256, kv_budget(model, None, 256, 2))
+    finally:
+        model.set_attention("sdpa")
+
+
+def test_self_draft_short_branches_fit_their_rows(model):
+    """Branches start at up to 2 tokens whatever branch_len: step_rows counts them."""
+    prompts = random_prompts(8, seed=5, max_len=40)
+    ref, _ = run_ids(model, prompts, max_tokens=20, max_len=96)
+    dr = SelfDraftDrafter(SelfDraftParams(branches=6, branch_len=1), Oracle(
+        [p + r for p, r in zip(prompts, ref)]))
+    got, _ = run_ids(model, prompts, batch_size=8, max_tokens=20, max_len=96, drafter=dr,
+                     kv_budget=kv_budget(model, dr, 96, 1.2))
+    assert got == ref
+
+
 def _drafters(m, eager, texts):
     L = eager.cfg.num_layers
     return {
@@ -135,12 +162,13 @@ def test_more_requests_than_fit_all_finish(model):
     prompts = random_prompts(40, seed=11, max_len=60)
     ref, _ = run_ids(model, prompts, max_tokens=40, max_len=128)
     reqs = [Request(i, [[{}]], 40) for i in range(40)]
-    done = {}
+    done, reported = {}, []
     runner = Runner(model, NoDraft(), SamplingParams(), batch_size=16, max_len=128,
                     eos_ids=set(), render=lambda r: prompts[r.index], decode=str,
                     kv_budget=kv_budget(model, None, 128, 3))
     assert runner.kv.paged
-    stats = runner.run(reqs, lambda r: done.__setitem__(r.index, r))
+    stats = runner.run(reqs, lambda r: done.__setitem__(r.index, r), on_tokens=reported.append)
+    assert sum(reported) == sum(len(r) - 1 for r in ref)   # (the prefill's token is not reported)
     assert [done[i].answer_ids[0] for i in range(40)] == ref
     assert stats.preemptions > 0 and stats.recomputed > 0
     assert stats.generated == sum(map(len, ref))

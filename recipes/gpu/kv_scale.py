@@ -129,7 +129,7 @@ def main() -> None:
         res["floor_tokens_per_s_b1"] = round(bw / weight_bytes(model), 1)
     for b in [int(x) for x in a.batches.split(",")]:
         n = a.b1_requests if b == 1 else a.requests
-        budget = kv_budget(cfg, model, b, 1)
+        budget = kv_budget(cfg, model, b, 1, a.max_len)
         r = run(model, prompts[:n], al[:n], b, a.max_len, budget)
         r["budget_gib"] = round(budget / 2**30, 2) if budget else None
         if b == 1 and "floor_tokens_per_s_b1" in res:
@@ -137,7 +137,7 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         res["runs"].append(r)
     # the contiguous cache: every slot at max_len rows, as many slots as the budget holds
-    budget = kv_budget(cfg, model, 1, 1)
+    budget = kv_budget(cfg, model, 1, 1, a.max_len)
     if budget is not None:
         slot_bytes = -(-a.max_len // BLOCK) * BLOCK * per_row
         b = max(1, budget // slot_bytes)

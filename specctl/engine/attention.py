@@ -44,13 +44,14 @@ class SdpaMeta:
     q_idx: torch.Tensor              # [T] index of the token among its sequence's new tokens
     mask: torch.Tensor               # [B, 1, N_max, L_max] bool, True = may attend
     block_mask: tuple | None = None  # ((slots, max_len), FlexAttention BlockMask), made on first use
+    tables: list | None = None       # the block tables it addresses (a batch keeps one meta)
     static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
     bias: torch.Tensor | None = None  # mask as 0 / -inf in the queries' dtype, made on first use
 
 
 def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
     """The attention metadata of an eager forward over `kv` (made once, kept on the batch)."""
-    if batch._attn_meta is not None:
+    if batch._attn_meta is not None and batch._attn_meta.tables is kv.tables:
         return batch._attn_meta
     dev = batch.device
     B = len(batch.seqs)
@@ -79,7 +80,7 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
         table = slice(0, B) if slots == list(range(B)) else torch.tensor(slots, device=dev)
         index = batch.slots * kv.block + batch.rows
     meta = SdpaMeta(table, kv.block, index, L, n_max, all(n == n_max for n in batch.num_new),
-                    q_seq, q_idx, mask[:, None])
+                    q_seq, q_idx, mask[:, None], tables=kv.tables)
     batch._attn_meta = meta
     return meta
 

@@ -45,10 +45,11 @@ class KVCache:
                  device: torch.device | str = "cpu", spare: bool = False,
                  num_blocks: int | None = None):
         """max_len: rows a slot may hold. num_blocks: the pool of a paged cache, in BLOCK-row
-        blocks (None, or enough for every slot at max_len: the contiguous layout).
-        spare: one extra scratch slot that padded rows of a CUDA-graph replay write into."""
+        blocks, the null block not counted (None: the contiguous layout; Model.new_kv_cache
+        decides from a byte budget). spare: one extra scratch slot (contiguous) that padded
+        rows of a CUDA-graph replay write into."""
         per = -(-max_len // BLOCK)
-        self.paged = num_blocks is not None and num_blocks < num_slots * per
+        self.paged = num_blocks is not None
         if self.paged:
             if num_blocks < per:
                 raise ValueError(f"a paged KV cache of {num_blocks} blocks cannot hold one "

@@ -125,11 +125,20 @@ class Model:
         if budget is not None:
             blocks = budget // (BLOCK * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,
                                                   self.dtype))
-            if blocks * BLOCK < max_len:
+            spare = int(self.graphs is not None)   # the graphs' scratch slot / the null block
+            if (blocks - 1) * BLOCK < max_len:   # (a paged pool's null block is one)
                 raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds "
-                                 f"{blocks * BLOCK} rows, less than one sequence ({max_len})")
-            if blocks >= num_slots * -(-max_len // BLOCK):
+                                 f"{max(blocks - 1, 0) * BLOCK} rows, less than one sequence "
+                                 f"({max_len})")
+            if blocks >= (num_slots + spare) * -(-max_len // BLOCK):
                 blocks = None   # every slot fits at full length: the contiguous layout
+            elif self.attention == "flex":
+                raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds fewer "
+                                 f"than {num_slots} sequences of {max_len} rows, and flex "
+                                 "attention reads only a contiguous cache (use --attention "
+                                 "sdpa for a paged one)")
+            else:
+                blocks = max(1, blocks - 1)   # (the pool's null block comes on top)
         key = (num_slots, max_len, blocks)
         if self.graphs is not None:
             kept = getattr(self, "_kv", None)

@@ -258,7 +258,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
-    budget = kv_budget(cfg, model, slots, drafter.step_rows)
+    budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
     try:
         return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
                       eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
@@ -281,7 +281,8 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
 
 
-def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int) -> int | None:
+def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
+              max_len: int) -> int | None:
     """Bytes for the KV cache: --kv-memory; on CUDA else what --gpu-memory leaves after what
     the device already holds (weights, other processes) and the step's working memory; on
     the CPU else None (all it needs)."""
@@ -296,21 +297,25 @@ def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int) -> int | N
     kept = getattr(model, "_kv", None)   # the model's last cache: reused, or let go for this one
     if kept is not None:
         used -= kept[1].bytes
-    return max(0, int(cfg.gpu_memory * total) - used - work_bytes(model, slots, step_rows,
-                                                                  cfg.prefill_chunk))
+    return max(0, int(cfg.gpu_memory * total) - used - work_bytes(
+        model, slots, step_rows, cfg.prefill_chunk, max_len))
 
 
-def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int) -> int:
+def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int, max_len: int) -> int:
     """A generous estimate of a step's working memory beside weights and KV cache: the
     activations of the largest forward (a prefill chunk, or every slot's step with graph
-    padding) in the model's dtype, its scores and fp32 logits of its rows, captured graphs'
-    pools, plus a fixed 1 GiB for the CUDA context and libraries' workspaces."""
+    padding) in the model's dtype and fp32 logits of its rows, attention's gathered keys and
+    values of one layer (every slot at max_len rows) and its mask, captured graphs' pools, plus
+    a fixed 1 GiB for the CUDA context and libraries' workspaces."""
     c = model.cfg
+    e = model.embed.element_size()
     rows = max(prefill_chunk, slots * max(step_rows, 16))
     width = 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
         * c.head_dim
-    per_row = width * model.embed.element_size() + 4 * c.vocab_size
-    return 3 * rows * per_row + 2**30
+    per_row = width * e + 4 * c.vocab_size
+    gathered = 2 * slots * max_len * c.num_kv_heads * c.head_dim * e \
+        + slots * max(step_rows, 16) * max_len * e
+    return 3 * rows * per_row + 2 * gathered + 2**30
 
 
 class _Progress:

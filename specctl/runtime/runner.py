@@ -113,7 +113,11 @@ class Runner:
             # one cache shape for every method, so runs of different methods (a bench's
             # round-robin) keep replaying the same captured graphs instead of re-capturing
             headroom = max(headroom, model.graphs.max_n)
-        # kv_budget: bytes for the cache; smaller than every slot at full length -> paged
+        # kv_budget: bytes for the cache (and a drafter's own, Kangaroo's adapter's, sharing
+        # its rows); smaller than every slot at full length -> paged
+        if kv_budget is not None and drafter.kv_layers:
+            L = model.cfg.num_layers
+            kv_budget = kv_budget * L // (L + drafter.kv_layers)
         self.kv = model.new_kv_cache(batch_size, max_len + headroom, kv_budget)
         self._admitted = 0
         self._on_tokens = None
@@ -148,8 +152,13 @@ class Runner:
         running: list[Sequence] = []
         self._on_tokens = on_tokens
         while waiting or running:
+            # the running sequences' rows for this step first (a paged cache: preempting the
+            # newest when short), then new prompts into what is left (not after a preemption:
+            # the preempted one would come straight back and be preempted again)
+            preempted = self.stats.preemptions
+            self._reserve(running, free, waiting)
             fresh = []
-            while free and waiting:
+            while free and waiting and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
                 if seq is None:   # too few free KV blocks: wait for a sequence to finish
                     if not running and not fresh:
@@ -165,8 +174,7 @@ class Runner:
                 self._prefill(fresh)
                 running.extend(fresh)
             running.sort(key=lambda s: s.slot)
-            live = self._reserve([s for s in running if not s.finished], running, free,
-                                 waiting)
+            live = [s for s in running if not s.finished]
             if live:
                 before, tokens = self.stats.generated, self.stats.step_tokens
                 if tuner:
@@ -206,22 +214,17 @@ class Runner:
             self.drafter.admit(seq)
         return seq
 
-    def _reserve(self, live: list[Sequence], running: list[Sequence], free: list[int],
-                 waiting: deque) -> list[Sequence]:
-        """Reserve the KV rows this step may write for every live sequence, oldest first,
-        preempting the newest while the pool is short. Returns the sequences that step."""
+    def _reserve(self, running: list[Sequence], free: list[int], waiting: deque) -> None:
+        """Reserve the KV rows the next step may write for every running sequence, oldest
+        first, preempting the newest while the pool is short. (Sequences admitted this
+        iteration reserved a prompt's and a step's rows at admission.)"""
         kv = self.kv
         if not kv.paged:
-            return live
+            return
         rows = self.drafter.step_rows
-        out = []
-        for s in sorted(live, key=lambda s: s.admitted):
+        for s in sorted(running, key=lambda s: s.admitted):
             while s in running and not kv.reserve(s.slot, kv.lens[s.slot] + rows):
-                self._preempt(max((r for r in running if not r.finished),
-                                  key=lambda r: r.admitted), running, free, waiting)
-            if s in running:
-                out.append(s)
-        return sorted(out, key=lambda s: s.slot)
+                self._preempt(max(running, key=lambda r: r.admitted), running, free, waiting)
 
     def _preempt(self, seq: Sequence, running: list[Sequence], free: list[int],
                  waiting: deque) -> None:
@@ -235,9 +238,8 @@ class Runner:
         self.stats.generated -= len(seq.out_ids)
         self.stats.recomputed += len(seq.out_ids)
         self.stats.preemptions += 1
-        if self._on_tokens and seq.out_ids:
-            self._on_tokens(-len(seq.out_ids))
-        self.drafter.retire(seq)
+        if self._on_tokens and len(seq.out_ids) > 1:   # (its prefill token was not reported)
+            self._on_tokens(1 - len(seq.out_ids))
         if self.controller is not None:
             self.controller.forget(seq.slot)
         self.kv.reset(seq.slot)

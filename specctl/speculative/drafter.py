@@ -27,6 +27,8 @@ class Drafter:
     # KV rows past a sequence's committed length that one step may write (the pending token,
     # drafts, probe nodes, rows of draft forwards): a paged cache reserves them before the step
     step_rows = 1
+    # layers of KV cache the drafter keeps beside the target's (same rows): a budget covers both
+    kv_layers = 0
 
     def admit(self, seq) -> None:
         pass

@@ -28,6 +28,7 @@ so a new run (or a new adapter) replays the same graphs.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -158,6 +159,7 @@ class KangarooDrafter(Drafter):
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
+        self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
         for k, t in adapter.w.items():   # the adapter runs in the model's device and dtype
             adapter.w[k] = t.to(model.device, model.dtype)
         self.head: AdapterHead | None = None
@@ -175,10 +177,10 @@ class KangarooDrafter(Drafter):
 
         def make(adapter):
             head = AdapterHead(adapter, kv.sibling(1))
-            head.target = kv
+            head.target = weakref.ref(kv)   # (not keeping an old run's cache alive)
             return head
         if m.graphs is None:
-            if self.head is None or self.head.target is not kv:
+            if self.head is None or self.head.target() is not kv:
                 self.head = make(self.adapter)
             return self.head
         head = m.graphs.keep(("kangaroo", self.l), kv, lambda: make(Adapter(

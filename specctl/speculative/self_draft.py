@@ -154,7 +154,8 @@ class SelfDraftDrafter(Drafter):
         self.corpus_id = corpus_id if self.corpus is not None else None
         self.ctx = ContextCache(params.lru)
         glen = getattr(self.corpus, "gram_len", params.gram)
-        most = (params.branches * params.branch_len + params.context_cands * params.gram
+        # (a branch starts at 1-2 tokens and is trimmed back to at least 2: max(L, 2))
+        most = (params.branches * max(params.branch_len, 2) + params.context_cands * params.gram
                 + params.corpus_cands * glen)
         self.kv_headroom = -(-most // 16) * 16 + 16
         self.step_rows = 1 + most   # the pending token, candidates and branches
