@@ -1,0 +1,105 @@
+"""`ar` tokens/s of two checkouts of specctl, same run, alternating: does a change make the
+engine slower? Each measurement runs in its own subprocess with PYTHONPATH set to one checkout.
+
+    git worktree add /tmp/old <commit>
+    python recipes/engine_ab.py --old /tmp/old --new . --repeats 2 [--paged]
+
+Workload: the demo model (from the test cache or --model), fp32 on the CPU, NoDraft, greedy,
+--threads threads, prompts = the first human turns of recipes/gpu/sharegpt32.jsonl rendered
+with the chat template, 64 new tokens each (no EOS): batch 1 over 2 prompts, batch 8 over 8.
+--paged adds the new checkout at batch 8 with a KV budget of half the batch at full length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, time, torch
+import specctl
+assert specctl.__file__.startswith(sys.path[0] or __import__("os").getcwd()), specctl.__file__
+from pathlib import Path
+from specctl.models.loader import load_model
+from specctl.runtime.tokenization import Tokenization
+from specctl.runtime.runner import Runner
+from specctl.runtime.sequence import Request
+from specctl.speculative.drafter import NoDraft
+from specctl.speculative.sampling import SamplingParams
+model_dir, batch, n, tokens, threads, paged = sys.argv[1:7]
+batch, n, tokens, threads, paged = int(batch), int(n), int(tokens), int(threads), paged == "1"
+torch.set_num_threads(threads)
+model = load_model(Path(model_dir), "cpu", "fp32")
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(model_dir)
+texts = [json.loads(l)["prompt"] if "prompt" in json.loads(l) else
+         json.loads(l)["messages"][0]["content"] for l in open(sys.argv[7])][:n]
+ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                          add_generation_prompt=True), add_special_tokens=False)
+       for t in texts]
+kw = {}
+if paged:
+    from specctl.engine.kv import BLOCK, row_bytes
+    c = model.cfg
+    rows = -(-(max(map(len, ids)) + tokens + 8) // BLOCK) * BLOCK
+    kw["kv_budget"] = (batch // 2 * rows + BLOCK) * row_bytes(c.num_layers, c.num_kv_heads,
+                                                                c.head_dim, model.dtype)
+def once():
+    reqs = [Request(i, [[{}]], tokens) for i in range(n)]
+    r = Runner(model, NoDraft(), SamplingParams(), batch_size=batch,
+               max_len=max(map(len, ids)) + tokens + 8, eos_ids=set(),
+               render=lambda q: ids[q.index], decode=lambda x: "", threads=threads, **kw)
+    t = time.perf_counter()
+    st = r.run(reqs, lambda q: None)
+    return st.generated / (time.perf_counter() - t), st
+once()   # warm-up
+tps, st = once()
+print("RESULT " + json.dumps({"tokens_per_s": round(tps, 2), "preemptions": getattr(st, "preemptions", 0)}))
+"""
+
+
+def measure(code: Path, model: str, batch: int, n: int, tokens: int, threads: int,
+            paged: bool, prompts: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code.resolve())}
+    # (run from the checkout: `python -c` puts the working directory first on the path)
+    out = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(n), str(tokens),
+                          str(threads), "1" if paged else "0", str(prompts.resolve())],
+                         env=env, capture_output=True, text=True, cwd=code.resolve())
+    if out.returncode:
+        raise SystemExit(f"{code}: the measurement failed:\n{out.stderr[-3000:]}")
+    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", required=True)
+    ap.add_argument("--new", default=".")
+    ap.add_argument("--model", default=str(Path.home() / ".cache/specctl-test/models/"
+                                           "smollm2-135m-instruct"))
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--paged", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    prompts = Path(__file__).resolve().parent / "gpu" / "sharegpt32.jsonl"
+    runs = [("old", 1, 2, False), ("new", 1, 2, False), ("old", 8, 8, False),
+            ("new", 8, 8, False)] + ([("new-paged", 8, 8, True)] if a.paged else [])
+    rows = []
+    for rep in range(a.repeats):
+        for name, b, n, paged in (runs if rep % 2 == 0 else runs[::-1]):   # (order effects)
+            code = Path(a.old if name == "old" else a.new)
+            r = measure(code, a.model, b, n, a.tokens, a.threads, paged, prompts)
+            rows.append({"repeat": rep + 1, "code": name, "batch": b, **r})
+            print(json.dumps(rows[-1]), flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
