@@ -221,6 +221,7 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
         if spec == "auto":
             sp = m["speculation"]
             assert sum(sp["budget_hist"].values()) >= sp["controlled_steps"] > 0
+            assert sp["explored_sequence_steps"] >= 0
             assert sp["predicted_step_ms"] > 0 and sp["measured_step_ms"] > 0
             assert sp["goodput_tokens_per_s"] > 0
     assert outs["auto"] == outs["fixed"]

@@ -64,6 +64,7 @@ class RunStats:
     predicted_step_ms: float = 0.0
     measured_step_ms: float = 0.0
     controlled_steps: int = 0
+    explored: int = 0              # sequence-steps given the controller's exploration budget
     profile_s: float = 0.0
     preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
     recomputed: int = 0            # tokens they had generated, generated again
@@ -341,7 +342,9 @@ class Runner:
         ctl = self.controller
         if ctl is not None:
             t0 = time.perf_counter()
+            explored = ctl.explored
             budgets = ctl.budgets([s.slot for s in seqs], room)
+            self.stats.explored += ctl.explored - explored
             room = [min(r, k) for r, k in zip(room, budgets)]
             for s, k in zip(seqs, budgets):
                 s.budget = k
