@@ -36,8 +36,8 @@ torch.set_num_threads(threads)
 model = load_model(Path(model_dir), "cpu", "fp32")
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained(model_dir)
-texts = [json.loads(l)["prompt"] if "prompt" in json.loads(l) else
-         json.loads(l)["messages"][0]["content"] for l in open(sys.argv[7])][:n]
+lines = [json.loads(l) for l in open(sys.argv[7])][:n]
+texts = [d["prompt"] if "prompt" in d else d["messages"][0]["content"] for d in lines]
 ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                           add_generation_prompt=True), add_special_tokens=False)
        for t in texts]

@@ -11,7 +11,7 @@ import torch
 from helpers import Oracle, kv_budget, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
-from specctl.engine.kv import BLOCK, KVCache
+from specctl.engine.kv import KVCache
 from specctl.models.loader import load_model
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.speculative.drafter import NoDraft
@@ -29,7 +29,7 @@ def graph(tiny_llama):
 
 def test_blocks_are_reserved_addressed_and_returned():
     kv = KVCache(2, 3, 40, 1, 2, num_blocks=5)          # 3 blocks a sequence; 5 in the pool
-    assert kv.paged and kv.max_len == 48 and kv.free_rows == 5 * BLOCK
+    assert kv.paged and kv.max_len == 48 and len(kv.free) == 5
     assert kv.reserve(0, 17) and kv.tables[0] == [1, 2]     # 17 rows -> 2 blocks
     assert kv.reserve(1, 5) and kv.tables[1] == [3]
     assert kv.reserve(0, 30) and kv.tables[0] == [1, 2]     # already has them

@@ -194,11 +194,8 @@ class CudaGraphs:
         slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
         if cap.table is not None:   # unallocated entries and padded batch rows: the null block
             table = table.reshape(Bb, -1)
-            table[:] = 0
-            nb = table.shape[1]
-            for b, slot in enumerate(batch.seq_slots):
-                t = kv.tables[slot][:nb]
-                table[b, :len(t)] = t
+            table[B:] = 0
+            table[:B] = kv.table_rows(batch.seq_slots, table.shape[1])
         cu = batch.cu_seqlens
         toks, posl = np.asarray(batch.token_list), np.asarray(batch.position_list)
         if not padded:

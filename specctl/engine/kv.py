@@ -75,14 +75,11 @@ class KVCache:
         self.lens = [0] * num_slots  # committed rows per slot (host-side; the scheduler owns it)
 
     # -- blocks -------------------------------------------------------------------------------
-    def blocks_for(self, rows: int) -> int:
-        return -(-min(rows, self.max_len) // self.block)
-
     def reserve(self, slot: int, rows: int) -> bool:
         """Make slot's first `rows` rows (at most max_len) writable: False, with nothing taken,
         when the pool has too few free blocks. Always True for the contiguous layout."""
         table = self.tables[slot]
-        need = self.blocks_for(rows) - len(table)
+        need = -(-min(rows, self.max_len) // self.block) - len(table)
         if need <= 0:
             return True
         if need > len(self.free):
@@ -90,10 +87,6 @@ class KVCache:
         for _ in range(need):
             table.append(self.free.pop())
         return True
-
-    @property
-    def free_rows(self) -> int:
-        return len(self.free) * self.block if self.paged else 0
 
     def reset(self, slot: int) -> None:
         """Empty a slot (its blocks go back to the pool)."""
@@ -120,9 +113,8 @@ class KVCache:
         try:
             return [tables[s][r // b] * b + r % b for s, r in zip(slots, rows)]
         except IndexError:
-            bad = next((s, r) for s, r in zip(slots, rows) if r // b >= len(tables[s]))
-            raise ValueError(f"slot {bad[0]}: row {bad[1]} is not reserved in the KV cache "
-                             f"({len(tables[bad[0]]) * b} rows)") from None
+            self.check_reserved(slots, [r + 1 for r in rows])   # raises, naming the row
+            raise
 
     def check_reserved(self, slots: list[int], ends: list[int]) -> None:
         """Every slot's rows [0, end) are reserved (a paged cache would otherwise put a row
@@ -132,12 +124,15 @@ class KVCache:
                 raise ValueError(f"slot {s}: row {e - 1} is not reserved in the KV cache "
                                  f"({len(self.tables[s]) * self.block} rows)")
 
+    def table_rows(self, slots: list[int], blocks: int) -> list[list[int]]:
+        """The first `blocks` entries of each slot's block table (unallocated ones: the null
+        block), for a paged cache's attention."""
+        return [t[:blocks] + [0] * (blocks - len(t)) for t in (self.tables[s] for s in slots)]
+
     def table(self, slots: list[int], columns: int, device) -> torch.Tensor:
-        """The block tables of `slots` covering `columns` rows, [B, blocks] (unallocated
-        entries: the null block), for a paged cache's attention."""
-        n = -(-columns // self.block)
-        rows = [(t[:n] + [0] * (n - len(t))) for t in (self.tables[s] for s in slots)]
-        return torch.tensor(rows, dtype=torch.long, device=device)
+        """table_rows covering `columns` rows, as a [B, blocks] tensor on `device`."""
+        return torch.tensor(self.table_rows(slots, -(-columns // self.block)),
+                            dtype=torch.long, device=device)
 
     def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new keys/values at storage rows `index` [T]; k, v: [T, kv_heads, head_dim]."""

@@ -125,7 +125,7 @@ class Model:
         if budget is not None:
             blocks = budget // (BLOCK * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,
                                                   self.dtype))
-            spare = int(self.graphs is not None)   # the graphs' scratch slot / the null block
+            spare = int(self.graphs is not None)   # a contiguous cache's graph scratch slot
             if (blocks - 1) * BLOCK < max_len:   # (a paged pool's null block is one)
                 raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds "
                                  f"{max(blocks - 1, 0) * BLOCK} rows, less than one sequence "
@@ -138,7 +138,7 @@ class Model:
                                  "attention reads only a contiguous cache (use --attention "
                                  "sdpa for a paged one)")
             else:
-                blocks = max(1, blocks - 1)   # (the pool's null block comes on top)
+                blocks -= 1   # (the pool's null block comes on top)
         key = (num_slots, max_len, blocks)
         if self.graphs is not None:
             kept = getattr(self, "_kv", None)
