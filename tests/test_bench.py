@@ -178,7 +178,7 @@ class WrongToken(NoDraft):
     def __init__(self):
         self.calls = 0
 
-    def observe(self, seqs, verdicts):
+    def observe(self, seqs, proposals, verdicts):
         self.calls += 1
         if self.calls == 3:
             s = seqs[0]

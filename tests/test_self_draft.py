@@ -11,7 +11,7 @@ from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_p
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
-from specctl.speculative.drafter import NoDraft
+from specctl.speculative.drafter import NoDraft, Proposal
 from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
 from specctl.speculative.verify import Verdict
@@ -77,9 +77,8 @@ def test_step_mask_and_positions_worked_example(model):
     s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
     s.pending = 40
     a, b, c, x, y, z = 41, 42, 43, 44, 45, 46
-    s.draft = build_trie([[a, b], [a, c]], budget=10)
-    s.probe = branch_probe([[x, y], [z]])
-    inp, n_tree, n_probe = runner.step_input(s, room=10)
+    prop = Proposal(build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]]))
+    inp, n_tree, n_probe = runner.step_input(s, prop, room=10)
     assert (n_tree, n_probe) == (3, 3)
     assert inp.tokens == [40, a, b, c, x, y, z]
     assert inp.positions == [7, 8, 9, 9, 8, 9, 8]
@@ -98,9 +97,10 @@ def test_step_mask_and_positions_worked_example(model):
     runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=7 + 1 + 2 + 2,
                     eos_ids=set(), render=lambda r: [], decode=str)
     runner.kv.lens[0] = 7
-    s.draft, s.probe = build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]])
-    inp, n_tree, n_probe = runner.step_input(s, room=2)
+    prop = Proposal(build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]]))
+    inp, n_tree, n_probe = runner.step_input(s, prop, room=2)
     assert (n_tree, n_probe) == (2, 2) and inp.tokens == [40, a, b, x, y]
+    assert len(prop.draft) == 2 and len(prop.probe) == 2   # what is verified and observed
 
 
 def test_commit_of_accepted_candidate_matches_plain_run(model):
@@ -130,23 +130,28 @@ def test_branch_growth_and_harvested_grams():
     dr = SelfDraftDrafter(p, None)
     s = Sequence(Request(0, [[]], 50), [3, 4, 5], 0)
     dr.admit(s)
-    s.state["branches"] = [[1, 2, 3], [7]]
+    s.state.branches = [[1, 2, 3], [7]]
     s.out_ids, s.pending = [9], 9
-    dr.propose([s], None, [10])
-    assert s.probe.tokens == [1, 2, 3, 7] and s.probe.parents == [-1, 0, 1, -1]
-    s.probe_out = [20, 21, 22, 23]          # target's argmax after 1, 1 2, 1 2 3, 7
-    dr.observe([s], [Verdict([], 11)])
+    [prop] = dr.propose([s], None, [10])
+    assert prop.probe.tokens == [1, 2, 3, 7] and prop.probe.parents == [-1, 0, 1, -1]
+    prop.probe_out = [20, 21, 22, 23]          # target's argmax after 1, 1 2, 1 2 3, 7
+    dr.observe([s], [prop], [Verdict([], 11)])
     # branch 0 grows by its last prediction; windows of G = 2 + the prediction after them
-    assert s.state["branches"] == [[1, 2, 3, 22], [7, 23]]
+    assert s.state.branches == [[1, 2, 3, 22], [7, 23]]
     assert dr.ctx.get(1, 10) == [(2, 21)] and dr.ctx.get(2, 10) == [(3, 22)]
     # emitted text: the prompt's tail + [9] gives the window (4, 5, 9)
     assert (5, 9) in dr.ctx.get(4, 10)
     # past L the oldest token goes
-    s.state["branches"] = [[1, 2, 3, 4, 5], [7]]
-    dr.propose([s], None, [10])
-    s.probe_out = [0, 0, 0, 0, 60, 61]
-    dr.observe([s], [Verdict([], 11)])
-    assert s.state["branches"][0] == [2, 3, 4, 5, 60]
+    s.state.branches = [[1, 2, 3, 4, 5], [7]]
+    [prop] = dr.propose([s], None, [10])
+    prop.probe_out = [0, 0, 0, 0, 60, 61]
+    dr.observe([s], [prop], [Verdict([], 11)])
+    assert s.state.branches[0] == [2, 3, 4, 5, 60]
+    # room 0 (an ar step): no draft and no probe, and the branches stay as they were
+    [prop] = dr.propose([s], None, [0])
+    assert len(prop.draft) == 0 and len(prop.probe) == 0
+    dr.observe([s], [prop], [Verdict([], 11)])
+    assert s.state.branches[0] == [2, 3, 4, 5, 60]
 
 
 def test_context_cache_lru_and_trim():

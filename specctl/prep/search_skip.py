@@ -108,6 +108,8 @@ class DevSet:
         drafter = LayerSkipDrafter(self.model, skip, SamplingParams(), self.params)
         self.runner.drafter = drafter
         seqs = self._sequences()
+        for s in seqs:
+            drafter.admit(s)
         na, nm = len(skip.attn), len(skip.mlp)
         total = len(seqs) * self.max_new
         early = False
@@ -124,7 +126,7 @@ class DevSet:
                 done = sum(len(s.out_ids) for s in seqs)
                 if best_per_token and live and done >= EARLY_STOP_AFTER * total:
                     cost = sum(run_cost(profile, s.req.draft_lengths,
-                                        s.state.get("draft_forwards", 0), na, nm) for s in seqs)
+                                        s.state.draft_forwards, na, nm) for s in seqs)
                     # the first token of each sequence came from prefill: not priced, not counted
                     if cost / (done - len(seqs)) > EARLY_STOP_RATIO * best_per_token:
                         early = True
@@ -132,7 +134,7 @@ class DevSet:
         wall = time.perf_counter() - t0
         per_seq = [{"tokens": len(s.out_ids) - 1, "draft_lengths": s.req.draft_lengths,
                     "accept_lengths": s.req.accept_lengths,
-                    "draft_forwards": s.state.get("draft_forwards", 0)} for s in seqs]
+                    "draft_forwards": s.state.draft_forwards} for s in seqs]
         tokens = sum(p["tokens"] for p in per_seq)
         cost = wall if profile is None else sum(
             run_cost(profile, p["draft_lengths"], p["draft_forwards"], na, nm) for p in per_seq)

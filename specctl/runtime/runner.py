@@ -24,8 +24,8 @@ accepted path and bonus token per sequence, and the KV cache keeps exactly the a
 
 Speculation (`speculate`): "fixed" lets each drafter draft its own amount (the papers'
 settings); "auto" asks the goodput controller (runtime/controller.py) for each sequence's draft
-budget every step, before the drafter proposes: the budget caps the sequence's `room` (and is
-set as `seq.budget`), so budget 0 is an `ar` step for it (no draft forward, no probe).
+budget every step, before the drafter proposes: the budget caps the sequence's `room`, so
+budget 0 is an `ar` step for it (no draft forward, no probe).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.sequence import Request, Sequence
 from specctl.runtime.threads import ThreadTuner
-from specctl.speculative.drafter import Drafter
+from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
-from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
+from specctl.speculative.verify import verify_greedy, verify_sampling_batch
 
 
 @dataclass
@@ -346,54 +346,54 @@ class Runner:
             budgets = ctl.budgets([s.slot for s in seqs], room)
             self.stats.explored += ctl.explored - explored
             room = [min(r, k) for r, k in zip(room, budgets)]
-            for s, k in zip(seqs, budgets):
-                s.budget = k
+            for k in budgets:
                 self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
-        self.drafter.propose(seqs, kv, room)
+        props = self.drafter.propose(seqs, kv, room)
         inputs, real, probes = [], [], []
-        for s, r in zip(seqs, room):
-            x, n_tree, n_probe = self.step_input(s, r)
+        for s, p, r in zip(seqs, props, room):
+            x, n_tree, n_probe = self.step_input(s, p, r)
             inputs.append(x)
             real.append(1 + n_tree)
             probes.append(n_probe)
         ran = [len(x.tokens) for x in inputs]
         batch = ForwardBatch(inputs, self.model.device)
         if self.drafter.custom_verify:
-            h = self.drafter.verify_hidden(batch, kv, seqs)             # [T, D]
+            h = self.drafter.verify_hidden(batch, kv, seqs, props)      # [T, D]
         else:
             h = self.model.run(batch, kv)                               # [T, D]
         cu = batch.cu_seqlens
         if self.sp.greedy or any(probes):
             target = self.model.argmax(h).tolist()   # one read-back for verification and probes
-        for b, s in enumerate(seqs):
+        for b, p in enumerate(props):
             if probes[b]:
-                s.probe_out = target[cu[b] + real[b]:cu[b] + real[b] + probes[b]]
+                p.probe_out = target[cu[b] + real[b]:cu[b] + real[b] + probes[b]]
         if self.sp.greedy:   # probe rows (if any) are ignored
-            verdicts = [verify_greedy(s.draft, target[cu[b]:cu[b] + real[b]])
-                        for b, s in enumerate(seqs)]
+            verdicts = [verify_greedy(p.draft, target[cu[b]:cu[b] + real[b]])
+                        for b, p in enumerate(props)]
         else:   # fp32 logits of the verified rows only
             vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
             starts = [0]
             for n in real[:-1]:
                 starts.append(starts[-1] + n)
             verdicts = verify_sampling_batch(
-                [s.draft for s in seqs], warp(self.model.logits(h[vrows]), self.sp), starts,
+                [p.draft for p in props], warp(self.model.logits(h[vrows]), self.sp), starts,
                 [s.rng for s in seqs],
-                [self._uniforms(s, 1 + max(s.draft.depths(), default=0))
-                 if s.draft.q is None else None for s in seqs])   # (q-trees use s.rng)
+                [self._uniforms(s, 1 + max(p.draft.depths(), default=0))
+                 if p.draft.q is None else None for s, p in zip(seqs, props)])   # (q-trees
+                                                                                  # use s.rng)
         kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
                         for s, v in zip(seqs, verdicts)])
-        for s, v in zip(seqs, verdicts):
-            tree = s.draft
+        for s, p, v in zip(seqs, props, verdicts):
+            tree = p.draft
             s.req.steps += 1
             s.req.accept_lengths.append(len(v.accepted))
             s.req.draft_lengths.append(len(tree))
             self.stats.accept_hist[len(v.accepted)] = \
                 self.stats.accept_hist.get(len(v.accepted), 0) + 1
             self._emit(s, v.tokens(tree))
-        self.drafter.observe(seqs, verdicts)
+        self.drafter.observe(seqs, props, verdicts)
         if ctl is not None:
-            ctl.observe([s.slot for s in seqs], [len(s.draft) for s in seqs],
+            ctl.observe([s.slot for s in seqs], [len(p.draft) for p in props],
                         [v.accepted for v in verdicts])
             self.stats.controlled_steps += 1
             self.stats.predicted_step_ms += ctl.last_predicted
@@ -403,21 +403,21 @@ class Runner:
         self.stats.probe_tokens += sum(probes)
         self.stats.padded_tokens += max(ran) * len(seqs)
 
-    def step_input(self, s: Sequence, room: int) -> tuple[SeqInput, int, int]:
+    def step_input(self, s: Sequence, p: Proposal, room: int) -> tuple[SeqInput, int, int]:
         """A sequence's share of the step forward: [pending, draft nodes, probe nodes], the
-        draft cut to `room` nodes and the probe to the KV rows left. Each node sits at the
-        root's position + its depth and sees the committed prefix, the root and its own
-        ancestors only. Returns (input, draft nodes, probe nodes)."""
-        tree = s.draft if s.draft is not None else DraftTree()
-        if len(tree) > max(room, 0):   # a prefix of the nodes is still a valid tree
-            tree = tree.prefix(max(room, 0))
-        s.draft = tree
+        proposal's draft cut to `room` nodes and its probe to the KV rows left (in place: the
+        proposal is then what is verified). Each node sits at the root's position + its depth
+        and sees the committed prefix, the root and its own ancestors only. Returns (input,
+        draft nodes, probe nodes)."""
+        if len(p.draft) > max(room, 0):   # a prefix of the nodes is still a valid tree
+            p.draft = p.draft.prefix(max(room, 0))
+        tree = p.draft
         base = self.kv.lens[s.slot]
-        probe = s.probe if s.probe is not None else DraftTree()
         fit = self.kv.max_len - base - 1 - len(tree)   # KV rows left for probe nodes
-        if len(probe) > fit:
-            probe = probe.prefix(max(fit, 0))
-        s.probe, s.probe_out = probe, None
+        if len(p.probe) > fit:
+            p.probe = p.probe.prefix(max(fit, 0))
+        probe = p.probe
+        p.probe_out = None
         nodes = tree.extend(probe) if len(probe) else tree
         if nodes.is_chain:
             x = SeqInput(s.slot, [s.pending] + nodes.tokens, base)

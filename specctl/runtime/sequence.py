@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specctl.speculative.verify import DraftTree
-
 
 @dataclass
 class Request:
@@ -58,12 +56,7 @@ class Sequence:
     pending: int | None = None          # last emitted token, not yet in the KV cache
     prefilled: int = 0                  # prompt tokens already in the KV cache
     finish_reason: str | None = None
-    draft: DraftTree | None = None      # the drafter's proposal for the current step
-    probe: DraftTree | None = None      # nodes run beside the draft, never verified (branches)
-    probe_out: list[int] | None = None  # the target's argmax after each probe node
-    state: dict = field(default_factory=dict)   # drafter-private per-sequence state
-    budget: int | None = None           # this step's draft budget from the controller (None:
-                                        # speculate fixed); 0 = an ar step, no probe either
+    state: object = None                # the drafter's own per-sequence state (Drafter.admit)
     started: float = field(default_factory=time.perf_counter)
     admitted: int = 0                   # admission order (the newest is preempted first)
     # the request's step counters when this stage was admitted (a preempted stage's are undone)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.speculative.drafter import Drafter
+from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
@@ -120,6 +120,15 @@ def update_threshold(st: ExitState, accepted: int, drafted: int, full_k: bool,
     return ExitState(prm.beta2 * st.gamma + (1 - prm.beta2) * tilde, ar)
 
 
+@dataclass
+class LayerSkipState:
+    """A sequence's own: after a step whose drafts were all rejected it rests (plain ar steps)
+    for `backoff` steps, doubling up to max_backoff while drafting keeps failing."""
+    rest: int = 0
+    backoff: int = 0
+    draft_forwards: int = 0   # draft forwards it ran (search-skip's cost model)
+
+
 class LayerSkipDrafter(Drafter):
     name = "draft-verify"
 
@@ -135,13 +144,17 @@ class LayerSkipDrafter(Drafter):
         self.draft_forwards = 0
         self.gamma_trace: list[float] = []
 
-    def propose(self, seqs, kv, room) -> None:
+    def admit(self, seq) -> None:
+        seq.state = LayerSkipState()
+
+    def propose(self, seqs, kv, room) -> list[Proposal]:
+        out = {id(s): Proposal() for s in seqs}
         drafts = {id(s): [] for s in seqs}
         qs = {id(s): [] for s in seqs}
         active = []
         for s, r in zip(seqs, room):
-            if s.state.get("rest", 0) > 0:   # backing off: a plain ar step for this sequence
-                s.state["rest"] -= 1
+            if s.state.rest > 0:   # backing off: a plain ar step for this sequence
+                s.state.rest -= 1
             elif r > 0:
                 active.append((s, min(r, self.prm.K)))
         last = {id(s): s.pending for s, _ in active}
@@ -152,9 +165,8 @@ class LayerSkipDrafter(Drafter):
                                   for s, _ in active], self.model.device)
             h = self.model.run(batch, kv, self.plan)                   # [B, D]
             self.draft_forwards += 1
-            for s, _ in active:   # per-sequence count, for the search's cost model
-                s.state["draft_forwards"] = s.state.get("draft_forwards", 0) + 1
-                s.state["tried"] = True
+            for s, _ in active:
+                out[id(s)].forwards += 1
             toks, conf, q = draw_drafts(self.model.logits(h), self.sp,
                                         [s.rng for s, _ in active])
             d += 1
@@ -170,23 +182,29 @@ class LayerSkipDrafter(Drafter):
                     nxt.append((s, cap))
             active = nxt
         for s in seqs:
-            t = drafts[id(s)]
-            s.draft = DraftTree.chain(t, torch.stack(qs[id(s)]) if qs[id(s)] else None)
+            t, q = drafts[id(s)], qs[id(s)]
+            out[id(s)].draft = DraftTree.chain(t, torch.stack(q) if q else None)
+            s.state.draft_forwards += out[id(s)].forwards
+        return [out[id(s)] for s in seqs]
+
+    def fresh(self) -> "LayerSkipDrafter":
+        return LayerSkipDrafter(self.model, self.skip, self.sp, self.prm)
 
     def signature(self) -> str:
         return f"{self.name}:{''.join(map(str, self.skip.bits()))}"
 
-    def observe(self, seqs, verdicts) -> None:
-        for s, v in zip(seqs, verdicts):
-            if not s.state.pop("tried", False):   # rested (or had no room) this step
+    def observe(self, seqs, proposals, verdicts) -> None:
+        for s, p, v in zip(seqs, proposals, verdicts):
+            if not p.forwards:   # rested (or had no room) this step
                 continue
+            st = s.state
             if v.accepted:
-                s.state["backoff"] = 0
+                st.backoff = 0
             elif self.prm.max_backoff:
-                s.state["backoff"] = min(2 * s.state.get("backoff", 0) or 1, self.prm.max_backoff)
-                s.state["rest"] = s.state["backoff"]
-        drafted = sum(len(s.draft) for s in seqs)
+                st.backoff = min(2 * st.backoff or 1, self.prm.max_backoff)
+                st.rest = st.backoff
+        drafted = sum(len(p.draft) for p in proposals)
         accepted = sum(len(v.accepted) for v in verdicts)
-        full_k = any(len(s.draft) >= self.prm.K for s in seqs)
+        full_k = any(len(p.draft) >= self.prm.K for p in proposals)
         self.state = update_threshold(self.state, accepted, drafted, full_k, self.prm)
         self.gamma_trace.append(self.state.gamma)

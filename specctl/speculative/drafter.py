@@ -1,22 +1,38 @@
 """The drafter interface every method implements, and `ar`'s (no drafts).
 
 A drafter is a plain object with two calls per step (transformers' candidate-generator shape):
-- `propose(seqs, kv, room)`: set `seq.draft` (a DraftTree) for each running sequence. It may run
+- `propose(seqs, kv, room) -> list[Proposal]`: one proposal per running sequence. It may run
   forwards of the model itself (layer-skip or early-exit drafting), writing KV rows past the
   committed length only; such rows never survive verification. `room[i]` caps how many draft
-  nodes sequence i may get (KV space and the tokens it may still emit).
-- `observe(seqs, verdicts)`: learn from the verification (adaptive thresholds, caches).
-A drafter may also set `seq.probe`, a forest of nodes below the root that the step's forward
-runs beside the draft (their own masks and positions) but never verifies (Self-Draft's
-branches); `seq.probe_out` then holds the target's argmax after each probe node, and the probe's
-KV rows are discarded with the rejected drafts.
-`admit(seq)` / `retire(seq)` bracket a sequence's life in a slot. Sequences are duck-typed
+  nodes sequence i may get (KV space, the tokens it may still emit, and the controller's budget
+  for the step); room 0 asks for an `ar` step: no draft forward, no probe.
+- `observe(seqs, proposals, verdicts)`: learn from the verification (adaptive thresholds,
+  caches). The proposals are the ones verified: the runner may have cut a draft or probe to
+  the rows it had.
+A proposal's `probe` is a forest of nodes below the root that the step's forward runs beside the
+draft (their own masks and positions) but never verifies (Self-Draft's branches); the runner
+fills `probe_out` with the target's argmax after each probe node, and the probe's KV rows are
+discarded with the rejected drafts.
+`admit(seq)` / `retire(seq)` bracket a sequence's life in a slot; `admit` sets `seq.state`, the
+drafter's own per-sequence state (a dataclass of its own). Sequences are duck-typed
 (runtime.sequence.Sequence): the spec layer does not import the runtime.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from specctl.speculative.verify import DraftTree
+
+
+@dataclass
+class Proposal:
+    """One sequence's proposal for a step."""
+    draft: DraftTree = field(default_factory=DraftTree)   # verified; .q: the drafter's
+                                                          # distribution at each sampled node
+    probe: DraftTree = field(default_factory=DraftTree)   # run beside the draft, never verified
+    probe_out: list[int] | None = None   # (runner) the target's argmax after each probe node
+    forwards: int = 0                    # draft forwards this sequence ran for it
 
 
 class Drafter:
@@ -36,17 +52,17 @@ class Drafter:
     def retire(self, seq) -> None:
         pass
 
-    def propose(self, seqs: list, kv, room: list[int]) -> None:
+    def propose(self, seqs: list, kv, room: list[int]) -> list[Proposal]:
         raise NotImplementedError
 
-    def observe(self, seqs: list, verdicts: list) -> None:
+    def observe(self, seqs: list, proposals: list[Proposal], verdicts: list) -> None:
         pass
 
     # a drafter may verify its own way (kangaroo starts at its exit layer from saved states);
     # the default is one full forward of the target over [pending + drafts]
     custom_verify = False
 
-    def verify_hidden(self, batch, kv, seqs):
+    def verify_hidden(self, batch, kv, seqs, proposals):
         """The verify forward's last-layer states [T, D] (the runner applies the LM head)."""
         raise NotImplementedError
 
@@ -57,6 +73,10 @@ class Drafter:
     def prefilled(self, batch, kv, hidden) -> None:
         pass
 
+    def fresh(self) -> "Drafter":
+        """A new drafter with the same artifacts and settings and nothing learnt yet."""
+        raise NotImplementedError
+
     def signature(self) -> str:
         """What identifies this drafter's artifact (a run resumes only with the same one)."""
         return self.name
@@ -66,6 +86,8 @@ class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""
     name = "ar"
 
-    def propose(self, seqs, kv, room) -> None:
-        for s in seqs:
-            s.draft = DraftTree()
+    def propose(self, seqs, kv, room) -> list[Proposal]:
+        return [Proposal() for _ in seqs]
+
+    def fresh(self) -> "NoDraft":
+        return NoDraft()

@@ -29,7 +29,7 @@ so a new run (or a new adapter) replays the same graphs.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,7 @@ from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, rms_norm
-from specctl.speculative.drafter import Drafter
+from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
@@ -151,6 +151,12 @@ class AdapterHead:
         return h, self.adapter.decode(h, positions, meta, self.akv)
 
 
+@dataclass
+class KangarooProposal(Proposal):
+    # layer-l states of [pending, d1 .. dk] (the verify forward starts from them)
+    hidden: list[torch.Tensor] = field(default_factory=list)
+
+
 class KangarooDrafter(Drafter):
     name = "kangaroo"
 
@@ -164,6 +170,9 @@ class KangarooDrafter(Drafter):
             adapter.w[k] = t.to(model.device, model.dtype)
         self.head: AdapterHead | None = None
         self.draft_forwards = 0
+
+    def fresh(self) -> "KangarooDrafter":
+        return KangarooDrafter(self.model, self.adapter, self.sp, self.prm)
 
     def signature(self) -> str:
         h = sum(float(t.float().sum()) for t in self.adapter.w.values())
@@ -201,10 +210,11 @@ class KangarooDrafter(Drafter):
         prefill forward itself: no second pass over layers [0, l))."""
         self._head(kv)(h, batch.positions, sdpa_meta(batch, kv))
 
-    def propose(self, seqs, kv, room) -> None:
+    def propose(self, seqs, kv, room) -> list[KangarooProposal]:
         head = self._head(kv)
-        for s in seqs:
-            s.state["h"], s.state["drafts"], s.state["q"] = [], [], []
+        out = {id(s): KangarooProposal() for s in seqs}
+        drafts = {id(s): [] for s in seqs}
+        qs = {id(s): [] for s in seqs}
         # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
         active = [(s, min(max(r, 0), self.prm.gamma), r <= 0) for s, r in zip(seqs, room)]
         last = {id(s): s.pending for s in seqs}
@@ -219,27 +229,30 @@ class KangarooDrafter(Drafter):
             d += 1
             nxt = []
             for i, (s, cap, tail) in enumerate(active):
-                s.state["h"].append(h[i])
+                p = out[id(s)]
+                p.hidden.append(h[i])
+                p.forwards += 1
                 if tail or conf[i] <= self.prm.eta:
                     continue
-                s.state["drafts"].append(toks[i])
+                drafts[id(s)].append(toks[i])
                 if q is not None:
-                    s.state["q"].append(q[i])
+                    qs[id(s)].append(q[i])
                 last[id(s)] = toks[i]
-                nxt.append((s, cap, len(s.state["drafts"]) >= cap))
+                nxt.append((s, cap, len(drafts[id(s)]) >= cap))
             active = nxt
         for s in seqs:
-            qs = s.state.pop("q")
-            s.draft = DraftTree.chain(s.state.pop("drafts"), torch.stack(qs) if qs else None)
+            q = qs[id(s)]
+            out[id(s)].draft = DraftTree.chain(drafts[id(s)], torch.stack(q) if q else None)
+        return [out[id(s)] for s in seqs]
 
     custom_verify = True
 
-    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs) -> torch.Tensor:
+    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals) -> torch.Tensor:
         """The double early exit: layers [l, L) only, from the saved layer-l states."""
         rows = []
-        for s, n in zip(seqs, batch.num_new):
-            hs = s.state.pop("h")[:len(s.draft) + 1]
-            if len(hs) != len(s.draft) + 1 or len(hs) != n:
+        for p, n in zip(proposals, batch.num_new):
+            hs = p.hidden[:len(p.draft) + 1]
+            if len(hs) != len(p.draft) + 1 or len(hs) != n:
                 raise RuntimeError("kangaroo: saved states do not match the verify batch")
             rows += hs
         return self.model.run(batch, kv, LayerPlan(start=self.l), hidden=torch.stack(rows))

@@ -32,7 +32,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specctl.speculative.drafter import Drafter
+from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 
 
@@ -142,6 +142,19 @@ def branch_probe(branches: list[list[int]]) -> DraftTree:
     return DraftTree(tokens, parents)
 
 
+@dataclass
+class SelfDraftState:
+    """A sequence's own: its branches (the probe grows each by the target's next token), and
+    how many of its emitted tokens were pushed into the context cache."""
+    branches: list[list[int]]
+    pushed: int = 0
+
+
+@dataclass
+class SelfDraftProposal(Proposal):
+    ctx_nodes: int = 0   # the draft's first nodes, made by context-cache candidates
+
+
 class SelfDraftDrafter(Drafter):
     name = "self-draft"
 
@@ -163,6 +176,9 @@ class SelfDraftDrafter(Drafter):
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"context": 0, "corpus": 0}
 
+    def fresh(self) -> "SelfDraftDrafter":
+        return SelfDraftDrafter(self.prm, self.corpus, self.corpus_id)
+
     def signature(self) -> str:
         return f"{self.name}:{self.prm.tag()}:{self.corpus_id or 'no-corpus'}"
 
@@ -171,9 +187,8 @@ class SelfDraftDrafter(Drafter):
         p = self.prm
         rng = random.Random(f"{p.seed}:{seq.req.index}:{len(seq.req.answers)}")
         pool = seq.prompt_ids or [0]
-        seq.state["branches"] = [[rng.choice(pool) for _ in range(rng.randint(1, 2))]
-                                 for _ in range(p.branches)]
-        seq.state["pushed"] = 0   # emitted tokens already pushed into the context cache
+        seq.state = SelfDraftState([[rng.choice(pool) for _ in range(rng.randint(1, 2))]
+                                    for _ in range(p.branches)])
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
             ids, g = seq.prompt_ids, p.gram
             for j in range(len(ids) - g):
@@ -206,29 +221,30 @@ class SelfDraftDrafter(Drafter):
                     cands.append(list(c))
         return cands, n_ctx
 
-    def propose(self, seqs, kv, room) -> None:
+    def propose(self, seqs, kv, room) -> list[SelfDraftProposal]:
+        out = []
         for s, r in zip(seqs, room):
-            if getattr(s, "budget", None) == 0:   # the controller's ar step: no branches either
-                s.draft, s.probe = DraftTree(), None
-                s.state["n_ctx_nodes"] = 0
+            if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
+                out.append(SelfDraftProposal())
                 continue
             cands, n_ctx = self.candidates(s)
             sizes: list[int] = []
-            s.draft = build_trie(cands, max(r, 0), sizes)
+            draft = build_trie(cands, r, sizes)
+            probe = branch_probe(s.state.branches) if self.prm.branches else DraftTree()
             # nodes made by the context-cache candidates (they come first in the trie)
-            s.state["n_ctx_nodes"] = sizes[n_ctx - 1] if n_ctx else 0
-            s.probe = branch_probe(s.state["branches"]) if self.prm.branches else None
+            out.append(SelfDraftProposal(draft, probe, ctx_nodes=sizes[n_ctx - 1] if n_ctx else 0))
+        return out
 
-    def observe(self, seqs, verdicts) -> None:
+    def observe(self, seqs, proposals, verdicts) -> None:
         p = self.prm
-        for s, v in zip(seqs, verdicts):
+        for s, pr, v in zip(seqs, proposals, verdicts):
             if v.accepted:
-                src = "context" if v.accepted[0] < s.state.get("n_ctx_nodes", 0) else "corpus"
+                src = "context" if v.accepted[0] < pr.ctx_nodes else "corpus"
                 self.accepted_from[src] += len(v.accepted)
-            out = s.probe_out
-            if s.probe is not None and out is not None:
+            out = pr.probe_out
+            if len(pr.probe) and out is not None:
                 at = 0
-                for br in s.state["branches"]:
+                for br in s.state.branches:
                     d = out[at:at + len(br)]
                     at += len(br)
                     if len(d) < len(br):    # the probe was cut to fit the context
@@ -245,11 +261,11 @@ class SelfDraftDrafter(Drafter):
     def _push_text(self, s) -> None:
         """Grams of the emitted text (with the prompt's tail before it) into the context cache."""
         g = self.prm.gram
-        done = s.state.get("pushed", 0)
+        done = s.state.pushed
         ctx = s.prompt_ids[-g:] + s.out_ids
         off = len(ctx) - len(s.out_ids)         # index of out_ids[0] in ctx
         # windows ctx[j : j + g + 1] ending in a token emitted since the last push
         first = max(0, off + done - g)
         for j in range(first, len(ctx) - g):
             self.ctx.push(ctx[j], tuple(ctx[j + 1:j + g + 1]))
-        s.state["pushed"] = len(s.out_ids)
+        s.state.pushed = len(s.out_ids)
