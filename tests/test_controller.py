@@ -233,3 +233,29 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
     row = {x["method"]: x for x in res["rows"]}["draft-verify:auto"]
     assert row["matches_ar"] and row["speculation"]["mode"] == "auto"
     assert row["speculation"]["budget_hist"]
+
+
+def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
+    """Measured once per model, device, dtype, attention and batch size, then read back; an
+    unreadable file is measured again, with a message naming it."""
+    import json
+
+    from specctl.runtime import controller as C
+    from specctl.store import Store
+    store = Store(tmp_path / "store")
+    monkeypatch.setattr(C, "_TABLES", {})
+    said = []
+    t = C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append, repeats=1,
+                         warmup=0)
+    (entry,) = store.entries("profiles")
+    assert entry.id == f"fp-cpu-float32-{model.attention}-steps-b2"
+    assert any("kept as profiles/" in m for m in said)
+    monkeypatch.setattr(C, "_TABLES", {})
+    monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: pytest.fail("measured again"))
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", repeats=1) == t
+    (entry.path / "steptable.json").write_text(json.dumps({"table": "no"}))
+    monkeypatch.setattr(C, "_TABLES", {})
+    monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: t)
+    said.clear()
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) == t
+    assert any("unreadable step-cost table" in m for m in said)

@@ -12,6 +12,8 @@ import torch
 from specctl.bench.config import PROMPT_LOOKUP_TOKENS, BenchConfig
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
+from specctl.models.fingerprint import model_fingerprint
+from specctl.runtime.controller import make_controller
 from specctl.runtime.methods import make_drafter
 from specctl.runtime.records import output_line
 from specctl.runtime.runner import Runner
@@ -58,10 +60,15 @@ class SpecctlMethod:
     def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
         gcfg = self.cfg.generate_config(self.name, batch_size)
         drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
+        controller = None
+        if gcfg.speculate == "auto" and drafter.name != "ar":   # the stored step-cost table
+            controller = make_controller(drafter, self.model, batch_size, store=self.store,
+                                         fingerprint=model_fingerprint(self.model_dir),
+                                         log=self.log)
         runner = Runner(self.model, drafter, gcfg.sampling(), batch_size=batch_size,
                         max_len=self.max_len, eos_ids=self.tk.eos_ids, render=self.tk.render,
                         decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk,
-                        speculate=gcfg.speculate)
+                        speculate=gcfg.speculate, controller=controller)
         reqs = [to_request(r, max_tokens) for r in recs]
         done: list[Request] = []
         dev = self.model.device

@@ -36,7 +36,10 @@ def generate(
     input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local HF folder, hub id, or "
                                         "'smollm2-135m-instruct' (the default demo model)."),
-    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, kangaroo, self-draft."),
+    method: str = typer.Option("ar", "--method", help="Decoding method: ar, draft-verify, "
+                               "kangaroo, self-draft, or auto (the fastest of those whose "
+                               "artifacts are in the store, timed on a short pilot of the "
+                               "first prompts)."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Sequences in flight at once."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn); "
                                    "a line's own max_tokens (OpenAI batch body) wins."),
@@ -164,7 +167,7 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
              if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"}
     flag = lambda n: "--" + n.replace("_", "-")   # noqa: E731
     for method, names in METHOD_OPTIONS.items():
-        unused = [flag(n) for n in names if n in given and cfg.method != method]
+        unused = [flag(n) for n in names if n in given and cfg.method not in (method, "auto")]
         if unused:
             _warn(f"{', '.join(unused)} only apply to --method {method}; ignored with "
                   f"--method {cfg.method}")

@@ -116,8 +116,9 @@ class GenerateConfig:
     prompt_grams: bool = False
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise SpecctlError(f"unknown method {self.method!r} (available: {', '.join(METHODS)})")
+        if self.method not in METHODS + ("auto",):
+            raise SpecctlError(f"unknown method {self.method!r} (available: "
+                               f"{', '.join(METHODS)}, auto)")
         if self.batch_size < 1:
             raise SpecctlError("--batch-size must be at least 1")
         if self.max_tokens < 1:

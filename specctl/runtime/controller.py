@@ -59,8 +59,8 @@ that step's extra cost over 32 steps (on the H100's demo-model table, batch 32, 
 1.7x a step, so ~2% of the run), and part of it comes back as accepted drafts. The measured
 acceptance then updates the sequence's own estimate, and the next steps' search uses it.
 
-The table is measured on first use (a small grid, a few seconds; cached per model and batch
-for the process): `step_table_for`.
+The table is measured on first use (a small grid, a few seconds) and kept in the store, per
+model, device, dtype, attention backend and batch size: `step_table_for`.
 
 Search: greedy marginal goodput. Start from k = 0; each round, for every sequence, try raising
 its budget to every larger value (a jump, not only +1: the first draft forward is paid once
@@ -72,10 +72,15 @@ sequences that accept more get larger budgets.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from specctl.engine.steptable import StepTable, measure_step_table
+from specctl.store import atomic_write_json, make_manifest
 
 
 @dataclass
@@ -285,16 +290,54 @@ class Controller:
 _TABLES: dict = {}
 
 
-def step_table_for(model, batch_size: int, *, ns=(1, 2, 4, 8, 16), context: int = 128,
+def device_tag(device) -> str:
+    """What prices a step: the CPU, or the GPU's model (an H100 costs unlike an A10)."""
+    if device.type != "cuda":
+        return device.type
+    name = torch.cuda.get_device_name(device).lower()
+    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def step_table_id(fingerprint: str, model, batch_size: int) -> str:
+    return (f"{fingerprint}-{device_tag(model.device)}-{str(model.dtype).replace('torch.', '')}"
+            f"-{model.attention}-steps-b{batch_size}")
+
+
+def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
+                   log=lambda msg: None, ns=(1, 2, 4, 8, 16), context: int = 128,
                    repeats: int = 3, warmup: int = 1) -> StepTable:
-    """The step-cost table of `model` for runs of `batch_size` slots: measured on first use
-    (batches {1, batch_size}, a small grid of tokens per sequence), then kept for the process."""
+    """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
+    a small grid of tokens per sequence): kept for the process, and with a store and the
+    model's fingerprint kept in the store too (profiles/), so it is measured once per model,
+    device, dtype, attention backend and batch size."""
     batches = tuple(sorted({1, batch_size}))
     key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
     t = _TABLES.get(key)
+    if t is not None:
+        return t
+    ident = step_table_id(fingerprint, model, batch_size) if store and fingerprint else None
+    if ident is not None:
+        path = store.path("profiles", ident) / "steptable.json"
+        if path.is_file():
+            try:
+                t = StepTable.from_json(json.loads(path.read_text()))
+                if t.batches != batches or t.ns != tuple(ns):
+                    t = None
+            except (ValueError, TypeError, KeyError) as e:
+                log(f"{path}: unreadable step-cost table ({e}); measuring again")
+                t = None
     if t is None:
-        t = _TABLES[key] = measure_step_table(model, batches=batches, ns=ns, context=context,
-                                              repeats=repeats, warmup=warmup)
+        t0 = time.perf_counter()
+        t = measure_step_table(model, batches=batches, ns=ns, context=context,
+                               repeats=repeats, warmup=warmup)
+        if ident is not None:
+            with store.building("profiles", ident, make_manifest(
+                    "step-table", ident, model_fingerprint=fingerprint,
+                    device=device_tag(model.device))) as d:
+                atomic_write_json(d / "steptable.json", t.to_json())
+            log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
+                f"profiles/{ident}")
+    _TABLES[key] = t
     return t
 
 
@@ -346,10 +389,15 @@ def max_budget(drafter) -> int:
     return 0
 
 
-def make_controller(drafter, model, batch_size: int, table: StepTable | None = None,
+def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,
+                    store=None, fingerprint: str | None = None, log=lambda msg: None,
                     **kw) -> Controller:
+    """The controller of a run of `batch_size` slots; its step-cost table `table`, or else
+    step_table_for's (kept in `store` when given with the model's fingerprint). Call it before
+    the run's KV cache exists: a measurement makes its own."""
     t0 = time.perf_counter()
-    table = table or step_table_for(model, batch_size)
+    table = table or step_table_for(model, batch_size, store=store, fingerprint=fingerprint,
+                                    log=log)
     ctl = Controller(cost_for(drafter, model, table), max_budget(drafter),
                      tree=getattr(drafter, "name", "") == "self-draft", **kw)
     ctl.profile_s = time.perf_counter() - t0

@@ -24,11 +24,14 @@ from pathlib import Path
 from specctl.errors import SpecctlError
 from specctl.io.prompts import prompt_record
 from specctl.models.checkpoint import resolve_model
+from specctl.models.fingerprint import model_fingerprint
 from specctl.models.loader import load_model
 from specctl.reporting import QUIET, Reporter
+from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig
-from specctl.runtime.job import make_runner, run_generate
+from specctl.runtime.job import run_generate
 from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
+from specctl.runtime.sizing import make_runner
 from specctl.runtime.sequence import Request
 from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store
@@ -126,9 +129,18 @@ class Generator:
                                    f"context ({ctx})")
             reqs.append(req)
             rows.append(need)
-        drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
+        profiles = {"store": self.store, "fingerprint": model_fingerprint(model_dir),
+                    "log": self.report.log}
+        if cfg.method == "auto":
+            drafters, said, skipped = auto.candidates(cfg, model, model_dir, self.store)
+            method, _ = auto.race(cfg, model, tk, drafters, skipped, records, **profiles)
+            drafter = drafters[method]
+            for line in said[method]:
+                self.report.log(line)
+        else:
+            drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
         done: list[Request] = []
-        make_runner(cfg, model, drafter, tk, rows).run(reqs, done.append)
+        make_runner(cfg, model, drafter, tk, rows, **profiles).run(reqs, done.append)
         return [_output(r) for r in sorted(done, key=lambda r: r.index)]
 
     def generate_file(self, input: str | Path, out: str | Path | None = None, *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -20,17 +20,19 @@ import torch
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import resolve_model
+from specctl.models.fingerprint import model_fingerprint
 from specctl.models.loader import load_model
 from specctl.reporting import QUIET, Reporter, Task
-from specctl.runtime.config import GenerateConfig, parse_size
+from specctl.runtime import auto
+from specctl.runtime.config import GenerateConfig
 from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
 from specctl.runtime.records import (RecordWriter, find_resumable, nearest_run, output_line,
                                      read_done, read_input, record_file)
-from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
+from specctl.runtime.sizing import make_runner
 from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
@@ -59,6 +61,7 @@ class _Job:
     writer: RecordWriter | None = None
     plans: list[dict] = field(default_factory=list)
     lock: object = None                  # rank 0: the open lock file of the run folder
+    auto: dict | None = None             # --method auto: the pilots and the choice
 
     @property
     def lead(self) -> bool:
@@ -88,7 +91,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         report = (report or QUIET) if grp.env.rank == 0 else QUIET
         job = _Job(cfg, store, grp, report.log, report)
         _read(job)
-        _load(job)
+        _load(job, resume)
         _open_run(job, resume)
         _plan(job)
         stats, mine_wall, wall = _generate(job)
@@ -116,7 +119,35 @@ def _read(job: _Job) -> None:
     job.grp.check(err)
 
 
-def _load(job: _Job) -> None:
+def _keys(job: _Job, cfg: GenerateConfig, drafter) -> tuple[str, str]:
+    made = job.input_sha + str(job.model_dir) + drafter.signature()
+    return cfg.key(made + f"{job.model.device.type}:{job.model.dtype}"), cfg.key(made, legacy=True)
+
+
+def _profiles(job: _Job) -> dict:
+    """Where the controller's step-cost tables are kept (make_runner's arguments)."""
+    return {"store": job.store, "fingerprint": model_fingerprint(job.model_dir), "log": job.say}
+
+
+def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> str:
+    """--method auto, on rank 0: the method of this job's run that --resume finds, or else the
+    fastest in a pilot of every method there are artifacts for (runtime/auto.py)."""
+    cfg = job.cfg
+    if resume:   # the newest run of this job, whichever method it ran
+        keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}
+        runs = [e for e in job.store.entries("runs") if e.manifest.get("key") in keys]
+        if runs:
+            newest = max(runs, key=lambda e: (e.manifest.get("created", ""),
+                                              (e.path / "manifest.json").stat().st_mtime_ns))
+            m = keys[newest.manifest["key"]]
+            job.say(f"--method auto: resuming the {m} run of this job")
+            return m
+    method, job.auto = auto.race(cfg, job.model, job.tk, drafters, skipped, job.records,
+                                 **_profiles(job))
+    return method
+
+
+def _load(job: _Job, resume: bool = False) -> None:
     """Tokenizer, model and drafter; the run's key (same input, settings, model and method
     artifact, on the same kind of device in the same dtype)."""
     cfg, env, err = job.cfg, job.grp.env, None
@@ -132,13 +163,21 @@ def _load(job: _Job) -> None:
         job.model = load_model(job.model_dir, device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                                attention=cfg.attention)
         warn_flex_off_cuda(job.model, job.say)
-        job.drafter = make_drafter(cfg, job.model, job.model_dir, job.store, job.say)
-        made = job.input_sha + str(job.model_dir) + job.drafter.signature()
-        job.key = cfg.key(made + f"{job.model.device.type}:{job.model.dtype}")
-        job.legacy = cfg.key(made, legacy=True)
+        if cfg.method == "auto":
+            drafters, said, skipped = auto.candidates(cfg, job.model, job.model_dir, job.store)
+            chosen = _choose_method(job, drafters, skipped, resume) if job.lead else None
+        else:
+            job.drafter = make_drafter(cfg, job.model, job.model_dir, job.store, job.say)
     except Exception as e:
         err = e
     job.grp.check(err)
+    if cfg.method == "auto":
+        chosen = job.grp.broadcast(chosen)
+        job.cfg = cfg = replace(cfg, method=chosen)
+        job.drafter = drafters[chosen]
+        for line in said[chosen]:
+            job.say(line)
+    job.key, job.legacy = _keys(job, cfg, job.drafter)
     if env.active:   # the model path may differ between nodes; everything else must not
         same = cfg.key(job.input_sha + job.drafter.signature() + f"{job.model.dtype}:{cfg.limit}")
         job.grp.check(SpecctlError(
@@ -250,74 +289,6 @@ def _persist(job: _Job, line: dict, token_ids=None) -> None:
         job.done[line["index"]] = line
 
 
-def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization,
-                rows: list[int]) -> Runner:
-    """A Runner for requests needing `rows` KV rows each (see kv_rows), sized to the work:
-    no more slots than requests (the KV cache is allocated for every slot), no more rows than
-    the longest request needs (within the model's context)."""
-    ctx = model.cfg.max_position
-    max_len = min(ctx, max(rows, default=16) + 32)
-    slots = min(cfg.batch_size, len(rows))
-    budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
-    try:
-        return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
-                      eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
-                      stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
-                      speculate=cfg.speculate, threads=cfg.threads, kv_budget=budget)
-    except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
-        if "KV cache budget" not in str(e):
-            raise
-        raise SpecctlError(f"{e}: raise --kv-memory (or --gpu-memory), or lower "
-                           "--max-tokens") from None
-    except (torch.OutOfMemoryError, RuntimeError) as e:
-        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
-            raise
-        c = model.cfg
-        gb = (2 * c.num_layers * slots * max_len * c.num_kv_heads * c.head_dim
-              * model.embed.element_size() / 2**30)
-        raise SpecctlError(
-            f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
-            f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
-            "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
-
-
-def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
-              max_len: int) -> int | None:
-    """Bytes for the KV cache: --kv-memory; on CUDA else what --gpu-memory leaves after what
-    the device already holds (weights, other processes) and the step's working memory; on
-    the CPU else None (all it needs)."""
-    if cfg.kv_memory is not None:
-        return parse_size(cfg.kv_memory)
-    if model.device.type != "cuda":
-        return None
-    free, total = torch.cuda.mem_get_info(model.device)
-    # in use on the device, by anyone, less what torch holds cached but unallocated (reusable)
-    used = total - free - (torch.cuda.memory_reserved(model.device)
-                           - torch.cuda.memory_allocated(model.device))
-    kept = getattr(model, "_kv", None)   # the model's last cache: reused, or let go for this one
-    if kept is not None:
-        used -= kept[1].bytes
-    return max(0, int(cfg.gpu_memory * total) - used - work_bytes(
-        model, slots, step_rows, cfg.prefill_chunk, max_len))
-
-
-def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int, max_len: int) -> int:
-    """A generous estimate of a step's working memory beside weights and KV cache: the
-    activations of the largest forward (a prefill chunk, or every slot's step with graph
-    padding) in the model's dtype and fp32 logits of its rows, attention's gathered keys and
-    values of one layer (every slot at max_len rows) and its mask, captured graphs' pools, plus
-    a fixed 1 GiB for the CUDA context and libraries' workspaces."""
-    c = model.cfg
-    e = model.embed.element_size()
-    rows = max(prefill_chunk, slots * max(step_rows, 16))
-    width = 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
-        * c.head_dim
-    per_row = width * e + 4 * c.vocab_size
-    gathered = 2 * slots * max_len * c.num_kv_heads * c.head_dim * e \
-        + slots * max(step_rows, 16) * max_len * e
-    return 3 * rows * per_row + 2 * gathered + 2**30
-
-
 class _Progress:
     """Prompts done and tokens/s, on a Reporter task (also fed by the other ranks' files)."""
 
@@ -351,7 +322,7 @@ def _generate(job: _Job):
             peers.start()
         if job.requests:
             runner = make_runner(job.cfg, job.model, job.drafter, job.tk,
-                                 [rows for _, rows in job.requests])
+                                 [rows for _, rows in job.requests], **_profiles(job))
 
             def on_done(req: Request) -> None:
                 _persist(job, output_line(req), req.answer_ids)
@@ -410,6 +381,8 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
         m = (merged_metrics(cfg, merged, ranks, wall, model.device) if env.active
              else metrics(cfg, merged, stats, wall, model.device))
         m["model"] = str(job.model_dir)
+        if job.auto is not None:
+            m["method_auto"] = job.auto
         atomic_write_json(mpath, m)
     if out is not None:
         try:

@@ -1,0 +1,141 @@
+"""`--method auto`: the method with the best goodput on this job, measured.
+
+Which method pays depends on the model, the machine, the batch size, the prompts and the
+artifacts at hand (on a 2-core CPU Self-Draft's paper settings run at 0.2-0.6x of ar, on the
+H100 at 1.8x at batch 1 and 0.55x at batch 32), so it is measured, not guessed: every method
+whose artifacts are in the store (`ar`; Self-Draft, with its corpus cache if there is one;
+draft-verify with a skip set; Kangaroo with an adapter) runs a short pilot on the job's own
+first prompts, one batch of them at the job's batch size and speculation mode, and the method
+with the most emitted tokens per second wins. Each pilot is run twice and the second timed, so
+one-time costs (CUDA graph captures, the controller's step-cost table) do not count against
+whichever method happens to go first. Pilot answers are thrown away: with greedy decoding they
+are the job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from specctl.errors import SpecctlError
+from specctl.runtime.config import METHODS, GenerateConfig
+from specctl.runtime.methods import make_drafter
+from specctl.runtime.sizing import make_runner
+from specctl.runtime.tokenization import Tokenization, kv_rows, to_request
+from specctl.speculative.drafter import NoDraft
+
+PILOT_TOKENS = 32     # new tokens per pilot answer
+PILOT_PROMPTS = 8     # at least this many prompts (a batch's worth when the batch is larger)
+
+
+@dataclass
+class Pilot:
+    method: str
+    prompts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0
+    skipped: str | None = None   # why the method was not run (no artifact)
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        if self.skipped:
+            return {"method": self.method, "skipped": self.skipped}
+        return {"method": self.method, "prompts": self.prompts, "tokens": self.tokens, "seconds": round(self.seconds, 3),
+                "tokens_per_s": round(self.rate, 2),
+                "tokens_per_step": round(self.tokens / self.steps, 3) if self.steps else None}
+
+
+def candidates(cfg: GenerateConfig, model, model_dir, store) -> tuple[dict, dict, list[Pilot]]:
+    """({method: drafter} for the methods that can run here, {method: what loading it said},
+    [the methods that cannot, and why])."""
+    ready, said, skipped = {"ar": NoDraft()}, {"ar": []}, []
+    for m in METHODS:
+        if m == "ar":
+            continue
+        said[m] = []
+        try:
+            ready[m] = make_drafter(replace(cfg, method=m), model, model_dir, store, said[m].append)
+        except SpecctlError as e:   # no artifact of its kind for this model (or a bad one)
+            skipped.append(Pilot(m, skipped=str(e).split(": run", 1)[0]))
+    return ready, said, skipped
+
+
+def pilot(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, records,
+          **profiles) -> list[Pilot]:
+    """Each drafter's pilot on the first prompts of `records` (the job's readable lines), each
+    pass with a fresh copy of the drafter (Drafter.fresh: what one pass learnt, such as
+    Self-Draft's context cache holding these very answers, must not speed up the next).
+    profiles: make_runner's store, fingerprint and log (where step-cost tables are kept)."""
+    want = max(PILOT_PROMPTS, cfg.batch_size)
+    ctx = model.cfg.max_position
+    picked, rows = [], []
+    for rec in records:
+        if rec.error is not None:
+            continue
+        req = to_request(rec, min(cfg.max_tokens, PILOT_TOKENS))
+        req.max_tokens = min(req.max_tokens, PILOT_TOKENS)
+        n, r = kv_rows(tk, req)
+        if n < ctx:
+            picked.append(rec)
+            rows.append(r)
+        if len(picked) == want:
+            break
+    if not picked:
+        return []
+    pcfg = replace(cfg, max_tokens=PILOT_TOKENS)
+    out = []
+    for name, drafter in drafters.items():
+        p = Pilot(name, len(picked))
+        for timed in (False, True):
+            runner = make_runner(pcfg, model, drafter.fresh(), tk, rows, **profiles)
+            reqs = [to_request(rec, PILOT_TOKENS) for rec in picked]
+            for q in reqs:
+                q.max_tokens = min(q.max_tokens, PILOT_TOKENS)
+            t0 = time.perf_counter()
+            stats = runner.run(reqs, lambda req: None)
+            if timed:
+                p.seconds = time.perf_counter() - t0
+                p.tokens, p.steps = stats.generated, stats.steps
+        out.append(p)
+    return out
+
+
+def choose(pilots: list[Pilot]) -> Pilot:
+    """The fastest; `ar` on a tie (it needs no artifact and has no drafting to go wrong)."""
+    ran = [p for p in pilots if not p.skipped]
+    best = max(ran, key=lambda p: p.rate)
+    ar = next((p for p in ran if p.method == "ar"), None)
+    return ar if ar is not None and ar.rate >= best.rate else best
+
+
+def explain(best: Pilot, pilots: list[Pilot]) -> str:
+    ar = next((p for p in pilots if p.method == "ar" and not p.skipped), None)
+    parts = []
+    for p in pilots:
+        if p.skipped:
+            parts.append(f"{p.method}: {p.skipped}")
+        elif ar is not None and ar.rate > 0:
+            parts.append(f"{p.method} {p.rate:.1f} tok/s ({p.rate / ar.rate:.2f}x ar)")
+        else:
+            parts.append(f"{p.method} {p.rate:.1f} tok/s")
+    return (f"--method auto: {best.method}, the fastest on a pilot of {best.prompts} prompts x "
+            f"{PILOT_TOKENS} tokens: " + "; ".join(parts))
+
+
+def race(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, skipped: list[Pilot],
+         records, *, log, store=None, fingerprint: str | None = None) -> tuple[str, dict | None]:
+    """The pilot, the choice, and the line that says it: (method, report for metrics.json);
+    `ar` and no report when no prompt can be tried."""
+    t0 = time.perf_counter()
+    pilots = pilot(cfg, model, tk, drafters, records, store=store, fingerprint=fingerprint,
+                   log=log)
+    if not pilots:
+        return "ar", None
+    best = choose(pilots)
+    log(explain(best, pilots + skipped))
+    return best.method, {"chosen": best.method, "pilot_s": round(time.perf_counter() - t0, 2),
+                         "pilots": [p.to_json() for p in pilots + skipped]}

@@ -1,0 +1,86 @@
+"""How big a run is: its KV slots and rows, and the KV cache's memory budget."""
+
+from __future__ import annotations
+
+import torch
+
+from specctl.errors import SpecctlError
+from specctl.runtime.config import GenerateConfig, parse_size
+from specctl.runtime.controller import make_controller
+from specctl.runtime.runner import Runner
+from specctl.runtime.tokenization import Tokenization
+
+
+def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,
+                store=None, fingerprint: str | None = None, log=lambda msg: None) -> Runner:
+    """A Runner for requests needing `rows` KV rows each (see kv_rows), sized to the work:
+    no more slots than requests (the KV cache is allocated for every slot), no more rows than
+    the longest request needs (within the model's context). With --speculate auto its
+    controller prices steps by the step-cost table, kept in `store` when one is given with the
+    model's fingerprint."""
+    ctx = model.cfg.max_position
+    max_len = min(ctx, max(rows, default=16) + 32)
+    slots = min(cfg.batch_size, len(rows))
+    controller = None
+    if cfg.speculate == "auto" and drafter.name != "ar":
+        controller = make_controller(drafter, model, slots, store=store,
+                                     fingerprint=fingerprint, log=log)
+    budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
+    try:
+        return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
+                      eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
+                      stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
+                      speculate=cfg.speculate, controller=controller, threads=cfg.threads,
+                      kv_budget=budget)
+    except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
+        if "KV cache budget" not in str(e):
+            raise
+        raise SpecctlError(f"{e}: raise --kv-memory (or --gpu-memory), or lower "
+                           "--max-tokens") from None
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
+            raise
+        c = model.cfg
+        gb = (2 * c.num_layers * slots * max_len * c.num_kv_heads * c.head_dim
+              * model.embed.element_size() / 2**30)
+        raise SpecctlError(
+            f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
+            f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
+            "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
+
+
+def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
+              max_len: int) -> int | None:
+    """Bytes for the KV cache: --kv-memory; on CUDA else what --gpu-memory leaves after what
+    the device already holds (weights, other processes) and the step's working memory; on
+    the CPU else None (all it needs)."""
+    if cfg.kv_memory is not None:
+        return parse_size(cfg.kv_memory)
+    if model.device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(model.device)
+    # in use on the device, by anyone, less what torch holds cached but unallocated (reusable)
+    used = total - free - (torch.cuda.memory_reserved(model.device)
+                           - torch.cuda.memory_allocated(model.device))
+    kept = getattr(model, "_kv", None)   # the model's last cache: reused, or let go for this one
+    if kept is not None:
+        used -= kept[1].bytes
+    return max(0, int(cfg.gpu_memory * total) - used - work_bytes(
+        model, slots, step_rows, cfg.prefill_chunk, max_len))
+
+
+def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int, max_len: int) -> int:
+    """A generous estimate of a step's working memory beside weights and KV cache: the
+    activations of the largest forward (a prefill chunk, or every slot's step with graph
+    padding) in the model's dtype and fp32 logits of its rows, attention's gathered keys and
+    values of one layer (every slot at max_len rows) and its mask, captured graphs' pools, plus
+    a fixed 1 GiB for the CUDA context and libraries' workspaces."""
+    c = model.cfg
+    e = model.embed.element_size()
+    rows = max(prefill_chunk, slots * max(step_rows, 16))
+    width = 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
+        * c.head_dim
+    per_row = width * e + 4 * c.vocab_size
+    gathered = 2 * slots * max_len * c.num_kv_heads * c.head_dim * e \
+        + slots * max(step_rows, 16) * max_len * e
+    return 3 * rows * per_row + 2 * gathered + 2**30

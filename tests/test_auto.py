@@ -1,0 +1,115 @@
+"""--method auto: the fastest method on a pilot of the job's own prompts (runtime/auto.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specctl.cli import app
+from specctl.runtime import auto
+from specctl.runtime.auto import Pilot, choose, explain
+from specctl.speculative.draft_verify import SkipSet
+
+TEXTS = ("one two three", "a b a b a b a b", "x", "the cat sat on the mat and the cat")
+
+
+def test_choose_takes_the_fastest_and_ar_on_a_tie():
+    ar = Pilot("ar", 8, tokens=100, seconds=1.0)
+    sd = Pilot("self-draft", 8, tokens=150, seconds=1.0)
+    dv = Pilot("draft-verify", 8, tokens=90, seconds=1.0)
+    kg = Pilot("kangaroo", skipped="no Kangaroo adapter for this model in the store")
+    assert choose([ar, sd, dv, kg]).method == "self-draft"
+    assert choose([ar, Pilot("self-draft", 8, tokens=100, seconds=1.0)]).method == "ar"
+    assert choose([dv, ar]).method == "ar"
+    line = explain(sd, [ar, sd, dv, kg])
+    assert line.startswith("--method auto: self-draft")
+    assert "self-draft 150.0 tok/s (1.50x ar)" in line and "draft-verify" in line
+    assert "kangaroo: no Kangaroo adapter" in line
+
+
+@pytest.fixture
+def job(tmp_path, tiny_llama):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
+    store = tmp_path / "store"
+    common = ["--model", str(tiny_llama), "--store", str(store), "--max-tokens", "8",
+              "--device", "cpu", "--dtype", "fp32", "-q", "-b", "2"]
+
+    def run(*args, out="o.jsonl"):
+        out = tmp_path / out
+        r = CliRunner().invoke(app, ["generate", str(prompts), "-o", str(out), *common, *args])
+        assert r.exit_code == 0, r.output
+        return [json.loads(l)["text"] for l in out.read_text().splitlines()], r.output
+    return run, store, tmp_path
+
+
+def _metrics(store, method):
+    return [json.loads(f.read_text()) for f in (store / "runs").glob("*/metrics.json")
+            if json.loads(f.read_text())["method"] == method]
+
+
+def test_auto_pilots_every_method_with_artifacts_and_answers_as_ar(job):
+    run, store, tmp = job
+    ref, _ = run("--method", "ar", out="ar.jsonl")
+    skip = tmp / "skip.json"
+    skip.write_text(json.dumps(SkipSet(4, attn=frozenset({1})).to_json()))
+    got, said = run("--method", "auto", "--skip-set", str(skip))
+    assert got == ref
+    assert "--method auto:" in said and "kangaroo: no Kangaroo adapter" in said
+    (m,) = [m for f in (store / "runs").glob("*/metrics.json")
+            if "method_auto" in (m := json.loads(f.read_text()))]
+    a = m["method_auto"]
+    assert m["method"] == a["chosen"]
+    ran = {p["method"]: p for p in a["pilots"] if "skipped" not in p}
+    assert set(ran) == {"ar", "self-draft", "draft-verify"}
+    assert all(p["tokens"] > 0 and p["seconds"] > 0 and p["prompts"] == 4 for p in ran.values())
+    assert a["chosen"] == max(ran.values(), key=lambda p: p["tokens_per_s"])["method"] or \
+        a["chosen"] == "ar"
+
+
+def test_auto_runs_the_pilots_winner_and_resumes_its_run(job, monkeypatch):
+    run, store, _ = job
+    ref, _ = run("--method", "ar", out="ar.jsonl")
+
+    def rigged(cfg, model, tk, drafters, records, **profiles):   # self-draft wins the race
+        return [Pilot(m, 4, tokens=200 if m == "self-draft" else 100, seconds=1.0)
+                for m in drafters]
+    monkeypatch.setattr(auto, "pilot", rigged)
+    got, said = run("--method", "auto", "--limit", "2")
+    assert got == ref[:2]
+    assert "--method auto: self-draft" in said
+    (m,) = _metrics(store, "self-draft")
+    assert m["method_auto"]["chosen"] == "self-draft"
+
+    def no_pilot(*a, **kw):
+        raise AssertionError("a resumed auto run pilots nothing")
+    monkeypatch.setattr(auto, "pilot", no_pilot)
+    got, said = run("--method", "auto", "--resume")
+    assert got == ref
+    assert "resuming the self-draft run" in said
+    assert len(list((store / "runs").iterdir())) == 2   # ar's, and self-draft's resumed
+
+
+def test_pilots_leave_the_jobs_drafter_untouched(tiny_llama, tmp_path):
+    """Each pilot pass runs a fresh drafter: Self-Draft's context cache, filled with the
+    pilot's own answers, would otherwise draft those answers perfectly in the job."""
+    from specctl.models.loader import load_model
+    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.tokenization import Tokenization
+    from specctl.io.prompts import prompt_record
+    from specctl.store import Store
+
+    model = load_model(tiny_llama, "cpu", "fp32")
+    cfg = GenerateConfig(input="-", model=str(tiny_llama), method="auto", max_tokens=8,
+                         batch_size=2, chat=False)
+    drafters, said, skipped = auto.candidates(cfg, model, tiny_llama, Store(tmp_path / "s"))
+    assert set(drafters) == {"ar", "self-draft"}
+    assert {p.method for p in skipped} == {"draft-verify", "kangaroo"}
+    records = [prompt_record({"prompt": t}, i) for i, t in enumerate(TEXTS)]
+    tk = Tokenization(tiny_llama, False)
+    pilots = auto.pilot(cfg, model, tk, drafters, records, store=Store(tmp_path / "s"),
+                        fingerprint="fp")
+    assert [p.method for p in pilots] == ["ar", "self-draft"]
+    assert len(drafters["self-draft"].ctx) == 0
