@@ -34,7 +34,7 @@ from shapes import random_model, weight_bytes  # noqa: E402
 
 from specctl.engine.kv import BLOCK, row_bytes  # noqa: E402
 from specctl.runtime.config import GenerateConfig  # noqa: E402
-from specctl.runtime.job import kv_budget  # noqa: E402
+from specctl.runtime.sizing import kv_budget  # noqa: E402
 from specctl.runtime.runner import Runner  # noqa: E402
 from specctl.runtime.sequence import Request  # noqa: E402
 from specctl.speculative.drafter import NoDraft  # noqa: E402
