@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specctl.engine.steptable import StepTable
 from specctl.runtime.controller import Controller, StepCost
@@ -248,7 +249,9 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     t = C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append, repeats=1,
                          warmup=0)
     (entry,) = store.entries("profiles")
-    assert entry.id == f"fp-cpu-float32-{model.attention}-steps-b2"
+    assert entry.id == C.step_table_id("fp", model, 2)
+    assert entry.id.startswith("fp-cpu-") and entry.id.endswith(
+        f"-t{torch.get_num_threads()}-float32-{model.attention}-steps-b2")
     assert any("kept as profiles/" in m for m in said)
     monkeypatch.setattr(C, "_TABLES", {})
     monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: pytest.fail("measured again"))

@@ -150,8 +150,9 @@ def test_branch_growth_and_harvested_grams():
     # room 0 (an ar step): no draft and no probe, and the branches stay as they were
     [prop] = dr.propose([s], None, [0])
     assert len(prop.draft) == 0 and len(prop.probe) == 0
+    prop.probe_out = [70, 71, 72, 73, 74, 75]   # (what a probe would have given: unused)
     dr.observe([s], [prop], [Verdict([], 11)])
-    assert s.state.branches[0] == [2, 3, 4, 5, 60]
+    assert s.state.branches == [[2, 3, 4, 5, 60], [7, 61]]
 
 
 def test_context_cache_lru_and_trim():

@@ -5,17 +5,22 @@ artifacts at hand (on a 2-core CPU Self-Draft's paper settings run at 0.2-0.6x o
 H100 at 1.8x at batch 1 and 0.55x at batch 32), so it is measured, not guessed: every method
 whose artifacts are in the store (`ar`; Self-Draft, with its corpus cache if there is one;
 draft-verify with a skip set; Kangaroo with an adapter) runs a short pilot on the job's own
-first prompts, one batch of them at the job's batch size and speculation mode, and the method
-with the most emitted tokens per second wins. Each pilot is run twice and the second timed, so
-one-time costs (CUDA graph captures, the controller's step-cost table) do not count against
-whichever method happens to go first. Pilot answers are thrown away: with greedy decoding they
-are the job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json).
+first prompts (PILOT_PROMPTS, or a batch of them when the batch is larger) at the job's batch
+size and speculation mode, and the method with the most emitted tokens per second wins. Each
+pilot is run twice and the second timed, so one-time costs (CUDA graph captures, the
+controller's step-cost table) do not count against whichever method happens to go first; on a
+CPU both run at a fixed thread count (the thread tuner's trial steps would weigh more in a
+method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
+is left out with the reason. Pilot answers are thrown away: with greedy decoding they are the
+job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+
+import torch
 
 from specctl.errors import SpecctlError
 from specctl.runtime.config import METHODS, GenerateConfig
@@ -53,6 +58,8 @@ def candidates(cfg: GenerateConfig, model, model_dir, store) -> tuple[dict, dict
     """({method: drafter} for the methods that can run here, {method: what loading it said},
     [the methods that cannot, and why])."""
     ready, said, skipped = {"ar": NoDraft()}, {"ar": []}, []
+    named = {"draft-verify": cfg.skip_set, "kangaroo": cfg.adapter,
+             "self-draft": cfg.corpus_cache if cfg.corpus_cache != "none" else None}
     for m in METHODS:
         if m == "ar":
             continue
@@ -60,6 +67,8 @@ def candidates(cfg: GenerateConfig, model, model_dir, store) -> tuple[dict, dict
         try:
             ready[m] = make_drafter(replace(cfg, method=m), model, model_dir, store, said[m].append)
         except SpecctlError as e:   # no artifact of its kind for this model (or a bad one)
+            if named[m]:   # one the user named is an error, not a method left out
+                raise
             skipped.append(Pilot(m, skipped=str(e).split(": run", 1)[0]))
     return ready, said, skipped
 
@@ -86,27 +95,38 @@ def pilot(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, records,
             break
     if not picked:
         return []
-    pcfg = replace(cfg, max_tokens=PILOT_TOKENS)
+    threads = cfg.threads or (torch.get_num_threads() if model.device.type == "cpu" else None)
+    pcfg = replace(cfg, max_tokens=PILOT_TOKENS, threads=threads)
     out = []
     for name, drafter in drafters.items():
-        p = Pilot(name, len(picked))
-        for timed in (False, True):
-            runner = make_runner(pcfg, model, drafter.fresh(), tk, rows, **profiles)
-            reqs = [to_request(rec, PILOT_TOKENS) for rec in picked]
-            for q in reqs:
-                q.max_tokens = min(q.max_tokens, PILOT_TOKENS)
-            t0 = time.perf_counter()
-            stats = runner.run(reqs, lambda req: None)
-            if timed:
-                p.seconds = time.perf_counter() - t0
-                p.tokens, p.steps = stats.generated, stats.steps
-        out.append(p)
+        try:
+            out.append(_pilot(pcfg, model, tk, name, drafter, picked, rows, profiles))
+        except (SpecctlError, torch.OutOfMemoryError) as e:
+            out.append(Pilot(name, skipped=f"could not run here ({e})"))
     return out
+
+
+def _pilot(pcfg: GenerateConfig, model, tk: Tokenization, name: str, drafter, picked, rows,
+           profiles: dict) -> Pilot:
+    p = Pilot(name, len(picked))
+    for timed in (False, True):
+        runner = make_runner(pcfg, model, drafter.fresh(), tk, rows, **profiles)
+        reqs = [to_request(rec, PILOT_TOKENS) for rec in picked]
+        for q in reqs:
+            q.max_tokens = min(q.max_tokens, PILOT_TOKENS)
+        t0 = time.perf_counter()
+        stats = runner.run(reqs, lambda req: None)
+        if timed:
+            p.seconds = time.perf_counter() - t0
+            p.tokens, p.steps = stats.generated, stats.steps
+    return p
 
 
 def choose(pilots: list[Pilot]) -> Pilot:
     """The fastest; `ar` on a tie (it needs no artifact and has no drafting to go wrong)."""
     ran = [p for p in pilots if not p.skipped]
+    if not ran:
+        return Pilot("ar", skipped="no method could run")
     best = max(ran, key=lambda p: p.rate)
     ar = next((p for p in ran if p.method == "ar"), None)
     return ar if ar is not None and ar.rate >= best.rate else best

@@ -73,6 +73,7 @@ sequences that accept more get larger budgets.
 from __future__ import annotations
 
 import json
+import platform
 import re
 import time
 from dataclasses import dataclass, field
@@ -290,16 +291,31 @@ class Controller:
 _TABLES: dict = {}
 
 
-def device_tag(device) -> str:
-    """What prices a step: the CPU, or the GPU's model (an H100 costs unlike an A10)."""
-    if device.type != "cuda":
-        return device.type
-    name = torch.cuda.get_device_name(device).lower()
-    return "cuda-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+def device_tag(model) -> str:
+    """What prices a step besides the model and dtype: on a CPU its model and the threads a
+    step runs on; on CUDA the GPU's model (an H100 costs unlike an A10) and whether steps
+    replay captured graphs."""
+    if model.device.type == "cuda":
+        name = torch.cuda.get_device_name(model.device)
+        how = "graphs" if model.graphs is not None else "eager"
+    else:
+        name = _cpu_name()
+        how = f"t{torch.get_num_threads()}"
+    return f"{model.device.type}-{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-{how}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def step_table_id(fingerprint: str, model, batch_size: int) -> str:
-    return (f"{fingerprint}-{device_tag(model.device)}-{str(model.dtype).replace('torch.', '')}"
+    return (f"{fingerprint}-{device_tag(model)}-{str(model.dtype).replace('torch.', '')}"
             f"-{model.attention}-steps-b{batch_size}")
 
 
@@ -321,7 +337,7 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
         if path.is_file():
             try:
                 t = StepTable.from_json(json.loads(path.read_text()))
-                if t.batches != batches or t.ns != tuple(ns):
+                if t.batches != batches or t.ns != tuple(ns) or t.context != context:
                     t = None
             except (ValueError, TypeError, KeyError) as e:
                 log(f"{path}: unreadable step-cost table ({e}); measuring again")
@@ -331,12 +347,15 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
         t = measure_step_table(model, batches=batches, ns=ns, context=context,
                                repeats=repeats, warmup=warmup)
         if ident is not None:
-            with store.building("profiles", ident, make_manifest(
-                    "step-table", ident, model_fingerprint=fingerprint,
-                    device=device_tag(model.device))) as d:
-                atomic_write_json(d / "steptable.json", t.to_json())
-            log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
-                f"profiles/{ident}")
+            try:
+                with store.building("profiles", ident, make_manifest(
+                        "step-table", ident, model_fingerprint=fingerprint,
+                        device=device_tag(model))) as d:
+                    atomic_write_json(d / "steptable.json", t.to_json())
+                log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
+                    f"profiles/{ident}")
+            except OSError as e:   # a cache: a store that cannot keep it costs a measurement
+                log(f"step-cost table measured, not kept in the store ({e})")
     _TABLES[key] = t
     return t
 

@@ -82,6 +82,7 @@ class Generator:
         self.store = store if isinstance(store, Store) else Store(store)
         self.report = report or QUIET
         self._loaded = None
+        self._auto: dict = {}   # --method auto's choice per sampling setting
 
     def config(self, input: str = "<prompts>", **overrides) -> GenerateConfig:
         """The GenerateConfig of these settings (with `overrides`)."""
@@ -131,12 +132,15 @@ class Generator:
             rows.append(need)
         profiles = {"store": self.store, "fingerprint": model_fingerprint(model_dir),
                     "log": self.report.log}
-        if cfg.method == "auto":
+        if cfg.method == "auto":   # piloted once per sampling setting (the first call's prompts)
             drafters, said, skipped = auto.candidates(cfg, model, model_dir, self.store)
-            method, _ = auto.race(cfg, model, tk, drafters, skipped, records, **profiles)
-            drafter = drafters[method]
-            for line in said[method]:
-                self.report.log(line)
+            key = (cfg.temperature, cfg.top_p, cfg.top_k)
+            if key not in self._auto:
+                self._auto[key] = auto.race(cfg, model, tk, drafters, skipped, records,
+                                            **profiles)[0]
+                for line in said[self._auto[key]]:
+                    self.report.log(line)
+            drafter = drafters[self._auto[key]]
         else:
             drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
         done: list[Request] = []

@@ -111,7 +111,7 @@ def _read(job: _Job) -> None:
             job.records = read_input(cfg, in_path)
             for method, spec, kind in (("draft-verify", cfg.skip_set, "skipsets"),
                                        ("kangaroo", cfg.adapter, "adapters")):
-                if cfg.method == method and spec:   # a typo fails before the model loads
+                if cfg.method in (method, "auto") and spec:   # a typo fails before the model loads
                     job.store.locate(spec, kind)
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
         except Exception as e:
@@ -173,6 +173,9 @@ def _load(job: _Job, resume: bool = False) -> None:
     job.grp.check(err)
     if cfg.method == "auto":
         chosen = job.grp.broadcast(chosen)
+        job.grp.check(None if chosen in drafters else SpecctlError(
+            f"--method auto: rank 0 chose {chosen}, whose artifact rank {env.rank} cannot find: "
+            "with several nodes the store must be on a filesystem all nodes share"))
         job.cfg = cfg = replace(cfg, method=chosen)
         job.drafter = drafters[chosen]
         for line in said[chosen]:

@@ -5,7 +5,8 @@ A drafter is a plain object with two calls per step (transformers' candidate-gen
   forwards of the model itself (layer-skip or early-exit drafting), writing KV rows past the
   committed length only; such rows never survive verification. `room[i]` caps how many draft
   nodes sequence i may get (KV space, the tokens it may still emit, and the controller's budget
-  for the step); room 0 asks for an `ar` step: no draft forward, no probe.
+  for the step); room 0 asks for an `ar` step: no drafts and no probe (Kangaroo still runs
+  its shallow forward of the pending token, which its verify starts from).
 - `observe(seqs, proposals, verdicts)`: learn from the verification (adaptive thresholds,
   caches). The proposals are the ones verified: the runner may have cut a draft or probe to
   the rows it had.
