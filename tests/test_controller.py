@@ -262,3 +262,16 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     said.clear()
     assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) == t
     assert any("unreadable step-cost table" in m for m in said)
+
+
+def test_exploration_costs_at_most_its_share():
+    """Exploring with two layer-skip draft forwards costs ~1.8 steps here: at a 2% share it
+    waits ~90 steps between explorations, not 32."""
+    cost = StepCost(table(lambda b, n: 10.0 * b), draft_frac=0.9)
+    ctl = Controller(cost, 12, prior_accept=0.01)
+    explored = [i for i in range(1, 301) if any(ctl.budgets([0, 1], [100, 100]))]
+    assert len(explored) == 3 and explored[0] >= 90 and min(
+        b - a for a, b in zip(explored, explored[1:])) >= 90, explored
+    cheap = Controller(StepCost(table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))), 12,
+                       prior_accept=0.01)
+    assert sum(any(cheap.budgets([0, 1], [100, 100])) for _ in range(320)) == 10   # every 32

@@ -54,10 +54,13 @@ every sequence with room gets `explore_budget` more drafts (chains 2, trees 4 no
 search gave it, in that one step (budget 0 sequences learn their first positions, drafting
 ones the next deeper; a chain position never tried takes the deepest tried position's pooled
 rate): all of them in the same step, because with padded graphs a step costs by its
-longest sequence, so one exploring sequence would cost as much as all. Its price is bounded by
-that step's extra cost over 32 steps (on the H100's demo-model table, batch 32, n 1 -> 5: about
-1.7x a step, so ~2% of the run), and part of it comes back as accepted drafts. The measured
-acceptance then updates the sequence's own estimate, and the next steps' search uses it.
+longest sequence, so one exploring sequence would cost as much as all. Its price is held to
+`explore_cost` (2%) of the steps it is spread over: an exploring step whose predicted extra
+cost is e steps waits at least e / explore_cost steps after the last one (on a 2-core CPU at
+batch 1 two layer-skip draft forwards cost ~2 steps, so it explores every ~100 steps; on the
+H100's demo-model table, batch 32, n 1 -> 5 costs ~0.7 of a step, so every 35), and part of it
+comes back as accepted drafts. The measured acceptance then updates the sequence's own
+estimate, and the next steps' search uses it.
 
 The table is measured on first use (a small grid, a few seconds) and kept in the store, per
 model, device, dtype, attention backend and batch size: `step_table_for`.
@@ -148,13 +151,15 @@ class Controller:
 
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
-                 explore_budget: int | None = None):
+                 explore_budget: int | None = None, explore_cost: float = 0.02):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
         self.prior_accept, self.prior_weight = prior_accept, prior_weight
         self.explore_every = explore_every   # 0: never explore
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
+        self.explore_cost = explore_cost
+        self.last_explore = 0
         self.steps = 0
         self.explored = 0   # sequence-steps given an exploration budget
         self.pool = AcceptStats()
@@ -239,11 +244,13 @@ class Controller:
             tokens += self.cost.tokens(k) - self.cost.tokens(ks[i])
             ks[i] = k
         self.steps += 1
-        if self.explore_every and self.steps % self.explore_every == 0:
-            for i, (k, c) in enumerate(zip(ks, caps)):
-                if k < c:
-                    ks[i] = min(c, k + self.explore_budget)
-                    self.explored += 1
+        since = self.steps - self.last_explore
+        if self.explore_every and since >= self.explore_every:
+            wide = [min(c, k + self.explore_budget) for k, c in zip(ks, caps)]
+            base = self.cost.step_ms(ks)
+            if self.cost.step_ms(wide) - base <= self.explore_cost * since * base:
+                self.explored += sum(w > k for w, k in zip(wide, ks))
+                ks, self.last_explore = wide, self.steps
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
         for k in ks:

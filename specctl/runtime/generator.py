@@ -95,7 +95,7 @@ class Generator:
             model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                                attention=cfg.attention)
             warn_flex_off_cuda(model, self.report.log)
-            self._loaded = model_dir, tk, model
+            self._loaded = model_dir, tk, model, model_fingerprint(model_dir)
         return self._loaded
 
     def generate(self, prompts, max_tokens: int | None = None, *,
@@ -119,7 +119,7 @@ class Generator:
             require_raw_prompts(records, "prompts")
         if not records:
             return []
-        model_dir, tk, model = self._load(cfg)
+        model_dir, tk, model, fingerprint = self._load(cfg)
         ctx = model.cfg.max_position
         reqs, rows = [], []
         for rec in records:
@@ -130,8 +130,7 @@ class Generator:
                                    f"context ({ctx})")
             reqs.append(req)
             rows.append(need)
-        profiles = {"store": self.store, "fingerprint": model_fingerprint(model_dir),
-                    "log": self.report.log}
+        profiles = {"store": self.store, "fingerprint": fingerprint, "log": self.report.log}
         if cfg.method == "auto":   # piloted once per sampling setting (the first call's prompts)
             drafters, said, skipped = auto.candidates(cfg, model, model_dir, self.store)
             key = (cfg.temperature, cfg.top_p, cfg.top_k)
