@@ -45,7 +45,9 @@ ms of one verify step of b sequences with n new tokens each) and the method's dr
   draft-verify extra = 0 (budget 0: no draft forward at all), draft_frac = the share of the
   model's weights (blocks kept + LM head) the skip set runs. For Kangaroo extra = 1 (the
   shallow forward of the pending token always runs: the verify starts at its layer-l states),
-  draft_frac = (l layers + adapter + head) / model, verify_frac = (L - l layers + head) / model.
+  draft_frac = (l layers + adapter + head) / model, verify_frac = (L - l layers + head) / model;
+  its last shallow forward drafts nothing when no sequence has budget left, and then costs only
+  the l layers (tail_frac: the adapter's KV rows are written without its attention or head).
   Self-Draft's host work per candidate is negligible against a forward (not modelled).
 Exploration: a sequence at budget 0 drafts nothing, so nothing new is learnt about it, and an
 estimate that once ruled drafting out would rule it out for good (a sequence that turns
@@ -95,6 +97,8 @@ class StepCost:
     verify_frac: float = 1.0   # share of a full step the verify forward costs (Kangaroo < 1)
     draft_frac: float = 0.0    # one draft forward of b sequences = draft_frac * table.ms(b, 1)
     draft_extra: int = 0       # draft forwards a sequence runs beyond its budget (Kangaroo: 1)
+    tail_frac: float | None = None   # a draft forward in which no sequence drafts (Kangaroo's
+                                     # last, shallow layers only); None: draft_frac
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
     _memo: dict = field(default_factory=dict, repr=False)
 
@@ -119,9 +123,11 @@ class StepCost:
         total = self.verify_frac * v
         if self.draft_frac:
             depth = max(ks) + self.draft_extra
+            top = max(ks)
             for d in range(1, depth + 1):
                 n_d = sum(1 for k in ks if k + self.draft_extra >= d)
-                total += self.draft_frac * self.ms(n_d, 1)
+                frac = self.draft_frac if d <= top or self.tail_frac is None else self.tail_frac
+                total += frac * self.ms(n_d, 1)
         return total
 
 
@@ -395,7 +401,8 @@ def cost_for(drafter, model, table: StepTable) -> StepCost:
         shallow = sum(attn[:l]) + sum(mlp[:l])
         adapter = _numel(drafter.adapter.w.values())
         return StepCost(table, padded, verify_frac=(total - shallow) / total,
-                        draft_frac=(shallow + adapter + head) / total, draft_extra=1)
+                        draft_frac=(shallow + adapter + head) / total, draft_extra=1,
+                        tail_frac=shallow / total)
     if name == "self-draft":
         p = drafter.prm
         return StepCost(table, padded, probe=p.branches * p.branch_len)

@@ -125,6 +125,12 @@ class Adapter:
         akv.write(0, meta.index, k, v)
         return self._out(h, self.model.attend(q, akv.k[0], akv.v[0], meta))
 
+    def write_rows(self, h, positions, meta, akv: KVCache) -> None:
+        """decode() without its draft: only the adapter's KV rows of these tokens (no
+        attention, no LM head: the head alone is a fifth of the demo model's weights)."""
+        _, k, v = self._qkv(h, positions)
+        akv.write(0, meta.index, k, v)
+
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Training: one whole sequence's layer-l states [T, D] -> [T, V] logits with causal
         attention and no cache (the same function as step over the same tokens)."""
@@ -147,8 +153,23 @@ class AdapterHead:
         self.target = None   # the target's cache akv is a sibling of
         self.loaded = None   # the Adapter whose weights it holds (see KangarooDrafter._head)
 
+        self.rows_only = AdapterRows(self)
+
     def __call__(self, h, positions, meta):
         return h, self.adapter.decode(h, positions, meta, self.akv)
+
+
+class AdapterRows:
+    """An AdapterHead that only writes the adapter's KV rows: the head of a shallow forward
+    that drafts nothing (the pending token's at an `ar` step, a full chain's last draft's)."""
+
+    def __init__(self, head: AdapterHead):
+        self.head = head
+        self.key = ("kangaroo-rows", head.adapter.l)
+
+    def __call__(self, h, positions, meta):
+        self.head.adapter.write_rows(h, positions, meta, self.head.akv)
+        return (h,)
 
 
 @dataclass
@@ -222,22 +243,33 @@ class KangarooDrafter(Drafter):
         while active:
             batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
                                   for s, _, _ in active], self.model.device)
-            h, logits = self.model.run(batch, kv, LayerPlan(end=self.l), head=head)
+            drafting = [i for i, (_, _, tail) in enumerate(active) if not tail]
+            if drafting:
+                h, logits = self.model.run(batch, kv, LayerPlan(end=self.l), head=head)
+                # draws for the drafting rows only: a sequence's generator never depends on
+                # which other sequences share its forward
+                toks, conf, q = draw_drafts(logits[drafting], self.sp,
+                                            [active[i][0].rng for i in drafting])
+            else:   # nothing to draft: the states and the adapter's KV rows only
+                (h,) = self.model.run(batch, kv, LayerPlan(end=self.l), head=head.rows_only)
             h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
             self.draft_forwards += 1
-            toks, conf, q = draw_drafts(logits, self.sp, [s.rng for s, _, _ in active])
             d += 1
             nxt = []
+            at = {i: j for j, i in enumerate(drafting)}
             for i, (s, cap, tail) in enumerate(active):
                 p = out[id(s)]
                 p.hidden.append(h[i])
                 p.forwards += 1
-                if tail or conf[i] <= self.prm.eta:
+                if tail:
                     continue
-                drafts[id(s)].append(toks[i])
+                j = at[i]
+                if conf[j] <= self.prm.eta:
+                    continue
+                drafts[id(s)].append(toks[j])
                 if q is not None:
-                    qs[id(s)].append(q[i])
-                last[id(s)] = toks[i]
+                    qs[id(s)].append(q[j])
+                last[id(s)] = toks[j]
                 nxt.append((s, cap, len(drafts[id(s)]) >= cap))
             active = nxt
         for s in seqs:
