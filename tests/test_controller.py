@@ -275,3 +275,25 @@ def test_exploration_costs_at_most_its_share():
     cheap = Controller(StepCost(table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))), 12,
                        prior_accept=0.01)
     assert sum(any(cheap.budgets([0, 1], [100, 100])) for _ in range(320)) == 10   # every 32
+
+
+def test_probes_run_only_where_they_cost_little(model):
+    """Self-Draft's branches (36 probe tokens) at a cost that is flat in n run beside the
+    drafts; where they would make a step 4x dearer the step drafts its candidates without
+    them. Either way greedy equals ar."""
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+    assert StepCost(flat, probe=36).tokens(3) == 40
+    prompts = _prompts(3, seed=4, vocab=8)
+    ref, _ = run_ids(model, prompts, batch_size=3, max_tokens=16)
+    dear = table(lambda b, n: 10.0 * b * (1 + 0.1 * (n - 1)))
+    seen = {}
+    for name, tab in (("flat", flat), ("dear", dear)):
+        dr = SelfDraftDrafter(SelfDraftParams(), None)
+        ctl = _ctl(dr, model, tab, prior_accept=0.9)
+        got, st = run_ids(model, prompts, batch_size=3, max_tokens=16, drafter=dr,
+                          speculate="auto", controller=ctl)
+        assert got == ref, name
+        assert max(st.budget_hist) > 0, name
+        seen[name] = (st.probe_tokens, ctl.cost.probe_on)
+    assert seen["flat"][0] > 0 and seen["flat"][1]
+    assert seen["dear"] == (0, False)

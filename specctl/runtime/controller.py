@@ -27,7 +27,11 @@ Expected emitted tokens (gain)
   i.e. the tree is trimmed by expected value in the trie's own priority order (candidate
   rank = expected value order). Same pooled prior as chains (node j's prior rate is
   prior_accept ** (j + 1)). A sequence's branches (the probe) run only when k_i > 0, and count
-  against the step cost (below); at k_i = 0 they are dropped (an `ar` step).
+  against the step cost (below); at k_i = 0 they are dropped (an `ar` step). Their value is
+  not modelled (it comes later, as n-grams for the context cache), so they run only where they
+  are nearly free: in a step whose probes would cost more than `probe_share` (10%) over the
+  same step without them, no sequence runs its probe (`probe_on`; the runner drops them). On a
+  2-core CPU 36 branch tokens double a batch-1 step; on the H100 they cost little at batch 1.
 
 Predicted step time (cost), from the step-cost table (engine/steptable.py: StepTable.ms(b, n) =
 ms of one verify step of b sequences with n new tokens each) and the method's draft cost:
@@ -100,6 +104,7 @@ class StepCost:
     tail_frac: float | None = None   # a draft forward in which no sequence drafts (Kangaroo's
                                      # last, shallow layers only); None: draft_frac
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
+    probe_on: bool = True      # whether this step's speculating sequences run their probes
     _memo: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
@@ -110,7 +115,7 @@ class StepCost:
         return v
 
     def tokens(self, k: int) -> int:
-        return 1 + k + (self.probe if k > 0 else 0)
+        return 1 + k + (self.probe if k > 0 and self.probe_on else 0)
 
     def step_ms(self, ks: list[int]) -> float:
         b = len(ks)
@@ -157,7 +162,8 @@ class Controller:
 
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
-                 explore_budget: int | None = None, explore_cost: float = 0.02):
+                 explore_budget: int | None = None, explore_cost: float = 0.02,
+                 probe_share: float = 0.1):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
@@ -165,6 +171,7 @@ class Controller:
         self.explore_every = explore_every   # 0: never explore
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
         self.explore_cost = explore_cost
+        self.probe_share = probe_share
         self.last_explore = 0
         self.steps = 0
         self.explored = 0   # sequence-steps given an exploration budget
@@ -218,6 +225,13 @@ class Controller:
 
     # -- the decision ---------------------------------------------------------------------------
     def budgets(self, keys: list, room: list[int]) -> list[int]:
+        c = self.cost
+        if c.probe and keys:   # probes only where they cost next to nothing (module docstring)
+            one = [1] * len(keys)
+            c.probe_on = False
+            bare = c.step_ms(one)
+            c.probe_on = True
+            c.probe_on = c.step_ms(one) <= (1 + self.probe_share) * bare
         caps = [max(0, min(self.K, r)) for r in room]
         gains = [self.gains(k, c) for k, c in zip(keys, caps)]
         ks = [0] * len(keys)

@@ -44,7 +44,7 @@ from specctl.runtime.sequence import Request, Sequence
 from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
-from specctl.speculative.verify import verify_greedy, verify_sampling_batch
+from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
 
 
 @dataclass
@@ -349,6 +349,9 @@ class Runner:
             for k in budgets:
                 self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
         props = self.drafter.propose(seqs, kv, room)
+        if ctl is not None and not ctl.cost.probe_on:   # probes too dear for this step
+            for p in props:
+                p.probe = DraftTree()
         inputs, real, probes = [], [], []
         for s, p, r in zip(seqs, props, room):
             x, n_tree, n_probe = self.step_input(s, p, r)
