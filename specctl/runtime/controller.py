@@ -105,6 +105,7 @@ class StepCost:
                                      # last, shallow layers only); None: draft_frac
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
     probe_on: bool = True      # whether this step's speculating sequences run their probes
+    idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo, eager)
     _memo: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
@@ -125,6 +126,8 @@ class StepCost:
             v = self.ms(b, max(self.tokens(k) for k in ks))
         else:
             v = self.ms(b, sum(self.tokens(k) for k in ks) / b)
+        if self.idle_whole and not any(ks):
+            return v
         total = self.verify_frac * v
         if self.draft_frac:
             depth = max(ks) + self.draft_extra
@@ -416,7 +419,7 @@ def cost_for(drafter, model, table: StepTable) -> StepCost:
         adapter = _numel(drafter.adapter.w.values())
         return StepCost(table, padded, verify_frac=(total - shallow) / total,
                         draft_frac=(shallow + adapter + head) / total, draft_extra=1,
-                        tail_frac=shallow / total)
+                        tail_frac=shallow / total, idle_whole=model.graphs is None)
     if name == "self-draft":
         p = drafter.prm
         return StepCost(table, padded, probe=p.branches * p.branch_len)

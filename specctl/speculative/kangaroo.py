@@ -176,6 +176,7 @@ class AdapterRows:
 class KangarooProposal(Proposal):
     # layer-l states of [pending, d1 .. dk] (the verify forward starts from them)
     hidden: list[torch.Tensor] = field(default_factory=list)
+    whole: bool = False   # no states saved: the verify runs the whole model (an ar step)
 
 
 class KangarooDrafter(Drafter):
@@ -229,10 +230,15 @@ class KangarooDrafter(Drafter):
     def prefilled(self, batch: ForwardBatch, kv: KVCache, h: torch.Tensor) -> None:
         """The adapter's KV rows for a prefill chunk, from its layer-l states (captured by the
         prefill forward itself: no second pass over layers [0, l))."""
-        self._head(kv)(h, batch.positions, sdpa_meta(batch, kv))
+        self._head(kv).rows_only(h, batch.positions, sdpa_meta(batch, kv))
 
     def propose(self, seqs, kv, room) -> list[KangarooProposal]:
         head = self._head(kv)
+        if self.model.graphs is None and all(r <= 0 for r in room):
+            # nothing to draft: one forward of the whole model verifies, and its layer-l
+            # states give the adapter's rows (verify_hidden), as a prefill's do. (Replayed
+            # graphs keep the two forwards: their launches cost little, and one graph shape.)
+            return [KangarooProposal(whole=True) for _ in seqs]
         out = {id(s): KangarooProposal() for s in seqs}
         drafts = {id(s): [] for s in seqs}
         qs = {id(s): [] for s in seqs}
@@ -281,6 +287,10 @@ class KangarooDrafter(Drafter):
 
     def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals) -> torch.Tensor:
         """The double early exit: layers [l, L) only, from the saved layer-l states."""
+        if all(p.whole for p in proposals):
+            h, h_l = self.model.forward(batch, kv, LayerPlan(capture=self.l))
+            self.prefilled(batch, kv, h_l)
+            return h
         rows = []
         for p, n in zip(proposals, batch.num_new):
             hs = p.hidden[:len(p.draft) + 1]
