@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -61,6 +62,11 @@ def train_adapter(
                                                ".. max(2, layers / 8))."),
     no_sweep: bool = typer.Option(False, "--no-sweep", help="With --exit-layer auto: no sweep, "
                                   "take layer 2 (Kangaroo's choice for 7B models)."),
+    sweep_budget: Optional[float] = typer.Option(None, "--sweep-budget", help="Seconds the "
+                                                 "sweep may add; a sweep that would take longer "
+                                                 "is scaled down, measured on this machine "
+                                                 "(default: a quarter of the rest of the "
+                                                 "command, at least 60)."),
     epochs: int = typer.Option(1, "--epochs"),
     lr: float = typer.Option(5e-5, "--lr"),
     max_len: int = typer.Option(2048, "--max-len", help="Tokens per conversation (truncated)."),
@@ -76,7 +82,9 @@ def train_adapter(
                               "CUDA, fp32 elsewhere), fp32, bf16. Weights stay fp32."),
     store: Optional[Path] = StoreOpt,
 ):
-    """Train the Kangaroo adapter on conversations (saved in the store, keyed by model and l)."""
+    """Train the Kangaroo adapter on conversations (saved in the store, keyed by model and l).
+    Says first how long the whole command will take, as timed on this machine."""
+    started = time.monotonic()
     from specctl.prep.train_cmd import run_train_adapter
     from specctl.prep.train_adapter import TrainConfig
 
@@ -96,8 +104,8 @@ def train_adapter(
                            f"{sweep_layers!r}") from None
     cfg = TrainConfig(model, data, layer, epochs, lr, max_len, batch_tokens, limit, heldout,
                       checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device,
-                      dtype=dtype, sweep_layers=sweep)
-    res = _with_bars(run_train_adapter, cfg, Store(store), resume)
+                      dtype=dtype, sweep_layers=sweep, sweep_budget=sweep_budget)
+    res = _with_bars(run_train_adapter, cfg, Store(store), resume, started=started)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 

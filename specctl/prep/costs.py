@@ -108,6 +108,29 @@ def measure_costs(model, context: int = 128, max_k: int = 13, repeats: int = 25)
         verify=tuple(verify), device=str(model.device), dtype=str(model.dtype).replace("torch.", ""))
 
 
+def measure_costs_seconds(model, context: int = 128, max_k: int = 13, repeats: int = 25) -> float:
+    """How long measure_costs(model, context, max_k, repeats) takes here: its forwards counted
+    (as measure_costs and _timed run them), each priced by timing a 1-token and a max_k-token
+    forward after the same prefix (a fraction of a second)."""
+    kv = model.new_kv_cache(1, context + max_k + 1)
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, model.cfg.vocab_size, (context,), generator=gen).tolist()
+    model.forward(ForwardBatch([SeqInput(0, prefix, 0)], model.device), kv)
+    kv.lens[0] = context
+
+    def fwd(k):
+        b = ForwardBatch([SeqInput(0, prefix[-k:], context)], model.device)
+        return lambda: model.logits(model.forward(b, kv))
+    one, last = _timed(fwd(1), 2), _timed(fwd(max_k), 2)
+    started = time.perf_counter()
+    model.forward(ForwardBatch([SeqInput(0, prefix, 0)], model.device), kv)
+    prefill = time.perf_counter() - started
+    blocks = 5 * (repeats + 1) * one   # full, 3 with blocks skipped, with the head
+    verify = sum((max(5, repeats // 2) + 1) * (one + (last - one) * (k - 1) / max(max_k - 1, 1))
+                 for k in range(1, max_k + 1))
+    return prefill + blocks + verify
+
+
 def nondecreasing(y: list[float]) -> list[float]:
     """Isotonic (pool-adjacent-violators) fit: the closest non-decreasing sequence, so one noisy
     timing cannot make verifying k + 1 tokens look cheaper than k and reward odd draft lengths,
