@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import specctl.runtime.job as job
+from specctl.runtime.runner import Runner
 from specctl.runtime.config import GenerateConfig
 from helpers import fails
 from specctl.cli import app
@@ -329,13 +329,13 @@ def test_skip_bad(tmp_path, tiny_llama):
 def count_generated(monkeypatch):
     """Record the indices of the requests handed to the Runner."""
     seen: list[int] = []
-    real = job.Runner.run
+    real = Runner.run
 
     def run(self, requests, *a, **kw):
         seen.extend(r.index for r in requests)
         return real(self, requests, *a, **kw)
 
-    monkeypatch.setattr(job.Runner, "run", run)
+    monkeypatch.setattr(Runner, "run", run)
     return seen
 
 
