@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import specctl.runtime.job as job
+from specctl.runtime.runner import Runner
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.dist import shard
 from specctl.runtime.metrics import _sum_stats, merged_metrics, metrics
@@ -248,13 +248,13 @@ def test_resume_one_process_after_two_ranks(two_ranks, baseline, work, tiny_llam
     """A single process resumes a multi-process run from the union of its rank files."""
     store, run, kept = _crashed_copy(two_ranks, tmp_path)
     seen: list[int] = []
-    real = job.Runner.run
+    real = Runner.run
 
     def count(self, requests, *a, **kw):
         seen.extend(r.index for r in requests)
         return real(self, requests, *a, **kw)
 
-    monkeypatch.setattr(job.Runner, "run", count)
+    monkeypatch.setattr(Runner, "run", count)
     r = runner.invoke(app, args(work / "p.jsonl", tmp_path / "o.jsonl", store, tiny_llama, "-q",
                                 "--resume"))
     assert r.exit_code == 0, r.output

@@ -4,6 +4,7 @@ sweep scaled to its budget, and the estimate said before the long work starts.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -177,7 +178,9 @@ def test_estimate_is_said_before_the_work(tiny_llama, data, tmp_path):
     first = _index(lines, "estimated time for the whole command")
     assert first == 1   # right after the data's summary
     assert first < _index(lines, "computing the target's") < _index(lines, "epoch 1/1")
-    assert "features" in lines[first] and "training" in lines[first]
+    # The phases are named only when they take half a second or more (a fast machine trains
+    # this tiny model in less), so only the line's shape is machine-independent.
+    assert re.search(r"estimated time for the whole command: .+ \(so far .+\)", lines[first])
     assert "train-adapter took" in lines[-1]
 
 
