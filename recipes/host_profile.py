@@ -1,8 +1,9 @@
 """What a decoding step costs on the host, per method and batch size (issue: the GPU fast path).
 
-    python recipes/host_profile.py [--methods ar,draft-verify,kangaroo,self-draft]
+    python recipes/host_profile.py [--methods ar,draft-verify:auto,kangaroo,self-draft:light]
                                    [--batch-sizes 1,8,32] [--prompts 16] [--max-tokens 64]
-                                   [--device cpu|cuda] [--store DIR]
+                                   [--device cpu|cuda] [--store DIR] [--threads N]
+                                   [--skip-set FILE]
 
 Runs each method through the one Runner on real ShareGPT first turns and splits every step's
 wall time into model work (the verify forward and any draft forwards, synchronized on CUDA,
@@ -18,11 +19,12 @@ import time
 
 import torch
 
-from specctl.runtime.config import GenerateConfig
+from specctl.models.fingerprint import model_fingerprint
+from specctl.runtime.config import GenerateConfig, split_variant
 from specctl.runtime.methods import make_drafter
-from specctl.runtime.tokenization import Tokenization
-from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
+from specctl.runtime.sizing import make_runner
+from specctl.runtime.tokenization import Tokenization, kv_rows
 from specctl.store import Store
 
 
@@ -35,6 +37,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--store", default=None)
     ap.add_argument("--input", default=None, help="JSONL prompts (default: ShareGPT first turns)")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: tuned)")
+    ap.add_argument("--skip-set", default=None)
     a = ap.parse_args()
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
@@ -49,6 +53,7 @@ def main() -> None:
     else:
         texts = first_human_turns(a.prompts, store)
     cuda = model.device.type == "cuda"
+    fp = model_fingerprint(model_dir)
 
     fwd = {"t": 0.0, "depth": 0}
 
@@ -81,17 +86,21 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for m in a.methods.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
-            cfg = GenerateConfig(input="x", method=m, batch_size=b, max_tokens=a.max_tokens)
+            name, opts = split_variant(m)
+            cfg = GenerateConfig(input="x", method=name, batch_size=b, max_tokens=a.max_tokens,
+                                 threads=a.threads, skip_set=a.skip_set, **opts)
             try:
                 drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
             except Exception as e:   # a missing artifact: say so and go on
                 print(f"| {m} | {b} | skipped: {e} ||||||")
                 continue
-            runner = Runner(model, drafter, cfg.sampling(), batch_size=b, max_len=1024,
-                            eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode)
             def reqs():
                 return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
                         for i, t in enumerate(texts)]
+            # built as `generate` builds it: sized to the work, with the controller (and its
+            # stored step table) for ':auto'
+            runner = make_runner(cfg, model, drafter, tk, [kv_rows(tk, r)[1] for r in reqs()],
+                                 store=store, fingerprint=fp)
             step_t = {"t": 0.0, "n": 0, "fwd": 0.0}
             inner = runner.step
 

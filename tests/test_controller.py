@@ -262,6 +262,13 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     said.clear()
     assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) == t
     assert any("unreadable step-cost table" in m for m in said)
+    # a table measured by an earlier engine (other matmul forms, other costs) is measured again
+    old = dict(t.to_json(), engine=C.ENGINE_COSTS - 1)
+    (entry.path / "steptable.json").write_text(json.dumps(old))
+    monkeypatch.setattr(C, "_TABLES", {})
+    said.clear()
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) == t
+    assert any("earlier engine" in m for m in said)
 
 
 def test_exploration_costs_at_most_its_share():

@@ -182,6 +182,24 @@ def test_argmax_equals_the_logits_argmax(tiny_llama):
     assert torch.equal(model.argmax(h), model.logits(h).argmax(-1))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 17, 256, 257])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_form_equals_f_linear(rows, bias):
+    """engine.model.linear (on the CPU (w @ x.T).T up to GEMM_ROWS rows, one row padded to
+    two) gives F.linear's result up to fp32 rounding, contiguous, in F.linear's shape."""
+    import torch.nn.functional as F
+
+    from specctl.engine.model import GEMM_ROWS, linear
+    assert GEMM_ROWS == 256
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 48, generator=g), torch.randn(72, 48, generator=g)
+    b = torch.randn(72, generator=g) if bias else None
+    y = linear(x, w, b)
+    assert y.shape == (rows, 72) and y.is_contiguous()
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(linear(x, w + 1, b), y)
+
+
 def test_step_table_measures_and_round_trips(tiny_llama):
     from specctl.engine.steptable import StepTable, measure_step_table
     model = load_model(tiny_llama, "cpu", "fp32")

@@ -21,6 +21,10 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
 
+# Raised whenever the engine's forward changes what a step costs (a stored table measured by an
+# earlier engine is measured again): 2 = the CPU matmul form of engine/model.py `linear`.
+ENGINE_COSTS = 2
+
 
 @dataclass(frozen=True)
 class StepTable:
@@ -31,6 +35,7 @@ class StepTable:
     batches: tuple[int, ...]
     ns: tuple[int, ...]
     table: tuple[tuple[float, ...], ...]   # table[i][j]: ms of batches[i] x ns[j]
+    engine: int = ENGINE_COSTS             # the engine costs it measured (ENGINE_COSTS)
 
     def ms(self, b: int, n: int) -> float:
         """Measured ms of b x n; between measured points, linear in n at the nearest batch
@@ -52,7 +57,8 @@ class StepTable:
     def from_json(cls, d: dict) -> "StepTable":
         t = cls(str(d["device"]), str(d["dtype"]), str(d["attention"]), int(d["context"]),
                 tuple(int(x) for x in d["batches"]), tuple(int(x) for x in d["ns"]),
-                tuple(tuple(float(v) for v in row) for row in d["table"]))
+                tuple(tuple(float(v) for v in row) for row in d["table"]),
+                int(d.get("engine", 1)))
         if len(t.table) != len(t.batches) or any(len(r) != len(t.ns) for r in t.table) \
                 or not t.ns or any(not v > 0 for r in t.table for v in r):
             raise ValueError("malformed step table")

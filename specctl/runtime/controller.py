@@ -89,7 +89,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specctl.engine.steptable import StepTable, measure_step_table
+from specctl.engine.steptable import ENGINE_COSTS, StepTable, measure_step_table
 from specctl.store import atomic_write_json, make_manifest
 
 
@@ -367,7 +367,10 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
         if path.is_file():
             try:
                 t = StepTable.from_json(json.loads(path.read_text()))
-                if t.batches != batches or t.ns != tuple(ns) or t.context != context:
+                if t.engine != ENGINE_COSTS:
+                    log(f"{path}: measured by an earlier engine; measuring again")
+                    t = None
+                elif t.batches != batches or t.ns != tuple(ns) or t.context != context:
                     t = None
             except (ValueError, TypeError, KeyError) as e:
                 log(f"{path}: unreadable step-cost table ({e}); measuring again")

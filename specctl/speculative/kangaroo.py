@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
-from specctl.engine.model import apply_rope, rms_norm
+from specctl.engine.model import apply_rope, linear, rms_norm
 from specctl.speculative.drafter import Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
@@ -97,21 +97,21 @@ class Adapter:
         T = h.shape[0]
         w = self.w
         x = rms_norm(h, w["norm_in.weight"].to(h.dtype), c.rms_eps)
-        q = F.linear(x, w["q_proj.weight"].to(h.dtype)).view(T, c.num_heads, c.head_dim)
-        k = F.linear(x, w["k_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
-        v = F.linear(x, w["v_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
+        q = linear(x, w["q_proj.weight"].to(h.dtype)).view(T, c.num_heads, c.head_dim)
+        k = linear(x, w["k_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
+        v = linear(x, w["v_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
         cos, sin = self.model._rope(positions)
         return apply_rope(q, cos.to(h.dtype), sin.to(h.dtype)), \
             apply_rope(k, cos.to(h.dtype), sin.to(h.dtype)), v
 
     def _out(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         c = self.model.cfg
-        x = h + F.linear(o.reshape(h.shape[0], -1), self.w["o_proj.weight"].to(h.dtype))
+        x = h + linear(o.reshape(h.shape[0], -1), self.w["o_proj.weight"].to(h.dtype))
         x = rms_norm(x, self.w["norm_out.weight"].to(h.dtype), c.rms_eps)
         head = self.model.lm_head
         if not torch.is_autocast_enabled(h.device.type):   # autocast casts it itself
             head = head.to(h.dtype)
-        return F.linear(x, head).float()
+        return linear(x, head).float()
 
     @torch.inference_mode()
     def step(self, h: torch.Tensor, batch: ForwardBatch, akv: KVCache) -> torch.Tensor:
