@@ -208,6 +208,7 @@ def test_step_table_measures_and_round_trips(tiny_llama):
                            progress=lambda b, n, ms: seen.append((b, n)))
     assert seen == [(1, 1), (1, 4), (3, 1), (3, 4)]
     assert all(v > 0 for row in t.table for v in row)
+    assert all(list(row) == sorted(row) for row in t.table)   # more tokens, never less time
     back = StepTable.from_json(t.to_json())
     assert back == t
     assert t.ms(3, 4) == t.table[1][1] and t.ms(2, 1) == t.table[1][0]   # next batch up

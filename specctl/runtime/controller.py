@@ -351,7 +351,7 @@ def step_table_id(fingerprint: str, model, batch_size: int) -> str:
 
 def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
                    log=lambda msg: None, ns=(1, 2, 4, 8, 16, 32, 64), context: int = 128,
-                   repeats: int = 3, warmup: int = 1) -> StepTable:
+                   repeats: int = 4, warmup: int = 1) -> StepTable:
     """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
     a small grid of tokens per sequence): kept for the process, and with a store and the
     model's fingerprint kept in the store too (profiles/), so it is measured once per model,
