@@ -344,26 +344,44 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures
+STEP_WARMUP, STEP_REPEATS = 1, 4     # runs of each of its points: untimed, then timed
+
+
 def step_table_id(fingerprint: str, model, batch_size: int) -> str:
     return (f"{fingerprint}-{device_tag(model)}-{str(model.dtype).replace('torch.', '')}"
             f"-{model.attention}-steps-b{batch_size}")
 
 
+def step_table_path(store, fingerprint: str, model, batch_size: int):
+    """Where step_table_for keeps the table of `model` for `batch_size` slots."""
+    ident = step_table_id(fingerprint, model, batch_size)
+    return store.path("profiles", ident) / "steptable.json"
+
+
+def step_table_seconds(batch_size: int, step_s) -> float:
+    """About how long step_table_for measures, given step_s(b, n): seconds of a step of b
+    sequences x n tokens (for an estimate before measuring)."""
+    steps = sum(step_s(b, n) for b in sorted({1, batch_size}) for n in STEP_NS)
+    return (STEP_WARMUP + STEP_REPEATS) * steps
+
+
 def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
-                   log=lambda msg: None, ns=(1, 2, 4, 8, 16, 32, 64), context: int = 128,
-                   repeats: int = 4, warmup: int = 1) -> StepTable:
+                   log=lambda msg: None, ns=STEP_NS, context: int = 128,
+                   repeats: int = STEP_REPEATS, warmup: int = STEP_WARMUP,
+                   fresh: bool = False) -> StepTable:
     """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
     a small grid of tokens per sequence): kept for the process, and with a store and the
     model's fingerprint kept in the store too (profiles/), so it is measured once per model,
-    device, dtype, attention backend and batch size."""
+    device, dtype, attention backend and batch size. fresh: measure it again."""
     batches = tuple(sorted({1, batch_size}))
     key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
-    t = _TABLES.get(key)
+    t = None if fresh else _TABLES.get(key)
     if t is not None:
         return t
     ident = step_table_id(fingerprint, model, batch_size) if store and fingerprint else None
-    if ident is not None:
-        path = store.path("profiles", ident) / "steptable.json"
+    if ident is not None and not fresh:
+        path = step_table_path(store, fingerprint, model, batch_size)
         if path.is_file():
             try:
                 t = StepTable.from_json(json.loads(path.read_text()))
@@ -405,28 +423,41 @@ def weight_shares(model) -> tuple[list[int], list[int], int]:
     return attn, mlp, model.lm_head.numel()
 
 
-def cost_for(drafter, model, table: StepTable) -> StepCost:
-    """The StepCost of a drafter (draft-verify, kangaroo, self-draft, ar) on `model`."""
-    padded = model.device.type == "cuda" and model.graphs is not None
+def skip_draft_frac(model, skip) -> float:
+    """What one layer-skip draft forward costs, as a share of a full step: the weights of the
+    blocks it keeps and the LM head over all of them."""
+    attn, mlp, head = weight_shares(model)
+    kept = sum(a for i, a in enumerate(attn) if i not in skip.attn) + \
+        sum(m for j, m in enumerate(mlp) if j not in skip.mlp)
+    return (kept + head) / (sum(attn) + sum(mlp) + head)
+
+
+def kangaroo_cost(model, table: StepTable, adapter) -> StepCost:
+    """The StepCost of Kangaroo drafting with `adapter` (a kangaroo.Adapter, exit layer l)."""
     attn, mlp, head = weight_shares(model)
     total = sum(attn) + sum(mlp) + head
+    shallow = sum(attn[:adapter.l]) + sum(mlp[:adapter.l])
+    return StepCost(table, _padded(model), verify_frac=(total - shallow) / total,
+                    draft_frac=(shallow + _numel(adapter.w.values()) + head) / total,
+                    draft_extra=1,
+                    tail_frac=shallow / total, idle_whole=model.graphs is None)
+
+
+def _padded(model) -> bool:
+    return model.device.type == "cuda" and model.graphs is not None
+
+
+def cost_for(drafter, model, table: StepTable) -> StepCost:
+    """The StepCost of a drafter (draft-verify, kangaroo, self-draft, ar) on `model`."""
     name = getattr(drafter, "name", "")
     if name == "draft-verify":
-        skip = drafter.skip
-        kept = sum(a for i, a in enumerate(attn) if i not in skip.attn) + \
-            sum(m for j, m in enumerate(mlp) if j not in skip.mlp)
-        return StepCost(table, padded, draft_frac=(kept + head) / total)
+        return StepCost(table, _padded(model), draft_frac=skip_draft_frac(model, drafter.skip))
     if name == "kangaroo":
-        l = drafter.l
-        shallow = sum(attn[:l]) + sum(mlp[:l])
-        adapter = _numel(drafter.adapter.w.values())
-        return StepCost(table, padded, verify_frac=(total - shallow) / total,
-                        draft_frac=(shallow + adapter + head) / total, draft_extra=1,
-                        tail_frac=shallow / total, idle_whole=model.graphs is None)
+        return kangaroo_cost(model, table, drafter.adapter)
     if name == "self-draft":
         p = drafter.prm
-        return StepCost(table, padded, probe=p.branches * p.branch_len)
-    return StepCost(table, padded)
+        return StepCost(table, _padded(model), probe=p.branches * p.branch_len)
+    return StepCost(table, _padded(model))
 
 
 def max_budget(drafter) -> int:
