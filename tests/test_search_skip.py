@@ -1,5 +1,5 @@
-"""search-skip: the cost model, the search end to end, resume reproducibility, and its use by
-generate --method draft-verify."""
+"""search-skip: its pricing on the step-cost table, the search end to end, resume
+reproducibility, and its use by generate --method draft-verify."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from specctl.cli import app
 from specctl.models.loader import load_model
-from specctl.prep.costs import CostProfile, run_cost
-from specctl.prep.search_skip import DevSet
+from specctl.engine.steptable import StepTable
+from specctl.prep.search_skip import DevSet, ar_per_token, run_cost
 from specctl.speculative.draft_verify import SkipSet
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
@@ -25,23 +25,38 @@ def dev_file(tmp_path):
     return f
 
 
-def test_cost_model_arithmetic():
-    prof = CostProfile(num_layers=4, base=1.0, attn=2.0, mlp=3.0, head=0.5,
-                       verify=(10.0, 11.0, 12.0))
-    assert prof.draft(1, 2) == 1.0 + 0.5 + 3 * 2.0 + 2 * 3.0
-    assert prof.verify_cost(4) == 13.0   # extrapolated linearly
-    # two steps: 2 drafts then 0 drafts; 4 draft forwards
-    assert run_cost(prof, [2, 0], 4, 1, 2) == 12.0 + 10.0 + 4 * prof.draft(1, 2)
+def b1_table(ms_of_n) -> StepTable:
+    ns = (1, 2, 4, 8)
+    return StepTable("cpu", "float32", "sdpa", 128, (1,), ns, (tuple(ms_of_n(n) for n in ns),))
 
 
-def test_dev_eval_is_repeatable_and_counts_match(tiny_llama):
-    model = load_model(tiny_llama, "cpu", "fp32")
+def test_run_cost_prices_like_the_controller(model):
+    """Verify steps from the table's batch-1 row, draft forwards at the share of the weights
+    they run: the same prices --speculate auto's StepCost gives draft-verify."""
+    from specctl.runtime.controller import StepCost, cost_for, skip_draft_frac
+    from specctl.speculative.draft_verify import LayerSkipDrafter
+    from specctl.speculative.sampling import SamplingParams
+    t = b1_table(lambda n: 10.0 + n)               # ms: 11, 12, 14, 18 at n = 1, 2, 4, 8
+    skip = SkipSet(4, frozenset({1, 3}), frozenset({2}))
+    frac = skip_draft_frac(model, skip)
+    assert 0 < skip_draft_frac(model, SkipSet(4, frozenset(range(4)), frozenset(range(4)))) \
+        < frac < skip_draft_frac(model, SkipSet(4)) == 1.0
+    # two steps: 2 drafts then 0 drafts (verify 3 then 1 tokens); 4 draft forwards; seconds
+    assert run_cost(t, [2, 0], 4, frac) == pytest.approx((13.0 + 11.0 + 4 * frac * 11.0) / 1e3)
+    assert ar_per_token(t) == pytest.approx(11.0 / 1e3)
+    cost = cost_for(LayerSkipDrafter(model, skip, SamplingParams()), model, t)
+    assert cost == StepCost(t, False, draft_frac=frac)
+    # a step of k drafts at batch 1 (k draft forwards) costs what the controller predicts
+    assert run_cost(t, [3], 3, frac) == pytest.approx(cost.step_ms([3]) / 1e3)
+
+
+def test_dev_eval_is_repeatable_and_counts_match(model):
     prompts = [[5 + i, 9, 17, 33 + i, 40] for i in range(4)]
     dev = DevSet(model, prompts, max_new=12, K=4)
-    prof = CostProfile(4, 1e-3, 2e-3, 3e-3, 1e-3, tuple(1e-2 + k * 1e-3 for k in range(6)))
+    t = b1_table(lambda n: 10.0 + n)
     skip = SkipSet(4, frozenset({1, 3}), frozenset({2}))
-    a = dev.evaluate(skip, prof)
-    b = dev.evaluate(skip, prof)
+    a = dev.evaluate(skip, t)
+    b = dev.evaluate(skip, t)
     assert a.cost == b.cost and a.tokens == b.tokens == 4 * 11
     assert a.drafted >= a.accepted and a.steps >= 1
 
@@ -94,19 +109,12 @@ def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev
     assert r.exit_code != 0 and "30 layers" in r.output
 
 
-def test_nondecreasing_fit():
-    from specctl.prep.costs import nondecreasing
-    assert nondecreasing([1, 3, 2, 4, 3.5, 5]) == [1, 2.5, 2.5, 3.75, 3.75, 5]
-    assert nondecreasing([2, 1]) == [1.5, 1.5]
-    assert nondecreasing([1, 2, 3]) == [1, 2, 3]
-
-
 @pytest.mark.slow
 @pytest.mark.demo
 def test_model_objective_ranks_like_wall_clock(demo_model_dir):
     """On the demo model: skip sets of clearly different quality are ordered the same way by
     the cost model as by the clock (batch-1 decoding, as the paper times it)."""
-    from specctl.prep.costs import measure_costs
+    from specctl.runtime.controller import step_table_for
     model = load_model(demo_model_dir, "cpu", "fp32")
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(demo_model_dir)
@@ -114,12 +122,12 @@ def test_model_objective_ranks_like_wall_clock(demo_model_dir):
                                                   add_generation_prompt=True, tokenize=False),
                           add_special_tokens=False) for p in PROMPTS]
     dev = DevSet(model, prompts, max_new=24)
-    prof = measure_costs(model)
+    table = step_table_for(model, 1)
     L = 30
     sets = [SkipSet(L, frozenset({17, 21, 25, 29})),                      # light
             SkipSet(L, frozenset(range(15, 30))),                          # half the attention
             SkipSet(L, frozenset(range(5, 30)), frozenset(range(10, 30)))]   # most of the model
-    model_cost = [dev.evaluate(s, prof).per_token for s in sets]
+    model_cost = [dev.evaluate(s, table).per_token for s in sets]
     wall = [min(dev.evaluate(s, None).per_token for _ in range(2)) for s in sets]
     # pairs the clock separates clearly (> 12%) must be ordered the same by the cost model; close
     # pairs (a few % apart) flip with timing noise on a shared 2-core machine
@@ -233,9 +241,12 @@ def test_profile_is_recorded_and_generate_warns_on_another_device(tiny_llama, de
     assert r.exit_code == 0, r.output
     res = json.loads(next((store / "skipsets").iterdir()).joinpath("skipset.json").read_text())
     assert res["profile"]["device"] == "cpu" and res["profile"]["dtype"] == "float32"
+    # priced on the batch-1 step-cost table, kept in the store under the id recorded
+    table = store / "profiles" / res["profile"]["step_table"] / "steptable.json"
+    assert res["profile"]["step_table"].endswith("-steps-b1") and table.is_file()
     assert res["iterations"] == 4 and res["confirmed"]
     assert res["relative_time_per_token"] == min(c["decoded_relative"] for c in res["confirmed"])
-    other = tmp_path / "gpu-set.json"
+    other = tmp_path / "gpu-set.json"   # the form skip sets had before step tables priced them
     other.write_text(json.dumps({**res, "profile": {"device": "cuda:0", "dtype": "bfloat16"}}))
     r = CliRunner().invoke(app, ["generate", str(dev_file), "--model", str(tiny_llama),
                                  "--method", "draft-verify", "--skip-set", str(other),
@@ -246,6 +257,8 @@ def test_profile_is_recorded_and_generate_warns_on_another_device(tiny_llama, de
     from specctl.runtime.artifacts import profile_mismatch
     assert profile_mismatch({"device": "cpu", "dtype": "float32"}, "cpu", "torch.float32") is None
     assert profile_mismatch(None, "cuda") is None
+    assert profile_mismatch(res["profile"], "cpu", "torch.float32") is None
+    assert "float32" in profile_mismatch(res["profile"], "cpu", "torch.bfloat16")
 
 
 def test_decode_objective_and_resume_with_other_settings_starts_over(tiny_llama, dev_file,
@@ -267,15 +280,15 @@ def test_decode_objective_and_resume_with_other_settings_starts_over(tiny_llama,
 def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tmp_path):
     """Issue 18's acceptance on the demo model: the fast search's 1,000 probes (teacher-forced,
     GP-UCB over the bits, best sets decoded for real) end with a set that scores at least as
-    well under the decode objective (the dev set decoded, priced by one cost profile) as the
+    well under the decode objective (the dev set decoded, priced on one step-cost table) as the
     previous search's (bayes_opt, decoded probes) best after 100 probes. Long: the previous
     search alone takes about an hour on a 2-core CPU (SPECCTL_OLD_PROBES/SPECCTL_NEW_PROBES
     shorten it)."""
     import os
     import time
 
-    from specctl.prep.costs import measure_costs
     from specctl.prep.search_skip import DevSet, confirm, run_search, run_search_legacy
+    from specctl.runtime.controller import step_table_for
     from specctl.prep.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer
     model = load_model(demo_model_dir, "cpu", "fp32")
@@ -286,16 +299,16 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}],
                                                   add_generation_prompt=True, tokenize=False),
                           add_special_tokens=False) for p in texts]
-    prof = measure_costs(model)
+    table = step_table_for(model, 1)
     dev = DevSet(model, prompts, max_new=32)
-    old = run_search_legacy(dev, prof, int(os.environ.get("SPECCTL_OLD_PROBES", 100)),
+    old = run_search_legacy(dev, table, int(os.environ.get("SPECCTL_OLD_PROBES", 100)),
                             tmp_path / "old.jsonl")
     old_best = min(p.per_token for p in old)
     t = time.perf_counter()
     tf = TeacherForcedDev(model, prompts, max_new=32)
-    new = run_search(tf, prof, int(os.environ.get("SPECCTL_NEW_PROBES", 1000)),
+    new = run_search(tf, table, int(os.environ.get("SPECCTL_NEW_PROBES", 1000)),
                      tmp_path / "new.jsonl", resume=False, log=lambda m: None)
-    best, ev, _ = confirm(dev, prof, new)
+    best, ev, _ = confirm(dev, table, new)
     took = time.perf_counter() - t
     assert len(new) == int(os.environ.get("SPECCTL_NEW_PROBES", 1000))
     assert ev.per_token <= old_best * (1 + 1e-9), (ev.per_token, old_best, took)

@@ -13,10 +13,11 @@ from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.models.loader import load_model
-from specctl.prep.search_skip import DevSet, confirm, plot_search, run_search
-from specctl.prep.skipsets import load_profile, save_skipset, work_dir
+from specctl.prep.search_skip import DevSet, ar_per_token, confirm, plot_search, run_search
+from specctl.prep.skipsets import save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
 from specctl.runtime.artifacts import describe_skip_set
+from specctl.runtime.controller import step_table_for, step_table_id
 from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.speculative.draft_verify import SkipSet
@@ -71,7 +72,7 @@ def _dev_set(cfg: SearchConfig, model, prompts: list[list[int]], log):
     return DevSet(model, prompts, cfg.max_new)
 
 
-def _probe(cfg: SearchConfig, dev, profile, log_path, resume: bool, settings: dict, L: int,
+def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict, L: int,
            report: Reporter) -> tuple[list, bool]:
     """The search's probes (all of them, or those logged before a Ctrl-C) and whether it was
     interrupted."""
@@ -82,7 +83,7 @@ def _probe(cfg: SearchConfig, dev, profile, log_path, resume: bool, settings: di
             f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
             f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
     try:
-        return run_search(dev, profile, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
+        return run_search(dev, table, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
                           on_probe, settings, report.log), False
     except KeyboardInterrupt:
         from specctl.prep.search_skip import _read_log
@@ -94,7 +95,7 @@ def _probe(cfg: SearchConfig, dev, profile, log_path, resume: bool, settings: di
         task.close()
 
 
-def _best(cfg: SearchConfig, model, prompts, profile, probes: list, log) -> tuple:
+def _best(cfg: SearchConfig, model, prompts, table, probes: list, log) -> tuple:
     """The best probe and its numbers; with the model objective the best few are decoded for
     real and the best of those wins, with its decoded numbers."""
     best = min(probes, key=lambda p: p.per_token)
@@ -103,8 +104,8 @@ def _best(cfg: SearchConfig, model, prompts, profile, probes: list, log) -> tupl
     if cfg.objective != "model":
         return best, measured, {}
     log(f"decoding the dev set with the {CONFIRM_TOP} best sets (simulated) for real ...")
-    best, ev, rows = confirm(DevSet(model, prompts, cfg.max_new), profile, probes, CONFIRM_TOP)
-    measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / profile.ar_per_token,
+    best, ev, rows = confirm(DevSet(model, prompts, cfg.max_new), table, probes, CONFIRM_TOP)
+    measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / ar_per_token(table),
                 "accept_rate": round(ev.accept_rate, 4),
                 "mean_accepted": round(ev.mean_accepted, 4)}
     return best, measured, {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
@@ -126,17 +127,19 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
     ctx = model.cfg.max_position
     if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
         raise SpecctlError("a dev prompt is too long for the model's context")
-    profile = load_profile(store, model, fp, log) if cfg.objective != "wall" else None
+    # priced on the batch-1 step-cost table that --speculate auto prices draft-verify with
+    table = step_table_for(model, 1, store=store, fingerprint=fp, log=log) \
+        if cfg.objective != "wall" else None
     L = model.cfg.num_layers
     dev = _dev_set(cfg, model, prompts, log)
     settings = {"objective": cfg.objective,
                 "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
                 "max_new": cfg.max_new,
-                "profile": profile.to_json() if profile is not None else None}
+                "step_table": table.to_json() if table is not None else None}
     t0 = time.perf_counter()
-    probes, interrupted = _probe(cfg, dev, profile, log_path, resume, settings, L, report)
+    probes, interrupted = _probe(cfg, dev, table, log_path, resume, settings, L, report)
     search_s = time.perf_counter() - t0
-    best, measured, extra = _best(cfg, model, prompts, profile, probes, log)
+    best, measured, extra = _best(cfg, model, prompts, table, probes, log)
     skip = SkipSet.from_bits(best.bits)
     plot = log_path.with_name("search.png")
     plotted = plot_search(probes, best, L, plot)
@@ -151,7 +154,8 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         "search_time_s": round(search_s, 1), "total_time_s": round(time.perf_counter() - t0, 1),
         "config": asdict(cfg), "interrupted": interrupted,
         # what the estimate was priced with: it does not carry over to another device/dtype
-        "profile": {"device": str(model.device),
+        "profile": {"step_table": step_table_id(fp, model, 1) if table is not None else None,
+                    "device": str(model.device),
                     "dtype": str(model.dtype).replace("torch.", ""),
                     "clock": cfg.objective == "wall"}, **extra,
     }

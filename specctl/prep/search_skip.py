@@ -13,17 +13,18 @@ prompts, 32 new tokens), relative to ar, lower is better:
 
 - `model` (default): one packed teacher-forced forward of the skipped model over the dev
   prompts' full-model continuations, drafting simulated from its top-1 agreement and confidence
-  arrays (prep/tf_probe.py, which says what is exact), the counts priced by the machine's cost
-  profile (prep/costs.py). The best few sets are then decoded for real (`decode`'s measurement)
-  and the best of those is saved, with the decoded counts and estimate.
+  arrays (prep/tf_probe.py, which says what is exact), the counts priced by `run_cost` on the
+  machine's step-cost table (the one `--speculate auto` prices with). The best few sets are
+  then decoded for real (`decode`'s measurement) and the best of those is saved, with the
+  decoded counts and estimate.
 - `decode`: the dev set decoded with the skip set (one batch, from a KV cache prefilled once),
-  its counts (drafted, accepted, draft forwards per step) priced by the cost profile. Exact but
+  its counts (drafted, accepted, draft forwards per step) priced by `run_cost`. Exact but
   a probe costs 3-4 s on the demo model on a 2-core CPU.
 - `wall`: the clock, decoding the dev prompts one at a time (batch 1) as the paper does. Slow,
   and noisy from one probe to the next.
 
-The saved skip set records the profile it was priced with (device, dtype); `generate` warns when
-it runs on another device type. Every probe is appended to a log
+The saved skip set records the step-cost table it was priced with (its id, device, dtype);
+`generate` warns when it runs on another device type or dtype. Every probe is appended to a log
 (`<store>/work/search-<id>/probes.jsonl`) the moment it is measured, its settings beside it
 (`search.json`); `--resume` re-reads the logged probes and continues: each suggestion depends only
 on the probes before it, the iteration and the seed (hyperparameter refits at fixed points, on
@@ -41,7 +42,8 @@ from typing import Callable
 
 import numpy as np
 
-from specctl.prep.costs import CostProfile, run_cost
+from specctl.engine.steptable import StepTable
+from specctl.runtime.controller import skip_draft_frac
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
@@ -49,6 +51,22 @@ from specctl.speculative.sampling import SamplingParams
 
 EARLY_STOP_RATIO = 1.25    # stop a probe once it costs this much more per token than the best
 EARLY_STOP_AFTER = 0.25    # ... after this share of the dev tokens
+
+
+def run_cost(table: StepTable, draft_lengths: list[int], draft_forwards: int,
+             draft_frac: float) -> float:
+    """Modelled seconds of one sequence's decoding from its counts, priced at batch 1 as
+    controller.cost_for prices draft-verify: a step that drafted d tokens verifies d + 1
+    (table.ms(1, d + 1)), a draft forward costs draft_frac * table.ms(1, 1) (skip_draft_frac).
+    Two runs with the same counts cost the same: the clock is read once, for the table."""
+    ms = sum(table.ms(1, d + 1) for d in draft_lengths) + \
+        draft_forwards * draft_frac * table.ms(1, 1)
+    return ms / 1e3
+
+
+def ar_per_token(table: StepTable) -> float:
+    """ar's seconds per token on the same table: one 1-token step each."""
+    return table.ms(1, 1) / 1e3
 
 
 @dataclass
@@ -102,19 +120,19 @@ class DevSet:
             seqs.append(s)
         return seqs
 
-    def evaluate(self, skip: SkipSet, profile: CostProfile | None,
+    def evaluate(self, skip: SkipSet, table: StepTable | None,
                  best_per_token: float | None = None) -> DevEval:
-        """profile given: the model objective (batched, counted); None: wall clock, batch 1."""
+        """table given: counted, priced by run_cost (batched); None: wall clock, batch 1."""
         drafter = LayerSkipDrafter(self.model, skip, SamplingParams(), self.params)
         self.runner.drafter = drafter
         seqs = self._sequences()
         for s in seqs:
             drafter.admit(s)
-        na, nm = len(skip.attn), len(skip.mlp)
+        frac = skip_draft_frac(self.model, skip)
         total = len(seqs) * self.max_new
         early = False
         t0 = time.perf_counter()
-        if profile is None:
+        if table is None:
             for s in seqs:
                 while not s.finished:
                     self.runner.step([s])
@@ -125,8 +143,8 @@ class DevSet:
                 live = [s for s in live if not s.finished]
                 done = sum(len(s.out_ids) for s in seqs)
                 if best_per_token and live and done >= EARLY_STOP_AFTER * total:
-                    cost = sum(run_cost(profile, s.req.draft_lengths,
-                                        s.state.draft_forwards, na, nm) for s in seqs)
+                    cost = sum(run_cost(table, s.req.draft_lengths,
+                                        s.state.draft_forwards, frac) for s in seqs)
                     # the first token of each sequence came from prefill: not priced, not counted
                     if cost / (done - len(seqs)) > EARLY_STOP_RATIO * best_per_token:
                         early = True
@@ -136,16 +154,16 @@ class DevSet:
                     "accept_lengths": s.req.accept_lengths,
                     "draft_forwards": s.state.draft_forwards} for s in seqs]
         tokens = sum(p["tokens"] for p in per_seq)
-        cost = wall if profile is None else sum(
-            run_cost(profile, p["draft_lengths"], p["draft_forwards"], na, nm) for p in per_seq)
+        cost = wall if table is None else sum(
+            run_cost(table, p["draft_lengths"], p["draft_forwards"], frac) for p in per_seq)
         return DevEval(tokens, sum(sum(p["draft_lengths"]) for p in per_seq),
                        sum(sum(p["accept_lengths"]) for p in per_seq),
                        sum(len(p["draft_lengths"]) for p in per_seq), cost, early, per_seq)
 
-    def ar_per_token(self, profile: CostProfile | None) -> float:
-        """The AR baseline of the same objective: every forward is verify[1]; wall: measured."""
-        if profile is not None:
-            return profile.ar_per_token
+    def ar_per_token(self, table: StepTable | None) -> float:
+        """The AR baseline of the same objective: priced (ar_per_token) or, wall, measured."""
+        if table is not None:
+            return ar_per_token(table)
         # ar through the same runner: a drafter that never drafts (K drafts of 0 tokens)
         from specctl.speculative.drafter import NoDraft
         self.runner.drafter = NoDraft()
@@ -319,14 +337,14 @@ def _read_log(log_path: Path) -> list[Probe]:
     return probes
 
 
-def run_search(dev, profile: CostProfile | None, iters: int, log_path: Path,
+def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
                resume: bool, seed: int = 0, init_points: int = 0,
                on_probe: Callable[[Probe, Probe], None] | None = None,
                settings: dict | None = None, log=print, refit_every: int = 50) -> list[Probe]:
     """Probe `iters` skip sets (the seeds, `init_points` random ones, then GP-UCB suggestions
     over the bits), appending each to `log_path`; returns all probes (logged ones included on
-    resume). `dev` is a TeacherForcedDev (model objective: simulated, priced by `profile`) or a
-    DevSet (decode: decoded, priced by `profile`; wall: profile None, clocked). `settings` are
+    resume). `dev` is a TeacherForcedDev (model objective: simulated, priced on `table`) or a
+    DevSet (decode: decoded, priced on `table`; wall: table None, clocked). `settings` are
     kept beside the log; a resume with other settings starts over."""
     L = dev.model.cfg.num_layers
     meta = log_path.with_name("search.json")
@@ -350,7 +368,7 @@ def run_search(dev, profile: CostProfile | None, iters: int, log_path: Path,
     tmp.write_text("".join(json.dumps(p.to_json()) + "\n" for p in probes))
     tmp.replace(log_path)
     meta.write_text(json.dumps(settings))
-    ar = dev.ar_per_token(profile)
+    ar = dev.ar_per_token(table)
     # the seeds, then every block skipped: the opposite corner (the cheapest draft forward; on
     # the demo model it drafts its input token back, confidently and wrongly: a bad set, which
     # tells the GP early that the region is bad)
@@ -370,10 +388,10 @@ def run_search(dev, profile: CostProfile | None, iters: int, log_path: Path,
             best = min(probes, key=lambda p: p.per_token) if probes else None
             skip = SkipSet.from_bits(bits)
             if isinstance(dev, DevSet):
-                ev = dev.evaluate(skip, profile,
-                                  best.per_token if best and profile is not None else None)
+                ev = dev.evaluate(skip, table,
+                                  best.per_token if best and table is not None else None)
             else:
-                ev = dev.evaluate(skip, profile)
+                ev = dev.evaluate(skip, table)
             p = Probe(it, bits, ev.per_token, ev.per_token / ar, round(ev.accept_rate, 4),
                       round(ev.mean_accepted, 4), ev.early_stopped,
                       round(time.perf_counter() - t, 3))
@@ -387,18 +405,18 @@ def run_search(dev, profile: CostProfile | None, iters: int, log_path: Path,
     return probes
 
 
-def confirm(dev: DevSet, profile: CostProfile, probes: list[Probe], top: int = 5,
+def confirm(dev: DevSet, table: StepTable, probes: list[Probe], top: int = 5,
             log=print) -> tuple[Probe, DevEval, list[dict]]:
-    """The `top` best distinct sets of a simulated search decoded for real (DevSet, priced by
-    the same profile); returns the best by that, its evaluation and all rows."""
-    ar = dev.ar_per_token(profile)
+    """The `top` best distinct sets of a simulated search decoded for real (DevSet, priced on
+    the same table); returns the best by that, its evaluation and all rows."""
+    ar = dev.ar_per_token(table)
     seen, rows, best = set(), [], None
     for p in sorted(probes, key=lambda q: (q.per_token, q.iteration)):
         key = tuple(p.bits)
         if key in seen:
             continue
         seen.add(key)
-        ev = dev.evaluate(SkipSet.from_bits(p.bits), profile)
+        ev = dev.evaluate(SkipSet.from_bits(p.bits), table)
         rows.append({"iteration": p.iteration, "simulated_relative": p.relative,
                      "decoded_relative": ev.per_token / ar})
         if best is None or ev.per_token < best[1].per_token:
@@ -408,7 +426,7 @@ def confirm(dev: DevSet, profile: CostProfile, probes: list[Probe], top: int = 5
     return best[0], best[1], rows
 
 
-def run_search_legacy(dev: DevSet, profile: CostProfile | None, iters: int, log_path: Path,
+def run_search_legacy(dev: DevSet, table: StepTable | None, iters: int, log_path: Path,
                       seed: int = 0, init_points: int = 0) -> list[Probe]:
     """The previous search, kept as the reference the slow test compares with: each bit a
     continuous parameter of `bayes_opt` (its suggestion: GP refit + 10,000 random points +
@@ -423,7 +441,7 @@ def run_search_legacy(dev: DevSet, profile: CostProfile | None, iters: int, log_
     opt.set_gp_params(alpha=1e-2)
     probes: list[Probe] = []
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    ar = dev.ar_per_token(profile)
+    ar = dev.ar_per_token(table)
     fixed = [{f"b{i:03d}": (0.75 if b else 0.25) for i, b in enumerate(s.bits())}
              for s in seed_sets(L)]
     rng = np.random.RandomState(seed)
@@ -440,8 +458,8 @@ def run_search_legacy(dev: DevSet, profile: CostProfile | None, iters: int, log_
             bits = [int(x[f"b{i:03d}"] > 0.5) for i in range(2 * L)]
             best = min(probes, key=lambda p: p.per_token) if probes else None
             t = time.perf_counter()
-            ev = dev.evaluate(SkipSet.from_bits(bits), profile,
-                              best.per_token if best and profile is not None else None)
+            ev = dev.evaluate(SkipSet.from_bits(bits), table,
+                              best.per_token if best and table is not None else None)
             p = Probe(it, bits, ev.per_token, ev.per_token / ar, round(ev.accept_rate, 4),
                       round(ev.mean_accepted, 4), ev.early_stopped,
                       round(time.perf_counter() - t, 3), x)

@@ -30,7 +30,7 @@ The simulation (`simulate`) replays the runner's drafting exactly on top of thes
 exit rule (stop when conf < gamma or after K drafts or at the room left), the adaptive gamma
 (speculative/draft_verify.update_threshold, pooled over the batch per step, carried over), the back-off
 of fruitless steps, the bonus token, lock-step batching of the dev prompts as DevSet decodes them.
-Its counts are priced by the cost model (prep/costs.run_cost) like DevSet's. A test compares the
+Its counts are priced like DevSet's (prep/search_skip.run_cost). A test compares the
 simulated counts with real draft-verify runs; the search re-decodes its best few sets for real
 (DevSet) before choosing, so the stored estimate comes from real decoding.
 """
@@ -44,7 +44,9 @@ import torch
 
 from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.prep.costs import CostProfile, run_cost
+from specctl.engine.steptable import StepTable
+from specctl.prep.search_skip import DevEval, ar_per_token, run_cost
+from specctl.runtime.controller import skip_draft_frac
 from specctl.speculative.draft_verify import ExitParams, ExitState, SkipSet, update_threshold
 
 
@@ -184,22 +186,21 @@ class TeacherForcedDev:
         conf = conf.view(n, m).double().cpu().numpy()
         return list(agree), list(conf)
 
-    def ar_per_token(self, profile: CostProfile) -> float:
-        return profile.ar_per_token
+    def ar_per_token(self, table: StepTable) -> float:
+        return ar_per_token(table)
 
     def simulate(self, skip: SkipSet) -> SimResult:
         agree, conf = self.arrays(skip)
         return simulate(agree, conf, self.max_new, self.params)
 
-    def evaluate(self, skip: SkipSet, profile: CostProfile):
+    def evaluate(self, skip: SkipSet, table: StepTable) -> DevEval:
         """A DevEval of the simulated decoding, priced like DevSet.evaluate's."""
-        from specctl.prep.search_skip import DevEval
         r = self.simulate(skip)
-        na, nm = len(skip.attn), len(skip.mlp)
+        frac = skip_draft_frac(self.model, skip)
         per_seq = [{"tokens": self.max_new - 1, "draft_lengths": d, "accept_lengths": a,
                     "draft_forwards": f}
                    for d, a, f in zip(r.draft_lengths, r.accept_lengths, r.draft_forwards)]
-        cost = sum(run_cost(profile, p["draft_lengths"], p["draft_forwards"], na, nm)
+        cost = sum(run_cost(table, p["draft_lengths"], p["draft_forwards"], frac)
                    for p in per_seq)
         return DevEval(sum(p["tokens"] for p in per_seq),
                        sum(sum(p["draft_lengths"]) for p in per_seq),
