@@ -112,17 +112,26 @@ def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tm
     best = max(sweep, key=lambda row: row["speedup_estimate"])
     assert json.loads((ad / "config.json").read_text())["exit_layer"] == best["exit_layer"]
     assert f"exit layer {best['exit_layer']} chosen" in r.output
-    assert any((tmp_path / "profiles").iterdir())   # priced on this machine's cost profile
+    # priced on this machine's batch-1 step-cost table, kept in the store
+    assert [e.name for e in (tmp_path / "profiles").iterdir()][0].endswith("-steps-b1")
 
 
-def test_expected_speedup_prices_acceptance_and_depth():
-    from specctl.prep.costs import CostProfile
+def test_expected_speedup_prices_acceptance_and_depth(model):
+    from specctl.engine.steptable import StepTable
     from specctl.prep.train_adapter import exit_layer_candidates, expected_speedup
-    prof = CostProfile(num_layers=32, base=0.1, attn=0.3, mlp=0.6, head=1.0,
-                       verify=tuple([30.0] * 8))
+    from specctl.runtime.controller import kangaroo_cost
+    from specctl.speculative.kangaroo import Adapter
+    ns = (1, 2, 4, 8)
+    flat = StepTable("cpu", "float32", "sdpa", 128, (1,), ns, ((30.0,) * 4,))
+    one, three = (kangaroo_cost(model, flat, Adapter.init_from_model(model, l)) for l in (1, 3))
     # more agreement is better at the same depth; the same agreement is worth more shallower
-    assert expected_speedup(0.8, 2, prof, 6) > expected_speedup(0.5, 2, prof, 6)
-    assert expected_speedup(0.6, 1, prof, 6) > expected_speedup(0.6, 3, prof, 6)
+    assert expected_speedup(0.8, one, 6) > expected_speedup(0.5, one, 6)
+    assert expected_speedup(0.6, one, 6) > expected_speedup(0.6, three, 6)
+    # the step is priced as --speculate auto prices it: verify [l, L) over gamma + 1 tokens,
+    # gamma draft forwards of [0, l) + adapter + head, one more of [0, l) alone
+    c = one
+    step = 30.0 * (c.verify_frac + 2 * c.draft_frac + c.tail_frac)
+    assert expected_speedup(0.0, one, 2) == pytest.approx(30.0 / step)
     assert exit_layer_candidates(32) == [1, 2, 3, 4] and exit_layer_candidates(30) == [1, 2, 3, 4]
     assert exit_layer_candidates(4) == [1, 2]
 

@@ -35,6 +35,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.errors import SpecctlError
 from specctl.prep.eta import fit_cost, poly
 from specctl.reporting import quiet
+from specctl.runtime.controller import kangaroo_cost
 from specctl.speculative.kangaroo import Adapter, adapter_config
 from specctl.store import Store, atomic_write_json, make_manifest
 
@@ -389,17 +390,14 @@ def exit_layer_candidates(num_layers: int) -> list[int]:
     return list(range(1, min(num_layers - 1, max(2, round(num_layers / 8))) + 1))
 
 
-def expected_speedup(top1: float, l: int, profile, gamma: int) -> float:
-    """Price exit layer l with held-out agreement `top1` on the machine's cost profile: a step
-    drafts gamma tokens (layers [0, l) + the adapter + the head each), verifies them with
-    layers [l, L) over gamma + 1 tokens, and emits (1 - a^(gamma+1)) / (1 - a) tokens on
-    average (acceptance a = top1, independent per token). Returns tokens/s over ar's."""
-    L = profile.num_layers
+def expected_speedup(top1: float, cost, gamma: int) -> float:
+    """Price an exit layer with held-out agreement `top1` on its Kangaroo StepCost
+    (controller.kangaroo_cost, the price --speculate auto uses) at batch 1: a step drafts gamma
+    tokens and emits (1 - a^(gamma+1)) / (1 - a) on average (acceptance a = top1, independent
+    per token). Returns tokens/s over ar's (one 1-token step per token)."""
     a = min(max(top1, 0.0), 0.999)
     tokens = (1 - a ** (gamma + 1)) / (1 - a)
-    draft = profile.base + profile.head + (l + 1) * profile.attn + l * profile.mlp
-    verify = profile.verify_cost(gamma + 1) * (L - l) / L
-    return tokens * profile.ar_per_token / (gamma * draft + verify)
+    return tokens * cost.ms(1, 1) / cost.step_ms([gamma])
 
 
 SWEEP_HELDOUT = 16   # held-out conversations the sweep evaluates each candidate on (at most)
@@ -458,20 +456,22 @@ def plan_sweep(layers, explicit: bool, n_max: int, budget: float,
 
 
 def sweep_exit_layer(model, prep: Prepared, plan: SweepPlan, cfg: TrainConfig, feats: dict,
-                     profile, log=quiet, on_step: Callable[[dict], None] | None = None,
+                     prices, log=quiet, on_step: Callable[[dict], None] | None = None,
                      on_heldout: Callable[[list[int]], None] | None = None
                      ) -> tuple[int, list[dict]]:
     """`--exit-layer auto`: train a short adapter (plan) at each candidate layer on the sweep's
     features ({i: ({l: h_l}, h_L)}), measure its held-out top-1 agreement, price it with
-    expected_speedup, keep the best. Returns (layer, the table)."""
+    expected_speedup on the step-cost table `prices`, keep the best. Returns (layer, the
+    table)."""
     S, H = sweep_sets(prep.train, prep.held, plan)
     table = []
     for l in plan.layers:
         c = sweep_config(cfg, l, plan.epochs)
         fl = {i: (feats[i][0][l], feats[i][1]) for i in (*S, *H)}
-        _, summ = fit(model, prep, fl, c, None, False, on_step, train_idx=S, held=H,
-                      on_heldout=on_heldout, heldout_each_epoch=False)
-        est = expected_speedup(summ["heldout_top1"], l, profile, cfg.gamma)
+        adapter, summ = fit(model, prep, fl, c, None, False, on_step, train_idx=S, held=H,
+                            on_heldout=on_heldout, heldout_each_epoch=False)
+        est = expected_speedup(summ["heldout_top1"], kangaroo_cost(model, prices, adapter),
+                               cfg.gamma)
         table.append({"exit_layer": l, "heldout_top1": summ["heldout_top1"],
                       "speedup_estimate": round(est, 4), "train_time_s": summ["train_time_s"]})
         log(f"exit layer {l}: held-out top-1 {summ['heldout_top1']:.4f}, estimated speedup "
@@ -587,10 +587,10 @@ def estimate_phases(costs: Costs, lens: list[int], train_idx: list[int], held: l
                     profile_s: float = 0.0, features_cached: bool = False,
                     step: int = 0) -> dict[str, float]:
     """Predicted seconds of each phase of train-adapter still to run: the measuring of the
-    cost profile and the exit-layer sweep (when `sweep` is planned and not done), the target
-    features of the conversations the sweep did not cover (unless cached), the training from
-    `step` on, the held-out evaluations, saving. The command's estimate is their sum plus the
-    time already spent."""
+    step-cost table ("profile", profile_s) and the exit-layer sweep (when `sweep` is planned
+    and not done), the target features of the conversations the sweep did not cover (unless
+    cached), the training from `step` on, the held-out evaluations, saving. The command's
+    estimate is their sum plus the time already spent."""
     out, covered = {}, set()
     if sweep is not None:
         S, H = sweep_sets(train_idx, held, sweep)

@@ -28,6 +28,7 @@ from specctl.prep.train_adapter import (Costs, Prepared, SweepPlan, TrainConfig,
                                         plan_sweep, prepare_data, save_adapter, split, sweep_cost,
                                         sweep_exit_layer, sweep_sets, train_dtype, training_cost)
 from specctl.reporting import Reporter, Task, reporter
+from specctl.runtime.controller import step_table_for, step_table_path, step_table_seconds
 from specctl.store import Store, atomic_write_json
 
 ENCODE_SAMPLE = 32     # conversations encoded before anything is priced
@@ -91,7 +92,6 @@ class _Job:
         self.first = 0.0              # the first estimate of the whole command, seconds
         self.plan: SweepPlan | None = None
         self.reused: dict | None = None   # the interrupted run's sweep (--resume)
-        self._profile_s: float | None = None
 
     # -- encoding, timing, the estimate -------------------------------------------------------
 
@@ -164,7 +164,7 @@ class _Job:
 
     def _phases(self, lens, train_idx, held, key, plan, layer) -> dict[str, float]:
         """estimate_phases with what this run finds done: the cached features of `layer`, the
-        interrupted run's sweep and checkpoint (--resume), the stored cost profile."""
+        interrupted run's sweep and checkpoint (--resume), the stored step-cost table."""
         cached, step = False, 0
         if key is not None and layer is not None:
             cached = _meta_matches(self.work / f"features-l{layer}.safetensors", n=len(lens),
@@ -173,13 +173,10 @@ class _Job:
             if self.resume and ck.exists():
                 step = int(json.loads(ck.read_text())["step"])
         profile_s = 0.0
-        if plan is not None and not (self.reused and self.reused.get("table")):
-            from specctl.runtime.artifacts import profile_path
-            if not profile_path(self.store, self.fp, self.model).exists():
-                if self._profile_s is None:
-                    from specctl.prep.costs import measure_costs_seconds
-                    self._profile_s = measure_costs_seconds(self.model)
-                profile_s = self._profile_s
+        if plan is not None and not (self.reused and self.reused.get("table")) and \
+                not step_table_path(self.store, self.fp, self.model, 1).exists():
+            # a step of n tokens at batch 1 costs about a target forward over n tokens
+            profile_s = step_table_seconds(1, lambda b, n: poly(self.costs.feature, n))
         return estimate_phases(self.costs, lens, train_idx, held, self.cfg, hidden=self.hidden,
                                adapter_bytes=self.adapter_bytes, sweep=plan,
                                sweep_done=bool(self.reused and self.reused.get("table")),
@@ -278,9 +275,8 @@ class _Job:
         state = self.work / "sweep.json"
         atomic_write_json(state, {"key": self._sweep_key(prep.key), "plan": asdict(plan),
                                   "table": None, "layer": None})
-        from specctl.prep.skipsets import load_profile
         eta.begin("profile")
-        profile = load_profile(self.store, self.model, self.fp, log)
+        prices = step_table_for(self.model, 1, store=self.store, fingerprint=self.fp, log=log)
         eta.end("profile")
         eta.begin("exit-layer sweep")
         steps = sum(training_cost(c, lens, S, H, _sweep_cfg(cfg, plan))[2] for _ in plan.layers)
@@ -301,7 +297,7 @@ class _Job:
                 f"{len(ids)} conversations ...")
             have = _sweep_features(self.model, prep, ids, plan.layers, self.work, log,
                                    on_feature)
-            l, table = sweep_exit_layer(self.model, prep, plan, cfg, have, profile, log,
+            l, table = sweep_exit_layer(self.model, prep, plan, cfg, have, prices, log,
                                         on_step, on_heldout)
         finally:
             task.close()
