@@ -3,8 +3,8 @@
     kind           keyed by                       picked when none is named
     skipsets       model fingerprint              best speedup_estimate (search-skip)
     adapters       model fingerprint              best heldout_top1 (train-adapter)
-    profiles       model fingerprint, device,     the one for this device type and dtype
-                   dtype                          (measured by search-skip / train-adapter)
+    profiles       model fingerprint, device,     the one for this machine, dtype, attention
+                   dtype, attention, batch size   and batch size (controller.step_table_for)
     ngram-caches   tokenizer fingerprint          the newest (build-cache)
 
 A named artifact is a path or a store id (or unique prefix), looked up by `Store.locate`.
@@ -59,7 +59,9 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
 def profile_mismatch(profile: dict | None, device, dtype=None) -> str | None:
     """A warning when a skip set was searched (priced) on another device type or dtype than
     the run's: costs differ between machines (a CPU verifies 2 tokens at 1.7x the cost of 1, a
-    GPU at about 1x), so the set that is fastest there need not be here."""
+    GPU at about 1x), so the set that is fastest there need not be here. `profile` is the
+    skip set's record of its pricing: the step-cost table's id with its device and dtype
+    (sets searched before step tables priced them have the device and dtype alone)."""
     if not isinstance(profile, dict) or "device" not in profile:
         return None
     there = str(profile["device"]).split(":")[0]
@@ -102,16 +104,6 @@ def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> 
                            "`specctl train-adapter` (with the same --model) first, or pass "
                            "--adapter DIR")
     return load_adapter(best.path, model), f"adapters/{best.id}"
-
-
-def profile_id(fingerprint: str, model) -> str:
-    """A cost profile is per model, device type and dtype."""
-    return f"{fingerprint}-{model.device.type}-{str(model.dtype).replace('torch.', '')}"
-
-
-def profile_path(store: Store, fingerprint: str, model) -> Path:
-    """Where the model's cost profile on this device and dtype is (or will be) stored."""
-    return store.path("profiles", profile_id(fingerprint, model)) / "profile.json"
 
 
 def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
