@@ -122,10 +122,19 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
     assert r.exit_code == 0, r.output
     for kind in ("ngram-caches", "skipsets", "adapters"):
         assert any((store / kind).iterdir()), kind
-    assert r.output.count("ran") >= 3 and "[3/3] train-adapter" in r.output
+    assert r.output.count("ran") >= 4 and "[4/4] train-adapter" in r.output
+    # the step tables come first (batch 1 and the default batch size 8), and search-skip
+    # prices on the batch-1 one instead of measuring its own
+    assert "[1/4] step-table" in r.output
+    assert sorted(e.name[-3:] for e in (store / "profiles").iterdir()) == ["-b1", "-b8"]
+    assert r.output.count("step-cost table measured") == 2
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store)])
     assert r.exit_code == 0, r.output
-    assert r.output.count("skipped") >= 3 and "ran" not in r.output.split("prepare")[-1]
+    assert r.output.count("skipped") >= 4 and "ran" not in r.output.split("prepare")[-1]
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", "search-skip"])
+    assert r.exit_code == 0, r.output
+    assert "step-table" not in r.output and "[1/1] search-skip" in r.output
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "fine-tune"])
     assert r.exit_code != 0 and "unknown step 'fine-tune'" in r.output

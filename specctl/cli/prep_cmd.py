@@ -156,7 +156,7 @@ def prepare(
     recipe: Path = typer.Option(..., "--recipe", help="Recipe TOML naming the model, the steps "
                                 "(its \\[prepare] steps) and their settings."),
     only: Optional[str] = typer.Option(None, "--only", help="Comma-separated steps to run "
-                                       "(build-cache, search-skip, train-adapter)."),
+                                       "(step-table, build-cache, search-skip, train-adapter)."),
     force: bool = typer.Option(False, "--force", help="Run steps whose artifact already exists."),
     store: Optional[Path] = StoreOpt,
 ):

@@ -1,13 +1,17 @@
 """`specctl prepare --recipe FILE`: run the preparation steps a recipe names, in order, skipping
 those whose artifact is already in the store (the one `generate` would pick):
 
+    step-table     the model's step-cost tables (always first)   ([generate] batch_size ..)
     build-cache    a corpus cache for the model's tokenizer      ([self-draft.build-cache])
     search-skip    a skip set for the model                      ([draft-verify.search])
     train-adapter  an adapter for the model (and exit layer)      ([kangaroo.train])
 
-Each step shows its own progress under a `[i/n] step` header, and a table at the end gives each
-step's status, artifact and wall time. Long steps resume: an interrupted search or training
-continues from its log / checkpoint when prepare is run again.
+The step-cost tables price a step at batch 1 (search-skip's and train-adapter's estimates) and
+at the recipe's batch size (`generate --speculate auto`), measured on the model as `generate`
+loads it (the recipe's device, dtype, attention, CUDA graphs), so that no later job stops to
+measure one. Each step shows its own progress under a `[i/n] step` header, and a table at the
+end gives each step's status, artifact and wall time. Long steps resume: an interrupted search
+or training continues from its log / checkpoint when prepare is run again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,33 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.recipe import STEPS, Recipe
 from specctl.reporting import Reporter, reporter
 from specctl.store import Store
+
+
+TABLES = "step-table"
+
+
+def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
+                log) -> tuple[str, str]:
+    """Measure the step-cost tables that are not in the store yet (all of them with force);
+    returns the status and where they are."""
+    from specctl.models.loader import load_model
+    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.controller import step_table_for, step_table_path
+
+    cfg = GenerateConfig("", **recipe.generate_options())
+    fp = model_fingerprint(model_dir)
+    model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+                       attention=cfg.attention)
+    status, where = "skipped", []
+    for b in sorted({1, cfg.batch_size}):
+        path = step_table_path(store, fp, model, b)
+        if force or not path.is_file():
+            step_table_for(model, b, store=store, fingerprint=fp, log=log, fresh=True)
+            status = "ran"
+        else:
+            log(f"{TABLES} b{b}: already in the store ({path.parent}); skipped")
+        where.append(str(path.parent))
+    return status, ", ".join(where)
 
 
 def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) -> str | None:
@@ -85,19 +116,25 @@ def run_prepare(recipe: Recipe, store: Store, report: Reporter | None = None,
                 only: list[str] | None = None, force: bool = False) -> list[dict]:
     report = reporter(report)
     log = report.log
-    steps = recipe.steps
-    if only:
-        bad = [s for s in only if s not in STEPS]
-        if bad:
-            raise SpecctlError(f"--only: unknown step {bad[0]!r} (known: {', '.join(STEPS)})")
-        steps = [s for s in steps if s in only] or list(only)
-    if not steps:
+    if not recipe.steps and not only:
         raise SpecctlError(f"recipe {recipe.path}: no [prepare] steps to run")
+    steps = [TABLES] + recipe.steps
+    if only:
+        known = (TABLES,) + STEPS
+        bad = [s for s in only if s not in known]
+        if bad:
+            raise SpecctlError(f"--only: unknown step {bad[0]!r} (known: {', '.join(known)})")
+        steps = [s for s in steps if s in only] or list(only)
     model_dir = resolve_model(recipe.model, store, log=log)
     results = []
     for i, step in enumerate(steps, 1):
         report.section(f"[{i}/{len(steps)}] {step}")
         t0 = time.perf_counter()
+        if step == TABLES:
+            status, where = step_tables(recipe, store, model_dir, force, log)
+            results.append({"step": step, "status": status, "artifact": where,
+                            "wall_s": round(time.perf_counter() - t0, 1)})
+            continue
         have = None if force else existing_artifact(step, recipe, store, model_dir)
         if have:
             log(f"{step}: already in the store ({have}); skipped (--force redoes it)")
