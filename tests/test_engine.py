@@ -217,3 +217,10 @@ def test_step_table_measures_and_round_trips(tiny_llama):
     assert "| 3 |" in t.markdown()
     with pytest.raises(ValueError):
         StepTable.from_json({**t.to_json(), "table": [[1.0], [2.0, 3.0]]})
+
+
+def test_nondecreasing_fit():
+    from specctl.engine.steptable import nondecreasing
+    assert nondecreasing([1, 3, 2, 4, 3.5, 5]) == [1, 2, 2, 3.5, 3.5, 5]
+    assert nondecreasing([50.1, 44.4, 42.7, 101]) == [42.7, 42.7, 42.7, 101]
+    assert nondecreasing([1, 2, 3]) == [1, 2, 3]
