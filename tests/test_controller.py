@@ -269,6 +269,18 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     said.clear()
     assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) == t
     assert any("earlier engine" in m for m in said)
+    assert C.step_table_path(store, "fp", model, 2) == entry.path / "steptable.json"
+    # fresh: measured again although the process and the store have it (prepare --force)
+    again = StepTable.from_json(t.to_json())   # equal, another object
+    monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: again)
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", fresh=True) is again
+
+
+def test_step_table_seconds_counts_the_measured_steps():
+    from specctl.runtime.controller import STEP_NS, STEP_REPEATS, STEP_WARMUP, step_table_seconds
+    runs = STEP_WARMUP + STEP_REPEATS   # each point: warm-up, then timed repeats
+    assert step_table_seconds(8, lambda b, n: b * n) == runs * 9 * sum(STEP_NS)   # batches 1, 8
+    assert step_table_seconds(1, lambda b, n: 1.0) == runs * len(STEP_NS)
 
 
 def test_exploration_costs_at_most_its_share():

@@ -68,8 +68,10 @@ H100's demo-model table, batch 32, n 1 -> 5 costs ~0.7 of a step, so every 35), 
 comes back as accepted drafts. The measured acceptance then updates the sequence's own
 estimate, and the next steps' search uses it.
 
-The table is measured on first use (a small grid, a few seconds) and kept in the store, per
-model, device, dtype, attention backend and batch size: `step_table_for`.
+The table is measured on first use (a small grid, a few seconds), or ahead by `specctl
+prepare`, and kept in the store, per model, device, dtype, attention backend and batch size:
+`step_table_for`. It is the one cost profile: search-skip and train-adapter's exit-layer sweep
+price on the batch-1 table with the same shares (skip_draft_frac, kangaroo_cost).
 
 Search: greedy marginal goodput. Start from k = 0; each round, for every sequence, try raising
 its budget to every larger value (a jump, not only +1: the first draft forward is paid once
