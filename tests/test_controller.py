@@ -113,6 +113,45 @@ def test_gain_of_a_chain():
     assert ctl.gains(0, 3) == pytest.approx([1, 1.5, 1.75, 1.875])
 
 
+def _calibrate(ctl, n=200):
+    """A run in which confident drafts (0.95) are accepted and unconfident ones (0.15) not:
+    chains of 4 whose first two drafts are confident."""
+    for _ in range(n):
+        ctl.observe([0], [4], [[0, 1]], [[0.95, 0.95, 0.15, 0.15]])
+
+
+def test_acceptance_given_confidence_is_learnt():
+    ctl = Controller(StepCost(flat), 8, prior_accept=0.6)
+    assert ctl.calibrated(0.95) == ctl.calibrated(0.15) == pytest.approx(0.6)   # no evidence
+    _calibrate(ctl)
+    assert ctl.calibrated(0.95) > 0.95 and ctl.calibrated(0.99) == ctl.calibrated(0.95)
+    assert ctl.calibrated(0.15) < 0.05
+    assert ctl.calibrated(0.55) == pytest.approx(ctl._pool_mean())   # a bin never seen
+    # only the tried positions count: position 3 (after a rejection) was never tried
+    assert sum(ctl.calib.tried) == 200 * 3
+
+
+def test_stop_rule_ends_chains_at_unconfident_drafts():
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))
+    ctl = Controller(StepCost(mid, draft_frac=0.1), 8, prior_accept=0.8, explore_every=0)
+    assert min(ctl.budgets([0, 1], [10, 10])) >= 2
+    stop = ctl.stop_rule()
+    assert not stop(0, 1, 0.15) and not stop(1, 1, 0.95)   # nothing learnt: as planned
+    _calibrate(ctl)
+    ks = ctl.budgets([0, 1], [10, 10])
+    assert min(ks) >= 2
+    stop = ctl.stop_rule()
+    assert stop(0, 1, 0.15)                 # a likely rejection: drafting on cannot pay
+    assert not stop(1, 1, 0.95)             # confident: on to the budget
+    assert stop(1, ks[1], 0.95)             # the budget is a cap
+    assert ctl.conf_stops == 1
+    ctl.budgets([0], [0])
+    assert ctl.stop_rule() is None          # every budget 0: nothing to decide
+    tree = Controller(StepCost(flat), 8, tree=True)
+    tree.budgets([0], [10])
+    assert tree.stop_rule() is None         # trees are cut by node order, not confidence
+
+
 # -- in the runner: lossless, and the budgets do what the profile says ---------------------------
 
 import random  # noqa: E402
@@ -316,3 +355,22 @@ def test_probes_run_only_where_they_cost_little(model):
         seen[name] = (st.probe_tokens, ctl.cost.probe_on)
     assert seen["flat"][0] > 0 and seen["flat"][1]
     assert seen["dear"] == (0, False)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_confidence_stops_stay_lossless(model, batch):
+    """Chains cut short by the stop rule (a run that has learnt that drafts under 0.5
+    confidence are rejected): fewer drafts, greedy output still ar's."""
+    prompts = _prompts(4, seed=2)
+    ref, _ = run_ids(model, prompts, batch_size=batch, max_tokens=16)
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))
+    for name in ("draft-verify", "kangaroo"):
+        dr = method_drafters(model, prompts, ref)[name]
+        ctl = _ctl(dr, model, mid, draft_frac=0.05, prior_accept=0.9, explore_every=0)
+        ctl.calib._grow(10)
+        for b in range(5):   # learnt: under 0.5 nothing is accepted
+            ctl.calib.tried[b], ctl.calib.hit[b] = 1000.0, 0.0
+        got, st = run_ids(model, prompts, batch_size=batch, max_tokens=16, drafter=dr,
+                          speculate="auto", controller=ctl)
+        assert got == ref, name
+        assert st.confidence_stops > 0 and max(st.budget_hist) > 1, name

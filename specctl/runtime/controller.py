@@ -18,7 +18,20 @@ Expected emitted tokens (gain)
   position with `prior_weight` pseudo-trials, which itself starts from `prior_accept` with
   `prior_weight` pseudo-trials: a short sequence is never guessed blind, and a sequence that
   accepts more than the pool gets larger budgets as soon as its own counts say so.
-  (The drafter's confidence exit still applies inside the budget: the budget is a cap.)
+  The budget is a cap, chosen before anything is drafted. While drafting, each chain draft's
+  confidence c (the drafter's probability of its token) updates the sequence's prospects:
+  acceptance given confidence is learnt online over the run (`calib`: accepted / tried per
+  confidence bin of tenths, each bin shrunk toward the run's pooled acceptance with
+  `prior_weight` pseudo-trials, so it says nothing until the run has evidence). A draft of
+  confidence c is r(c) = calib(c) / pooled times as likely to be accepted as the average one,
+  so after its j-th draft a sequence's first j drafts are all accepted with probability
+  q_j = min(1, P_j * r(c_1) ... r(c_j)) (P_j: its own positional estimate, the search's), and
+  drafting on to its budget k adds q_j / P_j * (gain(k) - gain(j)) expected tokens. It stops
+  (`stop_rule`) when that is less than the step's goodput times what stopping saves
+  (cost(k) - cost(j) with the other budgets as planned): a low-confidence draft ends the chain
+  early, its further draft forwards and verify rows unspent. (The drafter's own confidence
+  exit, the paper's threshold, still applies too.) Not in an exploring step: its extra drafts
+  are there to be measured.
 - Trees (Self-Draft's trie of cache candidates, verified in node order): the accepted path's
   nodes have increasing indices (parents precede children), so a trie cut to its first n nodes
   keeps exactly the accepted nodes with index < n. The controller counts, per node index j,
@@ -182,6 +195,9 @@ class Controller:
         self.explored = 0   # sequence-steps given an exploration budget
         self.pool = AcceptStats()
         self.seqs: dict = {}
+        self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
+        self.plan: tuple | None = None   # the last budgets' (ks, gains, emitted, ms)
+        self.conf_stops = 0   # chains ended early by stop_rule
         # reporting
         self.hist: dict[int, int] = {}
         self.predicted_ms = 0.0
@@ -227,6 +243,19 @@ class Controller:
                 run *= a
                 g.append(g[-1] + run)
         return g
+
+    def _pool_mean(self) -> float:
+        """The run's pooled acceptance of a chain draft (any position), with its prior."""
+        p, w = self.pool, self.prior_weight
+        return (sum(p.hit) + w * self.prior_accept) / (sum(p.tried) + w)
+
+    def calibrated(self, conf: float) -> float:
+        """P(a chain draft is accepted | its predecessors were, its confidence `conf`)."""
+        b = conf_bin(conf)
+        c, w = self.calib, self.prior_weight
+        if b < len(c.tried) and c.tried[b]:
+            return (c.hit[b] + w * self._pool_mean()) / (c.tried[b] + w)
+        return self._pool_mean()
 
     # -- the decision ---------------------------------------------------------------------------
     def budgets(self, keys: list, room: list[int]) -> list[int]:
@@ -278,17 +307,61 @@ class Controller:
                 ks, self.last_explore = wide, self.steps
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
+        explored = self.last_explore == self.steps
+        self.plan = None if self.tree or explored or not any(ks) else \
+            (list(ks), gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
         for k in ks:
             self.hist[k] = self.hist.get(k, 0) + 1
         return ks
 
+    def stop_rule(self):
+        """For the drafter of this step's chains (after budgets): stop(i, j, conf) -> whether
+        sequence i (in the order budgets had them), having drafted j tokens the last of which
+        had confidence `conf`, should draft no more (module docstring). None when there is
+        nothing to decide (trees, an exploring step, every budget 0)."""
+        if self.plan is None:
+            return None
+        ks, gains, emitted, ms = self.plan
+        ks = list(ks)
+        ratio = [1.0] * len(ks)   # prod r(c) of each sequence's drafts so far
+
+        def stop(i: int, j: int, conf: float) -> bool:
+            nonlocal emitted, ms
+            ratio[i] *= self.calibrated(conf) / self._pool_mean()
+            k = ks[i]
+            if j >= k or ms <= 0:
+                return j >= k
+            g = gains[i]
+            # P_j: the positional model's probability that the first j drafts are accepted
+            p_j = g[j] - g[j - 1] if j >= 1 else 1.0
+            tail = min(1.0, p_j * ratio[i]) / p_j * (g[k] - g[j]) if p_j > 0 else 0.0
+            shorter = ks[:i] + [j] + ks[i + 1:]
+            saved = ms - self.cost.step_ms(shorter)
+            if tail >= emitted / ms * saved:
+                return False
+            # the plan without sequence i's rest: later decisions price against it
+            emitted -= g[k] - g[j]
+            ms -= saved
+            ks[i] = j
+            self.conf_stops += 1
+            return True
+        return stop
+
     # -- learning ---------------------------------------------------------------------------------
-    def observe(self, keys: list, drafted: list[int], accepted: list[list[int]]) -> None:
+    def observe(self, keys: list, drafted: list[int], accepted: list[list[int]],
+                confs: list[list[float]] | None = None) -> None:
         """drafted[i]: nodes verified for sequence i this step; accepted[i]: the accepted node
-        indices (in path order)."""
-        for key, n, acc in zip(keys, drafted, accepted):
+        indices (in path order); confs[i] (chains): the drafter's confidence of each draft."""
+        for i, (key, n, acc) in enumerate(zip(keys, drafted, accepted)):
             if n <= 0:
                 continue
+            if not self.tree and confs is not None and len(confs[i]) >= n:
+                c = self.calib
+                c._grow(CONF_BINS)
+                for j in range(min(n, len(acc) + 1)):   # tried: drafted, 1..j-1 accepted
+                    b = conf_bin(confs[i][j])
+                    c.tried[b] += 1
+                    c.hit[b] += j < len(acc)
             st = self.seqs.get(key)
             if st is None:
                 st = self.seqs[key] = AcceptStats()
@@ -315,7 +388,16 @@ class Controller:
 
     def report(self) -> dict:
         return {"budget_hist": dict(sorted(self.hist.items())),
-                "predicted_step_ms": round(self.predicted_ms, 3)}
+                "predicted_step_ms": round(self.predicted_ms, 3),
+                "confidence_stops": self.conf_stops}
+
+
+CONF_BINS = 10
+
+
+def conf_bin(conf: float) -> int:
+    """A draft confidence's bin: tenths of [0, 1]."""
+    return min(CONF_BINS - 1, max(0, int(conf * CONF_BINS)))
 
 
 # -- the step-cost table of a run ----------------------------------------------------------------

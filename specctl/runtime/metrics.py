@@ -105,6 +105,7 @@ def speculation_metrics(cfg, stats) -> dict:
             "budget_hist": {str(k): v for k, v in sorted(stats.budget_hist.items())},
             "controlled_steps": n,
             "explored_sequence_steps": stats.explored,
+            "confidence_stops": stats.confidence_stops,
             "predicted_step_ms": round(stats.predicted_step_ms / n, 3),
             "measured_step_ms": round(stats.measured_step_ms / n, 3),
             "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)

@@ -65,6 +65,7 @@ class RunStats:
     measured_step_ms: float = 0.0
     controlled_steps: int = 0
     explored: int = 0              # sequence-steps given the controller's exploration budget
+    confidence_stops: int = 0      # chains the controller ended early on a draft's confidence
     profile_s: float = 0.0
     preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
     recomputed: int = 0            # tokens they had generated, generated again
@@ -348,7 +349,11 @@ class Runner:
             room = [min(r, k) for r, k in zip(room, budgets)]
             for k in budgets:
                 self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
-        props = self.drafter.propose(seqs, kv, room)
+        stop = ctl.stop_rule() if ctl is not None else None
+        stops = ctl.conf_stops if ctl is not None else 0
+        props = self.drafter.propose(seqs, kv, room, stop)
+        if ctl is not None:
+            self.stats.confidence_stops += ctl.conf_stops - stops
         if ctl is not None and not ctl.cost.probe_on:   # probes too dear for this step
             for p in props:
                 p.probe = DraftTree()
@@ -397,7 +402,7 @@ class Runner:
         self.drafter.observe(seqs, props, verdicts)
         if ctl is not None:
             ctl.observe([s.slot for s in seqs], [len(p.draft) for p in props],
-                        [v.accepted for v in verdicts])
+                        [v.accepted for v in verdicts], [p.conf for p in props])
             self.stats.controlled_steps += 1
             self.stats.predicted_step_ms += ctl.last_predicted
             self.stats.measured_step_ms += (time.perf_counter() - t0) * 1e3

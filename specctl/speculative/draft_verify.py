@@ -147,8 +147,9 @@ class LayerSkipDrafter(Drafter):
     def admit(self, seq) -> None:
         seq.state = LayerSkipState()
 
-    def propose(self, seqs, kv, room) -> list[Proposal]:
+    def propose(self, seqs, kv, room, stop=None) -> list[Proposal]:
         out = {id(s): Proposal() for s in seqs}
+        index = {id(s): i for i, s in enumerate(seqs)}
         drafts = {id(s): [] for s in seqs}
         qs = {id(s): [] for s in seqs}
         active = []
@@ -175,10 +176,12 @@ class LayerSkipDrafter(Drafter):
                 if conf[i] < gamma:   # draft exit: this token is not confident enough
                     continue
                 drafts[id(s)].append(toks[i])
+                out[id(s)].conf.append(conf[i])
                 if q is not None:
                     qs[id(s)].append(q[i])
                 last[id(s)] = toks[i]
-                if len(drafts[id(s)]) < cap:
+                n = len(drafts[id(s)])
+                if n < cap and not (stop and stop(index[id(s)], n, conf[i])):
                     nxt.append((s, cap))
             active = nxt
         for s in seqs:

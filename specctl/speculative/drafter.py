@@ -1,12 +1,15 @@
 """The drafter interface every method implements, and `ar`'s (no drafts).
 
 A drafter is a plain object with two calls per step (transformers' candidate-generator shape):
-- `propose(seqs, kv, room) -> list[Proposal]`: one proposal per running sequence. It may run
+- `propose(seqs, kv, room, stop=None) -> list[Proposal]`: one proposal per running sequence. It may run
   forwards of the model itself (layer-skip or early-exit drafting), writing KV rows past the
   committed length only; such rows never survive verification. `room[i]` caps how many draft
   nodes sequence i may get (KV space, the tokens it may still emit, and the controller's budget
   for the step); room 0 asks for an `ar` step: no drafts and no probe (Kangaroo still runs
-  its shallow forward of the pending token, which its verify starts from).
+  its shallow forward of the pending token, which its verify starts from). `stop`, when given
+  (the controller's stop_rule), is asked by a chain drafter after each draft: stop(i, j,
+  conf) -> whether sequence i, with j drafts the last of confidence `conf`, drafts no more.
+  A chain drafter records each draft's confidence in `Proposal.conf`.
 - `observe(seqs, proposals, verdicts)`: learn from the verification (adaptive thresholds,
   caches). The proposals are the ones verified: the runner may have cut a draft or probe to
   the rows it had.
@@ -34,6 +37,8 @@ class Proposal:
     probe: DraftTree = field(default_factory=DraftTree)   # run beside the draft, never verified
     probe_out: list[int] | None = None   # (runner) the target's argmax after each probe node
     forwards: int = 0                    # draft forwards this sequence ran for it
+    conf: list[float] = field(default_factory=list)   # chains: the drafter's confidence of
+                                                      # each draft (the controller learns from it)
 
 
 class Drafter:
@@ -53,7 +58,7 @@ class Drafter:
     def retire(self, seq) -> None:
         pass
 
-    def propose(self, seqs: list, kv, room: list[int]) -> list[Proposal]:
+    def propose(self, seqs: list, kv, room: list[int], stop=None) -> list[Proposal]:
         raise NotImplementedError
 
     def observe(self, seqs: list, proposals: list[Proposal], verdicts: list) -> None:
@@ -87,7 +92,7 @@ class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""
     name = "ar"
 
-    def propose(self, seqs, kv, room) -> list[Proposal]:
+    def propose(self, seqs, kv, room, stop=None) -> list[Proposal]:
         return [Proposal() for _ in seqs]
 
     def fresh(self) -> "NoDraft":

@@ -232,7 +232,7 @@ class KangarooDrafter(Drafter):
         prefill forward itself: no second pass over layers [0, l))."""
         self._head(kv).rows_only(h, batch.positions, sdpa_meta(batch, kv))
 
-    def propose(self, seqs, kv, room) -> list[KangarooProposal]:
+    def propose(self, seqs, kv, room, stop=None) -> list[KangarooProposal]:
         head = self._head(kv)
         if self.model.graphs is None and all(r <= 0 for r in room):
             # nothing to draft: one forward of the whole model verifies, and its layer-l
@@ -240,6 +240,7 @@ class KangarooDrafter(Drafter):
             # graphs keep the two forwards: their launches cost little, and one graph shape.)
             return [KangarooProposal(whole=True) for _ in seqs]
         out = {id(s): KangarooProposal() for s in seqs}
+        index = {id(s): i for i, s in enumerate(seqs)}
         drafts = {id(s): [] for s in seqs}
         qs = {id(s): [] for s in seqs}
         # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
@@ -273,10 +274,14 @@ class KangarooDrafter(Drafter):
                 if conf[j] <= self.prm.eta:
                     continue
                 drafts[id(s)].append(toks[j])
+                p.conf.append(conf[j])
                 if q is not None:
                     qs[id(s)].append(q[j])
                 last[id(s)] = toks[j]
-                nxt.append((s, cap, len(drafts[id(s)]) >= cap))
+                n = len(drafts[id(s)])
+                # at its cap or told to stop: one more shallow forward, for the last draft's
+                # layer-l state, which the verify starts from
+                nxt.append((s, cap, n >= cap or bool(stop and stop(index[id(s)], n, conf[j]))))
             active = nxt
         for s in seqs:
             q = qs[id(s)]

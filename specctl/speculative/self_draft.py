@@ -221,7 +221,7 @@ class SelfDraftDrafter(Drafter):
                     cands.append(list(c))
         return cands, n_ctx
 
-    def propose(self, seqs, kv, room) -> list[SelfDraftProposal]:
+    def propose(self, seqs, kv, room, stop=None) -> list[SelfDraftProposal]:
         out = []
         for s, r in zip(seqs, room):
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
