@@ -19,7 +19,9 @@ What is measured, per (method, batch size):
   graphs and compiled shapes exist before the clock starts.
 - Timing: `repeats` runs over all prompts, round-robin over the methods of a batch size; tokens/s = generated tokens / wall seconds of the whole
   run (prefill included; the KV cache allocation is not), the GPU synchronized before and after.
-  Reported: the median, min, max and IQR of the repeats.
+  Reported: the median, min, max and IQR of the repeats. Speedup over `ar`: the median over
+  rounds of each round's ratio (round k of a method ran next to round k of `ar`, so a slow
+  spell of a shared machine lands on both), with the rounds' range in the table.
 - Acceptance numbers (mean accepted tokens, CTAR(1..6), share of steps with zero accepted,
   padding ratio a padded batch would have had) come from the first repeat, with the same
   definitions as `generate`'s metrics.json (`runtime.metrics.metrics`); they are deterministic, and

@@ -27,7 +27,9 @@ RESULTS_SCHEMA = """
     "requests", "new_tokens", "steps" (null for transformers),
     "tokens_per_s": {"median", "min", "max", "iqr", "spread_pct", "runs": [float]},
     "wall_s": {"median", "runs": [float]},
-    "speedup_vs_ar": float | null,     # median tokens/s over ar's, same batch size
+    "speedup_vs_ar": float | null,     # median over rounds of tokens/s over ar's of the same
+                                       # round (paired), same batch size
+    "speedup_runs": [float] | null,    # those per-round ratios
     "mean_accepted_tokens", "acceptance_rate", "ctar": {"1".."6"}, "zero_accept_share",
     "padding_ratio",                   # the five above: null for transformers rows
     "peak_memory_mb",                  # see peak_memory_kind

@@ -62,6 +62,15 @@ def _match(r: dict) -> str:
     return f"NO ({mm['prompts']}/{mm['of']} vs {mm['vs']}{gap})"
 
 
+def _speedup(r: dict) -> str:
+    """The paired speedup, with the range of its rounds when there are several."""
+    if r["speedup_vs_ar"] is None:
+        return "-"
+    runs = r.get("speedup_runs") or []
+    rng = f" ({min(runs):.2f}–{max(runs):.2f})" if len(runs) > 1 and r["method"] != "ar" else ""
+    return f"{r['speedup_vs_ar']:.2f}x{rng}"
+
+
 TABLE_COLUMNS = ("method", "batch", "tokens/s", "min–max", "speedup", "mean acc.",
                  "CTAR 1..6", "zero acc.", "padding", "peak MB", "= ar")
 
@@ -72,8 +81,7 @@ def table_rows(res: dict) -> list[list[str]]:
         t = r["tokens_per_s"]
         ctar = "/".join(f"{r['ctar'][str(w)]:.2f}" for w in CTAR_W) if r["ctar"] else "-"
         out.append([r["method"], str(r["batch_size"]), f"{t['median']:.1f}",
-                    f"{t['min']:.1f}–{t['max']:.1f}", _f(r["speedup_vs_ar"]) + ("x" if
-                    r["speedup_vs_ar"] is not None else ""), _f(r["mean_accepted_tokens"]), ctar,
+                    f"{t['min']:.1f}–{t['max']:.1f}", _speedup(r), _f(r["mean_accepted_tokens"]), ctar,
                     _f(r["zero_accept_share"], pct=True), _f(r["padding_ratio"], pct=True),
                     f"{r['peak_memory_mb']:.0f}", _match(r)])
     return out
@@ -169,7 +177,7 @@ def write_plots(res: dict, out_dir: Path, prefix: str = "") -> list[Path]:
     ax.set_xticks(bs, [str(b) for b in bs])
     ax.minorticks_off()
     ax.set_xlabel("batch size")
-    ax.set_ylabel("speedup over ar (median tokens/s)")
+    ax.set_ylabel("speedup over ar (median of paired rounds)")
     ax.set_title(f"{Path(res['model']).name}, {res['device']} {res['dtype']}")
     ax.grid(alpha=0.3)
     ax.legend()

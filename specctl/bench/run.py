@@ -219,7 +219,8 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
            "requests": len(first.outputs), "new_tokens": first.new_tokens, "steps": None,
            "tokens_per_s": spread(tps), "wall_s": {"median": round(statistics.median(
                r.wall for r in runs), 4), "runs": [round(r.wall, 4) for r in runs]},
-           "speedup_vs_ar": None, "mean_accepted_tokens": None, "acceptance_rate": None,
+           "speedup_vs_ar": None, "speedup_runs": None, "mean_accepted_tokens": None,
+           "acceptance_rate": None,
            "ctar": None, "zero_accept_share": None, "padding_ratio": None,
            "speculation": None,
            "peak_memory_mb": b.peak[(m, bs)], "run_memory_mb": b.extra.get((m, bs)),
@@ -249,9 +250,13 @@ def _rows(b: _Bench, ref_b1):
             if bs == 1:
                 ref_b1 = first.outputs
         base = ar_rows.get(bs)
-        if base and base["tokens_per_s"]["median"]:
-            row["speedup_vs_ar"] = round(row["tokens_per_s"]["median"] /
-                                         base["tokens_per_s"]["median"], 4)
+        if base and all(base["tokens_per_s"]["runs"]):
+            # paired by round: the repeats run round-robin, so round k of a method ran next to
+            # round k of ar, and a slow spell of a shared machine lands on both
+            ratios = [x / a for x, a in zip(row["tokens_per_s"]["runs"],
+                                            base["tokens_per_s"]["runs"])]
+            row["speedup_vs_ar"] = round(statistics.median(ratios), 4)
+            row["speedup_runs"] = [round(x, 4) for x in ratios]
         d_same = compare(first.outputs, ar_out[bs], f"ar b{bs}")
         d_b1 = compare(first.outputs, ref_b1, "ar b1")
         row["matches_ar"], row["matches_ar_b1"] = d_same is None, d_b1 is None
@@ -275,7 +280,7 @@ def _category_rows(b: _Bench, m: str, bs: int, ar_cat: dict) -> list[dict]:
     first = runs[0]
     per_run = [_category_tps(r, cats) for r in runs]
     if m == "ar":
-        ar_cat[bs] = {c: statistics.median(p[c] for p in per_run) for c in per_run[0]}
+        ar_cat[bs] = {c: [p[c] for p in per_run] for c in per_run[0]}
     out = []
     for c in per_run[0]:
         idx = [i for i in first.outputs if cats[i] == c]
@@ -284,8 +289,9 @@ def _category_rows(b: _Bench, m: str, bs: int, ar_cat: dict) -> list[dict]:
               "tokens_per_s": spread([p[c] for p in per_run]), "speedup_vs_ar": None,
               "mean_accepted_tokens": None, "ctar": None, "zero_accept_share": None}
         ar_c = ar_cat.get(bs, {}).get(c)
-        if ar_c:
-            cr["speedup_vs_ar"] = round(cr["tokens_per_s"]["median"] / ar_c, 4)
+        if ar_c and all(ar_c):   # paired by round, as the rows
+            cr["speedup_vs_ar"] = round(statistics.median(
+                p[c] / a for p, a in zip(per_run, ar_c)), 4)
         if b.runners[m].engine == "specctl":
             sub = [l for l in first.lines if cats[l["index"]] == c]
             a = accept_numbers(b.cfg.generate_config(m, bs), sub, None, b.model.device)
