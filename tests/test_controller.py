@@ -374,3 +374,22 @@ def test_confidence_stops_stay_lossless(model, batch):
                           speculate="auto", controller=ctl)
         assert got == ref, name
         assert st.confidence_stops > 0 and max(st.budget_hist) > 1, name
+
+
+def test_a_drafter_that_exits_at_once_loses_its_budget():
+    """Budgets learnt against what they bought: a chain drafter whose confidence exit drops
+    every draft (draft forwards paid, nothing verified) is soon given budget 0; counted by what
+    it drafted instead, it would keep its budget (and its draft forwards) for good."""
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))
+    for attempted, learns in ((True, True), (None, False)):
+        ctl = Controller(StepCost(mid, draft_frac=0.2), 4, prior_accept=0.9, explore_every=0)
+        for _ in range(40):
+            ks = ctl.budgets([0], [10])
+            ctl.observe([0], [0], [[]], [[]], [True] if attempted else None)
+        assert (ks == [0]) == learns, ks
+    # stop_rule's early end is where the chain's learning stops: no miss after it
+    ctl = Controller(StepCost(mid, draft_frac=0.2), 4, prior_accept=0.9, explore_every=0)
+    ks = ctl.budgets([0], [10])
+    ctl.stopped[0] = 2
+    ctl.observe([0], [2], [[0, 1]], [[0.9, 0.9]], [True])
+    assert ctl.seqs[0].tried[:2] == [1, 1] and len(ctl.seqs[0].tried) == 2

@@ -14,7 +14,8 @@ Expected emitted tokens (gain)
       gain(k) = 1 + sum_{i=1..k} P(first i accepted) = 1 + sum_{i=1..k} prod_{j<=i} a_j.
   The bonus token makes the 1: budget 0 still emits one token. a_j is estimated online per
   sequence and per position (accepted / tried at position j, where position j is "tried" when
-  it was drafted and 1..j-1 were accepted), shrunk toward the run's pooled estimate of the same
+  the budget allowed it and 1..j-1 were accepted: a draft the drafter's own confidence exit
+  dropped after its draft forward ran is a miss, since the forward was paid for), shrunk toward the run's pooled estimate of the same
   position with `prior_weight` pseudo-trials, which itself starts from `prior_accept` with
   `prior_weight` pseudo-trials: a short sequence is never guessed blind, and a sequence that
   accepts more than the pool gets larger budgets as soon as its own counts say so.
@@ -198,6 +199,8 @@ class Controller:
         self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
         self.plan: tuple | None = None   # the last budgets' (ks, gains, emitted, ms)
         self.conf_stops = 0   # chains ended early by stop_rule
+        self.last_ks: list[int] = []   # the last budgets (what observe learns against)
+        self.stopped: dict[int, int] = {}   # sequence index -> drafts when stop_rule ended it
         # reporting
         self.hist: dict[int, int] = {}
         self.predicted_ms = 0.0
@@ -307,6 +310,7 @@ class Controller:
                 ks, self.last_explore = wide, self.steps
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
+        self.last_ks, self.stopped = list(ks), {}
         explored = self.last_explore == self.steps
         self.plan = None if self.tree or explored or not any(ks) else \
             (list(ks), gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
@@ -343,22 +347,34 @@ class Controller:
             emitted -= g[k] - g[j]
             ms -= saved
             ks[i] = j
+            self.stopped[i] = j
             self.conf_stops += 1
             return True
         return stop
 
     # -- learning ---------------------------------------------------------------------------------
     def observe(self, keys: list, drafted: list[int], accepted: list[list[int]],
-                confs: list[list[float]] | None = None) -> None:
+                confs: list[list[float]] | None = None,
+                attempted: list[bool] | None = None) -> None:
         """drafted[i]: nodes verified for sequence i this step; accepted[i]: the accepted node
-        indices (in path order); confs[i] (chains): the drafter's confidence of each draft."""
+        indices (in path order); confs[i] (chains): the drafter's confidence of each draft;
+        attempted[i] (chains): whether the sequence ran draft forwards this step.
+
+        With `attempted`, a chain is learnt against its budget, not against what it drafted:
+        a draft forward whose token the drafter's own confidence exit dropped was paid for and
+        added nothing, so the position counts as tried and missed (else a drafter that exits
+        at once would keep its budget forever, paying a draft forward a step for no tokens).
+        A chain that stop_rule ended is learnt up to where it ended."""
         for i, (key, n, acc) in enumerate(zip(keys, drafted, accepted)):
+            if not self.tree and attempted is not None and i < len(self.last_ks):
+                k = self.last_ks[i]
+                n = max(n, min(k, self.stopped.get(i, k)) if attempted[i] else 0)
             if n <= 0:
                 continue
-            if not self.tree and confs is not None and len(confs[i]) >= n:
+            if not self.tree and confs is not None:
                 c = self.calib
                 c._grow(CONF_BINS)
-                for j in range(min(n, len(acc) + 1)):   # tried: drafted, 1..j-1 accepted
+                for j in range(min(n, len(acc) + 1, len(confs[i]))):   # drafted and tried
                     b = conf_bin(confs[i][j])
                     c.tried[b] += 1
                     c.hit[b] += j < len(acc)
@@ -375,7 +391,7 @@ class Controller:
                         if j < n:
                             s.hit[j] += 1
                 else:
-                    # position j is tried when drafted and 1..j-1 accepted
+                    # position j is tried when allowed and 1..j-1 accepted
                     top = min(n, len(acc) + 1)
                     s._grow(top)
                     for j in range(top):

@@ -402,7 +402,8 @@ class Runner:
         self.drafter.observe(seqs, props, verdicts)
         if ctl is not None:
             ctl.observe([s.slot for s in seqs], [len(p.draft) for p in props],
-                        [v.accepted for v in verdicts], [p.conf for p in props])
+                        [v.accepted for v in verdicts], [p.conf for p in props],
+                        [p.forwards > 0 for p in props])
             self.stats.controlled_steps += 1
             self.stats.predicted_step_ms += ctl.last_predicted
             self.stats.measured_step_ms += (time.perf_counter() - t0) * 1e3
