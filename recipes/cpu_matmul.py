@@ -1,12 +1,16 @@
 """The CPU matmul form, measured on the real model (engine/model.py `linear`).
 
     python recipes/cpu_matmul.py [--threads 2] [--batches 1,8] [--rounds 2]
+    python recipes/cpu_matmul.py --rows 1-24,32,48,64     # the row padding (gemm_rows)
 
 Times a greedy step (engine/steptable.py's measurement: b sequences x n new tokens over 128
 committed rows) and a 512-token prefill with the model's matmuls as F.linear (x @ w.T, what
 torch does by default) and as specctl's CPU form ((w @ x.T).T, one row padded to two),
 alternating the two forms for --rounds rounds and keeping each cell's fastest. Prints one
 markdown table: ms of each form and their ratio.
+With --rows: the model's matmuls (one layer's four weights and the LM head) at each row count,
+as (w @ x.T).T on exactly those rows and padded as engine/model.py `gemm_rows` pads them; the
+fastest of 30 runs each.
 """
 
 from __future__ import annotations
@@ -39,6 +43,30 @@ def prefill_ms(model, n: int, repeats: int = 3) -> float:
     return best
 
 
+def rows_table(model, spec: str) -> None:
+    counts = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        counts += list(range(int(lo), int(hi or lo) + 1))
+    layer = model.layers[0]
+    ws = [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, model.lm_head]
+
+    def run(m: int, p: int) -> float:
+        xs = [torch.randn(m, w.shape[1]) for w in ws]
+        best = float("inf")
+        for _ in range(30):
+            t = time.perf_counter()
+            for w, x in zip(ws, xs):
+                xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
+                torch.mm(w, xp.t())[:, :m].t().contiguous()
+            best = min(best, time.perf_counter() - t)
+        return best * 1e3
+    print("| rows | as is (ms) | padded to | padded (ms) |\n|---|---|---|---|")
+    for m in counts:
+        p = engine_model.gemm_rows(m)
+        print(f"| {m} | {run(m, m):.2f} | {p} | {run(m, p):.2f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -46,9 +74,12 @@ def main() -> None:
     ap.add_argument("--ns", default="1,2,3,4,8,16,32,64")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--rows", default=None, help="row counts, e.g. 1-24,32: the padding table")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = load_model(resolve_model(None, Store()), "cpu")
+    if a.rows:
+        return rows_table(model, a.rows)
     batches = tuple(int(x) for x in a.batches.split(","))
     ns = tuple(int(x) for x in a.ns.split(","))
     best: dict[str, dict] = {f: {} for f in FORMS}

@@ -182,11 +182,11 @@ def test_argmax_equals_the_logits_argmax(tiny_llama):
     assert torch.equal(model.argmax(h), model.logits(h).argmax(-1))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 17, 256, 257])
+@pytest.mark.parametrize("rows", [1, 2, 3, 11, 17, 23, 250, 256, 257])
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpu_linear_form_equals_f_linear(rows, bias):
-    """engine.model.linear (on the CPU (w @ x.T).T up to GEMM_ROWS rows, one row padded to
-    two) gives F.linear's result up to fp32 rounding, contiguous, in F.linear's shape."""
+    """engine.model.linear (on the CPU (w @ x.T).T up to GEMM_ROWS rows, padded to
+    gemm_rows) gives F.linear's result up to fp32 rounding, contiguous, in F.linear's shape."""
     import torch.nn.functional as F
 
     from specctl.engine.model import GEMM_ROWS, linear
@@ -198,6 +198,12 @@ def test_cpu_linear_form_equals_f_linear(rows, bias):
     assert y.shape == (rows, 72) and y.is_contiguous()
     torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
     assert not torch.equal(linear(x, w + 1, b), y)
+
+
+def test_gemm_rows_pads_up_to_a_tile():
+    from specctl.engine.model import gemm_rows
+    assert [gemm_rows(m) for m in (1, 2, 3, 4, 5, 8, 9, 10, 15, 16, 17, 18, 23, 24, 250)] == \
+        [2, 2, 4, 4, 5, 8, 9, 16, 16, 16, 17, 24, 24, 24, 256]
 
 
 def test_step_table_measures_and_round_trips(tiny_llama):

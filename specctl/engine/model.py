@@ -58,20 +58,38 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ b) for x [M, in], w [out, in] (F.linear).
 
-    On the CPU, for up to GEMM_ROWS rows, it runs as (w @ x.T).T, a lone row padded to two:
-    MKL computes x @ w.T over a few rows as matrix-vector products that each read all of w,
-    and w @ x.T as one GEMM that reads w once. A decoding step is bound by reading the
-    weights: on the 2-core EPYC the demo model's 1-token step took 58 ms and its 2-token step
-    107 ms this way against 36 and 36 ms (recipes/cpu_matmul.py); past a few hundred rows (a
-    prefill) F.linear is a few percent faster again."""
-    if x.device.type != "cpu" or x.dim() != 2 or x.shape[0] > GEMM_ROWS:
+    On the CPU, for up to GEMM_ROWS rows, it runs as (w @ x.T).T with the rows padded with
+    zeros to a count MKL has a fast kernel for (gemm_rows). MKL computes x @ w.T over a few
+    rows as matrix-vector products that each read all of w, and w @ x.T as one GEMM that reads
+    w once; a decoding step is bound by reading the weights: on the 2-core EPYC the demo
+    model's 1-token step took 58 ms and its 2-token step 107 ms this way against 36 and 36 ms
+    (recipes/cpu_matmul.py). Past a few hundred rows (a prefill) F.linear is a few percent
+    faster again."""
+    m = x.shape[0] if x.dim() == 2 else 0
+    if x.device.type != "cpu" or not m or m > GEMM_ROWS:
         return F.linear(x, w, b)
-    if x.shape[0] == 1:
-        y = torch.mm(w, torch.cat((x, torch.zeros_like(x))).t())[:, :1].t()
-    else:
-        y = torch.mm(w, x.t()).t()
-    y = y.contiguous()
+    p = gemm_rows(m)
+    xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
+    y = torch.mm(w, xp.t())[:, :m].t().contiguous()
     return y + b if b is not None else y
+
+
+def gemm_rows(m: int) -> int:
+    """The row count a CPU matmul of m rows runs at: MKL's GEMM kernels take the rows of
+    w @ x.T in tiles of 8, and a remainder of 2-7 rows costs about as much as a whole tile or
+    more; one row alone would run as a matrix-vector product, three slower than four. Measured
+    on the 2-core EPYC with the demo model's weights (`python recipes/cpu_matmul.py --rows
+    1-24,32`, fastest of 30): 1 row 10.8 ms, padded to 2 3.9; 3 rows 8.1, as 4 5.3; 11 rows
+    24.0, as 16 19.5; 15 rows 33.1, as 16 19.8; 23 rows 29.6, as 24 21.0 (9 and 17 rows cost
+    what 16 and 24 do, so they are left). Padding costs little where it does not help: a step
+    of few rows is bound by reading the weights."""
+    if m == 1:
+        return 2
+    if m == 3:
+        return 4
+    if m > 8 and m % 8 > 1:
+        return -(-m // 8) * 8
+    return m
 
 
 GEMM_ROWS = 256
