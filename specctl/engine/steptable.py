@@ -13,6 +13,7 @@ tokens it is expected to emit.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -23,8 +24,9 @@ from specctl.engine.batch import ForwardBatch, SeqInput
 # Raised whenever the engine's forward changes what a step costs, or the table is measured
 # differently (a stored table from an earlier engine is measured again): 2 = the CPU matmul form
 # of engine/model.py `linear`, 3 = the fastest of round-robin repeats, 4 = rows lowered to
-# non-decreasing (nondecreasing) rather than raised, 5 = CPU matmul rows padded (gemm_rows).
-ENGINE_COSTS = 5
+# non-decreasing (nondecreasing) rather than raised, 5 = CPU matmul rows padded (gemm_rows),
+# 6 = the median of round-robin rounds.
+ENGINE_COSTS = 6
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,13 @@ def _sync(device: torch.device) -> None:
 def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64, 96),
                        context: int = 256, repeats: int = 10, warmup: int = 2,
                        progress=None) -> StepTable:
-    """Time a greedy step for every (batch, n): the fastest of `repeats`, taken round-robin
-    over the ns after `warmup` runs of each (which also capture the graphs). On a shared
-    machine noise only adds time, and a burst of it lands on one round of every point rather
-    than on every repeat of one. Each row is made non-decreasing in n. progress(b, n, ms), if
-    given, is called for each point."""
+    """Time a greedy step for every (batch, n): the median of `repeats` rounds, each round a
+    sweep over the ns after `warmup` runs of each (which also capture the graphs). A shared
+    machine's speed changes in spells of seconds: a round takes a fraction of one, so a spell
+    lands on all the points of a round alike, and the median over rounds drops a spike that
+    hit one point. (The fastest of the rounds let one fast spell price a single point: a
+    batch-1 table had 1 token at 25 ms and 2 at 38, where both run the same matmuls.) Each row
+    is then made non-decreasing in n. progress(b, n, ms), if given, is called for each point."""
     dev = model.device
     g = torch.Generator().manual_seed(0)
     table = []
@@ -98,7 +102,7 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
         for n in ns:
             toks = torch.randint(0, model.cfg.vocab_size, (b, n), generator=g).tolist()
             steps.append(ForwardBatch([SeqInput(s, toks[s], context) for s in range(b)], dev))
-        best = [float("inf")] * len(ns)
+        times: list[list[float]] = [[] for _ in ns]
         for i in range(warmup + repeats):
             for j, batch in enumerate(steps):
                 _sync(dev)
@@ -106,8 +110,8 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
                 model.argmax(model.run(batch, kv)).tolist()
                 _sync(dev)
                 if i >= warmup:
-                    best[j] = min(best[j], (time.perf_counter() - t) * 1e3)
-        best = nondecreasing(best)
+                    times[j].append((time.perf_counter() - t) * 1e3)
+        best = nondecreasing([statistics.median(ts) for ts in times])
         if progress:
             for n, ms in zip(ns, best):
                 progress(b, n, ms)
@@ -120,9 +124,9 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
 
 def nondecreasing(y: list[float]) -> list[float]:
     """The largest non-decreasing sequence at or below `y` (a running minimum from the right).
-    More tokens are never less work, and a fastest-of-repeats timing is the true cost plus
-    noise that only adds: a point timed above a larger n's was slowed by noise, so it is lowered
-    to that one. A table in which n + 1 tokens cost less than n would make drafts look free."""
+    More tokens are never less work: a point timed above a larger n's was slowed by noise, so
+    it is lowered to that one (which prices drafting as dearer, never as cheaper). A table in
+    which n + 1 tokens cost less than n would make drafts look free."""
     out = list(y)
     for j in range(len(out) - 2, -1, -1):
         out[j] = min(out[j], out[j + 1])

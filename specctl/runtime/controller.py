@@ -445,7 +445,7 @@ def _cpu_name() -> str:
 
 
 STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures
-STEP_WARMUP, STEP_REPEATS = 1, 4     # runs of each of its points: untimed, then timed
+STEP_WARMUP, STEP_REPEATS = 1, 5     # runs of each of its points: untimed, then timed
 
 
 def step_table_id(fingerprint: str, model, batch_size: int) -> str:
