@@ -5,7 +5,7 @@
 
 Times a greedy step (engine/steptable.py's measurement: b sequences x n new tokens over 128
 committed rows) and a 512-token prefill with the model's matmuls as F.linear (x @ w.T, what
-torch does by default) and as specctl's CPU form ((w @ x.T).T, one row padded to two),
+torch does by default) and as specctl's CPU form ((w @ x.T).T, rows padded by gemm_rows),
 alternating the two forms for --rounds rounds and keeping each cell's fastest. Prints one
 markdown table: ms of each form and their ratio.
 With --rows: the model's matmuls (one layer's four weights and the LM head) at each row count,

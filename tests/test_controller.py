@@ -390,6 +390,6 @@ def test_a_drafter_that_exits_at_once_loses_its_budget():
     # stop_rule's early end is where the chain's learning stops: no miss after it
     ctl = Controller(StepCost(mid, draft_frac=0.2), 4, prior_accept=0.9, explore_every=0)
     ks = ctl.budgets([0], [10])
-    ctl.stopped[0] = 2
+    ctl.last_ks[0] = 2   # as stop_rule leaves it after ending the chain at 2 drafts
     ctl.observe([0], [2], [[0, 1]], [[0.9, 0.9]], [True])
     assert ctl.seqs[0].tried[:2] == [1, 1] and len(ctl.seqs[0].tried) == 2

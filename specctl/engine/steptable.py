@@ -107,15 +107,14 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
             for j, batch in enumerate(steps):
                 _sync(dev)
                 t = time.perf_counter()
-                model.argmax(model.run(batch, kv)).tolist()
-                _sync(dev)
+                model.argmax(model.run(batch, kv)).tolist()   # (reading it back syncs)
                 if i >= warmup:
                     times[j].append((time.perf_counter() - t) * 1e3)
-        best = nondecreasing([statistics.median(ts) for ts in times])
+        row = nondecreasing([statistics.median(ts) for ts in times])
         if progress:
-            for n, ms in zip(ns, best):
+            for n, ms in zip(ns, row):
                 progress(b, n, ms)
-        table.append(tuple(best))
+        table.append(tuple(row))
         for s in range(b):
             kv.reset(s)
     return StepTable(dev.type, str(model.dtype).replace("torch.", ""), model.attention, context,

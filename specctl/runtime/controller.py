@@ -197,10 +197,10 @@ class Controller:
         self.pool = AcceptStats()
         self.seqs: dict = {}
         self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
-        self.plan: tuple | None = None   # the last budgets' (ks, gains, emitted, ms)
+        self.plan: tuple | None = None   # the last budgets' (gains, emitted, ms) for stop_rule
         self.conf_stops = 0   # chains ended early by stop_rule
-        self.last_ks: list[int] = []   # the last budgets (what observe learns against)
-        self.stopped: dict[int, int] = {}   # sequence index -> drafts when stop_rule ended it
+        self.last_ks: list[int] = []   # the last budgets, cut where stop_rule ended a chain
+                                       # (what observe learns against)
         # reporting
         self.hist: dict[int, int] = {}
         self.predicted_ms = 0.0
@@ -310,10 +310,10 @@ class Controller:
                 ks, self.last_explore = wide, self.steps
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
-        self.last_ks, self.stopped = list(ks), {}
+        self.last_ks = list(ks)
         explored = self.last_explore == self.steps
         self.plan = None if self.tree or explored or not any(ks) else \
-            (list(ks), gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
+            (gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
         for k in ks:
             self.hist[k] = self.hist.get(k, 0) + 1
         return ks
@@ -325,8 +325,8 @@ class Controller:
         nothing to decide (trees, an exploring step, every budget 0)."""
         if self.plan is None:
             return None
-        ks, gains, emitted, ms = self.plan
-        ks = list(ks)
+        gains, emitted, ms = self.plan
+        ks = self.last_ks   # cut in place where a chain stops
         ratio = [1.0] * len(ks)   # prod r(c) of each sequence's drafts so far
 
         def stop(i: int, j: int, conf: float) -> bool:
@@ -347,7 +347,6 @@ class Controller:
             emitted -= g[k] - g[j]
             ms -= saved
             ks[i] = j
-            self.stopped[i] = j
             self.conf_stops += 1
             return True
         return stop
@@ -367,8 +366,7 @@ class Controller:
         A chain that stop_rule ended is learnt up to where it ended."""
         for i, (key, n, acc) in enumerate(zip(keys, drafted, accepted)):
             if not self.tree and attempted is not None and i < len(self.last_ks):
-                k = self.last_ks[i]
-                n = max(n, min(k, self.stopped.get(i, k)) if attempted[i] else 0)
+                n = max(n, self.last_ks[i] if attempted[i] else 0)
             if n <= 0:
                 continue
             if not self.tree and confs is not None:
