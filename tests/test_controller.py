@@ -357,11 +357,11 @@ def test_probes_run_only_where_they_cost_little(model):
     assert seen["dear"] == (0, False)
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 8])
 def test_confidence_stops_stay_lossless(model, batch):
     """Chains cut short by the stop rule (a run that has learnt that drafts under 0.5
     confidence are rejected): fewer drafts, greedy output still ar's."""
-    prompts = _prompts(4, seed=2)
+    prompts = _prompts(10, seed=2)
     ref, _ = run_ids(model, prompts, batch_size=batch, max_tokens=16)
     mid = table(lambda b, n: 10.0 * b * (1 + 0.05 * (n - 1)))
     for name in ("draft-verify", "kangaroo"):
