@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -96,6 +98,43 @@ def test_tree_mixed_batch():
         ctl.observe(keys, [20, 20], [[0, 1], []])
     ks = ctl.budgets(keys, [100, 100])
     assert ks[0] >= 2 and ks[1] == 0, ks
+
+
+def test_cpu_tables_price_rows_by_the_tile_they_cost():
+    rows = {1: 10.0, 2: 11.0, 4: 14.0, 8: 20.0, 16: 30.0, 32: 50.0, 64: 90.0}
+    t = StepTable("cpu", "float32", "sdpa", 128, (1, 8), NS,
+                  (tuple(rows[n] for n in NS), tuple(100.0 + 25.0 * (n - 1) for n in NS)),
+                  tiles=True)
+    assert [t.ms(1, n) for n in (1, 2, 3, 4, 5, 8, 9, 13, 16)] == \
+        [10.0, 11.0, 14.0, 14.0, 20.0, 20.0, 30.0, 30.0, 30.0]
+    # batch 8: one draft token (9 rows) costs what one for each (16 rows) does
+    assert t.ms(8, 9 / 8) == t.ms(8, 2) == 125.0
+    assert t.ms(8, 1) == 100.0 and t.ms(8, 17 / 8) == t.ms(8, 3)
+    # a table without tiles interpolates, and a stored CPU table keeps its tiles
+    assert replace(t, tiles=False).ms(8, 9 / 8) == pytest.approx(103.125)
+    assert StepTable.from_json(t.to_json()) == t
+    old = t.to_json()
+    del old["tiles"]
+    assert StepTable.from_json(old).tiles
+
+
+def test_a_stair_of_drafts_is_filled_together():
+    """On a staircase cost (batch 8: 9 to 16 rows cost alike) one draft token does not pay for
+    the stair, eight together do: every sequence gets one. The one-change-at-a-time search
+    would give none."""
+    t = StepTable("cpu", "float32", "sdpa", 128, (8,), NS,
+                  (tuple(100.0 + 25.0 * (n - 1) for n in NS),), tiles=True)
+    for tree in (False, True):
+        ctl = Controller(StepCost(t), 4, tree=tree, prior_accept=0.5)
+        assert ctl.budgets(list(range(8)), [100] * 8) == [1] * 8
+        assert ctl._greedy([ctl.gains(k, 4) for k in range(8)], [4] * 8) == [0] * 8
+    # half the batch accepting nothing, the other half everything: the others fill the stairs
+    ctl = Controller(StepCost(t), 4, prior_accept=0.5)
+    keys = list(range(8))
+    for _ in range(30):
+        ctl.observe(keys, [4] * 8, [[0, 1, 2, 3] if k < 4 else [] for k in keys])
+    ks = ctl.budgets(keys, [100] * 8)
+    assert ks == [4] * 4 + [0] * 4, ks
 
 
 def test_pooled_prior_for_new_sequences():

@@ -13,6 +13,7 @@ tokens it is expected to emit.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -20,13 +21,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.engine.model import tile_rows
 
 # Raised whenever the engine's forward changes what a step costs, or the table is measured
 # differently (a stored table from an earlier engine is measured again): 2 = the CPU matmul form
 # of engine/model.py `linear`, 3 = the fastest of round-robin repeats, 4 = rows lowered to
 # non-decreasing (nondecreasing) rather than raised, 5 = CPU matmul rows padded (gemm_rows),
-# 6 = the median of round-robin rounds.
-ENGINE_COSTS = 6
+# 6 = the median of round-robin rounds, 7 = each round's first step timed warm.
+ENGINE_COSTS = 7
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,21 @@ class StepTable:
     ns: tuple[int, ...]
     table: tuple[tuple[float, ...], ...]   # table[i][j]: ms of batches[i] x ns[j]
     engine: int = ENGINE_COSTS             # the engine costs it measured (ENGINE_COSTS)
+    tiles: bool = False                    # rows cost by tile_rows (a CPU table)
 
-    def ms(self, b: int, n: int) -> float:
+    def ms(self, b: int, n: float) -> float:
         """Measured ms of b x n; between measured points, linear in n at the nearest batch
-        size at or above b (the largest one past the table)."""
+        size at or above b (the largest one past the table). n may be fractional: the mean
+        tokens of an uneven batch. With tiles (a CPU table) the rows that n makes in that
+        batch size's row cost what the rows of the tile they round up to cost (tile_rows), so
+        the row is read in tiles: at batch 8, n = 1.125 (one draft token, 9 rows) costs what
+        n = 2 (16 rows) does."""
         i = next((i for i, x in enumerate(self.batches) if x >= b), len(self.batches) - 1)
         row, ns = self.table[i], self.ns
+        if self.tiles:
+            rows = self.batches[i]
+            n = tile_rows(math.ceil(rows * n - 1e-6))
+            ns = [tile_rows(rows * m) for m in ns]   # the measured points, in tiles
         if n <= ns[0]:
             return row[0]
         for j in range(1, len(ns)):
@@ -61,7 +72,7 @@ class StepTable:
         t = cls(str(d["device"]), str(d["dtype"]), str(d["attention"]), int(d["context"]),
                 tuple(int(x) for x in d["batches"]), tuple(int(x) for x in d["ns"]),
                 tuple(tuple(float(v) for v in row) for row in d["table"]),
-                int(d.get("engine", 1)))
+                int(d.get("engine", 1)), bool(d.get("tiles", d["device"] == "cpu")))
         if len(t.table) != len(t.batches) or any(len(r) != len(t.ns) for r in t.table) \
                 or not t.ns or any(not v > 0 for r in t.table for v in r):
             raise ValueError("malformed step table")
@@ -104,6 +115,12 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
             steps.append(ForwardBatch([SeqInput(s, toks[s], context) for s in range(b)], dev))
         times: list[list[float]] = [[] for _ in ns]
         for i in range(warmup + repeats):
+            # a round starts from its smallest step right after its largest, which leaves the
+            # caches and the allocator cold for it: one untimed run of it first (a decoding
+            # step follows steps of its own size). Timed cold at batch 8 on the 2-core CPU,
+            # n = 1 after n = 64 took 81 ms against 67 after n = 1, and the table priced a
+            # draft token for each sequence at +9% where it costs +40%.
+            model.argmax(model.run(steps[0], kv)).tolist()
             for j, batch in enumerate(steps):
                 _sync(dev)
                 t = time.perf_counter()
@@ -118,7 +135,7 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
         for s in range(b):
             kv.reset(s)
     return StepTable(dev.type, str(model.dtype).replace("torch.", ""), model.attention, context,
-                     tuple(batches), tuple(ns), tuple(table))
+                     tuple(batches), tuple(ns), tuple(table), tiles=dev.type == "cpu")
 
 
 def nondecreasing(y: list[float]) -> list[float]:

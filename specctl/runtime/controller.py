@@ -57,7 +57,9 @@ ms of one verify step of b sequences with n new tokens each) and the method's dr
     packed (CPU: no padding, cost follows the total packed tokens, the matmuls dominate):
         verify_ms = table.ms(B, sum_i n_i / B)      (the batch-B row at the mean tokens)
   The CPU row is read at a fractional n (linear interpolation), which is the total-token model
-  while keeping the measured per-sequence attention overhead of batch B.
+  while keeping the measured per-sequence attention overhead of batch B, after rounding the
+  rows up to the tile they cost (StepTable.ms, tile_rows): at batch 8 one draft token makes
+  9 rows and costs what 16 do, so a CPU step's cost is a staircase in its total tokens.
 - draft forwards: drafting runs in lockstep, one forward per draft depth over the sequences
   still drafting; n_d = #{i: k_i + extra >= d} sequences are in the d-th forward. For
   draft-verify extra = 0 (budget 0: no draft forward at all), draft_frac = the share of the
@@ -87,12 +89,18 @@ prepare`, and kept in the store, per model, device, dtype, attention backend and
 `step_table_for`. It is the one cost profile: search-skip and train-adapter's exit-layer sweep
 price on the batch-1 table with the same shares (skip_draft_frac, kangaroo_cost).
 
-Search: greedy marginal goodput. Start from k = 0; each round, for every sequence, try raising
-its budget to every larger value (a jump, not only +1: the first draft forward is paid once
-and shared, so goodput is not concave in one sequence's k), keep the single change with the
-highest goodput, stop when none improves it. A steep verify cost therefore gives every
-sequence 0 (exactly `ar`'s steps); a flat one gives the full budget; in a mixed batch the
-sequences that accept more get larger budgets.
+Search. Where the cost follows the step's total tokens only (packed CPU verify steps without
+draft forwards or probes: Self-Draft and `ar` on the CPU), by the best prefix (`_fill`): every
+draft token of every sequence in order of the tokens it is expected to add (each sequence's
+upper concave hull of gain(k), steepest first), and the prefix of that order with the best
+goodput taken. On a staircase cost no single draft pays for the first stair while a stair's
+worth of them may, which a one-change-at-a-time search never finds. Elsewhere (padded
+steps, draft forwards, probes), greedy marginal goodput (`_greedy`): start from k = 0; each
+round, for every sequence, try raising its budget to every larger value (a jump, not only
++1: the first draft forward is paid once and shared, so goodput is not concave in one
+sequence's k), keep the single change with the highest goodput, stop when none improves it.
+Either way a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one
+gives the full budget; in a mixed batch the sequences that accept more get larger budgets.
 """
 
 from __future__ import annotations
@@ -271,35 +279,10 @@ class Controller:
             c.probe_on = c.step_ms(one) <= (1 + self.probe_share) * bare
         caps = [max(0, min(self.K, r)) for r in room]
         gains = [self.gains(k, c) for k, c in zip(keys, caps)]
-        ks = [0] * len(keys)
-        emitted = float(len(keys))
-        t = self.cost.step_ms(ks)
-        best = emitted / t if t > 0 else 0.0
-        b = len(keys)
-        fast = not self.cost.padded and not self.cost.draft_frac
-        tokens = sum(self.cost.tokens(k) for k in ks)
-        while True:
-            pick = None
-            for i, (g, c) in enumerate(zip(gains, caps)):
-                k0 = ks[i]
-                for k in range(k0 + 1, c + 1):
-                    ks[i] = k
-                    if fast:   # the cost depends on the total tokens only
-                        cost = self.cost
-                        tt = cost.verify_frac * cost.ms(
-                            b, (tokens - cost.tokens(k0) + cost.tokens(k)) / b)
-                    else:
-                        tt = self.cost.step_ms(ks)
-                    good = (emitted + g[k] - g[k0]) / tt if tt > 0 else 0.0
-                    if good > best * (1 + 1e-9):
-                        best, pick = good, (i, k)
-                ks[i] = k0
-            if pick is None:
-                break
-            i, k = pick
-            emitted += gains[i][k] - gains[i][ks[i]]
-            tokens += self.cost.tokens(k) - self.cost.tokens(ks[i])
-            ks[i] = k
+        if not c.padded and not c.draft_frac and not (c.probe and c.probe_on):
+            ks = self._fill(gains, caps)
+        else:
+            ks = self._greedy(gains, caps)
         self.steps += 1
         since = self.steps - self.last_explore
         if self.explore_every and since >= self.explore_every:
@@ -316,6 +299,62 @@ class Controller:
             (gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
         for k in ks:
             self.hist[k] = self.hist.get(k, 0) + 1
+        return ks
+
+    def _greedy(self, gains: list[list[float]], caps: list[int]) -> list[int]:
+        """Greedy marginal goodput over jumps (the module docstring's search)."""
+        ks = [0] * len(gains)
+        emitted = float(len(gains))
+        t = self.cost.step_ms(ks)
+        best = emitted / t if t > 0 else 0.0
+        while True:
+            pick = None
+            for i, (g, c) in enumerate(zip(gains, caps)):
+                k0 = ks[i]
+                for k in range(k0 + 1, c + 1):
+                    ks[i] = k
+                    tt = self.cost.step_ms(ks)
+                    good = (emitted + g[k] - g[k0]) / tt if tt > 0 else 0.0
+                    if good > best * (1 + 1e-9):
+                        best, pick = good, (i, k)
+                ks[i] = k0
+            if pick is None:
+                return ks
+            i, k = pick
+            emitted += gains[i][k] - gains[i][ks[i]]
+            ks[i] = k
+
+    def _fill(self, gains: list[list[float]], caps: list[int]) -> list[int]:
+        """The budgets when the step's cost follows its total tokens only (packed CPU steps,
+        no draft forwards, no probes). The cost is a staircase there (tile_rows: at batch 8 the
+        9th to 16th rows cost alike), so no single draft pays for the first stair while eight
+        together may: the greedy search would stop at its first stair. Instead: order every
+        draft token of every sequence by its expected tokens (each sequence's upper concave
+        hull of gain(k), steepest first, so a sequence's own tokens stay in order), and take
+        the prefix of that order with the best goodput. For each total it is the allocation
+        with the most expected tokens (exactly so for concave gains: chains, and trees whose
+        earlier nodes hit more)."""
+        units = []   # (tokens per draft token of its hull segment, sequence, budget)
+        for i, (g, cap) in enumerate(zip(gains, caps)):
+            k0 = 0
+            while k0 < cap:
+                k1 = max(range(k0 + 1, cap + 1), key=lambda k: (g[k] - g[k0]) / (k - k0))
+                slope = (g[k1] - g[k0]) / (k1 - k0)
+                units += [(slope, i, k) for k in range(k0 + 1, k1 + 1)]
+                k0 = k1
+        units.sort(key=lambda u: -u[0])   # stable: a sequence's segments have falling slopes
+        c, b = self.cost, len(gains)
+        emitted = float(b)
+        t = c.step_ms([0] * b)
+        best, take = (emitted / t if t > 0 else 0.0), 0
+        for n, (_, i, k) in enumerate(units, 1):
+            emitted += gains[i][k] - gains[i][k - 1]
+            t = c.verify_frac * c.ms(b, (b + n) / b)
+            if t > 0 and emitted / t > best * (1 + 1e-9):
+                best, take = emitted / t, n
+        ks = [0] * b
+        for _, i, k in units[:take]:
+            ks[i] = k
         return ks
 
     def stop_rule(self):
