@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -137,6 +138,33 @@ def test_a_stair_of_drafts_is_filled_together():
     assert ks == [4] * 4 + [0] * 4, ks
 
 
+def test_measured_step_times_correct_the_table():
+    """Drafting steps that measure 3x what the table says (and steps without drafts what it
+    says) are priced so, and drafting stops; a machine uniformly slower than its table changes
+    no decision."""
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.08 * (n - 1)))
+    for tree in (False, True):
+        slow = Controller(StepCost(mid), 4, tree=tree, prior_accept=0.7, explore_every=0)
+        drifted = Controller(StepCost(mid), 4, tree=tree, prior_accept=0.7, explore_every=0)
+        first = slow.budgets([0, 1], [100, 100])
+        assert min(first) > 0
+        seen = []
+        for step in range(40):
+            room = [100, 100] if step % 2 else [0, 0]   # half the steps cannot draft
+            ks = slow.budgets([0, 1], room)
+            seen.append(ks)
+            slow.timed(slow.cost.table_ms(ks)[0] * (3.0 if any(ks) else 1.0))
+            ks = drifted.budgets([0, 1], room)
+            assert ks == (first if step % 2 else [0, 0])
+            drifted.timed(drifted.cost.table_ms(ks)[0] * 3.0)
+        assert seen[-1] == [0, 0] and seen[-2] == [0, 0], seen
+        assert slow.contrasts == 0   # half the steps ran without drafts anyway
+        c = slow.cost
+        assert c.factor(c.table_ms(first)[1]) / c.factor(c.table_ms([0, 0])[1]) > 2.0
+        assert math.exp(drifted.cost.drift) == pytest.approx(3.0)
+        assert drifted.cost.factor(drifted.cost.table_ms(first)[1]) == pytest.approx(3.0)
+
+
 def test_pooled_prior_for_new_sequences():
     mid = table(lambda b, n: 10.0 * b * (1 + 0.2 * (n - 1)))
     ctl = Controller(StepCost(mid), 8, prior_accept=0.2)
@@ -199,11 +227,14 @@ from helpers import method_drafters, run_ids  # noqa: E402
 from specctl.runtime.controller import cost_for, max_budget  # noqa: E402
 
 
-def _ctl(drafter, model, tab, draft_frac=None, **kw):
+def _ctl(drafter, model, tab, draft_frac=None, timing=True, **kw):
     cost = cost_for(drafter, model, tab)
     if draft_frac is not None and cost.draft_frac:
         cost.draft_frac = draft_frac
-    return Controller(cost, max_budget(drafter), tree=drafter.name == "self-draft", **kw)
+    ctl = Controller(cost, max_budget(drafter), tree=drafter.name == "self-draft", **kw)
+    if not timing:   # priced by the synthetic table alone, not by the tiny model's step times
+        ctl.timed = lambda ms: None
+    return ctl
 
 
 def _prompts(n, seed=0, vocab=30):
@@ -220,7 +251,7 @@ def test_steep_profile_is_exactly_ar(model, batch):
             continue
         got, st = run_ids(model, prompts, batch_size=batch, max_tokens=12, drafter=dr,
                           speculate="auto", controller=_ctl(dr, model, steep, prior_accept=0.99,
-                                                            explore_every=0))
+                                                            explore_every=0, timing=False))
         assert got == ref, name
         assert st.steps == ar_stats.steps, name
         assert set(st.budget_hist) == {0} and set(st.accept_hist) == {0}, name
@@ -240,7 +271,8 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
             continue
         got, st = run_ids(model, prompts, batch_size=batch, max_tokens=12, drafter=dr,
                           speculate="auto",
-                          controller=_ctl(dr, model, flat, draft_frac=0.01, prior_accept=0.9))
+                          controller=_ctl(dr, model, flat, draft_frac=0.01, prior_accept=0.9,
+                                          timing=False))
         assert got == ref, name
         assert max(st.budget_hist) > 0, name
         assert sum(k * c for k, c in st.accept_hist.items()) > 0, name

@@ -69,6 +69,24 @@ ms of one verify step of b sequences with n new tokens each) and the method's dr
   its last shallow forward drafts nothing when no sequence has budget left, and then costs only
   the l layers (tail_frac: the adapter's KV rows are written without its attention or head).
   Self-Draft's host work per candidate is negligible against a forward (not modelled).
+Measured against predicted: the table is measured once, on an idle moment, at one context
+length, and prices the model's forwards only; a run's steps also pay the drafter's host
+work, attention over longer contexts, and whatever else shares the machine (on the 2-core CPU
+the same batch-8 step timed 67 ms in one minute and 100 the next, and the cost of a draft
+token for each sequence moved from +40% to +10% of it). So every step's measured ms is fed
+back (`timed`): per kind of step (its batch size, the table point its verify is priced at,
+its draft forwards), a moving average of measured / table ms over its last ~16 steps, shrunk
+toward the run's overall ratio (the drift) with 4 steps, a kind never run taking the drift.
+The predicted cost of a step is the table's times its kind's ratio: a stair of drafts that
+turns out dearer than the table says is priced at what it costs, and drafted less. (A uniform
+drift changes no decision: only ratios between kinds do.) Ratios between kinds are learnt
+only from kinds that run, and a run that drafts in every step never times a step without
+drafts, the one it must beat (on the 2-core CPU at batch 8 the table had a draft token for
+each sequence at +10%, and every step drafted): so when no step has gone without drafts for
+`explore_every` steps, the next one does (a contrast step), at a price of at most the
+speculation's gain in one step of 32 (only where steps are timed). The first few come sooner (after 2, 4, 8, 16 drafting
+steps), as a step's timing is noisy and a short run must learn the contrast early too.
+
 Exploration: a sequence at budget 0 drafts nothing, so nothing new is learnt about it, and an
 estimate that once ruled drafting out would rule it out for good (a sequence that turns
 repetitive later, a pooled prior that was too low). So every `explore_every` steps (default 32)
@@ -106,6 +124,7 @@ gives the full budget; in a mixed batch the sequences that accept more get large
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 import time
@@ -119,7 +138,8 @@ from specctl.store import atomic_write_json, make_manifest
 
 @dataclass
 class StepCost:
-    """Predicted ms of one step from the step-cost table and the method's draft cost."""
+    """Predicted ms of one step from the step-cost table and the method's draft cost, corrected
+    online by what the run's steps measure (`learn`, module docstring)."""
     table: StepTable
     padded: bool = False
     verify_frac: float = 1.0   # share of a full step the verify forward costs (Kangaroo < 1)
@@ -130,6 +150,10 @@ class StepCost:
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
     probe_on: bool = True      # whether this step's speculating sequences run their probes
     idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo, eager)
+    drift: float = 0.0         # log(measured / table ms), averaged over the run's steps (learn)
+    steps: int = 0             # steps learnt from
+    scale: dict = field(default_factory=dict, repr=False)   # step kind -> [its log ratio
+                                                            # less the drift, steps]
     _memo: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
@@ -142,17 +166,20 @@ class StepCost:
     def tokens(self, k: int) -> int:
         return 1 + k + (self.probe if k > 0 and self.probe_on else 0)
 
-    def step_ms(self, ks: list[int]) -> float:
+    def table_ms(self, ks: list[int]) -> tuple[float, tuple]:
+        """(the table's ms of a step with budgets ks, the kind of step: its batch size, the
+        table point its verify is priced at, its draft forwards, whether anything drafts)."""
         b = len(ks)
         if not b:
-            return 0.0
+            return 0.0, ()
         if self.padded:
             v = self.ms(b, max(self.tokens(k) for k in ks))
         else:
             v = self.ms(b, sum(self.tokens(k) for k in ks) / b)
         if self.idle_whole and not any(ks):
-            return v
+            return v, (b, round(v, 3), -1, False)
         total = self.verify_frac * v
+        depth = 0
         if self.draft_frac:
             depth = max(ks) + self.draft_extra
             top = max(ks)
@@ -160,7 +187,51 @@ class StepCost:
                 n_d = sum(1 for k in ks if k + self.draft_extra >= d)
                 frac = self.draft_frac if d <= top or self.tail_frac is None else self.tail_frac
                 total += frac * self.ms(n_d, 1)
-        return total
+        return total, (b, round(v, 3), depth, any(ks))
+
+    def _rel(self, key) -> float:
+        s = self.scale.get(key)
+        if s is None:
+            return 0.0
+        n = min(s[1], 4 * SCALE_MEMORY)
+        return s[0] * n / (n + SCALE_PRIOR)
+
+    def factor(self, kind: tuple) -> float:
+        """measured / table ms expected of a step of this kind (learn)."""
+        return math.exp(self.drift + self._rel((kind[0], kind[3])) + self._rel(kind))
+
+    def step_ms(self, ks: list[int]) -> float:
+        ms, kind = self.table_ms(ks)
+        return ms * self.factor(kind) if ms else 0.0
+
+    def learn(self, ks: list[int], measured_ms: float) -> None:
+        """A step with budgets ks took measured_ms. Moving averages of x = log(measured /
+        table ms): over all steps, the last ~SCALE_MEMORY (the drift: the machine's state
+        now, whatever the step), and of what is left of x, per class of step (batch size;
+        drafting or not) and then per kind, the last ~4 x SCALE_MEMORY of each (what a class
+        or kind costs more or less than the table says, lastingly), each shrunk toward 0 with
+        SCALE_PRIOR steps: a kind never run is priced as its class has been. In logs, and a
+        step more than twice off what it was expected to cost counts as twice: one step that
+        hit a page-in or a neighbour's burst must not price its kind for the next dozen."""
+        ms, kind = self.table_ms(ks)
+        if not ms > 0 or not measured_ms > 0:
+            return
+        x = math.log(measured_ms / ms)
+        if self.steps:
+            e = math.log(self.factor(kind))
+            x = min(e + math.log(2), max(e - math.log(2), x))
+        self.steps += 1
+        self.drift += (x - self.drift) / min(self.steps, SCALE_MEMORY)
+        x -= self.drift
+        for key in ((kind[0], kind[3]), kind):   # its class, then the kind itself
+            s = self.scale.setdefault(key, [0.0, 0])
+            s[1] += 1
+            s[0] += (x - s[0]) / min(s[1], 4 * SCALE_MEMORY)
+            x -= self._rel(key)
+
+
+SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
+SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
 
 
 @dataclass
@@ -200,6 +271,8 @@ class Controller:
         self.explore_cost = explore_cost
         self.probe_share = probe_share
         self.last_explore = 0
+        self.last_bare = 0     # the last step without drafts
+        self.contrasts = 0     # steps run without drafts to measure them (contrast steps)
         self.steps = 0
         self.explored = 0   # sequence-steps given an exploration budget
         self.pool = AcceptStats()
@@ -213,6 +286,7 @@ class Controller:
         self.hist: dict[int, int] = {}
         self.predicted_ms = 0.0
         self.last_predicted = 0.0
+        self.last_gain = 0.0   # the last budgets' expected emitted tokens
 
     # -- estimates ----------------------------------------------------------------------------
     def _pool_rate(self, j: int) -> float:
@@ -291,8 +365,17 @@ class Controller:
             if self.cost.step_ms(wide) - base <= self.explore_cost * since * base:
                 self.explored += sum(w > k for w, k in zip(wide, ks))
                 ks, self.last_explore = wide, self.steps
+        if any(ks) and self.explore_every and self.cost.steps \
+                and self.last_explore != self.steps \
+                and self.steps - self.last_bare >= min(self.explore_every,
+                                                       2 ** (self.contrasts + 1)):
+            ks = [0] * len(ks)   # a contrast step (module docstring)
+            self.contrasts += 1
+        if not any(ks):
+            self.last_bare = self.steps
         self.last_predicted = self.cost.step_ms(ks)
         self.predicted_ms += self.last_predicted
+        self.last_gain = sum(g[k] for g, k in zip(gains, ks))
         self.last_ks = list(ks)
         explored = self.last_explore == self.steps
         self.plan = None if self.tree or explored or not any(ks) else \
@@ -349,7 +432,8 @@ class Controller:
         best, take = (emitted / t if t > 0 else 0.0), 0
         for n, (_, i, k) in enumerate(units, 1):
             emitted += gains[i][k] - gains[i][k - 1]
-            t = c.verify_frac * c.ms(b, (b + n) / b)
+            v = c.ms(b, (b + n) / b)
+            t = c.verify_frac * v * c.factor((b, round(v, 3), 0, True))
             if t > 0 and emitted / t > best * (1 + 1e-9):
                 best, take = emitted / t, n
         ks = [0] * b
@@ -435,6 +519,10 @@ class Controller:
                         s.tried[j] += 1
                         if j < len(acc):
                             s.hit[j] += 1
+
+    def timed(self, ms: float) -> None:
+        """The step of the last budgets took `ms` (all of it: drafting, verify, bookkeeping)."""
+        self.cost.learn(self.last_ks, ms)
 
     def forget(self, key) -> None:
         self.seqs.pop(key, None)

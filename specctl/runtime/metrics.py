@@ -96,8 +96,9 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
 
 def speculation_metrics(cfg, stats) -> dict:
     """--speculate auto's record (runtime/controller.py): the budgets chosen (budget ->
-    sequence-steps), the predicted and measured mean step ms, and the goodput (emitted tokens
-    per second of step time)."""
+    sequence-steps), the predicted and measured mean step ms, the expected and verified tokens
+    per step (the bonus token and accepted drafts of every sequence: the controller's two
+    estimates checked), and the goodput (emitted tokens per second of step time)."""
     out: dict = {"mode": cfg.speculate}
     n = stats.controlled_steps if stats else 0
     if n:
@@ -105,9 +106,12 @@ def speculation_metrics(cfg, stats) -> dict:
             "budget_hist": {str(k): v for k, v in sorted(stats.budget_hist.items())},
             "controlled_steps": n,
             "explored_sequence_steps": stats.explored,
+            "contrast_steps": stats.contrasts,
             "confidence_stops": stats.confidence_stops,
             "predicted_step_ms": round(stats.predicted_step_ms / n, 3),
             "measured_step_ms": round(stats.measured_step_ms / n, 3),
+            "predicted_tokens_per_step": round(stats.predicted_tokens / n, 3),
+            "verified_tokens_per_step": round(stats.verified_tokens / n, 3),
             "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)
             if stats.measured_step_ms else 0.0,
             "profile_s": round(stats.profile_s, 3)})

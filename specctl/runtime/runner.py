@@ -58,13 +58,17 @@ class RunStats:
     probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
     # speculation control (runtime/controller.py): budgets chosen (budget -> sequence-steps),
-    # the controller's predicted ms of the steps and their measured ms (both summed over the
-    # controlled steps), and the seconds spent measuring the step-cost profile
+    # the controller's predicted ms of the steps and their measured ms, its expected tokens
+    # and the tokens the steps verified (all summed over the controlled steps), and the
+    # seconds spent measuring the step-cost profile
     budget_hist: dict[int, int] = field(default_factory=dict)
     predicted_step_ms: float = 0.0
     measured_step_ms: float = 0.0
+    predicted_tokens: float = 0.0
+    verified_tokens: int = 0       # the bonus token and the accepted drafts of each sequence
     controlled_steps: int = 0
     explored: int = 0              # sequence-steps given the controller's exploration budget
+    contrasts: int = 0             # steps the controller ran without drafts to time them
     confidence_stops: int = 0      # chains the controller ended early on a draft's confidence
     profile_s: float = 0.0
     preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
@@ -343,9 +347,10 @@ class Runner:
         ctl = self.controller
         if ctl is not None:
             t0 = time.perf_counter()
-            explored = ctl.explored
+            explored, contrasts = ctl.explored, ctl.contrasts
             budgets = ctl.budgets([s.slot for s in seqs], room)
             self.stats.explored += ctl.explored - explored
+            self.stats.contrasts += ctl.contrasts - contrasts
             room = [min(r, k) for r, k in zip(room, budgets)]
             for k in budgets:
                 self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
@@ -406,7 +411,11 @@ class Runner:
                         [p.forwards > 0 for p in props])
             self.stats.controlled_steps += 1
             self.stats.predicted_step_ms += ctl.last_predicted
-            self.stats.measured_step_ms += (time.perf_counter() - t0) * 1e3
+            self.stats.predicted_tokens += ctl.last_gain
+            self.stats.verified_tokens += sum(1 + len(v.accepted) for v in verdicts)
+            took = (time.perf_counter() - t0) * 1e3
+            ctl.timed(took)
+            self.stats.measured_step_ms += took
         self.stats.steps += 1
         self.stats.step_tokens += sum(ran)
         self.stats.probe_tokens += sum(probes)
