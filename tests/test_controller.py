@@ -111,6 +111,9 @@ def test_cpu_tables_price_rows_by_the_tile_they_cost():
     # batch 8: one draft token (9 rows) costs what one for each (16 rows) does
     assert t.ms(8, 9 / 8) == t.ms(8, 2) == 125.0
     assert t.ms(8, 1) == 100.0 and t.ms(8, 17 / 8) == t.ms(8, 3)
+    # fewer sequences than the row's batch: their own rows, against the row's points
+    assert t.ms(2, 1.5) == t.ms(2, 1) == 100.0                  # 3 rows (as 4) <= 8
+    assert t.ms(5, 2) == t.ms(8, 1.5) == 125.0                  # 10 rows as 16: n = 2 at 8
     # a table without tiles interpolates, and a stored CPU table keeps its tiles
     assert replace(t, tiles=False).ms(8, 9 / 8) == pytest.approx(103.125)
     assert StepTable.from_json(t.to_json()) == t
@@ -138,6 +141,33 @@ def test_a_stair_of_drafts_is_filled_together():
     assert ks == [4] * 4 + [0] * 4, ks
 
 
+def test_a_stair_with_draft_forwards_is_filled_too():
+    """draft-verify on the CPU: a draft forward for all 8 and a stair of verify rows pay
+    together (13.6 tokens in 155 ms against 8 in 100), no one sequence's draft alone does."""
+    t = StepTable("cpu", "float32", "sdpa", 128, (8,), NS,
+                  (tuple(100.0 + 25.0 * (n - 1) for n in NS),), tiles=True)
+    ctl = Controller(StepCost(t, draft_frac=0.3), 4, prior_accept=0.7)
+    assert ctl.budgets(list(range(8)), [100] * 8) == [1] * 8
+    assert ctl._greedy([ctl.gains(k, 4) for k in range(8)], [4] * 8) == [0] * 8
+
+
+def test_contrast_steps_time_a_step_without_drafts():
+    """A run that drafts every step runs one without drafts after 2, 4, 8, 16 and then 32
+    drafting steps, once its steps are timed (and never where they are not)."""
+    ctl = Controller(StepCost(flat), 4, prior_accept=0.7)
+    untimed = Controller(StepCost(flat), 4, prior_accept=0.7)
+    bare = []
+    for step in range(1, 71):
+        ks = ctl.budgets([0, 1], [100, 100])
+        if not any(ks):
+            bare.append(step)
+        ctl.timed(ctl.cost.table_ms(ks)[0])
+        assert any(untimed.budgets([0, 1], [100, 100]))
+    assert bare == [3, 8, 17, 34, 67] and ctl.contrasts == 5
+    # the contrast steps' timing was learnt as a class of its own
+    assert (False,) in ctl.cost.scale and (True,) in ctl.cost.scale
+
+
 def test_measured_step_times_correct_the_table():
     """Drafting steps that measure 3x what the table says (and steps without drafts what it
     says) are priced so, and drafting stops; a machine uniformly slower than its table changes
@@ -158,8 +188,10 @@ def test_measured_step_times_correct_the_table():
             assert ks == (first if step % 2 else [0, 0])
             drifted.timed(drifted.cost.table_ms(ks)[0] * 3.0)
         assert seen[-1] == [0, 0] and seen[-2] == [0, 0], seen
-        assert slow.contrasts == 0   # half the steps ran without drafts anyway
         c = slow.cost
+        assert c.factor(c.table_ms(first)[1]) / c.factor(c.table_ms([0, 0])[1]) > 2.0
+        for _ in range(64):   # no drafting since: what drafting costs is not forgotten
+            slow.timed(c.table_ms(slow.budgets([0, 1], [100, 100]))[0])
         assert c.factor(c.table_ms(first)[1]) / c.factor(c.table_ms([0, 0])[1]) > 2.0
         assert math.exp(drifted.cost.drift) == pytest.approx(3.0)
         assert drifted.cost.factor(drifted.cost.table_ms(first)[1]) == pytest.approx(3.0)
@@ -389,8 +421,10 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
 def test_step_table_seconds_counts_the_measured_steps():
     from specctl.runtime.controller import STEP_NS, STEP_REPEATS, STEP_WARMUP, step_table_seconds
     runs = STEP_WARMUP + STEP_REPEATS   # each point: warm-up, then timed repeats
-    assert step_table_seconds(8, lambda b, n: b * n) == runs * 9 * sum(STEP_NS)   # batches 1, 8
-    assert step_table_seconds(1, lambda b, n: 1.0) == runs * len(STEP_NS)
+    # batches 1 and 8, and each round's first point once more (untimed, to warm it)
+    assert step_table_seconds(8, lambda b, n: b * n) == \
+        runs * 9 * (sum(STEP_NS) + STEP_NS[0])
+    assert step_table_seconds(1, lambda b, n: 1.0) == runs * (len(STEP_NS) + 1)
 
 
 def test_exploration_costs_at_most_its_share():

@@ -95,7 +95,8 @@ def gemm_rows(m: int) -> int:
 def tile_rows(m: int) -> int:
     """The row count whose cost a CPU step of m packed rows pays: 3 as 4, 5-7 as 8, and past
     8 up to the next multiple of 8 (gemm_rows pads most of these; 9 and 17 rows, left
-    unpadded, cost what 16 and 24 do, and 5-7 what 8 does). The step-cost table prices CPU
+    unpadded, cost what 16 and 24 do, and 5-7 what 8 does). One row stays one: gemm_rows pads
+    it to two, but the table measures it as it runs. The step-cost table prices CPU
     steps by it (StepTable.ms): at batch 8 one sequence's draft token makes 9 rows, and it
     costs what a draft token for each of the 8 does."""
     if m <= 2:

@@ -46,16 +46,16 @@ class StepTable:
     def ms(self, b: int, n: float) -> float:
         """Measured ms of b x n; between measured points, linear in n at the nearest batch
         size at or above b (the largest one past the table). n may be fractional: the mean
-        tokens of an uneven batch. With tiles (a CPU table) the rows that n makes in that
-        batch size's row cost what the rows of the tile they round up to cost (tile_rows), so
-        the row is read in tiles: at batch 8, n = 1.125 (one draft token, 9 rows) costs what
-        n = 2 (16 rows) does."""
+        tokens of an uneven batch. With tiles (a CPU table) the row is read in rows rounded
+        up to the tile they cost (tile_rows), the step's b * n against the row's measured
+        points: at batch 8, n = 1.125 (one draft token, 9 rows) costs what n = 2 (16 rows)
+        does, and 2 sequences of 1.5 tokens (3 rows, as 4) what the batch-8 row's first
+        point (8 rows) does."""
         i = next((i for i, x in enumerate(self.batches) if x >= b), len(self.batches) - 1)
         row, ns = self.table[i], self.ns
         if self.tiles:
-            rows = self.batches[i]
-            n = tile_rows(math.ceil(rows * n - 1e-6))
-            ns = [tile_rows(rows * m) for m in ns]   # the measured points, in tiles
+            n = tile_rows(math.ceil(b * n - 1e-6))
+            ns = [tile_rows(self.batches[i] * m) for m in ns]   # the measured points' rows
         if n <= ns[0]:
             return row[0]
         for j in range(1, len(ns)):
@@ -118,8 +118,7 @@ def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64
             # a round starts from its smallest step right after its largest, which leaves the
             # caches and the allocator cold for it: one untimed run of it first (a decoding
             # step follows steps of its own size). Timed cold at batch 8 on the 2-core CPU,
-            # n = 1 after n = 64 took 81 ms against 67 after n = 1, and the table priced a
-            # draft token for each sequence at +9% where it costs +40%.
+            # n = 1 after n = 64 took 81 ms against 67 after n = 1.
             model.argmax(model.run(steps[0], kv)).tolist()
             for j, batch in enumerate(steps):
                 _sync(dev)

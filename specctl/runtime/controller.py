@@ -15,10 +15,11 @@ Expected emitted tokens (gain)
   The bonus token makes the 1: budget 0 still emits one token. a_j is estimated online per
   sequence and per position (accepted / tried at position j, where position j is "tried" when
   the budget allowed it and 1..j-1 were accepted: a draft the drafter's own confidence exit
-  dropped after its draft forward ran is a miss, since the forward was paid for), shrunk toward the run's pooled estimate of the same
-  position with `prior_weight` pseudo-trials, which itself starts from `prior_accept` with
-  `prior_weight` pseudo-trials: a short sequence is never guessed blind, and a sequence that
-  accepts more than the pool gets larger budgets as soon as its own counts say so.
+  dropped after its draft forward ran is a miss, since the forward was paid for), shrunk
+  toward the run's pooled estimate of the same position with `prior_weight` pseudo-trials,
+  which itself starts from `prior_accept` with `prior_weight` pseudo-trials: a short sequence
+  is never guessed blind, and a sequence that accepts more than the pool gets larger budgets
+  as soon as its own counts say so.
   The budget is a cap, chosen before anything is drafted. While drafting, each chain draft's
   confidence c (the drafter's probability of its token) updates the sequence's prospects:
   acceptance given confidence is learnt online over the run (`calib`: accepted / tried per
@@ -74,18 +75,22 @@ length, and prices the model's forwards only; a run's steps also pay the drafter
 work, attention over longer contexts, and whatever else shares the machine (on the 2-core CPU
 the same batch-8 step timed 67 ms in one minute and 100 the next, and the cost of a draft
 token for each sequence moved from +40% to +10% of it). So every step's measured ms is fed
-back (`timed`): per kind of step (its batch size, the table point its verify is priced at,
-its draft forwards), a moving average of measured / table ms over its last ~16 steps, shrunk
-toward the run's overall ratio (the drift) with 4 steps, a kind never run taking the drift.
-The predicted cost of a step is the table's times its kind's ratio: a stair of drafts that
-turns out dearer than the table says is priced at what it costs, and drafted less. (A uniform
-drift changes no decision: only ratios between kinds do.) Ratios between kinds are learnt
-only from kinds that run, and a run that drafts in every step never times a step without
-drafts, the one it must beat (on the 2-core CPU at batch 8 the table had a draft token for
-each sequence at +10%, and every step drafted): so when no step has gone without drafts for
-`explore_every` steps, the next one does (a contrast step), at a price of at most the
-speculation's gain in one step of 32 (only where steps are timed). The first few come sooner (after 2, 4, 8, 16 drafting
-steps), as a step's timing is noisy and a short run must learn the contrast early too.
+back (`timed`, StepCost.learn): x = log(measured / table ms) is modelled as a drift (what
+every step costs beyond the table now: the last ~16 steps) plus a class (whether the step
+drafts) plus a kind (its batch size, the table point its verify is priced at, its draft
+forwards), the last two learnt over their last ~64 steps each and shrunk toward 0 with 2
+steps, so a kind never run is priced by the drift and its class; a step more than twice off
+its expected cost counts as twice (one page-in must not price a kind for a dozen steps),
+but for the first of its class. The predicted cost of a step is the table's times exp(x): a
+stair of drafts that turns out dearer than the table says is priced at what it costs, and
+drafted less. (A uniform drift changes no decision: only ratios between kinds do.) Classes
+and kinds are learnt only from steps that run, and a run that drafts in every step never
+times a step without drafts, the one it must beat (on the 2-core CPU at batch 8 the table
+had a draft token for each sequence at +10%, and every step drafted): so, once steps are
+timed, after 2, 4, 8 and 16 drafting steps in a row and then every `explore_every` (32; 0:
+never), one step runs without drafts (a contrast step; early ones come sooner as one step's
+timing is noisy and a short run must learn the contrast too). Past the first ~30 steps that
+costs at most the speculation's gain in one step of 32.
 
 Exploration: a sequence at budget 0 drafts nothing, so nothing new is learnt about it, and an
 estimate that once ruled drafting out would rule it out for good (a sequence that turns
@@ -107,18 +112,21 @@ prepare`, and kept in the store, per model, device, dtype, attention backend and
 `step_table_for`. It is the one cost profile: search-skip and train-adapter's exit-layer sweep
 price on the batch-1 table with the same shares (skip_draft_frac, kangaroo_cost).
 
-Search. Where the cost follows the step's total tokens only (packed CPU verify steps without
-draft forwards or probes: Self-Draft and `ar` on the CPU), by the best prefix (`_fill`): every
-draft token of every sequence in order of the tokens it is expected to add (each sequence's
-upper concave hull of gain(k), steepest first), and the prefix of that order with the best
-goodput taken. On a staircase cost no single draft pays for the first stair while a stair's
-worth of them may, which a one-change-at-a-time search never finds. Elsewhere (padded
-steps, draft forwards, probes), greedy marginal goodput (`_greedy`): start from k = 0; each
-round, for every sequence, try raising its budget to every larger value (a jump, not only
-+1: the first draft forward is paid once and shared, so goodput is not concave in one
-sequence's k), keep the single change with the highest goodput, stop when none improves it.
-Either way a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one
-gives the full budget; in a mixed batch the sequences that accept more get larger budgets.
+Search. By the best prefix (`_fill`): every draft token of every sequence in the order of the
+tokens it is expected to add (each sequence's upper concave hull of gain(k), steepest
+first), and the prefix of that order with the best goodput taken. On a staircase cost (the
+CPU's tiles) no single draft pays for the first stair while a stair's worth of them may,
+which a one-change-at-a-time search never finds. Greedy marginal goodput (`_greedy`):
+start from k = 0; each round, for every sequence, try raising its budget to every larger
+value (a jump, not only +1: the first draft forward is paid once and shared, so goodput is
+not concave in one sequence's k), keep the single change with the highest goodput, stop
+when none improves it. Where the step is priced by its total tokens alone (unpadded steps
+without draft forwards or probes: Self-Draft on the CPU, or on CUDA without graphs) the
+prefix search runs alone (exact there for concave gains); unpadded steps with draft forwards
+or probes take the better of the two; padded steps (CUDA graphs: a step costs by its
+longest sequence's bucket) the greedy search. Either way a steep verify cost gives every
+sequence 0 (exactly `ar`'s steps); a flat one gives the full budget; in a mixed batch the
+sequences that accept more get larger budgets.
 """
 
 from __future__ import annotations
@@ -150,10 +158,10 @@ class StepCost:
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
     probe_on: bool = True      # whether this step's speculating sequences run their probes
     idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo, eager)
-    drift: float = 0.0         # log(measured / table ms), averaged over the run's steps (learn)
+    drift: float = 0.0         # log(measured / table ms) common to every step now (learn)
     steps: int = 0             # steps learnt from
-    scale: dict = field(default_factory=dict, repr=False)   # step kind -> [its log ratio
-                                                            # less the drift, steps]
+    scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it
+                     # drafts) or a kind (table_ms) -> [its log ratio beyond the drift, steps]
     _memo: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
@@ -198,32 +206,40 @@ class StepCost:
 
     def factor(self, kind: tuple) -> float:
         """measured / table ms expected of a step of this kind (learn)."""
-        return math.exp(self.drift + self._rel((kind[0], kind[3])) + self._rel(kind))
+        return math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
 
     def step_ms(self, ks: list[int]) -> float:
         ms, kind = self.table_ms(ks)
         return ms * self.factor(kind) if ms else 0.0
 
     def learn(self, ks: list[int], measured_ms: float) -> None:
-        """A step with budgets ks took measured_ms. Moving averages of x = log(measured /
-        table ms): over all steps, the last ~SCALE_MEMORY (the drift: the machine's state
-        now, whatever the step), and of what is left of x, per class of step (batch size;
-        drafting or not) and then per kind, the last ~4 x SCALE_MEMORY of each (what a class
-        or kind costs more or less than the table says, lastingly), each shrunk toward 0 with
-        SCALE_PRIOR steps: a kind never run is priced as its class has been. In logs, and a
-        step more than twice off what it was expected to cost counts as twice: one step that
-        hit a page-in or a neighbour's burst must not price its kind for the next dozen."""
+        """A step with budgets ks took measured_ms; x = log(measured / table ms) is modelled
+        as drift + class + kind:
+        - the drift, what every step costs beyond the table now (the machine's state, the
+          context length): a moving average of x less the other two over the last
+          ~SCALE_MEMORY steps;
+        - the class (whether the step drafts: the drafter's host work, what the table's
+          drafting points misprice) and the kind (table_ms: batch size, table point, draft
+          forwards): moving averages of what is left of x over their last ~4 x SCALE_MEMORY
+          steps, each shrunk toward 0 with SCALE_PRIOR steps, so a kind never run is priced
+          by the drift and its class.
+        In logs, and a step more than twice off what it was expected to cost counts as twice
+        (one step that hit a page-in or a neighbour's burst must not price its kind for the
+        next dozen), unless its class has never been timed: a contrast step's first timing
+        is the news it was run for."""
         ms, kind = self.table_ms(ks)
         if not ms > 0 or not measured_ms > 0:
             return
+        cls = kind[3:]
         x = math.log(measured_ms / ms)
-        if self.steps:
+        if cls in self.scale:
             e = math.log(self.factor(kind))
             x = min(e + math.log(2), max(e - math.log(2), x))
         self.steps += 1
-        self.drift += (x - self.drift) / min(self.steps, SCALE_MEMORY)
+        self.drift += (x - self._rel(cls) - self._rel(kind) - self.drift) / \
+            min(self.steps, SCALE_MEMORY)
         x -= self.drift
-        for key in ((kind[0], kind[3]), kind):   # its class, then the kind itself
+        for key in (cls, kind):
             s = self.scale.setdefault(key, [0.0, 0])
             s[1] += 1
             s[0] += (x - s[0]) / min(s[1], 4 * SCALE_MEMORY)
@@ -353,10 +369,16 @@ class Controller:
             c.probe_on = c.step_ms(one) <= (1 + self.probe_share) * bare
         caps = [max(0, min(self.K, r)) for r in room]
         gains = [self.gains(k, c) for k, c in zip(keys, caps)]
-        if not c.padded and not c.draft_frac and not (c.probe and c.probe_on):
-            ks = self._fill(gains, caps)
-        else:
+        if c.padded:
             ks = self._greedy(gains, caps)
+        elif not c.draft_frac and not (c.probe and c.probe_on):
+            ks = self._fill(gains, caps)
+        else:   # a staircase with draft forwards or probes on it: the better of the two
+
+            def good(ks):
+                t = c.step_ms(ks)
+                return sum(g[k] for g, k in zip(gains, ks)) / t if t > 0 else 0.0
+            ks = max(self._fill(gains, caps), self._greedy(gains, caps), key=good)
         self.steps += 1
         since = self.steps - self.last_explore
         if self.explore_every and since >= self.explore_every:
@@ -367,8 +389,8 @@ class Controller:
                 ks, self.last_explore = wide, self.steps
         if any(ks) and self.explore_every and self.cost.steps \
                 and self.last_explore != self.steps \
-                and self.steps - self.last_bare >= min(self.explore_every,
-                                                       2 ** (self.contrasts + 1)):
+                and self.steps - self.last_bare > min(self.explore_every,
+                                                      2 ** (self.contrasts + 1)):
             ks = [0] * len(ks)   # a contrast step (module docstring)
             self.contrasts += 1
         if not any(ks):
@@ -408,32 +430,40 @@ class Controller:
             ks[i] = k
 
     def _fill(self, gains: list[list[float]], caps: list[int]) -> list[int]:
-        """The budgets when the step's cost follows its total tokens only (packed CPU steps,
-        no draft forwards, no probes). The cost is a staircase there (tile_rows: at batch 8 the
-        9th to 16th rows cost alike), so no single draft pays for the first stair while eight
-        together may: the greedy search would stop at its first stair. Instead: order every
-        draft token of every sequence by its expected tokens (each sequence's upper concave
-        hull of gain(k), steepest first, so a sequence's own tokens stay in order), and take
-        the prefix of that order with the best goodput. For each total it is the allocation
-        with the most expected tokens (exactly so for concave gains: chains, and trees whose
-        earlier nodes hit more)."""
+        """The budgets by the best prefix (module docstring): every draft token of every
+        sequence in the order of the tokens it is expected to add (each sequence's upper
+        concave hull of gain(k), steepest first, so a sequence's own tokens stay in order),
+        and the prefix of that order with the best goodput. For each total it is the
+        allocation with the most expected tokens (exactly so for concave gains: chains, and
+        trees whose earlier nodes hit more)."""
         units = []   # (tokens per draft token of its hull segment, sequence, budget)
         for i, (g, cap) in enumerate(zip(gains, caps)):
-            k0 = 0
-            while k0 < cap:
-                k1 = max(range(k0 + 1, cap + 1), key=lambda k: (g[k] - g[k0]) / (k - k0))
-                slope = (g[k1] - g[k0]) / (k1 - k0)
-                units += [(slope, i, k) for k in range(k0 + 1, k1 + 1)]
-                k0 = k1
-        units.sort(key=lambda u: -u[0])   # stable: a sequence's segments have falling slopes
+            hull = [0]   # the upper concave hull of (k, g[k]), k = 0..cap (monotone chain)
+            for k in range(1, cap + 1):
+                while len(hull) > 1 and (g[hull[-1]] - g[hull[-2]]) * (k - hull[-1]) <= \
+                        (g[k] - g[hull[-1]]) * (hull[-1] - hull[-2]):
+                    hull.pop()
+                hull.append(k)
+            top = math.inf
+            for a, z in zip(hull, hull[1:]):
+                top = min(top, (g[z] - g[a]) / (z - a))   # falling, whatever the rounding
+                units += [(top, i, k) for k in range(a + 1, z + 1)]
+        units.sort(key=lambda u: -u[0])   # stable: a sequence's tokens stay in order
         c, b = self.cost, len(gains)
+        # with nothing but the verify to price, the cost follows the total tokens: O(1) a token
+        packed = not c.padded and not c.draft_frac and not (c.probe and c.probe_on)
+        ks = [0] * b
         emitted = float(b)
-        t = c.step_ms([0] * b)
+        t = c.step_ms(ks)
         best, take = (emitted / t if t > 0 else 0.0), 0
         for n, (_, i, k) in enumerate(units, 1):
             emitted += gains[i][k] - gains[i][k - 1]
-            v = c.ms(b, (b + n) / b)
-            t = c.verify_frac * v * c.factor((b, round(v, 3), 0, True))
+            ks[i] = k
+            if packed:
+                v = c.ms(b, (b + n) / b)
+                t = c.verify_frac * v * c.factor((b, round(v, 3), 0, True))
+            else:
+                t = c.step_ms(ks)
             if t > 0 and emitted / t > best * (1 + 1e-9):
                 best, take = emitted / t, n
         ks = [0] * b
@@ -468,6 +498,7 @@ class Controller:
                 return False
             # the plan without sequence i's rest: later decisions price against it
             emitted -= g[k] - g[j]
+            self.last_gain -= g[k] - g[j]
             ms -= saved
             ks[i] = j
             self.conf_stops += 1
@@ -586,8 +617,11 @@ def step_table_path(store, fingerprint: str, model, batch_size: int):
 
 def step_table_seconds(batch_size: int, step_s) -> float:
     """About how long step_table_for measures, given step_s(b, n): seconds of a step of b
-    sequences x n tokens (for an estimate before measuring)."""
-    steps = sum(step_s(b, n) for b in sorted({1, batch_size}) for n in STEP_NS)
+    sequences x n tokens (for an estimate before measuring). Each round runs its first step
+    once more, untimed (measure_step_table)."""
+    batches = sorted({1, batch_size})
+    steps = sum(step_s(b, n) for b in batches for n in STEP_NS) + \
+        sum(step_s(b, STEP_NS[0]) for b in batches)
     return (STEP_WARMUP + STEP_REPEATS) * steps
 
 
