@@ -312,6 +312,25 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
         assert st.controlled_steps == st.steps and st.predicted_step_ms > 0
 
 
+def test_thread_trials_weigh_steps_by_their_table_cost(model, monkeypatch):
+    """Under --speculate auto the CPU thread tuner compares its trials per step-cost-table ms,
+    not per token: per token a trial whose steps drafted more would win whatever its threads."""
+    from specctl.runtime.threads import ThreadTuner
+    seen = []
+    monkeypatch.setattr(ThreadTuner, "after", lambda self, s, work: seen.append(work))
+    prompts = _prompts(4, seed=1)
+    ref, _ = run_ids(model, prompts, batch_size=3, max_tokens=12)
+    dr = method_drafters(model, prompts, ref)["self-draft"]
+    ctl = _ctl(dr, model, flat, prior_accept=0.9, timing=False)
+    seen.clear()
+    run_ids(model, prompts, batch_size=3, max_tokens=12, drafter=dr, speculate="auto",
+            controller=ctl)
+    assert seen and all(10.0 < w < 11.0 for w in seen)   # flat: 10 ms + 0.001 a token
+    seen.clear()
+    run_ids(model, prompts, batch_size=3, max_tokens=12)   # ar: packed tokens
+    assert seen and all(w in (1, 2, 3) for w in seen)
+
+
 def test_random_profiles_are_lossless(model):
     """Budgets anywhere between 0 and full, changing step to step: greedy still equals ar."""
     for seed in range(6):

@@ -12,10 +12,11 @@ tries the candidates now and then and keeps the fastest:
     while ...:
         tuner.before()               # sets torch's thread count for this step
         step()
-        tuner.after(seconds, tokens) # seconds per packed token of this step
+        tuner.after(seconds, work)   # seconds per unit of work of this step (packed
+                                     # tokens, or the step-cost table's ms of the step)
 
 It trials every candidate for `trial` steps, keeps the one with the lowest median time per
-token, and trials again after `period` steps; a trial that confirms the choice doubles the
+unit of work, and trials again after `period` steps; a trial that confirms the choice doubles the
 period (up to `max_period`), a switch resets it, so a steady machine pays for trials rarely.
 """
 
@@ -50,7 +51,7 @@ class ThreadTuner:
             torch.set_num_threads(n)
             self._current = n
 
-    def after(self, seconds: float, tokens: int) -> None:
+    def after(self, seconds: float, tokens: float) -> None:
         if len(self.options) == 1:
             return
         if not self._queue:
