@@ -185,7 +185,7 @@ class StepCost:
         else:
             v = self.ms(b, sum(self.tokens(k) for k in ks) / b)
         if self.idle_whole and not any(ks):
-            return v, (b, round(v, 3), -1, False)
+            return v, step_kind(b, v, -1, False)
         total = self.verify_frac * v
         depth = 0
         if self.draft_frac:
@@ -195,7 +195,7 @@ class StepCost:
                 n_d = sum(1 for k in ks if k + self.draft_extra >= d)
                 frac = self.draft_frac if d <= top or self.tail_frac is None else self.tail_frac
                 total += frac * self.ms(n_d, 1)
-        return total, (b, round(v, 3), depth, any(ks))
+        return total, step_kind(b, v, depth, any(ks))
 
     def _rel(self, key) -> float:
         s = self.scale.get(key)
@@ -246,6 +246,13 @@ class StepCost:
             x -= self._rel(key)
 
 
+def step_kind(b: int, verify_ms: float, depth: int, drafts: bool) -> tuple:
+    """The kind of a step StepCost.learn prices apart: its batch size, the table point its
+    verify is priced at, its draft forwards (-1: one plain forward), whether anything drafts
+    (the last, alone, is its class)."""
+    return b, round(verify_ms, 3), depth, drafts
+
+
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
 SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
 
@@ -294,7 +301,7 @@ class Controller:
         self.pool = AcceptStats()
         self.seqs: dict = {}
         self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
-        self.plan: tuple | None = None   # the last budgets' (gains, emitted, ms) for stop_rule
+        self.plan: tuple | None = None   # the last budgets' (gains, ms) for stop_rule
         self.conf_stops = 0   # chains ended early by stop_rule
         self.last_ks: list[int] = []   # the last budgets, cut where stop_rule ended a chain
                                        # (what observe learns against)
@@ -401,7 +408,7 @@ class Controller:
         self.last_ks = list(ks)
         explored = self.last_explore == self.steps
         self.plan = None if self.tree or explored or not any(ks) else \
-            (gains, sum(g[k] for g, k in zip(gains, ks)), self.last_predicted)
+            (gains, self.last_predicted)
         for k in ks:
             self.hist[k] = self.hist.get(k, 0) + 1
         return ks
@@ -461,7 +468,7 @@ class Controller:
             ks[i] = k
             if packed:
                 v = c.ms(b, (b + n) / b)
-                t = c.verify_frac * v * c.factor((b, round(v, 3), 0, True))
+                t = c.verify_frac * v * c.factor(step_kind(b, v, 0, True))
             else:
                 t = c.step_ms(ks)
             if t > 0 and emitted / t > best * (1 + 1e-9):
@@ -478,12 +485,12 @@ class Controller:
         nothing to decide (trees, an exploring step, every budget 0)."""
         if self.plan is None:
             return None
-        gains, emitted, ms = self.plan
-        ks = self.last_ks   # cut in place where a chain stops
+        gains, ms = self.plan
+        ks = self.last_ks   # cut in place where a chain stops (and last_gain with it)
         ratio = [1.0] * len(ks)   # prod r(c) of each sequence's drafts so far
 
         def stop(i: int, j: int, conf: float) -> bool:
-            nonlocal emitted, ms
+            nonlocal ms
             ratio[i] *= self.calibrated(conf) / self._pool_mean()
             k = ks[i]
             if j >= k or ms <= 0:
@@ -494,10 +501,9 @@ class Controller:
             tail = min(1.0, p_j * ratio[i]) / p_j * (g[k] - g[j]) if p_j > 0 else 0.0
             shorter = ks[:i] + [j] + ks[i + 1:]
             saved = ms - self.cost.step_ms(shorter)
-            if tail >= emitted / ms * saved:
+            if tail >= self.last_gain / ms * saved:
                 return False
             # the plan without sequence i's rest: later decisions price against it
-            emitted -= g[k] - g[j]
             self.last_gain -= g[k] - g[j]
             ms -= saved
             ks[i] = j

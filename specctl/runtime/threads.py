@@ -16,8 +16,9 @@ tries the candidates now and then and keeps the fastest:
                                      # tokens, or the step-cost table's ms of the step)
 
 It trials every candidate for `trial` steps, keeps the one with the lowest median time per
-unit of work, and trials again after `period` steps; a trial that confirms the choice doubles the
-period (up to `max_period`), a switch resets it, so a steady machine pays for trials rarely.
+unit of work, and trials again after `period` steps; a trial that confirms the choice doubles
+the period (up to `max_period`), a switch resets it, so a steady machine pays for trials
+rarely.
 """
 
 from __future__ import annotations
@@ -51,14 +52,14 @@ class ThreadTuner:
             torch.set_num_threads(n)
             self._current = n
 
-    def after(self, seconds: float, tokens: float) -> None:
+    def after(self, seconds: float, work: float) -> None:
         if len(self.options) == 1:
             return
         if not self._queue:
             self._since += 1
             return
         n = self._queue.pop(0)
-        self._seen.setdefault(n, []).append(seconds / max(tokens, 1))
+        self._seen.setdefault(n, []).append(seconds / max(work, 1))
         if not self._queue:   # trial over: keep the fastest
             best = min(self._seen, key=lambda k: statistics.median(self._seen[k]))
             self.period = min(2 * self.period, self.max_period) if best == self.choice \
