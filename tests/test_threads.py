@@ -41,3 +41,18 @@ def test_one_core_has_nothing_to_tune():
     t.before()
     t.after(1.0, 1)
     assert t.choice == 1
+
+
+def test_work_below_one_unit_still_divides():
+    """Work in table ms can be under 1 (a small model): the trials compare seconds per unit
+    of it, not seconds, so a candidate whose trial steps did more work is not penalized."""
+    old = torch.get_num_threads()
+    try:
+        t = ThreadTuner(2, trial=2, period=8)
+        for _ in range(4):   # the first trial: 1 thread, then 2
+            t.before()
+            n = torch.get_num_threads()
+            t.after(1.0, 0.5) if n == 1 else t.after(0.8, 0.25)   # 2 s/unit against 3.2
+        assert t.choice == 1
+    finally:
+        torch.set_num_threads(old)

@@ -59,7 +59,7 @@ class ThreadTuner:
             self._since += 1
             return
         n = self._queue.pop(0)
-        self._seen.setdefault(n, []).append(seconds / max(work, 1))
+        self._seen.setdefault(n, []).append(seconds / work if work > 0 else seconds)
         if not self._queue:   # trial over: keep the fastest
             best = min(self._seen, key=lambda k: statistics.median(self._seen[k]))
             self.period = min(2 * self.period, self.max_period) if best == self.choice \
