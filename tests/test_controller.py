@@ -120,6 +120,8 @@ def test_cpu_tables_price_rows_by_the_tile_they_cost():
     old = t.to_json()
     del old["tiles"]
     assert StepTable.from_json(old).tiles
+    with pytest.raises(ValueError, match="tiles"):
+        StepTable.from_json({**t.to_json(), "tiles": "no"})
 
 
 def test_a_stair_of_drafts_is_filled_together():
@@ -329,6 +331,25 @@ def test_thread_trials_weigh_steps_by_their_table_cost(model, monkeypatch):
     seen.clear()
     run_ids(model, prompts, batch_size=3, max_tokens=12)   # ar: packed tokens
     assert seen and all(w in (1, 2, 3) for w in seen)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_timed_steps_and_contrast_steps_stay_lossless(model, batch):
+    """With step times fed back (the online correction) and contrast steps run, every method's
+    greedy output is still ar's."""
+    prompts = _prompts(10, seed=3)
+    ref, _ = run_ids(model, prompts, batch_size=batch, max_tokens=16)
+    contrasts = 0
+    for name, dr in method_drafters(model, prompts, ref).items():
+        if dr is None:
+            continue
+        ctl = _ctl(dr, model, flat, draft_frac=0.01, prior_accept=0.9)
+        got, st = run_ids(model, prompts, batch_size=batch, max_tokens=16, drafter=dr,
+                          speculate="auto", controller=ctl)
+        assert got == ref, name
+        assert ctl.cost.steps == st.controlled_steps > 0, name
+        contrasts += st.contrasts
+    assert contrasts > 0
 
 
 def test_random_profiles_are_lossless(model):

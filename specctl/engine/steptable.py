@@ -69,6 +69,8 @@ class StepTable:
 
     @classmethod
     def from_json(cls, d: dict) -> "StepTable":
+        if not isinstance(d.get("tiles", False), bool):
+            raise ValueError("malformed step table: tiles must be true or false")
         t = cls(str(d["device"]), str(d["dtype"]), str(d["attention"]), int(d["context"]),
                 tuple(int(x) for x in d["batches"]), tuple(int(x) for x in d["ns"]),
                 tuple(tuple(float(v) for v in row) for row in d["table"]),
