@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from specctl.runtime.controller import make_controller
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
 from specctl.speculative.drafter import NoDraft
@@ -18,10 +19,14 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
     reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens)
             for i in range(len(prompts))]
     results: dict[int, list[int]] = {}
-    runner = Runner(model, drafter or NoDraft(), sampling or SamplingParams(),
+    drafter = drafter or NoDraft()
+    if speculate == "auto" and controller is None and drafter.price().max_draft > 0:
+        controller = make_controller(drafter, model, batch_size)
+    runner = Runner(model, drafter, sampling or SamplingParams(),
                     batch_size=batch_size, max_len=max_len, eos_ids=set(eos_ids),
                     render=lambda r: prompts[r.index], decode=lambda ids: " ".join(map(str, ids)),
-                    prefill_chunk=prefill_chunk, speculate=speculate, controller=controller,
+                    prefill_chunk=prefill_chunk,
+                    controller=controller if speculate == "auto" else None,
                     kv_budget=kv_budget)
     stats = runner.run(reqs, lambda r: results.__setitem__(r.index, r.answer_ids[0]))
     return [results[i] for i in range(len(prompts))], stats

@@ -88,7 +88,8 @@ def bench(prompts, store, model, *extra):
                   *extra)
 
 
-SPEC = ("--methods", "ar,draft-verify", "--batch-sizes", "1,3", "--gamma0", 0, "--max-draft", 4)
+SPEC = ("--methods", "ar,draft-verify", "--batch-sizes", "1,3", "--gamma0", 0, "--max-draft", 4,
+        "--speculate", "fixed")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +97,7 @@ def full(work, prompts, skip_file, tiny_llama):
     store = work / "store"
     r = ok(bench(prompts, store, tiny_llama, "--methods", "ar,draft-verify,hf,hf-prompt-lookup",
                  "--batch-sizes", "1,3", "--skip-set", skip_file, "--gamma0", 0,
-                 "--max-draft", 4))
+                 "--max-draft", 4, "--speculate", "fixed"))   # (drafting whatever it costs)
     (d,) = benches(store)
     return {"r": r, "store": store, "dir": d, "res": json.loads((d / "results.json").read_text())}
 
@@ -181,7 +182,7 @@ class WrongToken(NoDraft):
     def __init__(self):
         self.calls = 0
 
-    def observe(self, seqs, proposals, verdicts):
+    def observe(self, seqs, proposals, verdicts, probe_out):
         self.calls += 1
         if self.calls == 3:
             s = seqs[0]
@@ -345,3 +346,40 @@ def test_match_column_says_how_close_divergences_were():
     assert _match(rep) == "NO (repeats differ; vs ar b1: near-ties, gap ≤ 0.125)"
     own = {**rep, "mismatch": None, "divergence": {**div, "vs": "its first repeat"}}
     assert _match(own) == "NO (repeats differ; near-ties, gap ≤ 0.125)"
+
+
+def test_bench_and_generate_build_the_same_runner(tmp_path, tiny_llama, monkeypatch):
+    """A bench row times what `generate` runs: for the same options both build their runner
+    through make_runner, with the same slots, KV rows and budget, threads, stop strings,
+    prefill chunk and controller (method, budget cap, priced on the same step-cost table)."""
+    import specctl.runtime.sizing as sizing
+    built = []
+    real = sizing.Runner
+
+    def spy(model, drafter, sampling, **kw):
+        r = real(model, drafter, sampling, **kw)
+        ctl = kw["controller"]
+        built.append({**{k: v for k, v in kw.items() if k not in ("controller", "render",
+                                                                   "decode")},
+                      "drafter": drafter.signature(), "greedy": sampling.greedy,
+                      "controller": None if ctl is None else (ctl.K, ctl.tree, ctl.cost.table)})
+        return r
+    monkeypatch.setattr(sizing, "Runner", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n"
+                               for t in ("one two three", "a b a b a b", "x")))
+    skip = tmp_path / "skip.json"
+    skip.write_text(json.dumps(SkipSet(4, frozenset({1})).to_json()))
+    common = ["--model", str(tiny_llama), "--store", str(tmp_path / "store"), "--max-tokens", "6",
+              "--device", "cpu", "--dtype", "fp32", "--skip-set", str(skip), "-q"]
+    r = runner.invoke(app, ["generate", str(prompts), "--method", "draft-verify", "--speculate",
+                            "auto", "-b", "2", "-o", str(tmp_path / "o.jsonl"), *common])
+    assert r.exit_code == 0, r.output
+    (gen,) = built
+    built.clear()
+    r = runner.invoke(app, ["bench", str(prompts), "--methods", "draft-verify:auto",
+                            "--batch-sizes", "2", "--repeats", "1", "--warmup", "0", *common])
+    assert r.exit_code == 0, r.output
+    timed = [b for b in built if b["drafter"] == gen["drafter"]]   # (not ar's reference run)
+    assert timed and all(b == gen for b in timed), (gen, timed)
+    assert gen["controller"] is not None and gen["batch_size"] == 2

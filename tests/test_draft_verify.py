@@ -38,9 +38,9 @@ def test_sequences_draft_different_lengths_in_one_step(model):
     seen = []
     orig = drafter.observe
 
-    def spy(seqs, proposals, verdicts):
+    def spy(seqs, proposals, verdicts, probe_out):
         seen.append(sorted(len(p.draft) for p in proposals))
-        orig(seqs, proposals, verdicts)
+        orig(seqs, proposals, verdicts, probe_out)
     drafter.observe = spy
     ref, _ = run_ids(model, prompts, batch_size=6, max_tokens=24)
     got, _ = run_ids(model, prompts, batch_size=6, max_tokens=24, drafter=drafter)

@@ -33,8 +33,8 @@ def b1_table(ms_of_n) -> StepTable:
 def test_run_cost_prices_like_the_controller(model):
     """Verify steps from the table's batch-1 row, draft forwards at the share of the weights
     they run: the same prices --speculate auto's StepCost gives draft-verify."""
-    from specctl.runtime.controller import StepCost, cost_for, skip_draft_frac
-    from specctl.speculative.draft_verify import LayerSkipDrafter
+    from specctl.runtime.stepcost import StepCost, cost_for
+    from specctl.speculative.draft_verify import LayerSkipDrafter, skip_draft_frac
     from specctl.speculative.sampling import SamplingParams
     t = b1_table(lambda n: 10.0 + n)               # ms: 11, 12, 14, 18 at n = 1, 2, 4, 8
     skip = SkipSet(4, frozenset({1, 3}), frozenset({2}))
@@ -114,7 +114,7 @@ def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev
 def test_model_objective_ranks_like_wall_clock(demo_model_dir):
     """On the demo model: skip sets of clearly different quality are ordered the same way by
     the cost model as by the clock (batch-1 decoding, as the paper times it)."""
-    from specctl.runtime.controller import step_table_for
+    from specctl.runtime.stepcost import step_table_for
     model = load_model(demo_model_dir, "cpu", "fp32")
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(demo_model_dir)
@@ -288,7 +288,7 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
     import time
 
     from specctl.prep.search_skip import DevSet, confirm, run_search, run_search_legacy
-    from specctl.runtime.controller import step_table_for
+    from specctl.runtime.stepcost import step_table_for
     from specctl.prep.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer
     model = load_model(demo_model_dir, "cpu", "fp32")

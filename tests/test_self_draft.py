@@ -10,8 +10,9 @@ from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_p
                      tree_input)
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.runtime.runner import Runner
+from specctl.runtime.step import seq_input
 from specctl.runtime.sequence import Request, Sequence
-from specctl.speculative.drafter import NoDraft, Proposal
+from specctl.speculative.drafter import DraftLimits, NoDraft, Proposal
 from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
 from specctl.speculative.verify import Verdict
@@ -71,15 +72,11 @@ def test_trie_merges_shared_prefixes_and_respects_budget():
 def test_step_mask_and_positions_worked_example(model):
     """Root r (pending) at position 7; candidates [a b], [a c] (trie: a -> b, a -> c); branches
     [x y], [z]. Every node sees the 7 committed rows, the root and its own ancestors."""
-    runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=64, eos_ids=set(),
-                    render=lambda r: [], decode=str)
-    runner.kv.lens[0] = 7
     s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
     s.pending = 40
     a, b, c, x, y, z = 41, 42, 43, 44, 45, 46
     prop = Proposal(build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]]))
-    inp, n_tree, n_probe = runner.step_input(s, prop, room=10)
-    assert (n_tree, n_probe) == (3, 3)
+    inp = seq_input(s, prop, 7)
     assert inp.tokens == [40, a, b, c, x, y, z]
     assert inp.positions == [7, 8, 9, 9, 8, 9, 8]
     expected = torch.tensor([
@@ -93,14 +90,20 @@ def test_step_mask_and_positions_worked_example(model):
         [1, 0, 0, 0, 0, 0, 1],   # z: r z (blind to the other branch)
     ], dtype=torch.bool)
     assert torch.equal(inp.mask, expected)
-    # the probe is cut to the KV rows left, the draft to the room
-    runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=7 + 1 + 2 + 2,
+
+    # a proposal past the step's limits (here the room: 2 drafts before the token budget) is
+    # an error, never cut after the fact: what a drafter proposes is what is verified
+    class Overdraft(NoDraft):
+        def propose(self, seqs, kv, limits):
+            assert limits.room == (2,)
+            return [Proposal(build_trie([[a, b], [a, c]], budget=10))]
+    runner = Runner(model, Overdraft(), SamplingParams(), batch_size=1, max_len=64,
                     eos_ids=set(), render=lambda r: [], decode=str)
     runner.kv.lens[0] = 7
-    prop = Proposal(build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]]))
-    inp, n_tree, n_probe = runner.step_input(s, prop, room=2)
-    assert (n_tree, n_probe) == (2, 2) and inp.tokens == [40, a, b, x, y]
-    assert len(prop.draft) == 2 and len(prop.probe) == 2   # what is verified and observed
+    s = Sequence(Request(0, [[]], 3), [1] * 7, 0)
+    s.pending = 40
+    with pytest.raises(RuntimeError, match="past its limits"):
+        runner.planner.plan([s])
 
 
 def test_commit_of_accepted_candidate_matches_plain_run(model):
@@ -132,10 +135,10 @@ def test_branch_growth_and_harvested_grams():
     dr.admit(s)
     s.state.branches = [[1, 2, 3], [7]]
     s.out_ids, s.pending = [9], 9
-    [prop] = dr.propose([s], None, [10])
+    [prop] = dr.propose([s], None, DraftLimits((10,)))
     assert prop.probe.tokens == [1, 2, 3, 7] and prop.probe.parents == [-1, 0, 1, -1]
-    prop.probe_out = [20, 21, 22, 23]          # target's argmax after 1, 1 2, 1 2 3, 7
-    dr.observe([s], [prop], [Verdict([], 11)])
+    # target's argmax after 1, 1 2, 1 2 3, 7
+    dr.observe([s], [prop], [Verdict([], 11)], [[20, 21, 22, 23]])
     # branch 0 grows by its last prediction; windows of G = 2 + the prediction after them
     assert s.state.branches == [[1, 2, 3, 22], [7, 23]]
     assert dr.ctx.get(1, 10) == [(2, 21)] and dr.ctx.get(2, 10) == [(3, 22)]
@@ -143,15 +146,21 @@ def test_branch_growth_and_harvested_grams():
     assert (5, 9) in dr.ctx.get(4, 10)
     # past L the oldest token goes
     s.state.branches = [[1, 2, 3, 4, 5], [7]]
-    [prop] = dr.propose([s], None, [10])
-    prop.probe_out = [0, 0, 0, 0, 60, 61]
-    dr.observe([s], [prop], [Verdict([], 11)])
+    [prop] = dr.propose([s], None, DraftLimits((10,)))
+    dr.observe([s], [prop], [Verdict([], 11)], [[0, 0, 0, 0, 60, 61]])
     assert s.state.branches[0] == [2, 3, 4, 5, 60]
     # room 0 (an ar step): no draft and no probe, and the branches stay as they were
-    [prop] = dr.propose([s], None, [0])
+    [prop] = dr.propose([s], None, DraftLimits((0,)))
     assert len(prop.draft) == 0 and len(prop.probe) == 0
-    prop.probe_out = [70, 71, 72, 73, 74, 75]   # (what a probe would have given: unused)
-    dr.observe([s], [prop], [Verdict([], 11)])
+    # (what a probe would have given: unused)
+    dr.observe([s], [prop], [Verdict([], 11)], [[70, 71, 72, 73, 74, 75]])
+    # the KV rows left cut the probe (a branch cut short does not grow), and no probes: none
+    [full] = dr.propose([s], None, DraftLimits((10,)))
+    [prop] = dr.propose([s], None, DraftLimits((10,), rows=(len(full.draft) + 3,)))
+    assert prop.draft.tokens == full.draft.tokens
+    assert prop.probe.tokens == full.probe.tokens[:3] == [2, 3, 4]
+    [prop] = dr.propose([s], None, DraftLimits((10,), probes=False))
+    assert len(prop.probe) == 0
     assert s.state.branches == [[2, 3, 4, 5, 60], [7, 61]]
 
 

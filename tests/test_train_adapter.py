@@ -119,11 +119,12 @@ def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tm
 def test_expected_speedup_prices_acceptance_and_depth(model):
     from specctl.engine.steptable import StepTable
     from specctl.prep.train_adapter import exit_layer_candidates, expected_speedup
-    from specctl.runtime.controller import kangaroo_cost
-    from specctl.speculative.kangaroo import Adapter
+    from specctl.runtime.stepcost import StepCost
+    from specctl.speculative.kangaroo import Adapter, kangaroo_price
     ns = (1, 2, 4, 8)
     flat = StepTable("cpu", "float32", "sdpa", 128, (1,), ns, ((30.0,) * 4,))
-    one, three = (kangaroo_cost(model, flat, Adapter.init_from_model(model, l)) for l in (1, 3))
+    one, three = (StepCost.of(flat, kangaroo_price(model, Adapter.init_from_model(model, l)),
+                              False) for l in (1, 3))
     # more agreement is better at the same depth; the same agreement is worth more shallower
     assert expected_speedup(0.8, one, 6) > expected_speedup(0.5, one, 6)
     assert expected_speedup(0.6, one, 6) > expected_speedup(0.6, three, 6)

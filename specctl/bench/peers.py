@@ -4,7 +4,7 @@ transformers' own `generate` on the same checkpoint (`hf`, `hf-prompt-lookup`, `
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -13,12 +13,11 @@ from specctl.bench.config import PROMPT_LOOKUP_TOKENS, BenchConfig
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.fingerprint import model_fingerprint
-from specctl.runtime.controller import make_controller
 from specctl.runtime.methods import make_drafter
 from specctl.runtime.records import output_line
-from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
-from specctl.runtime.tokenization import to_request
+from specctl.runtime.sizing import make_runner
+from specctl.runtime.tokenization import kv_rows, to_request
 from specctl.store import Store
 
 
@@ -44,9 +43,9 @@ class SpecctlMethod:
     engine = "specctl"
 
     def __init__(self, cfg: BenchConfig, name: str, model, model_dir: Path, tk, store: Store,
-                 max_len: int, log):
+                 log):
         self.cfg, self.name, self.model, self.model_dir = cfg, name, model, model_dir
-        self.tk, self.store, self.max_len = tk, store, max_len
+        self.tk, self.store = tk, store
         seen: set[str] = set()
 
         def once(msg: str) -> None:   # make_drafter says which artifact it used: say it once
@@ -58,18 +57,14 @@ class SpecctlMethod:
         make_drafter(cfg.generate_config(name, 1), model, model_dir, store, self.log)
 
     def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
-        gcfg = self.cfg.generate_config(self.name, batch_size)
+        """One timed run, through the runner `generate` builds for the same options
+        (make_runner: slots, KV rows and budget, controller, threads)."""
+        gcfg = replace(self.cfg.generate_config(self.name, batch_size), max_tokens=max_tokens)
         drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
-        controller = None
-        if gcfg.speculate == "auto" and drafter.name != "ar":   # the stored step-cost table
-            controller = make_controller(drafter, self.model, batch_size, store=self.store,
-                                         fingerprint=model_fingerprint(self.model_dir),
-                                         log=self.log)
-        runner = Runner(self.model, drafter, gcfg.sampling(), batch_size=batch_size,
-                        max_len=self.max_len, eos_ids=self.tk.eos_ids, render=self.tk.render,
-                        decode=self.tk.decode, prefill_chunk=self.cfg.prefill_chunk,
-                        speculate=gcfg.speculate, controller=controller)
         reqs = [to_request(r, max_tokens) for r in recs]
+        runner = make_runner(gcfg, self.model, drafter, self.tk,
+                             [kv_rows(self.tk, r)[1] for r in reqs], store=self.store,
+                             fingerprint=model_fingerprint(self.model_dir), log=self.log)
         done: list[Request] = []
         dev = self.model.device
         _sync(dev)

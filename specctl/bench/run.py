@@ -67,7 +67,6 @@ class _Bench:
     model_dir: Path
     tk: Tokenization
     model: object
-    max_len: int = 0
     progress: Task = field(default_factory=Task)
     runners: dict = field(default_factory=dict)        # method -> SpecctlMethod | HFMethod
     skipped: list[dict] = field(default_factory=list)
@@ -101,7 +100,7 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
                        attention=cfg.attention)
     warn_flex_off_cuda(model, log)
     b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
-    b.max_len = _max_len(b, input_desc)
+    _check_lengths(b, input_desc)
     _methods(b)
     need_ref = 1 not in cfg.batch_sizes
     progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
@@ -119,17 +118,14 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     return _store(b, rows, cat_rows, reference, input_desc, input_sha)
 
 
-def _max_len(b: _Bench, input_desc: str) -> int:
-    """KV rows per slot: the longest request's need, within the model's context."""
+def _check_lengths(b: _Bench, input_desc: str) -> None:
+    """Every prompt fits the model's context (the runs size their KV rows as generate does)."""
     ctx = b.model.cfg.max_position
-    need = 16
     for r in (to_request(rec, b.cfg.max_tokens) for rec in b.recs):
-        n, rows = kv_rows(b.tk, r)
+        n, _ = kv_rows(b.tk, r)
         if n >= ctx:
             raise SpecctlError(f"{input_desc}:{b.recs[r.index].line_no}: prompt is {n} tokens, "
                                f"longer than the model's context ({ctx})")
-        need = max(need, rows)
-    return min(ctx, need + 32)
 
 
 def _skip(b: _Bench, m: str, batch_size: int | None, reason: str) -> None:
@@ -166,8 +162,7 @@ def _methods(b: _Bench) -> None:
             b.runners[m] = HFMethod(m, hf_model, b.tk, dev)
         else:
             try:
-                b.runners[m] = SpecctlMethod(cfg, m, b.model, b.model_dir, b.tk, b.store,
-                                             b.max_len, log)
+                b.runners[m] = SpecctlMethod(cfg, m, b.model, b.model_dir, b.tk, b.store, log)
             except SpecctlError as e:
                 _skip(b, m, None, str(e))
     for bs in sorted(set(cfg.batch_sizes)):

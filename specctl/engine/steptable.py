@@ -148,3 +148,15 @@ def nondecreasing(y: list[float]) -> list[float]:
     for j in range(len(out) - 2, -1, -1):
         out[j] = min(out[j], out[j + 1])
     return out
+
+
+def _numel(ts) -> int:
+    return sum(t.numel() for t in ts if t is not None)
+
+
+def weight_shares(model) -> tuple[list[int], list[int], int]:
+    """(attention weights per layer, MLP weights per layer, LM head weights): the cost shares
+    of the blocks a layer-skip or early-exit draft runs (matmul work ~ weights per token)."""
+    attn = [_numel([L.wqkv, L.wo]) for L in model.layers]
+    mlp = [_numel([L.w_gate_up, L.w_down]) for L in model.layers]
+    return attn, mlp, model.lm_head.numel()

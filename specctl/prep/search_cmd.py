@@ -17,7 +17,7 @@ from specctl.prep.search_skip import DevSet, ar_per_token, confirm, plot_search,
 from specctl.prep.skipsets import save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
 from specctl.runtime.artifacts import describe_skip_set
-from specctl.runtime.controller import step_table_for, step_table_id
+from specctl.runtime.stepcost import step_table_for, step_table_id
 from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.speculative.draft_verify import SkipSet

@@ -43,10 +43,10 @@ from typing import Callable
 import numpy as np
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import skip_draft_frac
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request, Sequence
-from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+from specctl.speculative.draft_verify import (ExitParams, LayerSkipDrafter, SkipSet,
+                                              skip_draft_frac)
 from specctl.speculative.sampling import SamplingParams
 
 EARLY_STOP_RATIO = 1.25    # stop a probe once it costs this much more per token than the best
@@ -56,7 +56,7 @@ EARLY_STOP_AFTER = 0.25    # ... after this share of the dev tokens
 def run_cost(table: StepTable, draft_lengths: list[int], draft_forwards: int,
              draft_frac: float) -> float:
     """Modelled seconds of one sequence's decoding from its counts, priced at batch 1 as
-    controller.cost_for prices draft-verify: a step that drafted d tokens verifies d + 1
+    stepcost.cost_for prices draft-verify: a step that drafted d tokens verifies d + 1
     (table.ms(1, d + 1)), a draft forward costs draft_frac * table.ms(1, 1) (skip_draft_frac).
     Two runs with the same counts cost the same: the clock is read once, for the table."""
     ms = sum(table.ms(1, d + 1) for d in draft_lengths) + \

@@ -46,8 +46,8 @@ from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.steptable import StepTable
 from specctl.prep.search_skip import DevEval, ar_per_token, run_cost
-from specctl.runtime.controller import skip_draft_frac
-from specctl.speculative.draft_verify import ExitParams, ExitState, SkipSet, update_threshold
+from specctl.speculative.draft_verify import (ExitParams, ExitState, SkipSet, skip_draft_frac,
+                                              update_threshold)
 
 
 def greedy_continuations(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:

@@ -35,8 +35,8 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.errors import SpecctlError
 from specctl.prep.eta import fit_cost, poly
 from specctl.reporting import quiet
-from specctl.runtime.controller import kangaroo_cost
-from specctl.speculative.kangaroo import Adapter, adapter_config
+from specctl.runtime.stepcost import StepCost, padded_steps
+from specctl.speculative.kangaroo import Adapter, adapter_config, kangaroo_price
 from specctl.store import Store, atomic_write_json, make_manifest
 
 
@@ -392,7 +392,7 @@ def exit_layer_candidates(num_layers: int) -> list[int]:
 
 def expected_speedup(top1: float, cost, gamma: int) -> float:
     """Price an exit layer with held-out agreement `top1` on its Kangaroo StepCost
-    (controller.kangaroo_cost, the price --speculate auto uses) at batch 1: a step drafts gamma
+    (kangaroo_price, the price --speculate auto uses) at batch 1: a step drafts gamma
     tokens and emits (1 - a^(gamma+1)) / (1 - a) on average (acceptance a = top1, independent
     per token). Returns tokens/s over ar's (one 1-token step per token)."""
     a = min(max(top1, 0.0), 0.999)
@@ -470,8 +470,8 @@ def sweep_exit_layer(model, prep: Prepared, plan: SweepPlan, cfg: TrainConfig, f
         fl = {i: (feats[i][0][l], feats[i][1]) for i in (*S, *H)}
         adapter, summ = fit(model, prep, fl, c, None, False, on_step, train_idx=S, held=H,
                             on_heldout=on_heldout, heldout_each_epoch=False)
-        est = expected_speedup(summ["heldout_top1"], kangaroo_cost(model, prices, adapter),
-                               cfg.gamma)
+        cost = StepCost.of(prices, kangaroo_price(model, adapter), padded_steps(model))
+        est = expected_speedup(summ["heldout_top1"], cost, cfg.gamma)
         table.append({"exit_layer": l, "heldout_top1": summ["heldout_top1"],
                       "speedup_estimate": round(est, 4), "train_time_s": summ["train_time_s"]})
         log(f"exit layer {l}: held-out top-1 {summ['heldout_top1']:.4f}, estimated speedup "

@@ -28,7 +28,7 @@ from specctl.prep.train_adapter import (Costs, Prepared, SweepPlan, TrainConfig,
                                         plan_sweep, prepare_data, save_adapter, split, sweep_cost,
                                         sweep_exit_layer, sweep_sets, train_dtype, training_cost)
 from specctl.reporting import Reporter, Task, reporter
-from specctl.runtime.controller import step_table_for, step_table_path, step_table_seconds
+from specctl.runtime.stepcost import step_table_for, step_table_path, step_table_seconds
 from specctl.store import Store, atomic_write_json
 
 ENCODE_SAMPLE = 32     # conversations encoded before anything is priced

@@ -27,7 +27,7 @@ from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
-from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
+from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
 from specctl.runtime.records import (RecordWriter, find_resumable, nearest_run, output_line,
                                      read_done, read_input, record_file)
@@ -109,10 +109,7 @@ def _read(job: _Job) -> None:
     if job.lead:
         try:
             job.records = read_input(cfg, in_path)
-            for method, spec, kind in (("draft-verify", cfg.skip_set, "skipsets"),
-                                       ("kangaroo", cfg.adapter, "adapters")):
-                if cfg.method in (method, "auto") and spec:   # a typo fails before the model loads
-                    job.store.locate(spec, kind)
+            locate_artifacts(cfg, job.store)   # a typo fails before the model loads
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
         except Exception as e:
             err = e

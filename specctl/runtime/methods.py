@@ -20,6 +20,15 @@ def warn_flex_off_cuda(model, log) -> None:
             "memory grows with the whole KV cache); it is meant for CUDA")
 
 
+def locate_artifacts(cfg: GenerateConfig, store: Store) -> None:
+    """The artifacts the config names for its method(s) exist in the store (a clear error
+    before any model loads)."""
+    for method, spec, kind in (("draft-verify", cfg.skip_set, "skipsets"),
+                               ("kangaroo", cfg.adapter, "adapters")):
+        if cfg.method in (method, "auto") and spec:
+            store.locate(spec, kind)
+
+
 def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log):
     """The method's drafter, with its artifact found in the store (and said which)."""
     if cfg.method == "ar":

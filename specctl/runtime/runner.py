@@ -22,10 +22,11 @@ tree per sequence, the target runs once over [pending token + drafts] of every s
 flat (no padding: the tokens computed equal the sum of real tokens), the verifier picks the
 accepted path and bonus token per sequence, and the KV cache keeps exactly the accepted rows.
 
-Speculation (`speculate`): "fixed" lets each drafter draft its own amount (the papers'
-settings); "auto" asks the goodput controller (runtime/controller.py) for each sequence's draft
-budget every step, before the drafter proposes: the budget caps the sequence's `room`, so
-budget 0 is an `ar` step for it (no draft forward, no probe).
+Speculation: without a controller each drafter drafts its own amount (`--speculate fixed`, the
+papers' settings); with one (`--speculate auto`, runtime/controller.py) every step gives each
+sequence a draft budget before the drafter proposes: the budget caps the sequence's room, so
+budget 0 is an `ar` step for it (no draft forward, no probe). The step itself is in
+runtime/step.py: plan -> forward -> verify, then commit here.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ import torch
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
+from specctl.runtime.controller import Controller
 from specctl.runtime.sequence import Request, Sequence
+from specctl.runtime.step import Planner, StepOutcome, StepPlan, verify
 from specctl.runtime.threads import ThreadTuner
-from specctl.speculative.drafter import Drafter, Proposal
+from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
-from specctl.speculative.verify import DraftTree, verify_greedy, verify_sampling_batch
 
 
 @dataclass
@@ -98,17 +100,11 @@ class Runner:
                  batch_size: int, max_len: int, eos_ids: set[int],
                  render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
                  stop: tuple[str, ...] = (), prefill_chunk: int = 512,
-                 threads: int | None = None, speculate: str = "fixed", controller=None,
+                 threads: int | None = None, controller: Controller | None = None,
                  kv_budget: int | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
-        if speculate not in ("auto", "fixed"):
-            raise ValueError(f"speculate must be 'auto' or 'fixed', got {speculate!r}")
-        if speculate == "auto" and controller is None and drafter.name != "ar":
-            # measured before this run's KV cache exists (the measurement makes its own)
-            from specctl.runtime.controller import make_controller
-            controller = make_controller(drafter, model, batch_size)
-        self.controller = controller if speculate == "auto" else None
+        self.controller = controller
         self.model, self.drafter, self.sp = model, drafter, sampling
         self.batch_size, self.max_len = batch_size, max_len
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
@@ -128,10 +124,11 @@ class Runner:
         self._admitted = 0
         self._on_tokens = None
         self._rendered = None
+        self.planner = Planner(model, drafter, self.kv, max_len, controller)
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         if self.controller is not None:
-            self.stats.profile_s = getattr(self.controller, "profile_s", 0.0)
+            self.stats.profile_s = self.controller.profile_s
         # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
         self.threads = threads
 
@@ -182,19 +179,12 @@ class Runner:
             running.sort(key=lambda s: s.slot)
             live = [s for s in running if not s.finished]
             if live:
-                before, tokens = self.stats.generated, self.stats.step_tokens
+                before = self.stats.generated
                 if tuner:
                     tuner.before()
                     t = time.perf_counter()
-                self.step(live)
+                work = self.step(live)
                 if tuner:
-                    # per unit of work: packed tokens, or the table's ms of the step where a
-                    # controller prices steps (at batch 8 on the CPU a 16-token step costs
-                    # less per token than an 8-token one: per token, a trial whose steps
-                    # drafted would win whatever its threads)
-                    ctl = self.controller
-                    work = ctl.cost.table_ms(ctl.last_ks)[0] if ctl is not None \
-                        else self.stats.step_tokens - tokens
                     tuner.after(time.perf_counter() - t, work)
                 if on_tokens:
                     on_tokens(self.stats.generated - before)
@@ -343,113 +333,53 @@ class Runner:
         return position_uniforms(self.sp.seed, _stream(s.req), len(s.out_ids), n)
 
     # -- one step ---------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence]) -> None:
-        """One draft -> verify -> commit step over prefilled, unfinished sequences."""
-        kv = self.kv
-        # drafts a sequence may accept: with the bonus token after them, a step emits at most
-        # room + 1 tokens, so neither the token budget nor the context (prompt and answer
-        # together at most max_len tokens, where ar stops) is passed
-        room = [min(self.max_len - kv.lens[s.slot] - 2,
-                    s.req.max_tokens - len(s.out_ids) - 1) for s in seqs]
-        ctl = self.controller
-        if ctl is not None:
-            t0 = time.perf_counter()
-            explored, contrasts = ctl.explored, ctl.contrasts
-            budgets = ctl.budgets([s.slot for s in seqs], room)
-            self.stats.explored += ctl.explored - explored
-            self.stats.contrasts += ctl.contrasts - contrasts
-            room = [min(r, k) for r, k in zip(room, budgets)]
-            for k in budgets:
-                self.stats.budget_hist[k] = self.stats.budget_hist.get(k, 0) + 1
-        stop = ctl.stop_rule() if ctl is not None else None
-        stops = ctl.conf_stops if ctl is not None else 0
-        props = self.drafter.propose(seqs, kv, room, stop)
-        if ctl is not None:
-            self.stats.confidence_stops += ctl.conf_stops - stops
-        if ctl is not None and not ctl.cost.probe_on:   # probes too dear for this step
-            for p in props:
-                p.probe = DraftTree()
-        inputs, real, probes = [], [], []
-        for s, p, r in zip(seqs, props, room):
-            x, n_tree, n_probe = self.step_input(s, p, r)
-            inputs.append(x)
-            real.append(1 + n_tree)
-            probes.append(n_probe)
-        ran = [len(x.tokens) for x in inputs]
-        batch = ForwardBatch(inputs, self.model.device)
-        if self.drafter.custom_verify:
-            h = self.drafter.verify_hidden(batch, kv, seqs, props)      # [T, D]
-        else:
-            h = self.model.run(batch, kv)                               # [T, D]
-        cu = batch.cu_seqlens
-        if self.sp.greedy or any(probes):
-            target = self.model.argmax(h).tolist()   # one read-back for verification and probes
-        for b, p in enumerate(props):
-            if probes[b]:
-                p.probe_out = target[cu[b] + real[b]:cu[b] + real[b] + probes[b]]
-        if self.sp.greedy:   # probe rows (if any) are ignored
-            verdicts = [verify_greedy(p.draft, target[cu[b]:cu[b] + real[b]])
-                        for b, p in enumerate(props)]
-        else:   # fp32 logits of the verified rows only
-            vrows = [i for b in range(len(seqs)) for i in range(cu[b], cu[b] + real[b])]
-            starts = [0]
-            for n in real[:-1]:
-                starts.append(starts[-1] + n)
-            verdicts = verify_sampling_batch(
-                [p.draft for p in props], warp(self.model.logits(h[vrows]), self.sp), starts,
-                [s.rng for s in seqs],
-                [self._uniforms(s, 1 + max(p.draft.depths(), default=0))
-                 if p.draft.q is None else None for s, p in zip(seqs, props)])   # (q-trees
-                                                                                  # use s.rng)
-        kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
-                        for s, v in zip(seqs, verdicts)])
-        for s, p, v in zip(seqs, props, verdicts):
-            tree = p.draft
+    def step(self, seqs: list[Sequence]) -> float:
+        """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences;
+        returns the step's work for the thread tuner (module docstring of runtime/threads.py):
+        its packed tokens, or its step-cost-table ms where a controller prices steps."""
+        t0 = time.perf_counter()
+        plan = self.planner.plan(seqs)
+        out = verify(plan, self.planner.execute(plan), self.model, self.sp, self._uniforms)
+        self._commit(plan, out)
+        self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
+        work = float(plan.batch.num_tokens)
+        if plan.budgets is not None:
+            took = (time.perf_counter() - t0) * 1e3
+            work, expected = self.controller.observe([s.slot for s in seqs], plan.budgets,
+                                                     plan.proposals, out.verdicts, took)
+            self._count_controlled(plan, out, expected, took)
+        return work
+
+    def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
+        """The accepted rows into the KV cache, the emitted tokens into the sequences."""
+        self.kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
+                             for s, v in zip(plan.seqs, out.verdicts)])
+        st = self.stats
+        for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
             s.req.steps += 1
             s.req.accept_lengths.append(len(v.accepted))
-            s.req.draft_lengths.append(len(tree))
-            self.stats.accept_hist[len(v.accepted)] = \
-                self.stats.accept_hist.get(len(v.accepted), 0) + 1
-            self._emit(s, v.tokens(tree))
-        self.drafter.observe(seqs, props, verdicts)
-        if ctl is not None:
-            ctl.observe([s.slot for s in seqs], [len(p.draft) for p in props],
-                        [v.accepted for v in verdicts], [p.conf for p in props],
-                        [p.forwards > 0 for p in props])
-            self.stats.controlled_steps += 1
-            self.stats.predicted_step_ms += ctl.last_predicted
-            self.stats.predicted_tokens += ctl.last_gain
-            self.stats.verified_tokens += sum(1 + len(v.accepted) for v in verdicts)
-            took = (time.perf_counter() - t0) * 1e3
-            ctl.timed(took)
-            self.stats.measured_step_ms += took
-        self.stats.steps += 1
-        self.stats.step_tokens += sum(ran)
-        self.stats.probe_tokens += sum(probes)
-        self.stats.padded_tokens += max(ran) * len(seqs)
+            s.req.draft_lengths.append(len(p.draft))
+            st.accept_hist[len(v.accepted)] = st.accept_hist.get(len(v.accepted), 0) + 1
+            self._emit(s, v.tokens(p.draft))
+        ran = [n + m for n, m in zip(plan.verified, plan.probed)]
+        st.steps += 1
+        st.step_tokens += sum(ran)
+        st.probe_tokens += sum(plan.probed)
+        st.padded_tokens += max(ran) * len(ran)
 
-    def step_input(self, s: Sequence, p: Proposal, room: int) -> tuple[SeqInput, int, int]:
-        """A sequence's share of the step forward: [pending, draft nodes, probe nodes], the
-        proposal's draft cut to `room` nodes and its probe to the KV rows left (in place: the
-        proposal is then what is verified). Each node sits at the root's position + its depth
-        and sees the committed prefix, the root and its own ancestors only. Returns (input,
-        draft nodes, probe nodes)."""
-        if len(p.draft) > max(room, 0):   # a prefix of the nodes is still a valid tree
-            p.draft = p.draft.prefix(max(room, 0))
-        tree = p.draft
-        base = self.kv.lens[s.slot]
-        fit = self.kv.max_len - base - 1 - len(tree)   # KV rows left for probe nodes
-        if len(p.probe) > fit:
-            p.probe = p.probe.prefix(max(fit, 0))
-        probe = p.probe
-        p.probe_out = None
-        nodes = tree.extend(probe) if len(probe) else tree
-        if nodes.is_chain:
-            x = SeqInput(s.slot, [s.pending] + nodes.tokens, base)
-        else:
-            pos = [base] + [base + d for d in nodes.depths()]
-            x = SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
-        return x, len(tree), len(probe)
+    def _count_controlled(self, plan: StepPlan, out: StepOutcome, expected: float,
+                          took: float) -> None:
+        st, b = self.stats, plan.budgets
+        for k in b.ks:
+            st.budget_hist[k] = st.budget_hist.get(k, 0) + 1
+        st.explored += b.explored
+        st.contrasts += b.contrast
+        st.confidence_stops += plan.confidence_stops
+        st.controlled_steps += 1
+        st.predicted_step_ms += b.predicted_ms
+        st.predicted_tokens += expected
+        st.verified_tokens += sum(1 + len(v.accepted) for v in out.verdicts)
+        st.measured_step_ms += took
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
         """Append a step's tokens, each checked as ar checks its one token per step: the

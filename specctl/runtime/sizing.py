@@ -22,7 +22,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
     controller = None
-    if cfg.speculate == "auto" and drafter.name != "ar":
+    if cfg.speculate == "auto" and drafter.price().max_draft > 0:   # (ar drafts nothing)
         controller = make_controller(drafter, model, slots, store=store,
                                      fingerprint=fingerprint, log=log)
     budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
@@ -30,7 +30,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
         return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
                       eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
                       stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
-                      speculate=cfg.speculate, controller=controller, threads=cfg.threads,
+                      controller=controller, threads=cfg.threads,
                       kv_budget=budget)
     except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
         if "KV cache budget" not in str(e):

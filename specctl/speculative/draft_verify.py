@@ -31,7 +31,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.speculative.drafter import Drafter, Proposal
+from specctl.engine.steptable import weight_shares
+from specctl.speculative.chain import draft_chains
+from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
@@ -79,6 +81,15 @@ class SkipSet:
             raise ValueError(f"not a skip set: no {e} field") from None
         except (TypeError, ValueError) as e:
             raise ValueError(f"not a skip set ({e})") from None
+
+
+def skip_draft_frac(model, skip: SkipSet) -> float:
+    """What one layer-skip draft forward costs, as a share of a full step: the weights of the
+    blocks it keeps and the LM head over all of them."""
+    attn, mlp, head = weight_shares(model)
+    kept = sum(a for i, a in enumerate(attn) if i not in skip.attn) + \
+        sum(m for j, m in enumerate(mlp) if j not in skip.mlp)
+    return (kept + head) / (sum(attn) + sum(mlp) + head)
 
 
 @dataclass(frozen=True)
@@ -147,48 +158,33 @@ class LayerSkipDrafter(Drafter):
     def admit(self, seq) -> None:
         seq.state = LayerSkipState()
 
-    def propose(self, seqs, kv, room, stop=None) -> list[Proposal]:
-        out = {id(s): Proposal() for s in seqs}
-        index = {id(s): i for i, s in enumerate(seqs)}
-        drafts = {id(s): [] for s in seqs}
-        qs = {id(s): [] for s in seqs}
-        active = []
-        for s, r in zip(seqs, room):
+    def propose(self, seqs, kv, limits) -> list[Proposal]:
+        caps = []
+        for s, r in zip(seqs, limits.room):
             if s.state.rest > 0:   # backing off: a plain ar step for this sequence
                 s.state.rest -= 1
-            elif r > 0:
-                active.append((s, min(r, self.prm.K)))
-        last = {id(s): s.pending for s, _ in active}
-        gamma = self.state.gamma
-        d = 0
-        while active:
-            batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
-                                  for s, _ in active], self.model.device)
+                caps.append(0)
+            else:
+                caps.append(min(max(r, 0), self.prm.K))
+
+        def forward(rows, inputs, depth, drafting):
+            batch = ForwardBatch([SeqInput(seqs[i].slot, [t], kv.lens[seqs[i].slot] + depth)
+                                  for i, t in zip(rows, inputs)], self.model.device)
             h = self.model.run(batch, kv, self.plan)                   # [B, D]
             self.draft_forwards += 1
-            for s, _ in active:
-                out[id(s)].forwards += 1
-            toks, conf, q = draw_drafts(self.model.logits(h), self.sp,
-                                        [s.rng for s, _ in active])
-            d += 1
-            nxt = []
-            for i, (s, cap) in enumerate(active):
-                if conf[i] < gamma:   # draft exit: this token is not confident enough
-                    continue
-                drafts[id(s)].append(toks[i])
-                out[id(s)].conf.append(conf[i])
-                if q is not None:
-                    qs[id(s)].append(q[i])
-                last[id(s)] = toks[i]
-                n = len(drafts[id(s)])
-                if n < cap and not (stop and stop(index[id(s)], n, conf[i])):
-                    nxt.append((s, cap))
-            active = nxt
-        for s in seqs:
-            t, q = drafts[id(s)], qs[id(s)]
-            out[id(s)].draft = DraftTree.chain(t, torch.stack(q) if q else None)
-            s.state.draft_forwards += out[id(s)].forwards
-        return [out[id(s)] for s in seqs]
+            return draw_drafts(self.model.logits(h), self.sp, [seqs[i].rng for i in rows])
+        gamma = self.state.gamma
+        chains = draft_chains(caps, [s.pending for s in seqs], forward,
+                              keep=lambda conf: conf >= gamma, stop=limits.stop)
+        out = []
+        for s, c in zip(seqs, chains):
+            s.state.draft_forwards += c.forwards
+            out.append(Proposal(DraftTree.chain(c.tokens, torch.stack(c.q) if c.q else None),
+                                forwards=c.forwards, conf=c.conf, stopped_at=c.stopped_at))
+        return out
+
+    def price(self) -> DraftPrice:
+        return DraftPrice(max_draft=self.prm.K, draft_frac=skip_draft_frac(self.model, self.skip))
 
     def fresh(self) -> "LayerSkipDrafter":
         return LayerSkipDrafter(self.model, self.skip, self.sp, self.prm)
@@ -196,7 +192,7 @@ class LayerSkipDrafter(Drafter):
     def signature(self) -> str:
         return f"{self.name}:{''.join(map(str, self.skip.bits()))}"
 
-    def observe(self, seqs, proposals, verdicts) -> None:
+    def observe(self, seqs, proposals, verdicts, probe_out) -> None:
         for s, p, v in zip(seqs, proposals, verdicts):
             if not p.forwards:   # rested (or had no room) this step
                 continue

@@ -1,32 +1,50 @@
 """The drafter interface every method implements, and `ar`'s (no drafts).
 
 A drafter is a plain object with two calls per step (transformers' candidate-generator shape):
-- `propose(seqs, kv, room, stop=None) -> list[Proposal]`: one proposal per running sequence. It may run
-  forwards of the model itself (layer-skip or early-exit drafting), writing KV rows past the
-  committed length only; such rows never survive verification. `room[i]` caps how many draft
-  nodes sequence i may get (KV space, the tokens it may still emit, and the controller's budget
-  for the step); room 0 asks for an `ar` step: no drafts and no probe (Kangaroo still runs
-  its shallow forward of the pending token, which its verify starts from). `stop`, when given
-  (the controller's stop_rule), is asked by a chain drafter after each draft: stop(i, j,
-  conf) -> whether sequence i, with j drafts the last of confidence `conf`, drafts no more.
-  A chain drafter records each draft's confidence in `Proposal.conf`.
-- `observe(seqs, proposals, verdicts)`: learn from the verification (adaptive thresholds,
-  caches). The proposals are the ones verified: the runner may have cut a draft or probe to
-  the rows it had.
+- `propose(seqs, kv, limits) -> list[Proposal]`: one proposal per running sequence, within
+  `limits` (DraftLimits: draft nodes and KV rows per sequence, whether probes run, the
+  confidence stop for chains). It may run forwards of the model itself (layer-skip or
+  early-exit drafting), writing KV rows past the committed length only; such rows never
+  survive verification. room 0 asks for an `ar` step: no drafts and no probe (Kangaroo still
+  runs its shallow forward of the pending token, which its verify starts from). Nothing edits
+  a proposal afterwards: what it proposes is what is verified.
+- `observe(seqs, proposals, verdicts, probe_out)`: learn from the verification (adaptive
+  thresholds, caches); probe_out[i] is the target's argmax after each of sequence i's probe
+  nodes (None without a probe).
 A proposal's `probe` is a forest of nodes below the root that the step's forward runs beside the
-draft (their own masks and positions) but never verifies (Self-Draft's branches); the runner
-fills `probe_out` with the target's argmax after each probe node, and the probe's KV rows are
-discarded with the rejected drafts.
+draft (their own masks and positions) but never verifies (Self-Draft's branches); the probe's
+KV rows are discarded with the rejected drafts.
 `admit(seq)` / `retire(seq)` bracket a sequence's life in a slot; `admit` sets `seq.state`, the
 drafter's own per-sequence state (a dataclass of its own). Sequences are duck-typed
 (runtime.sequence.Sequence): the spec layer does not import the runtime.
+`price()` states what its steps cost (DraftPrice), so the speculation controller prices any
+drafter without knowing which method it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from specctl.speculative.verify import DraftTree
+
+StopRule = Callable[[int, int, float], bool]   # (sequence i, drafts so far j, last confidence)
+
+
+@dataclass(frozen=True)
+class DraftLimits:
+    """What one step lets each sequence i draft."""
+    room: tuple[int, ...]                 # draft nodes at most (0: an ar step, no probe either)
+    rows: tuple[int, ...] | None = None   # KV rows past the pending token for draft and probe
+                                          # nodes together (None: no limit beyond room)
+    probes: bool = True                   # whether probes run this step
+    stop: StopRule | None = None          # chains: asked after each draft whether to stop
+
+    def probe_room(self, i: int, drafted: int) -> int:
+        """Probe nodes sequence i may add to a draft of `drafted` nodes."""
+        if not self.probes or self.room[i] <= 0:
+            return 0
+        return 1 << 30 if self.rows is None else max(0, self.rows[i] - drafted)
 
 
 @dataclass
@@ -35,10 +53,26 @@ class Proposal:
     draft: DraftTree = field(default_factory=DraftTree)   # verified; .q: the drafter's
                                                           # distribution at each sampled node
     probe: DraftTree = field(default_factory=DraftTree)   # run beside the draft, never verified
-    probe_out: list[int] | None = None   # (runner) the target's argmax after each probe node
     forwards: int = 0                    # draft forwards this sequence ran for it
     conf: list[float] = field(default_factory=list)   # chains: the drafter's confidence of
                                                       # each draft (the controller learns from it)
+    stopped_at: int | None = None        # chains: drafts when limits.stop ended the chain
+
+
+@dataclass(frozen=True)
+class DraftPrice:
+    """What a step of this drafter costs beyond `ar`'s, in shares of one plain step of the
+    target (the controller prices budgets with it, runtime/stepcost.py): the drafter states it,
+    so nothing above it needs to know which method it is."""
+    max_draft: int = 0          # the largest useful draft (nodes) of one sequence in one step
+    tree: bool = False          # drafts are tries cut by node order (else chains)
+    verify_frac: float = 1.0    # the verify forward, as a share of a full step (Kangaroo < 1)
+    draft_frac: float = 0.0     # one draft forward of b sequences = draft_frac * step(b, 1)
+    draft_extra: int = 0        # draft forwards a sequence runs beyond its budget (Kangaroo: 1)
+    tail_frac: float | None = None   # a draft forward in which no sequence drafts (Kangaroo's
+                                     # last: its shallow layers only); None: draft_frac
+    probe: int = 0              # probe tokens a speculating sequence adds (Self-Draft's branches)
+    idle_whole: bool = False    # a step with no drafts is one plain forward (Kangaroo, eager)
 
 
 class Drafter:
@@ -58,10 +92,11 @@ class Drafter:
     def retire(self, seq) -> None:
         pass
 
-    def propose(self, seqs: list, kv, room: list[int], stop=None) -> list[Proposal]:
+    def propose(self, seqs: list, kv, limits: DraftLimits) -> list[Proposal]:
         raise NotImplementedError
 
-    def observe(self, seqs: list, proposals: list[Proposal], verdicts: list) -> None:
+    def observe(self, seqs: list, proposals: list[Proposal], verdicts: list,
+                probe_out: list) -> None:
         pass
 
     # a drafter may verify its own way (kangaroo starts at its exit layer from saved states);
@@ -79,6 +114,10 @@ class Drafter:
     def prefilled(self, batch, kv, hidden) -> None:
         pass
 
+    def price(self) -> DraftPrice:
+        """What its steps cost (DraftPrice); `ar`'s: nothing beyond the verify."""
+        return DraftPrice()
+
     def fresh(self) -> "Drafter":
         """A new drafter with the same artifacts and settings and nothing learnt yet."""
         raise NotImplementedError
@@ -92,7 +131,7 @@ class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""
     name = "ar"
 
-    def propose(self, seqs, kv, room, stop=None) -> list[Proposal]:
+    def propose(self, seqs, kv, limits) -> list[Proposal]:
         return [Proposal() for _ in seqs]
 
     def fresh(self) -> "NoDraft":

@@ -38,7 +38,9 @@ from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.kv import KVCache
 from specctl.engine.model import apply_rope, linear, rms_norm
-from specctl.speculative.drafter import Drafter, Proposal
+from specctl.engine.steptable import weight_shares
+from specctl.speculative.chain import draft_chains
+from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
@@ -143,6 +145,19 @@ class Adapter:
         return self._out(h, o[0].transpose(0, 1))
 
 
+def kangaroo_price(model, adapter: Adapter, max_draft: int = 0) -> DraftPrice:
+    """What Kangaroo's steps cost with `adapter` (exit layer l): a draft forward runs layers
+    [0, l), the adapter and the LM head; the verify the other layers and the head; a forward
+    that drafts nothing only layers [0, l) (the adapter's KV rows without its attention)."""
+    attn, mlp, head = weight_shares(model)
+    total = sum(attn) + sum(mlp) + head
+    shallow = sum(attn[:adapter.l]) + sum(mlp[:adapter.l])
+    own = sum(t.numel() for t in adapter.w.values())
+    return DraftPrice(max_draft=max_draft, verify_frac=(total - shallow) / total,
+                      draft_frac=(shallow + own + head) / total, draft_extra=1,
+                      tail_frac=shallow / total, idle_whole=model.graphs is None)
+
+
 class AdapterHead:
     """The adapter as the head of a layers-[0, l) forward (Model.run): layer-l
     states -> (the states, draft logits), writing the adapter's KV rows into its own cache."""
@@ -184,14 +199,19 @@ class KangarooDrafter(Drafter):
 
     def __init__(self, model, adapter: Adapter, sampling: SamplingParams,
                  params: KangarooParams = KangarooParams()):
+        if any(t.device != model.device or t.dtype != model.dtype for t in adapter.w.values()):
+            # the adapter runs in the model's device and dtype (a copy: the caller's stays)
+            adapter = Adapter(model, adapter.l, {k: t.to(model.device, model.dtype)
+                                                 for k, t in adapter.w.items()})
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
-        for k, t in adapter.w.items():   # the adapter runs in the model's device and dtype
-            adapter.w[k] = t.to(model.device, model.dtype)
         self.head: AdapterHead | None = None
         self.draft_forwards = 0
+
+    def price(self) -> DraftPrice:
+        return kangaroo_price(self.model, self.adapter, self.prm.gamma)
 
     def fresh(self) -> "KangarooDrafter":
         return KangarooDrafter(self.model, self.adapter, self.sp, self.prm)
@@ -232,61 +252,39 @@ class KangarooDrafter(Drafter):
         prefill forward itself: no second pass over layers [0, l))."""
         self._head(kv).rows_only(h, batch.positions, sdpa_meta(batch, kv))
 
-    def propose(self, seqs, kv, room, stop=None) -> list[KangarooProposal]:
+    def propose(self, seqs, kv, limits) -> list[KangarooProposal]:
         head = self._head(kv)
-        if self.model.graphs is None and all(r <= 0 for r in room):
+        if self.model.graphs is None and all(r <= 0 for r in limits.room):
             # nothing to draft: one forward of the whole model verifies, and its layer-l
             # states give the adapter's rows (verify_hidden), as a prefill's do. (Replayed
             # graphs keep the two forwards: their launches cost little, and one graph shape.)
             return [KangarooProposal(whole=True) for _ in seqs]
-        out = {id(s): KangarooProposal() for s in seqs}
-        index = {id(s): i for i, s in enumerate(seqs)}
-        drafts = {id(s): [] for s in seqs}
-        qs = {id(s): [] for s in seqs}
-        # (seq, cap, tail): tail = only compute h_l of the last input, no more drafting
-        active = [(s, min(max(r, 0), self.prm.gamma), r <= 0) for s, r in zip(seqs, room)]
-        last = {id(s): s.pending for s in seqs}
-        d = 0
-        while active:
-            batch = ForwardBatch([SeqInput(s.slot, [last[id(s)]], kv.lens[s.slot] + d)
-                                  for s, _, _ in active], self.model.device)
-            drafting = [i for i, (_, _, tail) in enumerate(active) if not tail]
+        hidden: list[list[torch.Tensor]] = [[] for _ in seqs]
+
+        def forward(rows, inputs, depth, drafting):
+            batch = ForwardBatch([SeqInput(seqs[i].slot, [t], kv.lens[seqs[i].slot] + depth)
+                                  for i, t in zip(rows, inputs)], self.model.device)
+            drawn = (None, None, None)
             if drafting:
                 h, logits = self.model.run(batch, kv, LayerPlan(end=self.l), head=head)
                 # draws for the drafting rows only: a sequence's generator never depends on
                 # which other sequences share its forward
-                toks, conf, q = draw_drafts(logits[drafting], self.sp,
-                                            [active[i][0].rng for i in drafting])
+                drawn = draw_drafts(logits[drafting], self.sp,
+                                    [seqs[rows[j]].rng for j in drafting])
             else:   # nothing to draft: the states and the adapter's KV rows only
                 (h,) = self.model.run(batch, kv, LayerPlan(end=self.l), head=head.rows_only)
             h = h.clone()   # [B, D], kept past the next forward (a replay reuses its buffers)
+            for j, i in enumerate(rows):
+                hidden[i].append(h[j])
             self.draft_forwards += 1
-            d += 1
-            nxt = []
-            at = {i: j for j, i in enumerate(drafting)}
-            for i, (s, cap, tail) in enumerate(active):
-                p = out[id(s)]
-                p.hidden.append(h[i])
-                p.forwards += 1
-                if tail:
-                    continue
-                j = at[i]
-                if conf[j] <= self.prm.eta:
-                    continue
-                drafts[id(s)].append(toks[j])
-                p.conf.append(conf[j])
-                if q is not None:
-                    qs[id(s)].append(q[j])
-                last[id(s)] = toks[j]
-                n = len(drafts[id(s)])
-                # at its cap or told to stop: one more shallow forward, for the last draft's
-                # layer-l state, which the verify starts from
-                nxt.append((s, cap, n >= cap or bool(stop and stop(index[id(s)], n, conf[j]))))
-            active = nxt
-        for s in seqs:
-            q = qs[id(s)]
-            out[id(s)].draft = DraftTree.chain(drafts[id(s)], torch.stack(q) if q else None)
-        return [out[id(s)] for s in seqs]
+            return drawn
+        caps = [min(max(r, 0), self.prm.gamma) for r in limits.room]
+        chains = draft_chains(caps, [s.pending for s in seqs], forward,
+                              keep=lambda conf: conf > self.prm.eta, stop=limits.stop,
+                              tail=True)
+        return [KangarooProposal(DraftTree.chain(c.tokens, torch.stack(c.q) if c.q else None),
+                                 forwards=c.forwards, conf=c.conf, stopped_at=c.stopped_at,
+                                 hidden=hs) for c, hs in zip(chains, hidden)]
 
     custom_verify = True
 

@@ -32,7 +32,7 @@ import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from specctl.speculative.drafter import Drafter, Proposal
+from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 
 
@@ -176,6 +176,13 @@ class SelfDraftDrafter(Drafter):
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"context": 0, "corpus": 0}
 
+    def price(self) -> DraftPrice:
+        """Its drafts are a trie of cache candidates; its branches a probe beside them."""
+        p = self.prm
+        glen = getattr(self.corpus, "gram_len", p.gram) if self.corpus is not None else p.gram
+        return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * glen, tree=True,
+                          probe=p.branches * p.branch_len)
+
     def fresh(self) -> "SelfDraftDrafter":
         return SelfDraftDrafter(self.prm, self.corpus, self.corpus_id)
 
@@ -221,27 +228,30 @@ class SelfDraftDrafter(Drafter):
                     cands.append(list(c))
         return cands, n_ctx
 
-    def propose(self, seqs, kv, room, stop=None) -> list[SelfDraftProposal]:
+    def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         out = []
-        for s, r in zip(seqs, room):
+        for i, s in enumerate(seqs):
+            r = limits.room[i]
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
                 out.append(SelfDraftProposal())
                 continue
             cands, n_ctx = self.candidates(s)
             sizes: list[int] = []
             draft = build_trie(cands, r, sizes)
-            probe = branch_probe(s.state.branches) if self.prm.branches else DraftTree()
+            probe = DraftTree()
+            fit = limits.probe_room(i, len(draft))
+            if self.prm.branches and fit:   # (cut to the KV rows left: observe skips a
+                probe = branch_probe(s.state.branches).prefix(fit)   # branch cut short)
             # nodes made by the context-cache candidates (they come first in the trie)
             out.append(SelfDraftProposal(draft, probe, ctx_nodes=sizes[n_ctx - 1] if n_ctx else 0))
         return out
 
-    def observe(self, seqs, proposals, verdicts) -> None:
+    def observe(self, seqs, proposals, verdicts, probe_out) -> None:
         p = self.prm
-        for s, pr, v in zip(seqs, proposals, verdicts):
+        for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
             if v.accepted:
                 src = "context" if v.accepted[0] < pr.ctx_nodes else "corpus"
                 self.accepted_from[src] += len(v.accepted)
-            out = pr.probe_out
             if len(pr.probe) and out is not None:
                 at = 0
                 for br in s.state.branches:

@@ -1,0 +1,129 @@
+"""One decoding step as stages with typed hand-overs (nano-vllm's schedule -> run ->
+postprocess, with speculation):
+
+    plan = planner.plan(seqs)             # budgets (the controller) + proposals -> StepPlan
+    h = planner.execute(plan)             # the target's one forward over the packed batch
+    out = verify(plan, h, ...)            # StepOutcome: verdicts and probe outputs
+    ... the runner commits (KV rows, tokens) and the drafter and controller learn ...
+
+A StepPlan is frozen: nothing edits a proposal after the drafter made it, so what was
+proposed is what is verified and what is learnt from.
+
+Each sequence's share of the forward is [pending, draft nodes, probe nodes]: a node sits at the
+root's position + its depth and sees the committed prefix, the root and its own ancestors
+only (speculative/verify.py's worked example). The rows of sequence b in the forward's output
+are cu[b] .. cu[b + 1]: the first 1 + len(draft) are verified, the probe's after them are read
+for their argmax only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.runtime.controller import Budgets, Controller
+from specctl.runtime.sequence import Sequence
+from specctl.speculative.drafter import Drafter, DraftLimits, Proposal
+from specctl.speculative.sampling import SamplingParams, warp
+from specctl.speculative.verify import Verdict, verify_greedy, verify_sampling_batch
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    seqs: tuple[Sequence, ...]
+    budgets: Budgets | None          # the controller's decision (None: --speculate fixed)
+    proposals: tuple[Proposal, ...]
+    batch: ForwardBatch              # [pending + draft + probe] of every sequence, packed
+    verified: tuple[int, ...]        # rows verified per sequence: 1 + its draft nodes
+    probed: tuple[int, ...]          # probe rows after them
+
+    @property
+    def confidence_stops(self) -> int:
+        return sum(p.stopped_at is not None for p in self.proposals)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    verdicts: tuple[Verdict, ...]
+    probe_out: tuple[list[int] | None, ...]   # the target's argmax after each probe node
+
+
+def seq_input(s: Sequence, p: Proposal, base: int) -> SeqInput:
+    """Sequence s's share of the step forward, its cache `base` rows deep."""
+    nodes = p.draft.extend(p.probe) if len(p.probe) else p.draft
+    if nodes.is_chain:
+        return SeqInput(s.slot, [s.pending] + nodes.tokens, base)
+    pos = [base] + [base + d for d in nodes.depths()]
+    return SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
+
+
+class Planner:
+    """Budgets and proposals of a step over the running sequences, and its forward."""
+
+    def __init__(self, model, drafter: Drafter, kv, max_len: int,
+                 controller: Controller | None = None):
+        self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
+        self.controller = controller
+
+    def plan(self, seqs: list[Sequence]) -> StepPlan:
+        kv, ctl = self.kv, self.controller
+        # drafts a sequence may accept: with the bonus token after them, a step emits at most
+        # room + 1 tokens, so neither the token budget nor the context (prompt and answer
+        # together at most max_len tokens, where ar stops) is passed
+        room = [max(0, min(self.max_len - kv.lens[s.slot] - 2,
+                           s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
+        budgets = None
+        if ctl is not None:
+            budgets = ctl.plan([s.slot for s in seqs], room)
+            room = [min(r, k) for r, k in zip(room, budgets.ks)]
+        rows = [kv.max_len - kv.lens[s.slot] - 1 for s in seqs]   # for draft and probe nodes
+        limits = DraftLimits(tuple(room), tuple(rows),
+                             probes=budgets.probes if budgets is not None else True,
+                             stop=ctl.stop_rule(budgets) if budgets is not None else None)
+        props = self.drafter.propose(seqs, kv, limits)
+        for p, r, n in zip(props, room, rows):
+            if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
+                raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
+                                   f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
+        inputs = [seq_input(s, p, kv.lens[s.slot]) for s, p in zip(seqs, props)]
+        return StepPlan(tuple(seqs), budgets, tuple(props),
+                        ForwardBatch(inputs, self.model.device),
+                        tuple(1 + len(p.draft) for p in props), tuple(len(p.probe) for p in props))
+
+    def execute(self, plan: StepPlan) -> torch.Tensor:
+        """The verify forward's last-layer states [T, D]."""
+        if self.drafter.custom_verify:
+            return self.drafter.verify_hidden(plan.batch, self.kv, list(plan.seqs),
+                                              list(plan.proposals))
+        return self.model.run(plan.batch, self.kv)
+
+
+def verify(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams,
+           uniforms: Callable[[Sequence, int], list[float]]) -> StepOutcome:
+    """Every sequence's verdict from the forward's states h [T, D] (one verifier for every
+    method: greedy, or lossless sampling), and the argmax after each probe node. uniforms(s,
+    n): the uniforms of s's next n output positions (one-hot drafts are verified at them)."""
+    cu, real, probed = plan.batch.cu_seqlens, plan.verified, plan.probed
+    props = plan.proposals
+    target = None
+    if sp.greedy or any(probed):
+        target = model.argmax(h).tolist()   # one read-back for verification and probes
+    probe_out = tuple(target[cu[b] + real[b]:cu[b] + real[b] + probed[b]] if probed[b] else None
+                      for b in range(len(props)))
+    if sp.greedy:   # probe rows (if any) are ignored
+        verdicts = [verify_greedy(p.draft, target[cu[b]:cu[b] + real[b]])
+                    for b, p in enumerate(props)]
+    else:   # fp32 logits of the verified rows only
+        vrows = [i for b in range(len(props)) for i in range(cu[b], cu[b] + real[b])]
+        starts = [0]
+        for n in real[:-1]:
+            starts.append(starts[-1] + n)
+        verdicts = verify_sampling_batch(
+            [p.draft for p in props], warp(model.logits(h[vrows]), sp), starts,
+            [s.rng for s in plan.seqs],
+            [uniforms(s, 1 + max(p.draft.depths(), default=0)) if p.draft.q is None else None
+             for s, p in zip(plan.seqs, props)])   # (q-trees use s.rng)
+    return StepOutcome(tuple(verdicts), probe_out)
