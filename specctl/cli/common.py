@@ -83,9 +83,10 @@ StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME
 AttentionOpt = typer.Option("sdpa", "--attention", help="Attention backend: sdpa (default) or "
                             "flex (FlexAttention with block masks read in place from the KV "
                             "cache, compiled on CUDA; on a CPU only the slow reference).")
-SpeculateOpt = typer.Option("fixed", "--speculate", help="auto: a goodput controller gives each "
-                            "sequence a draft budget per step (0 = an ar step) from a measured "
-                            "step-cost profile; fixed: each method drafts its own amount (the "
+SpeculateOpt = typer.Option("auto", "--speculate", help="auto (default): a goodput controller "
+                            "gives each sequence a draft budget per step (0 = an ar step) from "
+                            "a measured step-cost profile, so a method that does not pay costs "
+                            "what ar costs; fixed: each method drafts its own amount (the "
                             "papers' settings). Bench: a method may end in :auto or :fixed.")
 GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, replay decoding "
                          "steps from captured CUDA graphs (off: every forward runs eagerly).")

@@ -89,7 +89,7 @@ class GenerateConfig:
     attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
     cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
     limit: int | None = None          # only the first N prompt lines
-    speculate: str = "fixed"          # auto: the goodput controller's budgets; fixed: the drafter's
+    speculate: str = "auto"          # auto: the goodput controller's budgets; fixed: the drafter's
     threads: int | None = None        # CPU threads per step; None: measured (runtime/threads.py)
     kv_memory: str | None = None      # KV cache budget ('8GB'); None: CUDA by gpu_memory, CPU all
     gpu_memory: float = 0.9           # CUDA: the share of the GPU weights + cache + work may use
