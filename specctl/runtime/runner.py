@@ -42,7 +42,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.controller import Controller
-from specctl.runtime.sequence import Request, Sequence
+from specctl.runtime.sequence import Request, Sequence, request_rng
 from specctl.runtime.step import Planner, StepOutcome, StepPlan, verify
 from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
@@ -81,18 +81,6 @@ class RunStats:
     @property
     def padding_ratio(self) -> float:
         return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
-
-
-def _stream(req: Request) -> int:
-    """The random stream of a request's current turn (its generator, its position uniforms)."""
-    return req.index * 64 + len(req.answers)
-
-
-def request_rng(seed: int, index: int) -> torch.Generator:
-    """Per-request generator: same seed, same request -> same samples, whatever the batch."""
-    g = torch.Generator()
-    g.manual_seed((seed * 1_000_003 + index) % (2**63))
-    return g
 
 
 class Runner:
@@ -206,7 +194,7 @@ class Runner:
             return None
         if req.started is None:
             req.started = time.perf_counter()
-        rng = None if self.sp.greedy else request_rng(self.sp.seed, _stream(req))
+        rng = None if self.sp.greedy else request_rng(self.sp.seed, req.stream)
         self._admitted += 1
         seq = Sequence(req, ids, slot, rng, admitted=self._admitted,
                        mark=(req.steps, len(req.accept_lengths), len(req.draft_lengths)))
@@ -330,7 +318,7 @@ class Runner:
 
     def _uniforms(self, s: Sequence, n: int) -> list[float]:
         """The uniforms of s's next n output positions (one stream per request and turn)."""
-        return position_uniforms(self.sp.seed, _stream(s.req), len(s.out_ids), n)
+        return position_uniforms(self.sp.seed, s.req.stream, len(s.out_ids), n)
 
     # -- one step ---------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> float:

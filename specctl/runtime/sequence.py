@@ -32,6 +32,11 @@ class Request:
     first_ids: list[int] | None = None  # the first stage's prompt ids, once rendered (kv_rows)
 
     @property
+    def stream(self) -> int:
+        """The random stream of the current turn (its generator, its position uniforms)."""
+        return self.index * 64 + len(self.answers)
+
+    @property
     def done(self) -> bool:
         return len(self.answers) == len(self.stages)
 
@@ -65,3 +70,10 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def request_rng(seed: int, stream: int) -> torch.Generator:
+    """A request turn's generator: same seed, same request -> same samples, whatever the batch."""
+    g = torch.Generator()
+    g.manual_seed((seed * 1_000_003 + stream) % (2**63))
+    return g
