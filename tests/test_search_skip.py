@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specctl.cli import app
 from specctl.models.loader import load_model
 from specctl.engine.steptable import StepTable
-from specctl.prep.search_skip import DevSet, ar_per_token, run_cost
+from specctl.prep.skip_eval import DevSet, ar_per_token, run_cost
 from specctl.speculative.draft_verify import SkipSet
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
@@ -220,7 +220,7 @@ def test_simulation_rules():
 
 def test_bit_gp_suggests_deterministically_and_never_repeats():
     import numpy as np
-    from specctl.prep.search_skip import BitGP
+    from specctl.prep.bit_gp import BitGP
     rng = np.random.RandomState(0)
     X = (rng.uniform(size=(80, 12)) < 0.3).astype(float)
     w = np.linspace(-1, 1, 12)
@@ -287,7 +287,8 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
     import os
     import time
 
-    from specctl.prep.search_skip import DevSet, confirm, run_search, run_search_legacy
+    from specctl.prep.search_skip import confirm, run_search, run_search_legacy
+    from specctl.prep.skip_eval import DevSet
     from specctl.runtime.stepcost import step_table_for
     from specctl.prep.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer

@@ -1,25 +1,22 @@
 """`specctl search-skip`: Bayesian optimization of Draft & Verify's skip set (papers/002 §3.3).
 
-The search: GP-UCB directly over the 2L bits of the skip set (`BitGP`): a Gaussian process
-(Matern 2.5, alpha 1e-2, as the paper's code) over the probed bit vectors, UCB with kappa 2.576
-maximized over bit vectors (random sets, one/two-bit flips of the best probes, single-flip hill
-climbing) instead of `bayes_opt`'s 10,000 random points + L-BFGS-B over a continuous relaxation;
-GP hyperparameters refit every 50 probes, not at every probe. Two seed sets and the set that
-skips every block (the opposite corner of the bit space) are probed first.
-A suggestion so costs well under a second with 1,000 probes registered (bayes_opt's: 16-42 s).
+The search: GP-UCB directly over the 2L bits of the skip set (`BitGP`, prep/bit_gp.py, which
+says how it differs from `bayes_opt`'s and why a suggestion costs well under a second with
+1,000 probes registered). Two seed sets and the set that skips every block (the opposite corner
+of the bit space) are probed first.
 
 The objective is time per generated token of greedy draft-verify decoding of a small dev set (8
 prompts, 32 new tokens), relative to ar, lower is better:
 
 - `model` (default): one packed teacher-forced forward of the skipped model over the dev
   prompts' full-model continuations, drafting simulated from its top-1 agreement and confidence
-  arrays (prep/tf_probe.py, which says what is exact), the counts priced by `run_cost` on the
-  machine's step-cost table (the one `--speculate auto` prices with). The best few sets are
-  then decoded for real (`decode`'s measurement) and the best of those is saved, with the
-  decoded counts and estimate.
-- `decode`: the dev set decoded with the skip set (one batch, from a KV cache prefilled once),
-  its counts (drafted, accepted, draft forwards per step) priced by `run_cost`. Exact but
-  a probe costs 3-4 s on the demo model on a 2-core CPU.
+  arrays (prep/tf_probe.py, which says what is exact), the counts priced by `run_cost`
+  (prep/skip_eval.py) on the machine's step-cost table (the one `--speculate auto` prices
+  with). The best few sets are then decoded for real (`decode`'s measurement) and the best of
+  those is saved, with the decoded counts and estimate.
+- `decode`: the dev set decoded with the skip set (`DevSet`, prep/skip_eval.py: one batch, from
+  a KV cache prefilled once), its counts (drafted, accepted, draft forwards per step) priced by
+  `run_cost`. Exact but a probe costs 3-4 s on the demo model on a 2-core CPU.
 - `wall`: the clock, decoding the dev prompts one at a time (batch 1) as the paper does. Slow,
   and noisy from one probe to the next.
 
@@ -30,149 +27,26 @@ The saved skip set records the step-cost table it was priced with (its id, devic
 on the probes before it, the iteration and the seed (hyperparameter refits at fixed points, on
 the probes before them), and the model and decode objectives are deterministic, so a resumed
 search makes the same probes as an uninterrupted one.
+
+This module is the loop (which sets are probed, in what order), the probe log and its resume,
+the confirmation of a simulated search by real decoding, and the plot. It knows nothing of how a
+probe is scored (the dev set's `evaluate`) nor of how the GP suggests.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request, Sequence
-from specctl.speculative.draft_verify import (ExitParams, LayerSkipDrafter, SkipSet,
-                                              skip_draft_frac)
-from specctl.speculative.sampling import SamplingParams
-
-EARLY_STOP_RATIO = 1.25    # stop a probe once it costs this much more per token than the best
-EARLY_STOP_AFTER = 0.25    # ... after this share of the dev tokens
-
-
-def run_cost(table: StepTable, draft_lengths: list[int], draft_forwards: int,
-             draft_frac: float) -> float:
-    """Modelled seconds of one sequence's decoding from its counts, priced at batch 1 as
-    stepcost.cost_for prices draft-verify: a step that drafted d tokens verifies d + 1
-    (table.ms(1, d + 1)), a draft forward costs draft_frac * table.ms(1, 1) (skip_draft_frac).
-    Two runs with the same counts cost the same: the clock is read once, for the table."""
-    ms = sum(table.ms(1, d + 1) for d in draft_lengths) + \
-        draft_forwards * draft_frac * table.ms(1, 1)
-    return ms / 1e3
-
-
-def ar_per_token(table: StepTable) -> float:
-    """ar's seconds per token on the same table: one 1-token step each."""
-    return table.ms(1, 1) / 1e3
-
-
-@dataclass
-class DevEval:
-    tokens: int
-    drafted: int
-    accepted: int
-    steps: int
-    cost: float               # modelled (model) or measured (wall) seconds
-    early_stopped: bool = False
-    per_seq: list[dict] = field(default_factory=list)
-
-    @property
-    def per_token(self) -> float:
-        return self.cost / max(self.tokens, 1)
-
-    @property
-    def accept_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.tokens / self.steps if self.steps else 0.0
-
-
-class DevSet:
-    """Dev prompts prefilled once; each evaluation decodes `max_new` greedy tokens per prompt
-    from that cache with a given skip set."""
-
-    def __init__(self, model, prompts: list[list[int]], max_new: int = 32, K: int = 12):
-        self.model, self.prompts, self.max_new = model, prompts, max_new
-        self.params = ExitParams(K=K)
-        n = len(prompts)
-        max_len = max(len(p) for p in prompts) + max_new + K + 2
-        self.runner = Runner(model, LayerSkipDrafter(model, SkipSet(model.cfg.num_layers),
-                                                     SamplingParams()),
-                             SamplingParams(), batch_size=n, max_len=max_len, eos_ids=set(),
-                             render=lambda r: prompts[r.index], decode=lambda ids: "")
-        self.first = []
-        for i in range(n):   # prefill one by one: the rows are the full model's, kept forever
-            seq = Sequence(Request(i, [[]], max_new), prompts[i], i)
-            self.runner._prefill([seq])
-            self.first.append(seq.out_ids[0])
-
-    def _sequences(self) -> list[Sequence]:
-        seqs = []
-        for i, p in enumerate(self.prompts):
-            s = Sequence(Request(i, [[]], self.max_new), p, i)
-            s.prefilled, s.out_ids, s.pending = len(p), [self.first[i]], self.first[i]
-            self.runner.kv.lens[i] = len(p)
-            seqs.append(s)
-        return seqs
-
-    def evaluate(self, skip: SkipSet, table: StepTable | None,
-                 best_per_token: float | None = None) -> DevEval:
-        """table given: counted, priced by run_cost (batched); None: wall clock, batch 1."""
-        drafter = LayerSkipDrafter(self.model, skip, SamplingParams(), self.params)
-        self.runner.drafter = drafter
-        seqs = self._sequences()
-        for s in seqs:
-            drafter.admit(s)
-        frac = skip_draft_frac(self.model, skip)
-        total = len(seqs) * self.max_new
-        early = False
-        t0 = time.perf_counter()
-        if table is None:
-            for s in seqs:
-                while not s.finished:
-                    self.runner.step([s])
-        else:
-            live = seqs
-            while live:
-                self.runner.step(live)
-                live = [s for s in live if not s.finished]
-                done = sum(len(s.out_ids) for s in seqs)
-                if best_per_token and live and done >= EARLY_STOP_AFTER * total:
-                    cost = sum(run_cost(table, s.req.draft_lengths,
-                                        s.state.draft_forwards, frac) for s in seqs)
-                    # the first token of each sequence came from prefill: not priced, not counted
-                    if cost / (done - len(seqs)) > EARLY_STOP_RATIO * best_per_token:
-                        early = True
-                        break
-        wall = time.perf_counter() - t0
-        per_seq = [{"tokens": len(s.out_ids) - 1, "draft_lengths": s.req.draft_lengths,
-                    "accept_lengths": s.req.accept_lengths,
-                    "draft_forwards": s.state.draft_forwards} for s in seqs]
-        tokens = sum(p["tokens"] for p in per_seq)
-        cost = wall if table is None else sum(
-            run_cost(table, p["draft_lengths"], p["draft_forwards"], frac) for p in per_seq)
-        return DevEval(tokens, sum(sum(p["draft_lengths"]) for p in per_seq),
-                       sum(sum(p["accept_lengths"]) for p in per_seq),
-                       sum(len(p["draft_lengths"]) for p in per_seq), cost, early, per_seq)
-
-    def ar_per_token(self, table: StepTable | None) -> float:
-        """The AR baseline of the same objective: priced (ar_per_token) or, wall, measured."""
-        if table is not None:
-            return ar_per_token(table)
-        # ar through the same runner: a drafter that never drafts (K drafts of 0 tokens)
-        from specctl.speculative.drafter import NoDraft
-        self.runner.drafter = NoDraft()
-        seqs = self._sequences()
-        t0 = time.perf_counter()
-        for s in seqs:
-            while not s.finished:
-                self.runner.step([s])
-        return (time.perf_counter() - t0) / sum(len(s.out_ids) - 1 for s in seqs)
+from specctl.prep.bit_gp import BitGP
+from specctl.prep.skip_eval import DevEval, DevSet
+from specctl.speculative.draft_verify import SkipSet
 
 
 def seed_sets(L: int) -> list[SkipSet]:
@@ -203,130 +77,6 @@ class Probe:
         return d
 
 
-ALPHA = 1e-2                                   # GP noise (the paper's code: alpha 1e-2)
-LENGTH_SCALES = tuple(float(v) for v in np.geomspace(0.5, 64.0, 15))
-AMPLITUDES = (0.25, 1.0, 4.0)
-
-
-def _solve_tri(Lc: np.ndarray, b: np.ndarray, trans: bool = False) -> np.ndarray:
-    from scipy.linalg import solve_triangular
-    return solve_triangular(Lc, b, lower=True, trans=1 if trans else 0, check_finite=False)
-
-
-class BitGP:
-    """GP-UCB over the skip set's bits directly (module docstring): a Matern 2.5 GP (alpha 1e-2,
-    normalized targets) whose hyperparameters are refit every `refit_every` probes (on the probes
-    before that point, so a resumed search refits on the same data) and otherwise only
-    conditioned on the new probes (at most 400 of them: the best and the latest); UCB (kappa 2.576) maximized over bit vectors: random sets,
-    one- and two-bit flips of the best probes, then single-flip hill climbing from the best
-    candidates. Never proposes a set already probed (the objective is deterministic)."""
-
-    def __init__(self, dim: int, seed: int = 0, kappa: float = 2.576, refit_every: int = 50,
-                 n_random: int = 256, top: int = 8, climbs: int = 3, climb_steps: int = 6,
-                 max_points: tuple[int, int] = (300, 100)):
-        self.dim, self.seed, self.kappa, self.refit_every = dim, seed, kappa, refit_every
-        self.n_random, self.top, self.climbs, self.climb_steps = n_random, top, climbs, climb_steps
-        self.max_points = max_points
-        self._kernel: tuple[int, object] | None = None   # (refit point, fitted kernel)
-
-    def _subset(self, y: np.ndarray, scale: float = 1.0) -> np.ndarray:
-        """The probes the GP conditions on: all of them up to sum(max_points), then the best
-        max_points[0] and the latest max_points[1] (the region the search works in), so a
-        suggestion costs the same at probe 1,000 as at probe 400. scale < 1: fewer (refits)."""
-        n = len(y)
-        best, last = (int(v * scale) for v in self.max_points)
-        if n <= best + last:
-            return np.arange(n)
-        keep = set(np.argsort(-y, kind="stable")[:best].tolist()) | set(range(n - last, n))
-        return np.array(sorted(keep))
-
-    @staticmethod
-    def _kernel_of(A: np.ndarray, B: np.ndarray, ls: float, amp: float) -> np.ndarray:
-        """Matern 2.5 over bit vectors: r = Euclidean distance = sqrt(Hamming distance)."""
-        ham = A @ (1 - B).T + (1 - A) @ B.T
-        z = np.sqrt(5.0 * np.maximum(ham, 0.0)) / ls
-        return amp * (1.0 + z + z * z / 3.0) * np.exp(-z)
-
-    def _fit(self, X: np.ndarray, y: np.ndarray, ls: float, amp: float):
-        mu, sd = float(y.mean()), float(y.std()) or 1.0
-        yn = (y - mu) / sd
-        K = self._kernel_of(X, X, ls, amp) + ALPHA * np.eye(len(X))
-        Lc = np.linalg.cholesky(K)
-        w = _solve_tri(Lc, yn)
-        lml = -0.5 * float(w @ w) - float(np.log(np.diag(Lc)).sum())
-        return (X, Lc, _solve_tri(Lc, w, trans=True), mu, sd, ls, amp), lml
-
-    def _gp(self, X: np.ndarray, y: np.ndarray):
-        """The GP posterior on the subset; hyperparameters (length scale, amplitude on the
-        normalized targets) by maximum marginal likelihood over a grid at each refit point."""
-        n = len(X)
-        r = max(n - n % self.refit_every, min(n, self.refit_every))  # the last refit point
-        if self._kernel is None or self._kernel[0] != r:
-            sub = self._subset(y[:r], 0.5)
-            best = max(((ls, amp) for ls in LENGTH_SCALES for amp in AMPLITUDES),
-                       key=lambda h: self._fit(X[:r][sub], y[:r][sub], *h)[1])
-            self._kernel = (r, best)
-        sub = self._subset(y)
-        return self._fit(X[sub], y[sub], *self._kernel[1])[0]
-
-    def _ucb(self, post, C: np.ndarray) -> np.ndarray:
-        X, Lc, alpha, mu, sd, ls, amp = post
-        Ks = self._kernel_of(C, X, ls, amp)
-        v = _solve_tri(Lc, Ks.T)
-        var = np.maximum(amp - (v * v).sum(0), 1e-12)
-        return mu + sd * (Ks @ alpha + self.kappa * np.sqrt(var))
-
-    def suggest(self, X: np.ndarray, y: np.ndarray, it: int) -> list[int]:
-        """X: [n, dim] probed bits, y: [n] targets (higher is better); it: the iteration."""
-        try:   # small matrices: BLAS threads only spin (10x slower on a busy 2-core CPU)
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            return self._suggest(X, y, it)
-        with threadpool_limits(1, user_api="blas"):
-            return self._suggest(X, y, it)
-
-    def _suggest(self, X: np.ndarray, y: np.ndarray, it: int) -> list[int]:
-        rng = np.random.RandomState((self.seed * 1_000_003 + it) % (2**32))
-        post = self._gp(X, y)
-        seen = {row.tobytes() for row in X.astype(np.int8)}
-
-        def ucb(C):
-            return self._ucb(post, C.astype(float))
-
-        dens = rng.uniform(0.0, 1.0, size=(self.n_random, 1))
-        cands = [(rng.uniform(size=(self.n_random, self.dim)) < dens).astype(np.int8)]
-        best = X[np.argsort(-y, kind="stable")[:self.top]].astype(np.int8)
-        eye = np.eye(self.dim, dtype=np.int8)
-        for b in best:
-            cands.append(b[None, :] ^ eye)                                     # one flip
-            two = rng.randint(0, self.dim, size=(self.dim, 2))
-            pair = eye[two[:, 0]] | eye[two[:, 1]]
-            cands.append(b[None, :] ^ pair)                                    # two flips
-        C = np.unique(np.concatenate(cands), axis=0)
-        u = ucb(C)
-        order = np.argsort(-u, kind="stable")
-        pool = {C[i].tobytes(): (u[i], C[i]) for i in order[:64]}
-        for i in order[:self.climbs]:   # hill climbing on UCB, one flip at a time
-            x, ux = C[i], u[i]
-            for _ in range(self.climb_steps):
-                nb = x[None, :] ^ eye
-                un = ucb(nb)
-                for k in np.argsort(-un, kind="stable")[:8]:
-                    pool.setdefault(nb[k].tobytes(), (un[k], nb[k]))
-                k = int(np.argmax(un))
-                if un[k] <= ux:
-                    break
-                x, ux = nb[k], un[k]
-        ranked = sorted(pool.values(), key=lambda t: (-t[0], t[1].tobytes()))
-        for _, x in ranked:
-            if x.tobytes() not in seen:
-                return [int(v) for v in x]
-        while True:   # everything proposed was probed already: a fresh random set
-            x = (rng.uniform(size=self.dim) < rng.uniform(0.0, 0.5)).astype(np.int8)
-            if x.tobytes() not in seen:
-                return [int(v) for v in x]
-
-
 def _read_log(log_path: Path) -> list[Probe]:
     probes = []
     for line in log_path.read_text().splitlines():
@@ -337,18 +87,15 @@ def _read_log(log_path: Path) -> list[Probe]:
     return probes
 
 
-def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
-               resume: bool, seed: int = 0, init_points: int = 0,
-               on_probe: Callable[[Probe, Probe], None] | None = None,
-               settings: dict | None = None, log=print, refit_every: int = 50) -> list[Probe]:
-    """Probe `iters` skip sets (the seeds, `init_points` random ones, then GP-UCB suggestions
-    over the bits), appending each to `log_path`; returns all probes (logged ones included on
-    resume). `dev` is a TeacherForcedDev (model objective: simulated, priced on `table`) or a
-    DevSet (decode: decoded, priced on `table`; wall: table None, clocked). `settings` are
-    kept beside the log; a resume with other settings starts over."""
-    L = dev.model.cfg.num_layers
+def _target(p: Probe) -> float:
+    """What the GP maximizes: -log of the probe's time per token relative to ar."""
+    return -float(np.log(max(p.relative, 1e-9)))
+
+
+def _start_log(log_path: Path, settings: dict, resume: bool, log) -> list[Probe]:
+    """The probes to continue from (none unless resuming with the same settings), left as the
+    whole of `log_path`, the settings written beside it (search.json)."""
     meta = log_path.with_name("search.json")
-    settings = {**(settings or {}), "seed": seed, "init_points": init_points, "search": 2}
     probes: list[Probe] = []
     if resume and log_path.exists():
         old = None
@@ -368,16 +115,54 @@ def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
     tmp.write_text("".join(json.dumps(p.to_json()) + "\n" for p in probes))
     tmp.replace(log_path)
     meta.write_text(json.dumps(settings))
-    ar = dev.ar_per_token(table)
-    # the seeds, then every block skipped: the opposite corner (the cheapest draft forward; on
-    # the demo model it drafts its input token back, confidently and wrongly: a bad set, which
-    # tells the GP early that the region is bad)
+    return probes
+
+
+def _fixed_bits(L: int, seed: int, init_points: int) -> list[list[int]]:
+    """The probes made before the GP suggests: the seeds, then every block skipped, then
+    `init_points` random sets."""
+    # every block skipped is the opposite corner (the cheapest draft forward; on the demo model
+    # it drafts its input token back, confidently and wrongly: a bad set, which tells the GP
+    # early that the region is bad)
     fixed = [s.bits() for s in seed_sets(L)] + [[1] * (2 * L)]
     rng = np.random.RandomState(seed)
     fixed += [[int(v > 0.5) for v in rng.uniform(size=2 * L)] for _ in range(init_points)]
+    return fixed
+
+
+def _probe(dev, table: StepTable | None, it: int, bits: list[int], ar: float,
+           probes: list[Probe], t0: float) -> Probe:
+    """Score `bits` on `dev`; a DevSet priced on a table may stop early once it is clearly worse
+    than the best of `probes`. `t0`: when the probe began (its suggestion included)."""
+    best = min(probes, key=lambda p: p.per_token) if probes else None
+    skip = SkipSet.from_bits(bits)
+    if isinstance(dev, DevSet):
+        ev = dev.evaluate(skip, table,
+                          best.per_token if best and table is not None else None)
+    else:
+        ev = dev.evaluate(skip, table)
+    return Probe(it, bits, ev.per_token, ev.per_token / ar, round(ev.accept_rate, 4),
+                 round(ev.mean_accepted, 4), ev.early_stopped,
+                 round(time.perf_counter() - t0, 3))
+
+
+def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
+               resume: bool, seed: int = 0, init_points: int = 0,
+               on_probe: Callable[[Probe, Probe], None] | None = None,
+               settings: dict | None = None, log=print, refit_every: int = 50) -> list[Probe]:
+    """Probe `iters` skip sets (the seeds, `init_points` random ones, then GP-UCB suggestions
+    over the bits), appending each to `log_path`; returns all probes (logged ones included on
+    resume). `dev` is a TeacherForcedDev (model objective: simulated, priced on `table`) or a
+    DevSet (decode: decoded, priced on `table`; wall: table None, clocked). `settings` are
+    kept beside the log; a resume with other settings starts over."""
+    L = dev.model.cfg.num_layers
+    settings = {**(settings or {}), "seed": seed, "init_points": init_points, "search": 2}
+    probes = _start_log(log_path, settings, resume, log)
+    ar = dev.ar_per_token(table)
+    fixed = _fixed_bits(L, seed, init_points)
     bo = BitGP(2 * L, seed, refit_every=refit_every)
     X = [p.bits for p in probes]
-    y = [-float(np.log(max(p.relative, 1e-9))) for p in probes]
+    y = [_target(p) for p in probes]
     with open(log_path, "a") as log_file:
         for it in range(len(probes), iters):
             t = time.perf_counter()
@@ -385,19 +170,10 @@ def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
                 bits = fixed[it]
             else:
                 bits = bo.suggest(np.array(X, dtype=float), np.array(y), it)
-            best = min(probes, key=lambda p: p.per_token) if probes else None
-            skip = SkipSet.from_bits(bits)
-            if isinstance(dev, DevSet):
-                ev = dev.evaluate(skip, table,
-                                  best.per_token if best and table is not None else None)
-            else:
-                ev = dev.evaluate(skip, table)
-            p = Probe(it, bits, ev.per_token, ev.per_token / ar, round(ev.accept_rate, 4),
-                      round(ev.mean_accepted, 4), ev.early_stopped,
-                      round(time.perf_counter() - t, 3))
+            p = _probe(dev, table, it, bits, ar, probes, t)
             probes.append(p)
             X.append(bits)
-            y.append(-float(np.log(max(p.relative, 1e-9))))
+            y.append(_target(p))
             log_file.write(json.dumps(p.to_json()) + "\n")
             log_file.flush()
             if on_probe:
