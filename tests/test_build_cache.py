@@ -23,7 +23,9 @@ from helpers import fails
 from specctl.cli import app
 from specctl.errors import SpecctlError
 from specctl.prep.build_cache_cmd import BuildCacheConfig, run_build_cache
-from specctl.prep.corpus import CorpusReader, decode, unsafe_member_name
+from specctl.prep.corpus import CorpusReader
+from specctl.prep.corpus_files import decode
+from specctl.prep.corpus_zip import unsafe_member_name
 from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
 from specctl.models.fingerprint import tokenizer_fingerprint
 from specctl.runtime.artifacts import resolve_corpus_cache
