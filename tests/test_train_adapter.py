@@ -92,6 +92,44 @@ def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     assert "kangaroo: adapter adapters/" in r.output
 
 
+def test_cpu_defaults_bound_the_run_unless_given(tiny_llama, data, tmp_path, monkeypatch):
+    """Training on a CPU without --limit / --max-len: at most CPU_LIMIT conversations of
+    CPU_MAX_LEN tokens, said in one line, and the job (which prices every phase) has them;
+    values given are kept; elsewhere the defaults are MAX_LEN tokens of every conversation."""
+    from specctl.errors import SpecctlError
+    from specctl.prep import train_adapter, train_cmd
+    from specctl.prep.train_adapter import (CPU_MAX_LEN, MAX_LEN, TrainConfig,
+                                            with_device_defaults)
+    monkeypatch.setattr(train_adapter, "CPU_LIMIT", 5)   # (the data has 12)
+    seen = []
+
+    def stop(job, tok, convs):   # before any of the long work
+        seen.append((job.cfg, len(convs)))
+        raise SpecctlError("stopped")
+    monkeypatch.setattr(train_cmd._Job, "prepare", stop)
+
+    def run(*extra):
+        r = CliRunner().invoke(app, ["train-adapter", "--model", str(tiny_llama), "--data",
+                                     str(data), "--exit-layer", "2", "--store", str(tmp_path),
+                                     "--device", "cpu", *extra])
+        assert "stopped" in r.output, r.output
+        return " ".join(r.output.split())   # (unwrapped)
+    out = run()
+    assert (f"on a CPU: at most 5 conversations of {CPU_MAX_LEN} tokens (--limit / --max-len "
+            "to change)") in out
+    cfg, n = seen[-1]
+    assert (cfg.limit, cfg.max_len, n) == (5, CPU_MAX_LEN, 5)
+    out = run("--limit", "7", "--max-len", "512")
+    assert "on a CPU" not in out
+    cfg, n = seen[-1]
+    assert (cfg.limit, cfg.max_len, n) == (7, 512, 7)
+    out = run("--limit", "7")
+    assert f"on a CPU: at most 7 conversations of {CPU_MAX_LEN} tokens" in out
+    assert with_device_defaults(TrainConfig(), False) == (TrainConfig(max_len=MAX_LEN), None)
+    assert with_device_defaults(TrainConfig(max_len=64, limit=3), True) == \
+        (TrainConfig(max_len=64, limit=3), None)
+
+
 def test_missing_adapter_names_the_command(tiny_llama, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
@@ -118,7 +156,7 @@ def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tm
 
 def test_expected_speedup_prices_acceptance_and_depth(model):
     from specctl.engine.steptable import StepTable
-    from specctl.prep.train_adapter import exit_layer_candidates, expected_speedup
+    from specctl.prep.adapter_sweep import exit_layer_candidates, expected_speedup
     from specctl.runtime.stepcost import StepCost
     from specctl.speculative.kangaroo import Adapter, kangaroo_price
     ns = (1, 2, 4, 8)

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from specctl.prep.eta import Eta, duration, fit_cost, poly
-from specctl.prep.train_adapter import (Costs, SweepPlan, TrainConfig, _batches, estimate_phases,
-                                        plan_sweep, sweep_cost, training_cost)
+from specctl.prep.adapter_cost import Costs, estimate_phases, sweep_cost, training_cost
+from specctl.prep.adapter_fit import batches
+from specctl.prep.adapter_sweep import SweepPlan, plan_sweep
+from specctl.prep.train_adapter import TrainConfig
 
 CONVS = [{"id": str(i), "conversations": [
     {"from": "human", "value": f"What is {i} plus {i}? Explain the answer step by step."},
@@ -82,7 +84,7 @@ def test_estimate_phases_adds_up():
     held, train_idx = [0, 10], [i for i in range(20) if i not in (0, 10)]
     hidden, ab = 8, 1000
     ph = estimate_phases(COSTS, lens, train_idx, held, cfg, hidden=hidden, adapter_bytes=ab)
-    steps = sum(len(_batches(lens, train_idx, cfg, e)) for e in range(2))
+    steps = sum(len(batches(lens, train_idx, cfg, e)) for e in range(2))
     assert steps == 18
     assert set(ph) == {"features", "training", "held-out", "saving"}
     assert ph["features"] == pytest.approx(0.01 * 4000 + 1e-6 * 2 * 8 * 2 * 4000)
@@ -116,7 +118,7 @@ def test_sweep_cost_counts_every_candidate():
     train_idx, held = list(range(2, 30)), [0, 1]
     one = sweep_cost(COSTS, lens, train_idx, held, cfg, SweepPlan((1,), 8, 2), 4, False)
     two = sweep_cost(COSTS, lens, train_idx, held, cfg, SweepPlan((1, 2), 8, 2), 4, False)
-    steps = sum(len(_batches(lens, train_idx[:8], TrainConfig(batch_tokens=1024), e))
+    steps = sum(len(batches(lens, train_idx[:8], TrainConfig(batch_tokens=1024), e))
                 for e in range(2))
     per = 2 * 8 * 0.5 + steps * 0.1 + 2 * 0.25   # 2 epochs, steps of <= 1024 tokens, held-out
     assert one == pytest.approx(per + 1e-6 * 2 * 4 * 2 * 2000)
@@ -142,7 +144,7 @@ def test_plan_sweep_scales_down_to_its_budget():
 
 
 def test_features_at_equals_one_forward(model):
-    from specctl.prep.train_adapter import features, features_at
+    from specctl.prep.adapter_features import features, features_at
     ids = list(range(5, 45))
     hs, h_L = features_at(model, ids, [2, 1])
     for l in (1, 2):
@@ -176,7 +178,7 @@ def test_estimate_is_said_before_the_work(tiny_llama, data, tmp_path):
     from specctl.store import Store
     lines, res = _run(tiny_llama, data, Store(tmp_path), 2)
     first = _index(lines, "estimated time for the whole command")
-    assert first == 1   # right after the data's summary
+    assert first == _index(lines, f"{data}: ") + 1   # right after the data's summary
     assert first < _index(lines, "computing the target's") < _index(lines, "epoch 1/1")
     # The phases are named only when they take half a second or more (a fast machine trains
     # this tiny model in less), so only the line's shape is machine-independent.
@@ -192,7 +194,8 @@ def test_many_conversations_are_priced_before_they_are_encoded(tiny_llama, data,
     monkeypatch.setattr(train_cmd, "ENCODE_EARLY_S", 0.0)
     lines, _ = _run(tiny_llama, data, Store(tmp_path), 2)
     first = _index(lines, "estimated time for the whole command")
-    assert first == 1 and first < _index(lines, "with every conversation encoded") < \
+    assert first == _index(lines, f"{data}: ") + 1 and \
+        first < _index(lines, "with every conversation encoded") < \
         _index(lines, "computing the target's")
 
 

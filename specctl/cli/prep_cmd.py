@@ -69,9 +69,11 @@ def train_adapter(
                                                  "command, at least 60)."),
     epochs: int = typer.Option(1, "--epochs"),
     lr: float = typer.Option(5e-5, "--lr"),
-    max_len: int = typer.Option(2048, "--max-len", help="Tokens per conversation (truncated)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Tokens per conversation "
+                                          "(truncated; default: 2048, 256 when training on a CPU)."),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per optimizer step."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N conversations."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N conversations "
+                                        "(default: all, 100 when training on a CPU)."),
     heldout: float = typer.Option(0.05, "--heldout", help="Share held out for top-1 agreement."),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
     strict: bool = typer.Option(False, "--strict", help="A damaged data file is an error."),

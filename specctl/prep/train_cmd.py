@@ -2,9 +2,11 @@
 
 Before the long work starts the job says how long the whole command will take: it encodes the
 conversations (a sample first when there are many; the rest are priced by their length in
-characters), times the work on the longest one (train_adapter.calibrate), plans the exit-layer
-sweep within its time budget, and sums the phases (train_adapter.estimate_phases). The estimate
-is refined as the phases run (eta.Eta) and shown on the progress bars.
+characters), times the work on the longest one (adapter_cost.calibrate), plans the exit-layer
+sweep within its time budget, and sums the phases (adapter_cost.estimate_phases). The estimate
+is refined as the phases run (eta.Eta) and shown on the progress bars. Training on a CPU, the
+conversations and their length are capped unless given (train_adapter.with_device_defaults), and
+the estimate is of the capped run.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from specctl.io.conversations import read_conversations
 from specctl.io.sharegpt import download_sharegpt_json
 from specctl.models.checkpoint import load_tokenizer, resolve_model
 from specctl.models.fingerprint import model_fingerprint
-from specctl.models.loader import load_config, load_model
+from specctl.models.loader import load_config, load_model, resolve_device
+from specctl.prep.adapter_cost import (Costs, calibrate, estimate_phases, sweep_cost,
+                                       training_cost)
+from specctl.prep.adapter_features import cached_features, features_cached, sweep_features
+from specctl.prep.adapter_fit import fit, train_dtype
+from specctl.prep.adapter_sweep import (SweepPlan, exit_layer_candidates, plan_sweep,
+                                        sweep_config, sweep_exit_layer, sweep_sets)
 from specctl.prep.eta import Eta, duration, poly
-from specctl.prep.train_adapter import (Costs, Prepared, SweepPlan, TrainConfig, _cached_features,
-                                        _meta_matches, _sweep_features, calibrate, encode,
-                                        estimate_phases, exit_layer_candidates, feature_bytes, fit,
-                                        plan_sweep, prepare_data, save_adapter, split, sweep_cost,
-                                        sweep_exit_layer, sweep_sets, train_dtype, training_cost)
+from specctl.prep.train_adapter import (Prepared, TrainConfig, encode, prepare_data, save_adapter,
+                                        split, with_device_defaults)
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.stepcost import step_table_for, step_table_path, step_table_seconds
 from specctl.store import Store, atomic_write_json
@@ -39,7 +44,8 @@ SWEEP_MIN_S = 60.0     # ... and at least this
 
 def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
                       report: Reporter | None = None, started: float | None = None) -> dict:
-    """started: time.monotonic() when the command began (default: now), for its estimate."""
+    """started: time.monotonic() when the command began (default: now), for its estimate. A
+    max_len or limit left None takes the training device's default (with_device_defaults)."""
     report = reporter(report)
     log = report.log
     eta = Eta(started)
@@ -50,6 +56,9 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
     if cfg.sweep_layers and max(cfg.sweep_layers) >= layers:
         raise SpecctlError(f"--sweep-layers must be in [1, {layers - 1}]")
     tok = load_tokenizer(model_dir)
+    cfg, note = with_device_defaults(cfg, resolve_device(cfg.device).type == "cpu")
+    if note:
+        log(note)
     source = cfg.data or download_sharegpt_json(store.root / "data", log)
     convs, read = read_conversations(source, strict=cfg.strict, limit=cfg.limit, log=log)
     log(f"{source}: {read.summary()}")
@@ -98,7 +107,7 @@ class _Job:
     def prepare(self, tok, convs) -> Prepared:
         """Encode the conversations and announce the estimate (before encoding them all when
         that alone would take a while)."""
-        cfg, log = self.cfg, self.log
+        cfg = self.cfg
         n = min(len(convs), ENCODE_SAMPLE)
         t = time.perf_counter()
         encs = [encode(tok, c.messages, cfg.max_len) for c in convs[:n]]
@@ -167,8 +176,7 @@ class _Job:
         interrupted run's sweep and checkpoint (--resume), the stored step-cost table."""
         cached, step = False, 0
         if key is not None and layer is not None:
-            cached = _meta_matches(self.work / f"features-l{layer}.safetensors", n=len(lens),
-                                   key=key)
+            cached = features_cached(self.work, layer, len(lens), key)
             ck = self.work / f"ckpt-l{layer}.json"
             if self.resume and ck.exists():
                 step = int(json.loads(ck.read_text())["step"])
@@ -268,9 +276,8 @@ class _Job:
             l = int(self.reused["layer"])
             log(f"exit layer {l}: the interrupted run's sweep, reused")
             have = None
-            if not _meta_matches(self.work / f"features-l{l}.safetensors", n=len(lens),
-                                 key=prep.key):
-                have = _sweep_features(self.model, prep, ids, plan.layers, self.work, log)
+            if not features_cached(self.work, l, len(lens), prep.key):
+                have = sweep_features(self.model, prep, ids, plan.layers, self.work, log)
             return l, self.reused["table"], have
         state = self.work / "sweep.json"
         atomic_write_json(state, {"key": self._sweep_key(prep.key), "plan": asdict(plan),
@@ -279,7 +286,8 @@ class _Job:
         prices = step_table_for(self.model, 1, store=self.store, fingerprint=self.fp, log=log)
         eta.end("profile")
         eta.begin("exit-layer sweep")
-        steps = sum(training_cost(c, lens, S, H, _sweep_cfg(cfg, plan))[2] for _ in plan.layers)
+        steps = len(plan.layers) * training_cost(
+            c, lens, S, H, sweep_config(cfg, plan.layers[0], plan.epochs))[2]
         task = self.report.task("exit-layer sweep", len(ids) + steps)
 
         def on_feature(i: int) -> None:
@@ -295,8 +303,8 @@ class _Job:
         try:
             log(f"computing the target's states at layers {_layers(plan.layers)} for "
                 f"{len(ids)} conversations ...")
-            have = _sweep_features(self.model, prep, ids, plan.layers, self.work, log,
-                                   on_feature)
+            have = sweep_features(self.model, prep, ids, plan.layers, self.work, log,
+                                  on_feature)
             l, table = sweep_exit_layer(self.model, prep, plan, cfg, have, prices, log,
                                         on_step, on_heldout)
         finally:
@@ -325,7 +333,7 @@ class _Job:
             eta.advance("features", poly(c.feature, lens[i]))
             task.update(advance=1, info=self._info())
         try:
-            feats = _cached_features(self.model, prep, l, self.work, log, have, on_feature)
+            feats = cached_features(self.model, prep, l, self.work, log, have, on_feature)
         finally:
             task.close()
         eta.end("features")
@@ -358,11 +366,6 @@ def _merged(phases: dict[str, float]) -> dict[str, float]:
     if "training" in out:
         out["training"] += phases.get("held-out", 0.0)
     return out
-
-
-def _sweep_cfg(cfg: TrainConfig, plan: SweepPlan) -> TrainConfig:
-    from specctl.prep.train_adapter import sweep_config
-    return sweep_config(cfg, plan.layers[0], plan.epochs)
 
 
 def _chars(conv) -> int:
