@@ -62,6 +62,7 @@ class Acceptance:
         self.pool = AcceptStats()
         self.seqs: dict = {}
         self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
+        self._pooled: list[float] | None = None   # _pool_rate(0 .. K-1) until the next learn
 
     def _pool_rate(self, j: int) -> float:
         base = self.prior_accept ** (j + 1) if self.tree else self.prior_accept
@@ -76,12 +77,15 @@ class Acceptance:
 
     def rates(self, key) -> list[float]:
         """Chains: a_j (conditional acceptance of position j); trees: hits per step of node j."""
+        if self._pooled is None:
+            self._pooled = [self._pool_rate(j) for j in range(self.K)]
         st = self.seqs.get(key)
+        if st is None:
+            return list(self._pooled)
         out = []
         w = self.prior_weight
-        for j in range(self.K):
-            prior = self._pool_rate(j)
-            if st is None or j >= len(st.tried):
+        for j, prior in enumerate(self._pooled):
+            if j >= len(st.tried):
                 out.append(prior)
             elif self.tree:
                 out.append((st.hit[j] + w * prior) / (st.steps + w))
@@ -121,6 +125,7 @@ class Acceptance:
         drafter's confidence of each draft."""
         if tried <= 0:
             return
+        self._pooled = None
         if not self.tree and confs:
             c = self.calib
             c._grow(CONF_BINS)

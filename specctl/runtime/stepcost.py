@@ -83,6 +83,9 @@ class StepCost:
     scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it
                      # drafts) or a kind (table_ms) -> [its log ratio beyond the drift, steps]
     _memo: dict = field(default_factory=dict, repr=False)
+    # step_ms by the step's shape, factor by kind: kept until learn changes them
+    _steps: dict = field(default_factory=dict, repr=False)
+    _factors: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
         key = (b, n)
@@ -109,31 +112,42 @@ class StepCost:
 
     def packed_ms(self, b: int, tokens: int) -> float:
         """step_ms of a packed() step of b sequences, `tokens` of them in all, some drafting."""
-        v = self.ms(b, tokens / b)
-        return self.verify_frac * v * self.factor(step_kind(b, v, 0, True))
+        key = (b, tokens)
+        t = self._steps.get(key)
+        if t is None:
+            v = self.ms(b, tokens / b)
+            t = self._steps[key] = self.verify_frac * v * self.factor(step_kind(b, v, 0, True))
+        return t
 
     def table_ms(self, ks: list[int], probes: bool = True) -> tuple[float, tuple]:
         """(the table's ms of a step with budgets ks, the kind of step: its batch size, the
-        table point its verify is priced at, its draft forwards, whether anything drafts)."""
+        table point its verify is priced at, its draft forwards, whether anything drafts).
+        It depends on the budgets' counts only, not on which sequence has which."""
         b = len(ks)
         if not b:
             return 0.0, ()
+        top = max(ks)
         if self.padded:
-            v = self.ms(b, max(self.tokens(k, probes) for k in ks))
+            v = self.ms(b, self.tokens(top, probes))
         else:
-            v = self.ms(b, sum(self.tokens(k, probes) for k in ks) / b)
-        if self.idle_whole and not any(ks):
+            drafting = b - ks.count(0)
+            v = self.ms(b, (b + sum(ks) + (self.probe * drafting if probes else 0)) / b)
+        if self.idle_whole and not top:
             return v, step_kind(b, v, -1, False)
         total = self.verify_frac * v
         depth = 0
         if self.draft_frac:
-            depth = max(ks) + self.draft_extra
-            top = max(ks)
+            depth = top + self.draft_extra
+            at_least = [0] * (top + 2)   # at_least[k]: sequences with budget >= k
+            for k in ks:
+                at_least[k] += 1
+            for k in range(top - 1, -1, -1):
+                at_least[k] += at_least[k + 1]
             for d in range(1, depth + 1):
-                n_d = sum(1 for k in ks if k + self.draft_extra >= d)
+                n_d = at_least[max(0, d - self.draft_extra)]
                 frac = self.draft_frac if d <= top or self.tail_frac is None else self.tail_frac
                 total += frac * self.ms(n_d, 1)
-        return total, step_kind(b, v, depth, any(ks))
+        return total, step_kind(b, v, depth, top > 0)
 
     def _rel(self, key) -> float:
         s = self.scale.get(key)
@@ -144,11 +158,18 @@ class StepCost:
 
     def factor(self, kind: tuple) -> float:
         """measured / table ms expected of a step of this kind (learn)."""
-        return math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
+        f = self._factors.get(kind)
+        if f is None:
+            f = self._factors[kind] = math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
+        return f
 
     def step_ms(self, ks: list[int], probes: bool = True) -> float:
-        ms, kind = self.table_ms(ks, probes)
-        return ms * self.factor(kind) if ms else 0.0
+        key = (tuple(sorted(ks)), probes)   # (a search prices the same counts many times)
+        t = self._steps.get(key)
+        if t is None:
+            ms, kind = self.table_ms(ks, probes)
+            t = self._steps[key] = ms * self.factor(kind) if ms else 0.0
+        return t
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True) -> None:
         """A step with budgets ks took measured_ms; x = log(measured / table ms) is modelled
@@ -168,6 +189,8 @@ class StepCost:
         ms, kind = self.table_ms(ks, probes)
         if not ms > 0 or not measured_ms > 0:
             return
+        self._steps.clear()
+        self._factors.clear()
         cls = kind[3:]
         x = math.log(measured_ms / ms)
         if cls in self.scale:
