@@ -62,7 +62,7 @@ def peak_rss_mb() -> float:   # ru_maxrss is in KiB on Linux
 
 
 def ar_generate(model_dir: Path, tk: Tokenization, batch: int):
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.runtime.runner import Runner
     from specctl.speculative.drafter import NoDraft
     from specctl.speculative.sampling import SamplingParams

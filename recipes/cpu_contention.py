@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--store", default=None)
     a = ap.parse_args()
     from specctl.models.checkpoint import resolve_model
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.store import Store
     model = load_model(resolve_model(a.model, Store(a.store)), "cpu", "fp32")
     g = torch.Generator().manual_seed(0)

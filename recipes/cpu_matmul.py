@@ -25,7 +25,7 @@ import specctl.engine.model as engine_model
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.steptable import measure_step_table
 from specctl.models.checkpoint import resolve_model
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.store import Store
 
 FORMS = {"F.linear": lambda x, w, b=None: F.linear(x, w, b), "specctl": engine_model.linear}

@@ -18,7 +18,7 @@ import torch
 import specctl.engine.model as engine_model
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.models.checkpoint import resolve_model
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.store import Store
 
 CONTEXT = 300

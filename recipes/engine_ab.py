@@ -24,7 +24,7 @@ import json, sys, time, torch
 import specctl
 assert specctl.__file__.startswith(sys.path[0] or __import__("os").getcwd()), specctl.__file__
 from pathlib import Path
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request

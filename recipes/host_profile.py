@@ -43,7 +43,7 @@ def main() -> None:
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
     from specctl.models.checkpoint import resolve_model
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     model_dir = resolve_model(None, store)
     model = load_model(model_dir, a.device)
     tk = Tokenization(model_dir, chat=True)

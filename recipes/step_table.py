@@ -49,7 +49,7 @@ def main() -> None:
         model.set_attention(a.attention)
     else:
         from specctl.models.checkpoint import resolve_model
-        from specctl.models.loader import load_model, model_fingerprint
+        from specctl.engine.loader import load_model, model_fingerprint
         store = Store(a.store)
         path = resolve_model(a.model, store)
         model = load_model(path, a.device, a.dtype, attention=a.attention)

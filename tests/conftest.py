@@ -20,7 +20,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def model(tiny_llama):
     """The tiny Llama loaded on the CPU in fp32 (once per test module)."""
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     return load_model(tiny_llama, "cpu", "fp32")
 
 

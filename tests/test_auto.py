@@ -96,7 +96,7 @@ def test_auto_runs_the_pilots_winner_and_resumes_its_run(job, monkeypatch):
 def test_pilots_leave_the_jobs_drafter_untouched(tiny_llama, tmp_path):
     """Each pilot pass runs a fresh drafter: Self-Draft's context cache, filled with the
     pilot's own answers, would otherwise draft those answers perfectly in the job."""
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.runtime.config import GenerateConfig
     from specctl.runtime.tokenization import Tokenization
     from specctl.io.prompts import prompt_record

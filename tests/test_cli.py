@@ -687,3 +687,28 @@ def test_threads_option(tmp_path, prompts_file, tiny_llama, baseline):
                 "--threads", "1"))
     assert strip_timing(read_jsonl(tmp_path / "o.jsonl")) == strip_timing(baseline["lines"])
     assert GenerateConfig(input="x", threads=1).key("k") == GenerateConfig(input="x").key("k")
+
+
+def test_options_are_declared_once():
+    """Every GenerateConfig field declared as an option is a `generate` option with the field's
+    default and help; `bench` takes the ones marked for it, every method's option among them."""
+    from dataclasses import fields
+
+    from typer.main import get_command
+
+    from specctl.cli.options import BENCH, METHOD_OPTIONS
+    from specctl.runtime.config import GenerateConfig
+    cmd = get_command(app)
+    gen = {p.name: p for p in cmd.commands["generate"].params}
+    bench = {p.name for p in cmd.commands["bench"].params}
+    declared = [f for f in fields(GenerateConfig) if f.metadata.get("option")]
+    assert len(declared) > 30
+    for f in declared:
+        p = gen[f.name]
+        assert (list(p.default) if f.default == () else p.default) == \
+            (list(f.default) if f.default == () else f.default), f.name
+        assert p.help == (f.metadata["help"] or None), f.name
+    every_method = {n for names in METHOD_OPTIONS.values() for n in names} - {"no_corpus_cache"}
+    assert {"skip_set", "adapter", "branches"} <= every_method <= set(BENCH) <= bench
+    assert {"speculate", "threads", "kv_memory"} <= set(BENCH)
+    assert "no_corpus_cache" in gen and "prefill_chunk" not in gen   # (a recipe sets it)

@@ -7,7 +7,7 @@ import torch
 
 from helpers import run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 
 pytestmark = pytest.mark.demo
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from tiny import make_tiny_model
 
 

@@ -8,7 +8,7 @@ import torch
 
 from helpers import prefill_slots, random_prompts, run_ids, tree_input
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.speculative.sampling import SamplingParams
 

@@ -14,7 +14,7 @@ from specctl.engine.attention import flex_attention, sdpa_attention, sdpa_meta
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
 from specctl.speculative.self_draft import branch_probe, build_trie
 from specctl.speculative.sampling import SamplingParams

@@ -222,7 +222,7 @@ def test_demo_model(demo_model_dir, monkeypatch):
 def test_damaged_store_weights_are_refused(tiny_copy):
     """A stored model's weights file overwritten in the middle (same size) fails its manifest
     checksum at load, naming the file; it does not load and generate garbage."""
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.store import file_crc32
     (f,) = sorted(tiny_copy.glob("*.safetensors"))
     (tiny_copy / "manifest.json").write_text(json.dumps({"weights_crc32": {f.name: file_crc32(f)}}))
@@ -238,7 +238,7 @@ def test_damaged_store_weights_are_refused(tiny_copy):
 def test_non_finite_activations_name_the_model(tiny_copy):
     import torch
     from helpers import run_ids
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     m = load_model(tiny_copy, "cpu", "fp32")
     m.layers[1].w_down[0, 0] = float("nan")
     with pytest.raises(SpecctlError, match=f"{tiny_copy}.*not finite"):

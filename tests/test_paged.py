@@ -12,7 +12,7 @@ from helpers import Oracle, kv_budget, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.speculative.drafter import NoDraft
 from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specctl.cli import app
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.engine.steptable import StepTable
 from specctl.prep.skip_eval import DevSet, ar_per_token, run_cost
 from specctl.speculative.draft_verify import SkipSet

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import Oracle, kv_budget, run_ids
 from specctl.engine.graphs import CudaGraphs
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.runtime.runner import Runner
 from specctl.runtime.sequence import Request
 from specctl.speculative.drafter import NoDraft

@@ -200,7 +200,7 @@ def test_damaged_adapter_is_one_line(tiny_llama, tmp_path, damage):
     """A truncated adapter file or one with the wrong shapes for the model: a one-line error
     naming the adapter, never a SafetensorError traceback or a shape error mid-step."""
     from safetensors.torch import save_file
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.speculative.kangaroo import Adapter
     model = load_model(tiny_llama, "cpu", "fp32")
     w = Adapter.init_from_model(model, 1).w

@@ -61,7 +61,7 @@ def main() -> None:
     from specctl.engine.batch import FULL
     from specctl.engine.graphs import CudaGraphs
     from specctl.models.checkpoint import resolve_model
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.store import Store
 
     if a.random:

@@ -67,8 +67,8 @@ class BenchConfig:
     prefill_chunk: int = 512
     attention: str = "sdpa"
     cuda_graphs: bool = True
-    # GenerateConfig fields of the methods (draft-verify's skip_set, max_draft, ...): a new
-    # method's options pass through here without changes to the bench
+    # GenerateConfig fields every run takes (each method's options, speculate, threads, KV
+    # memory): a new option passes through here without changes to the bench
     method_options: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -89,7 +89,7 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     """Run the bench, store it as benches/<id>; returns the results (see RESULTS_SCHEMA).
     report: messages and the progress bar (log: a message callback instead)."""
     from specctl.models.checkpoint import resolve_model
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
 
     report = reporter(report, log)
     log = report.log

@@ -9,9 +9,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specctl.cli.common import (AdapterOpt, AlphaOpt, AttentionOpt, BranchesOpt, BranchLenOpt,
-                                CorpusOpt, Gamma0Opt, GraphsOpt, MaxDraftOpt, RichReporter,
-                                SkipSetOpt, SpeculateOpt, StoreOpt, _stdout, app, console, friendly)
+from specctl.cli.common import RichReporter, StoreOpt, _stdout, app, console, friendly
+from specctl.cli.options import BENCH, config_options
+
+# the options that are BenchConfig's own fields (the rest pass to every run's GenerateConfig)
+BENCH_FIELDS = ("model", "max_tokens", "seed", "chat", "device", "dtype", "attention",
+                "cuda_graphs")
 from specctl.errors import SpecctlError
 from specctl.store import Store
 
@@ -45,50 +48,33 @@ def _print_bench(res: dict) -> None:
                     "  specctl bench mt_bench.jsonl --max-tokens 256 --repeats 3\n\n"
                     "  specctl bench --limit 16 --methods ar,hf,hf-prompt-lookup --batch-sizes 1")
 @friendly
+@config_options(BENCH)
 def bench(
     input: Optional[Path] = typer.Argument(None, help="JSONL prompts (a 'category' field gives "
                                            "per-category rows); default: ShareGPT first turns."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model (default: the demo model)."),
     methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
                                 "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
                                 "self-draft:no-context, self-draft:prompt-grams, self-draft:light."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
-    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer (per turn)."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed warm-up runs before them."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts "
                                         "(ShareGPT default: 16)."),
-    chat: bool = typer.Option(True, "--chat/--no-chat", help="Apply the model's chat template."),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16."),
-    attention: str = AttentionOpt,
-    cuda_graphs: bool = GraphsOpt,
-    skip_set: Optional[str] = SkipSetOpt,
-    max_draft: int = MaxDraftOpt,
-    gamma0: float = Gamma0Opt,
-    alpha: float = AlphaOpt,
-    adapter: Optional[str] = AdapterOpt,
-    corpus_cache: Optional[str] = CorpusOpt,
-    branches: int = BranchesOpt,
-    branch_len: int = BranchLenOpt,
-    speculate: str = SpeculateOpt,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     store: Optional[Path] = StoreOpt,
+    options: dict = None,
 ):
     """Benchmark methods side by side on the same prompts, ar included: tokens/s, speedup,
-    acceptance, memory, outputs checked against ar."""
+    acceptance, memory, outputs checked against ar. Every run is built as `generate` builds
+    it with the same options."""
     from specctl.bench import BenchConfig, mismatch_error, parse_list, run_bench
 
-    cfg = BenchConfig(str(input) if input else None, model, parse_list(methods, "--methods"),
-                      parse_list(batch_sizes, "--batch-sizes", int), max_tokens, repeats, warmup,
-                      limit, chat, seed, device, dtype, attention=attention,
-                      cuda_graphs=cuda_graphs,
-                      method_options=dict(skip_set=skip_set, max_draft=max_draft, gamma0=gamma0,
-                                          alpha=alpha, adapter=adapter, corpus_cache=corpus_cache,
-                                          branches=branches, branch_len=branch_len,
-                                          speculate=speculate))
+    common = {k: options.pop(k) for k in BENCH_FIELDS}
+    cfg = BenchConfig(str(input) if input else None, methods=parse_list(methods, "--methods"),
+                      batch_sizes=parse_list(batch_sizes, "--batch-sizes", int),
+                      repeats=repeats, warmup=warmup, limit=limit, **common,
+                      method_options=options)
     rep = RichReporter(bars=not quiet)
     try:
         res = run_bench(cfg, Store(store), rep)

@@ -80,53 +80,6 @@ def _warn(msg: str) -> None:
 
 
 StoreOpt = typer.Option(None, "--store", help="Store root (default $SPECCTL_HOME or ~/.cache/specctl).")
-AttentionOpt = typer.Option("sdpa", "--attention", help="Attention backend: sdpa (default) or "
-                            "flex (FlexAttention with block masks read in place from the KV "
-                            "cache, compiled on CUDA; on a CPU only the slow reference).")
-SpeculateOpt = typer.Option("auto", "--speculate", help="auto (default): a goodput controller "
-                            "gives each sequence a draft budget per step (0 = an ar step) from "
-                            "a measured step-cost profile, so a method that does not pay costs "
-                            "what ar costs; fixed: each method drafts its own amount (the "
-                            "papers' settings). Bench: a method may end in :auto or :fixed.")
-GraphsOpt = typer.Option(True, "--cuda-graphs/--no-cuda-graphs", help="On CUDA, replay decoding "
-                         "steps from captured CUDA graphs (off: every forward runs eagerly).")
-# draft-verify's options, shared by generate and bench
-_DV = "draft-verify"
-SkipSetOpt = typer.Option(None, "--skip-set", help="Skip set FILE or store ID (default: the "
-                          "model's best stored one).", rich_help_panel=_DV)
-MaxDraftOpt = typer.Option(12, "--max-draft", help="K, most drafts per step.", rich_help_panel=_DV)
-Gamma0Opt = typer.Option(0.6, "--gamma0", help="Initial draft-exit threshold.", rich_help_panel=_DV)
-AlphaOpt = typer.Option(0.9, "--alpha", help="Target acceptance rate of the adaptive threshold.",
-                        rich_help_panel=_DV)
-EpsOpt = typer.Option(0.01, "--eps", help="Threshold step.", rich_help_panel=_DV)
-Beta1Opt = typer.Option(0.5, "--beta1", help="Acceptance-rate smoothing.", rich_help_panel=_DV)
-Beta2Opt = typer.Option(0.9, "--beta2", help="Threshold smoothing.", rich_help_panel=_DV)
-# kangaroo's
-_KG = "kangaroo"
-AdapterOpt = typer.Option(None, "--adapter", help="Adapter DIR or store ID (default: the model's "
-                          "best stored one).", rich_help_panel=_KG)
-EtaOpt = typer.Option(0.6, "--eta", help="Stop drafting when the draft's top-1 probability <= eta.",
-                      rich_help_panel=_KG)
-KGammaOpt = typer.Option(6, "--kangaroo-gamma", help="Most drafts per step.", rich_help_panel=_KG)
-# self-draft's
-_SD = "self-draft"
-CorpusOpt = typer.Option(None, "--corpus-cache", help="Corpus n-gram cache DIR or store ID "
-                         "(default: the newest for the model's tokenizer; 'none' = off).",
-                         rich_help_panel=_SD)
-BranchesOpt = typer.Option(6, "--branches", help="N, draft branches per sequence.", rich_help_panel=_SD)
-BranchLenOpt = typer.Option(6, "--branch-len", help="L, most tokens per branch.", rich_help_panel=_SD)
-GramOpt = typer.Option(4, "--gram", help="G, tokens per context-cache candidate.", rich_help_panel=_SD)
-CtxCandsOpt = typer.Option(10, "--context-cands", help="Most candidates from the context cache "
-                           "per step.", rich_help_panel=_SD)
-CorpusCandsOpt = typer.Option(3, "--corpus-cands", help="Most candidates from the corpus cache "
-                              "per step.", rich_help_panel=_SD)
-NoCorpusOpt = typer.Option(False, "--no-corpus-cache", help="Ablation: no corpus-cache candidates.",
-                           rich_help_panel=_SD)
-NoContextOpt = typer.Option(False, "--no-context-cache", help="Ablation: no context-cache "
-                            "candidates (branches still run).", rich_help_panel=_SD)
-PromptGramsOpt = typer.Option(False, "--prompt-grams", help="Also seed the context cache with the "
-                              "prompt's grams (a specctl addition, not in the paper).",
-                              rich_help_panel=_SD)
 
 
 def friendly(fn):

@@ -160,7 +160,7 @@ def pull_demo(store: Store, log: Log = quiet, force: bool = False,
         )
         with store.building("models", DEMO_ALIAS, manifest) as out:
             convert_gguf(gguf_path, out)
-            # checked by every load (models/loader.py): a damaged file is an error, not text
+            # checked by every load (engine/loader.py): a damaged file is an error, not text
             manifest["weights_crc32"] = {f.name: file_crc32(f)
                                          for f in sorted(out.glob("*.safetensors"))}
     log(f"demo model ready at {dest}")

@@ -22,14 +22,32 @@ _PROBE = ("Hello, world! The quick brown fox jumps over the lazy dog. 12345 67.8
           "<tags> &amp; {\"json\": [1, 2]} https://example.com/a?b=c don't I'll we've")
 
 
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files that hold a checkpoint folder's weights (its shard index's, or
+    every *.safetensors), checked to exist inside the folder."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise SpecctlError(f"{index}: unreadable shard index ({e})") from None
+        files = [path / n for n in names]
+        for f in files:
+            if f.parent != path or not f.exists():
+                raise SpecctlError(f"{index}: names a missing or outside shard {f.name!r}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecctlError(f"{path}: no *.safetensors weights (only safetensors are loaded)")
+    return files
+
+
 def model_fingerprint(path: Path | str) -> str:
     """A short id of a checkpoint, for keying artifacts (skip sets, adapters) by model:
     config.json's bytes plus each weight file's name, size and first MiB."""
-    from specctl.models.loader import _weight_files
-
     path = Path(path)
     h = hashlib.sha256((path / "config.json").read_bytes())
-    for f in _weight_files(path):
+    for f in weight_files(path):
         h.update(f"{f.name}:{f.stat().st_size}:{file_sha256(f, limit=1 << 20)}".encode())
     return h.hexdigest()[:16]
 

@@ -34,7 +34,7 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
                 log) -> tuple[str, str]:
     """Measure the step-cost tables that are not in the store yet (all of them with force);
     returns the status and where they are."""
-    from specctl.models.loader import load_model
+    from specctl.engine.loader import load_model
     from specctl.runtime.config import GenerateConfig
     from specctl.runtime.stepcost import step_table_for, step_table_path
 

@@ -12,7 +12,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.prep.search_skip import confirm, plot_search, run_search
 from specctl.prep.skip_eval import DevSet, ar_per_token
 from specctl.prep.skipsets import save_skipset, work_dir

@@ -22,7 +22,7 @@ from specctl.io.conversations import read_conversations
 from specctl.io.sharegpt import download_sharegpt_json
 from specctl.models.checkpoint import load_tokenizer, resolve_model
 from specctl.models.fingerprint import model_fingerprint
-from specctl.models.loader import load_config, load_model, resolve_device
+from specctl.engine.loader import load_config, load_model, resolve_device
 from specctl.prep.adapter_cost import (Costs, calibrate, estimate_phases, sweep_cost,
                                        training_cost)
 from specctl.prep.adapter_features import cached_features, features_cached, sweep_features

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from specctl.errors import SpecctlError
 from specctl.speculative.sampling import SamplingParams
@@ -69,51 +69,92 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * unit)
 
 
+def option(default, help: str = "", *, flag: str | None = None, method: str | None = None,
+           bench: bool = False):
+    """A GenerateConfig field the command line sets: the CLI derives its option from this
+    (cli/options.py): flag (default --field-name; "--x/--no-x" for a switch pair, "--x,-y" for a
+    short form too), help, the method it belongs to (its help panel, and a warning when it is
+    given with another method), bench: `specctl bench` takes it too (every method's option
+    does). Declared here once; nothing below the CLI reads the metadata."""
+    return field(default=default, metadata={"option": True, "help": help, "flag": flag,
+                                            "method": method, "bench": bench or bool(method)})
+
+
+_DV, _KG, _SD = "draft-verify", "kangaroo", "self-draft"
+
+
 @dataclass(frozen=True)
 class GenerateConfig:
     input: str
-    model: str | None = None
-    method: str = "ar"
-    batch_size: int = 8
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    chat: bool = True
-    stop: tuple[str, ...] = ()
-    device: str = "auto"
-    dtype: str = "auto"
-    skip_bad: bool = False
-    prefill_chunk: int = 512
-    attention: str = "sdpa"           # sdpa | flex (engine/attention.py)
-    cuda_graphs: bool = True          # replay captured graphs on CUDA (engine/graphs.py)
-    limit: int | None = None          # only the first N prompt lines
-    speculate: str = "auto"          # auto: the goodput controller's budgets; fixed: the drafter's
-    threads: int | None = None        # CPU threads per step; None: measured (runtime/threads.py)
-    kv_memory: str | None = None      # KV cache budget ('8GB'); None: CUDA by gpu_memory, CPU all
-    gpu_memory: float = 0.9           # CUDA: the share of the GPU weights + cache + work may use
-    # draft-verify
-    skip_set: str | None = None
-    max_draft: int = 12
-    gamma0: float = 0.6
-    alpha: float = 0.9
-    eps: float = 0.01
-    beta1: float = 0.5
-    beta2: float = 0.9
-    # kangaroo
-    adapter: str | None = None
-    eta: float = 0.6
-    kangaroo_gamma: int = 6
-    # self-draft
-    corpus_cache: str | None = None   # cache id/path; None = the model's newest; "none" = off
-    branches: int = 6
-    branch_len: int = 6
-    gram: int = 4
-    context_cands: int = 10
-    corpus_cands: int = 3
-    context_cache: bool = True
-    prompt_grams: bool = False
+    model: str | None = option(None, "Local HF folder, hub id, or 'smollm2-135m-instruct' (the "
+                               "default demo model).", flag="--model,-m", bench=True)
+    method: str = option("ar", "Decoding method: ar, draft-verify, kangaroo, self-draft, or auto "
+                         "(the fastest of those whose artifacts are in the store, timed on a "
+                         "short pilot of the first prompts).")
+    batch_size: int = option(8, "Sequences in flight at once.", flag="--batch-size,-b")
+    max_tokens: int = option(256, "New tokens per answer (per turn); a line's own max_tokens "
+                             "(OpenAI batch body) wins.", bench=True)
+    temperature: float = option(0.0, "0 = greedy.", flag="--temperature,-t")
+    top_p: float = option(1.0)
+    top_k: int = option(0, "0 = off.")
+    seed: int = option(0, "Sampling seed (per request: the same output at any batch size, "
+                       "draft-verify aside).", bench=True)
+    chat: bool = option(True, "Apply the model's chat template.", flag="--chat/--no-chat",
+                        bench=True)
+    stop: tuple[str, ...] = option((), "Stop string (repeatable).")
+    device: str = option("auto", "auto, cpu, cuda, cuda:1 ...", bench=True)
+    dtype: str = option("auto", "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16.", bench=True)
+    skip_bad: bool = option(False, "Record bad lines in the output instead of stopping.")
+    prefill_chunk: int = 512          # prompt tokens per prefill forward (a recipe may set it)
+    attention: str = option("sdpa", "Attention backend: sdpa (default) or flex (FlexAttention "
+                            "with block masks read in place from the KV cache, compiled on "
+                            "CUDA; on a CPU only the slow reference).", bench=True)
+    cuda_graphs: bool = option(True, "On CUDA, replay decoding steps from captured CUDA graphs "
+                               "(off: every forward runs eagerly).",
+                               flag="--cuda-graphs/--no-cuda-graphs", bench=True)
+    limit: int | None = option(None, "Only the first N prompt lines (--resume without it then "
+                               "does the rest).")
+    speculate: str = option("auto", "auto (default): a goodput controller gives each sequence a "
+                            "draft budget per step (0 = an ar step) from a measured step-cost "
+                            "profile, so a method that does not pay costs what ar costs; "
+                            "fixed: each method drafts its own amount (the papers' settings). "
+                            "Bench: a method may end in :auto or :fixed.", bench=True)
+    threads: int | None = option(None, "CPU threads per step (default: measured as the run goes, "
+                                 "so a busy machine does not stall the step).", bench=True)
+    kv_memory: str | None = option(None, "Memory for the KV cache, e.g. 8GB. Less than "
+                                   "--batch-size full-length sequences need: a paged cache, "
+                                   "filled by actual lengths (default: CPU all it needs, CUDA "
+                                   "set by --gpu-memory).", bench=True)
+    gpu_memory: float = option(0.9, "CUDA: the share of the GPU's memory that weights, KV cache "
+                               "and work may use together (vLLM's gpu_memory_utilization).",
+                               bench=True)
+    skip_set: str | None = option(None, "Skip set FILE or store ID (default: the model's best "
+                                  "stored one).", method=_DV)
+    max_draft: int = option(12, "K, most drafts per step.", method=_DV)
+    gamma0: float = option(0.6, "Initial draft-exit threshold.", method=_DV)
+    alpha: float = option(0.9, "Target acceptance rate of the adaptive threshold.", method=_DV)
+    eps: float = option(0.01, "Threshold step.", method=_DV)
+    beta1: float = option(0.5, "Acceptance-rate smoothing.", method=_DV)
+    beta2: float = option(0.9, "Threshold smoothing.", method=_DV)
+    adapter: str | None = option(None, "Adapter DIR or store ID (default: the model's best "
+                                 "stored one).", method=_KG)
+    eta: float = option(0.6, "Stop drafting when the draft's top-1 probability <= eta.",
+                        method=_KG)
+    kangaroo_gamma: int = option(6, "Most drafts per step.", method=_KG)
+    corpus_cache: str | None = option(None, "Corpus n-gram cache DIR or store ID (default: the "
+                                      "newest for the model's tokenizer; 'none' = off, as "
+                                      "--no-corpus-cache).", method=_SD)
+    branches: int = option(6, "N, draft branches per sequence.", method=_SD)
+    branch_len: int = option(6, "L, most tokens per branch.", method=_SD)
+    gram: int = option(4, "G, tokens per context-cache candidate.", method=_SD)
+    context_cands: int = option(10, "Most candidates from the context cache per step.",
+                                method=_SD)
+    corpus_cands: int = option(3, "Most candidates from the corpus cache per step.", method=_SD)
+    context_cache: bool = option(True, "Ablation (--no-context-cache): no context-cache "
+                                 "candidates (branches still run).",
+                                 flag="--context-cache/--no-context-cache", method=_SD)
+    prompt_grams: bool = option(False, "Also seed the context cache with the prompt's grams (a "
+                                "specctl addition, not in the paper).", method=_SD)
 
     def __post_init__(self):
         if self.method not in METHODS + ("auto",):

@@ -21,7 +21,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
-from specctl.models.loader import load_model
+from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter, Task
 from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig

@@ -60,12 +60,11 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                         f"model's vocabulary ({model.cfg.vocab_size}): it is not for this model")
                 if cfg.corpus_cache:   # (the resolver names the one it picks by itself)
                     log(f"self-draft: corpus cache {path}")
-        if model.device.type == "cpu" and prm.branches:
-            log("self-draft: on a CPU the ~90 extra branch and candidate tokens per sequence and "
-                "step cost real compute (0.2-0.6x of ar on a 2-core CPU, see docs/benchmarks.md); it pays "
-                "on a GPU. On a CPU at batch 1 try --prompt-grams --branches 0 --context-cands 4 "
-                "--corpus-cands 1 (break-even to about 1.1x of ar there, with a corpus cache "
-                "close to the prompts)")
+        if model.device.type == "cpu" and prm.branches and cfg.speculate == "fixed":
+            log("self-draft --speculate fixed: on a CPU the ~90 extra branch and candidate "
+                "tokens per sequence and step cost real compute (0.2-0.6x of ar on a 2-core CPU, "
+                "see docs/benchmarks.md); --speculate auto (the default) drafts only where it "
+                "is expected to pay")
         return SelfDraftDrafter(prm, corpus, cid)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")

@@ -17,8 +17,8 @@ from safetensors import SafetensorError
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
+from specctl.models.fingerprint import weight_files
 from specctl.store import file_crc32
-from specctl.models.fingerprint import model_fingerprint  # noqa: F401  (its old home)
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -86,24 +86,6 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _weight_files(path: Path) -> list[Path]:
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise SpecctlError(f"{index}: unreadable shard index ({e})") from None
-        files = [path / n for n in names]
-        for f in files:
-            if f.parent != path or not f.exists():
-                raise SpecctlError(f"{index}: names a missing or outside shard {f.name!r}")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise SpecctlError(f"{path}: no *.safetensors weights (only safetensors are loaded)")
-    return files
-
-
 def _stored_checksums(path: Path) -> dict[str, str]:
     """A store model's weights checksums (its manifest's weights_crc32), else none."""
     try:
@@ -125,7 +107,7 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
     want = expected_shapes(cfg)
     weights: dict[str, torch.Tensor] = {}
     sums = _stored_checksums(path)
-    for f in _weight_files(path):
+    for f in weight_files(path):
         if f.name in sums and file_crc32(f) != sums[f.name]:
             raise SpecctlError(f"{f}: the file changed since the store made it (checksum "
                                "mismatch): it is damaged; pull the model again "
