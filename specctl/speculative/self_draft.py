@@ -270,12 +270,12 @@ class SelfDraftDrafter(Drafter):
 
     def _push_text(self, s) -> None:
         """Grams of the emitted text (with the prompt's tail before it) into the context cache."""
-        g = self.prm.gram
-        done = s.state.pushed
-        ctx = s.prompt_ids[-g:] + s.out_ids
-        off = len(ctx) - len(s.out_ids)         # index of out_ids[0] in ctx
-        # windows ctx[j : j + g + 1] ending in a token emitted since the last push
-        first = max(0, off + done - g)
-        for j in range(first, len(ctx) - g):
-            self.ctx.push(ctx[j], tuple(ctx[j + 1:j + g + 1]))
-        s.state.pushed = len(s.out_ids)
+        g, out = self.prm.gram, s.out_ids
+        need = len(out) - s.state.pushed + g   # windows of g + 1 tokens ending in a new token
+        if need <= g:
+            return
+        # (the tail only: copying the whole answer every step grows with its length)
+        tail = out[-need:] if len(out) >= need else s.prompt_ids[len(out) - need:] + out
+        for j in range(len(tail) - g):
+            self.ctx.push(tail[j], tuple(tail[j + 1:j + g + 1]))
+        s.state.pushed = len(out)
