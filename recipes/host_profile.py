@@ -107,12 +107,13 @@ def main() -> None:
             def step(seqs):
                 f0 = fwd["t"]
                 t = time.perf_counter()
-                inner(seqs)
+                work = inner(seqs)   # (the thread tuner's unit of work)
                 if cuda:
                     torch.cuda.synchronize()
                 step_t["t"] += time.perf_counter() - t
                 step_t["fwd"] += fwd["t"] - f0
                 step_t["n"] += 1
+                return work
             runner.step = step
             # warm-up: on CUDA the whole workload, so every graph shape the timed run meets
             # (batch buckets as sequences finish, padded token counts) is captured before it
