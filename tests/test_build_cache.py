@@ -435,7 +435,7 @@ def test_caches_with_the_earlier_fingerprint_still_resolve(built, tok_dir, tmp_p
         (m if isinstance(m, str) else " ".join(m)) + "\n" for m in model["merges"]))
     del cfg["tokenizer_fingerprint"]
     (old / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SpecctlError, match="another tokenizer"):
+    with pytest.raises(SpecctlError, match="tokenizer_fingerprint: missing"):
         resolve_corpus_cache(store, files, str(old), lambda m: None)
 
 

@@ -22,6 +22,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.model import tile_rows
+from specctl.io.schema import SchemaError, boolean, fields, integer, list_of, number, string
 
 # Raised whenever the engine's forward changes what a step costs, or the table is measured
 # differently (a stored table from an earlier engine is measured again): 2 = the CPU matmul form
@@ -29,6 +30,14 @@ from specctl.engine.model import tile_rows
 # non-decreasing (nondecreasing) rather than raised, 5 = CPU matmul rows padded (gemm_rows),
 # 6 = the median of round-robin rounds, 7 = each round's first step timed warm.
 ENGINE_COSTS = 7
+
+
+_SCHEMA = {"device": string(nonempty=True), "dtype": string(nonempty=True),
+           "attention": string(nonempty=True), "context": integer(0),
+           "batches": list_of(integer(1), unique=True, nonempty=True),
+           "ns": list_of(integer(1), unique=True, nonempty=True),
+           "table": list_of(list_of(number(above=0)))}
+_OPTIONAL = {"engine": integer(1), "tiles": boolean}
 
 
 @dataclass(frozen=True)
@@ -68,16 +77,18 @@ class StepTable:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "StepTable":
-        if not isinstance(d.get("tiles", False), bool):
-            raise ValueError("malformed step table: tiles must be true or false")
-        t = cls(str(d["device"]), str(d["dtype"]), str(d["attention"]), int(d["context"]),
-                tuple(int(x) for x in d["batches"]), tuple(int(x) for x in d["ns"]),
-                tuple(tuple(float(v) for v in row) for row in d["table"]),
-                int(d.get("engine", 1)), bool(d.get("tiles", d["device"] == "cpu")))
-        if len(t.table) != len(t.batches) or any(len(r) != len(t.ns) for r in t.table) \
-                or not t.ns or any(not v > 0 for r in t.table for v in r):
-            raise ValueError("malformed step table")
+    def from_json(cls, d) -> "StepTable":
+        """A table as `to_json` wrote it, every field checked, never coerced (SchemaError, a
+        ValueError, naming the field). Older tables lack engine (1) and tiles (a CPU's)."""
+        try:
+            f = fields(d, _SCHEMA, _OPTIONAL, what="step table")
+        except SchemaError as e:
+            raise ValueError(f"malformed step table: {e}") from None
+        t = cls(f["device"], f["dtype"], f["attention"], f["context"], tuple(f["batches"]),
+                tuple(f["ns"]), tuple(tuple(row) for row in f["table"]), f.get("engine", 1),
+                f.get("tiles", f["device"] == "cpu"))
+        if len(t.table) != len(t.batches) or any(len(r) != len(t.ns) for r in t.table):
+            raise ValueError("malformed step table: table is not batches x ns")
         return t
 
     def markdown(self) -> str:

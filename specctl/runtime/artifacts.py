@@ -13,11 +13,11 @@ Fingerprints are computed in models/fingerprint.py; the prep commands write the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
 from specctl.errors import SpecctlError
+from specctl.io.schema import SchemaError, fields, integer, string
 from specctl.models.fingerprint import _legacy_fingerprint, tokenizer_fingerprint, tokenizer_name
 from specctl.reporting import quiet
 from specctl.speculative.corpus_cache import ARTIFACT_FILE, KIND as CORPUS_KIND, read_config
@@ -34,18 +34,19 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
         p = store.locate(spec, "skipsets")
         if p.is_dir():
             p = p / "skipset.json"
-        data, where = read_json(p), str(p)
+        where = str(p)
     else:
         best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
         if best is None:
             raise SpecctlError("no skip set for this model in the store: run "
                                "`specctl search-skip` (with the same --model) first, or pass "
                                "--skip-set FILE")
-        data, where = read_json(best.path / "skipset.json"), f"skipsets/{best.id}"
+        p, where = best.path / "skipset.json", f"skipsets/{best.id}"
+    data = read_json(p)
     try:
         skip = SkipSet.from_json(data)
-    except (ValueError, AttributeError) as e:
-        raise SpecctlError(f"{where}: {e}") from None
+    except ValueError as e:   # (SchemaError: the field and what is wrong with it)
+        raise SpecctlError(f"{p}: not a usable skip set: {e}") from None
     if skip.num_layers != num_layers:
         raise SpecctlError(f"{where}: skip set is for {skip.num_layers} layers, the model has "
                            f"{num_layers}")
@@ -80,16 +81,44 @@ def describe_skip_set(skip: SkipSet) -> str:
             f"skipped (attn {sorted(skip.attn)}, mlp {sorted(skip.mlp)})")
 
 
+# an adapter's config.json (kangaroo.adapter_config): the exit layer and the model's shape
+ADAPTER_FORMAT = "specctl-kangaroo-1"
+ADAPTER_CONFIG = {"exit_layer": integer(1)}
+ADAPTER_SHAPE = {"hidden_size": integer(1), "num_heads": integer(1), "num_kv_heads": integer(1),
+                 "head_dim": integer(1), "format": string()}
+
+
+def adapter_exit_layer(path: Path, model) -> int:
+    """The exit layer an adapter folder's config.json names, every field checked (never
+    coerced) and its model shape compared with `model`'s."""
+    f = path / "config.json"
+    try:
+        cfg = fields(read_json(f), ADAPTER_CONFIG, ADAPTER_SHAPE, what="adapter config")
+    except SchemaError as e:
+        raise SpecctlError(f"{f}: not a usable adapter config: {e}") from None
+    if cfg.get("format", ADAPTER_FORMAT) != ADAPTER_FORMAT:
+        raise SpecctlError(f"{f}: adapter format {cfg['format']!r} is not {ADAPTER_FORMAT!r}, "
+                           "the one this specctl reads")
+    c = model.cfg
+    have = {"hidden_size": c.hidden_size, "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim}
+    for k, v in have.items():
+        if k in cfg and cfg[k] != v:
+            raise SpecctlError(f"{f}: the adapter is for a model with {k} {cfg[k]}, this one "
+                               f"has {v}: train one for this model with `specctl train-adapter`")
+    return cfg["exit_layer"]
+
+
 def load_adapter(path: Path, model) -> Adapter:
     from safetensors.torch import load_file
+    exit_layer = adapter_exit_layer(path, model)
     try:
-        cfg = json.loads((path / "config.json").read_text())
         try:
             w = load_file(str(path / "adapter.safetensors"))
         except Exception as e:   # (safetensors' own error for a truncated or corrupt file too)
             raise ValueError(f"adapter.safetensors: {e}") from None
-        return Adapter(model, int(cfg["exit_layer"]), w)   # (checks shapes against the model)
-    except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        return Adapter(model, exit_layer, w)   # (checks the layer and shapes against the model)
+    except (OSError, KeyError, TypeError, ValueError) as e:
         raise SpecctlError(f"{path}: not a usable adapter ({e})") from None
 
 

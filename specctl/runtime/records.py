@@ -52,9 +52,23 @@ _RECORD = {"index": int, "text": str, "new_tokens": int, "steps": int, "prompt_t
 
 
 def _valid(r) -> bool:
-    return (isinstance(r, dict) and all(isinstance(r.get(k), t) for k, t in _RECORD.items())
+    # (bool is an int to isinstance: `"index": true` is not a record of line 1)
+    return (isinstance(r, dict) and all(isinstance(r.get(k), t) and not isinstance(r[k], bool)
+                                        for k, t in _RECORD.items())
             and r["index"] >= 0 and all(type(x) is int for x in r["accept_lengths"])
             and all(type(x) is int for x in r["draft_lengths"]))
+
+
+def dumps(line: dict) -> str:
+    """One JSON line as specctl writes output and record lines: UTF-8 text as it is, and, for
+    a string that UTF-8 cannot encode (a lone surrogate, which input reading refuses, but
+    say in a file name from the command line), \\u escapes rather than a crash."""
+    text = json.dumps(line, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(line)
+    return text
 
 
 def _read_records(path: Path) -> dict[int, dict]:
@@ -100,8 +114,9 @@ def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
     if not runs:
         return ""
-    e = max(runs, key=lambda e: e.manifest.get("created", ""))
-    old, new = e.manifest.get("config") or {}, asdict(cfg)
+    e = max(runs, key=lambda e: str(e.manifest.get("created", "")))
+    old, new = e.manifest.get("config"), asdict(cfg)
+    old = old if isinstance(old, dict) else {}
     diff = [k for k in new if k not in UNKEYED and k in old
             and json.dumps(old[k]) != json.dumps(new[k])]
     why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else

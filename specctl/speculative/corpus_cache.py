@@ -36,6 +36,7 @@ from typing import Iterable
 import numpy as np
 
 from specctl.errors import SpecctlError
+from specctl.io.schema import SchemaError, fields, integer, string
 
 ARTIFACT_FILE = "ngram.safetensors"
 CONFIG_FILE = "config.json"
@@ -199,15 +200,10 @@ class CorpusCache:
         arrays, meta = read_safetensors_mmap(st)
         try:
             config = json.loads(meta["config"])
-            kmax, g = int(config["max_key_len"]), int(config["gram_len"])
-            str(config["tokenizer_fingerprint"])
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+        except (KeyError, TypeError, ValueError):
             raise SpecctlError(f"{st}: not an n-gram cache (no usable config in its metadata)") from None
-        if int(config.get("format", FORMAT_VERSION)) > FORMAT_VERSION:
-            raise SpecctlError(f"{st}: n-gram cache format {config['format']} is newer than this "
-                               "specctl understands; upgrade specctl")
-        if not (1 <= kmax <= 64 and 1 <= g <= 64):
-            raise SpecctlError(f"{st}: bad max_key_len/gram_len in its config")
+        check_config(config, st)
+        kmax, g = config["max_key_len"], config["gram_len"]
         tables = {}
         for k in range(1, kmax + 1):
             try:
@@ -325,27 +321,46 @@ def _check_table(st: Path, k: int, g: int, t: _Table, full: bool) -> None:
 # finding the cache for a model
 
 
+# config.json (and the artifact's metadata): what the tables were counted with (write_artifact)
+CONFIG_SCHEMA = {"max_key_len": integer(1, 64), "gram_len": integer(1, 64),
+                 "tokenizer_fingerprint": string(nonempty=True)}
+CONFIG_OPTIONAL = {"format": integer(1), "top": integer(1), "min_count": integer(1),
+                   "tokenizer": string()}
+
+
+def check_config(config, where) -> dict:
+    """An n-gram cache's config, every field checked (never coerced): SpecctlError naming
+    `where` (the file) and the field."""
+    try:
+        fields(config, CONFIG_SCHEMA, CONFIG_OPTIONAL, what="n-gram cache config")
+    except SchemaError as e:
+        raise SpecctlError(f"{where}: not an n-gram cache config: {e}") from None
+    if config.get("format", FORMAT_VERSION) > FORMAT_VERSION:
+        raise SpecctlError(f"{where}: n-gram cache format {config['format']} is newer than this "
+                           "specctl understands; upgrade specctl")
+    return config
+
+
 def read_config(path: Path) -> dict:
-    """config.json of an artifact folder (or the metadata of a bare .safetensors)."""
+    """config.json of an artifact folder (or the metadata of a bare .safetensors), checked."""
     path = Path(path)
     if path.is_dir():
         cf = path / CONFIG_FILE
         if cf.is_file():
             try:
                 cfg = json.loads(cf.read_text(encoding="utf-8"))
-                if isinstance(cfg, dict):
-                    return cfg
             except (json.JSONDecodeError, UnicodeDecodeError):
-                pass
-            raise SpecctlError(f"{cf}: not valid JSON")
+                raise SpecctlError(f"{cf}: not valid JSON") from None
+            return check_config(cfg, cf)
         path = path / ARTIFACT_FILE
     if not path.is_file():
         raise SpecctlError(f"{path}: not an n-gram cache (make one with `specctl build-cache`)")
     _, meta = read_safetensors_mmap(path)
     try:
-        return json.loads(meta["config"])
-    except (KeyError, json.JSONDecodeError):
+        cfg = json.loads(meta["config"])
+    except (KeyError, TypeError, ValueError):
         raise SpecctlError(f"{path}: not an n-gram cache (no config in its metadata)") from None
+    return check_config(cfg, path)
 
 
 def brute_force_table(docs: Iterable[list[int]], max_key_len: int, gram_len: int, top: int,

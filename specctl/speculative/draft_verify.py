@@ -32,10 +32,20 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.steptable import weight_shares
+from specctl.io.schema import (SchemaError, anything, fields, integer, json_object, list_of,
+                               number, optional)
 from specctl.speculative.chain import draft_chains
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
+
+
+# what search-skip's skipset.json holds beside the set (informational; `profile` is read)
+SKIPSET_RESULT = {k: anything for k in (
+    "objective", "seconds_per_token", "relative_time_per_token", "acceptance_rate",
+    "mean_accepted_tokens", "iterations", "best_iteration", "search_time_s", "total_time_s",
+    "config", "interrupted", "simulated_relative_time_per_token", "confirmed")}
+SKIPSET_RESULT.update(speedup_estimate=number(0), profile=optional(json_object))
 
 
 @dataclass(frozen=True)
@@ -73,14 +83,19 @@ class SkipSet:
         return {"num_layers": self.num_layers, "attn": sorted(self.attn), "mlp": sorted(self.mlp)}
 
     @classmethod
-    def from_json(cls, d: dict) -> "SkipSet":
-        try:
-            return cls(int(d["num_layers"]), frozenset(int(i) for i in d["attn"]),
-                       frozenset(int(i) for i in d["mlp"]))
-        except KeyError as e:
-            raise ValueError(f"not a skip set: no {e} field") from None
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"not a skip set ({e})") from None
+    def from_json(cls, d) -> "SkipSet":
+        """A skip set as `to_json` writes it (search-skip's skipset.json adds its result's
+        fields): every value checked, never coerced; SchemaError (a ValueError) names the
+        field."""
+        f = fields(d, {"num_layers": integer(1, 100_000), "attn": list_of(integer(), unique=True),
+                       "mlp": list_of(integer(), unique=True)}, SKIPSET_RESULT, what="skip set")
+        L = f["num_layers"]
+        for part in ("attn", "mlp"):
+            bad = [i for i in f[part] if not 0 <= i < L]
+            if bad:
+                raise SchemaError(f"{part}: layer {bad[0]} is out of range [0, {L - 1}] "
+                                  f"(num_layers is {L})")
+        return cls(L, frozenset(f["attn"]), frozenset(f["mlp"]))
 
 
 def skip_draft_frac(model, skip: SkipSet) -> float:

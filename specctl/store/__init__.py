@@ -206,6 +206,8 @@ class Store:
                     manifest = json.loads(mf.read_text(encoding="utf-8")) if mf.exists() else {}
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     manifest = {"error": "unreadable manifest"}
+                if not isinstance(manifest, dict):   # (valid JSON, but not a manifest)
+                    manifest = {"error": "unreadable manifest"}
                 out.append(Entry(k, p.name, p, manifest))
         return out
 
@@ -245,7 +247,11 @@ class Store:
         """The artifact of `kind` made for the model `fingerprint` with the highest manifest
         `score` (e.g. a skip set's estimated speedup, an adapter's held-out agreement)."""
         cands = [e for e in self.entries(kind) if e.manifest.get("model_fingerprint") == fingerprint]
-        return max(cands, key=lambda e: e.manifest.get(score) or 0.0) if cands else None
+
+        def value(e: Entry) -> float:   # (a score that is not a number counts as none)
+            v = e.manifest.get(score)
+            return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+        return max(cands, key=value) if cands else None
 
     @contextmanager
     def work_dir(self, prefix: str) -> Iterator[Path]:
