@@ -93,6 +93,7 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
 
     report = reporter(report, log)
     log = report.log
+    store.check_writable()   # (before a prompt set or the model is downloaded into it)
     recs, input_desc, input_sha = _load_prompts(cfg, store, log)
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)

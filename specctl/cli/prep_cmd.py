@@ -42,7 +42,7 @@ def search_skip(
 
     cfg = SearchConfig(model, str(dev) if dev else None, iters, init_points, objective, prompts,
                        max_new, seed, device, dtype)
-    res = _with_bars(run_search_skip, cfg, Store(store), resume)
+    res = _with_bars(run_search_skip, cfg, Store(store).check_writable(), resume)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
@@ -107,7 +107,8 @@ def train_adapter(
     cfg = TrainConfig(model, data, layer, epochs, lr, max_len, batch_tokens, limit, heldout,
                       checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device,
                       dtype=dtype, sweep_layers=sweep, sweep_budget=sweep_budget)
-    res = _with_bars(run_train_adapter, cfg, Store(store), resume, started=started)
+    res = _with_bars(run_train_adapter, cfg, Store(store).check_writable(), resume,
+                     started=started)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
@@ -146,7 +147,7 @@ def build_cache(
     cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model,
                            CountConfig(max_key_len, gram_len, top, min_count,
                                        workers or default_workers()), name, force)
-    res = _with_bars(run_build_cache, cfg, Store(store), bars=not quiet)
+    res = _with_bars(run_build_cache, cfg, Store(store).check_writable(), bars=not quiet)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 
@@ -168,7 +169,7 @@ def prepare(
 
     r = load_recipe(recipe)
     steps = [x.strip() for x in only.split(",") if x.strip()] if only else None
-    res = _with_bars(run_prepare, r, Store(store), only=steps, force=force)
+    res = _with_bars(run_prepare, r, Store(store).check_writable(), only=steps, force=force)
     t = Table(title=f"prepare {r.name}")
     for col in ("step", "status", "wall s", "artifact"):
         t.add_column(col)

