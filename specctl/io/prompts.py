@@ -15,7 +15,10 @@ OpenAI content lists of {"type": "text", "text"} parts are joined into one strin
 
 Bad input raises `SpecctlError("<file>:<line>: <what is wrong>")` on the first bad line; with
 skip_bad=True the record is kept with `error` set and `turns` None. Blank lines are skipped but
-line numbers stay true; a UTF-8 BOM is accepted; lines over 10 MB are rejected.
+line numbers stay true; a UTF-8 BOM is accepted; lines over 10 MB are rejected. Every text
+(prompt, message contents, turns, ids, category) is checked here once: a string UTF-8 cannot
+encode (a lone surrogate, valid JSON) makes its line bad, so nothing downstream meets it. A
+compressed file (gzip, bzip2, xz, zstd, zip) is named as such.
 """
 
 from __future__ import annotations
@@ -48,6 +51,33 @@ class _Bad(Exception):
     pass
 
 
+def unencodable(text: str) -> str | None:
+    """Why `text` cannot be written as UTF-8 (a lone surrogate such as "\\ud800", which JSON
+    can spell but no UTF-8 file, tokenizer or output line can hold), or None when it can."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"has a lone surrogate {ascii(text[e.start])[1:-1]} at character {e.start + 1}, "
+                "which UTF-8 cannot encode")
+    return None
+
+
+def _show(value, limit: int = 40) -> str:
+    """A value as a message shows it: its repr (escapes, never a raw control character or
+    surrogate), cut short."""
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def _text(value: str, where: str) -> str:
+    """A string from the input, checked once here so that nothing downstream (tokenizer, chat
+    template, the output line) meets text it cannot encode."""
+    why = unencodable(value)
+    if why:
+        raise _Bad(f"{where}: {why}")
+    return value
+
+
 def _content(value, where: str) -> str:
     if isinstance(value, list):  # OpenAI content parts
         texts = []
@@ -59,7 +89,7 @@ def _content(value, where: str) -> str:
         value = "".join(texts)
     if not isinstance(value, str):
         raise _Bad(f"{where}: must be a string, got {type(value).__name__}")
-    return value
+    return _text(value, where)
 
 
 def _messages(value, where: str) -> tuple[dict, ...]:
@@ -70,8 +100,8 @@ def _messages(value, where: str) -> tuple[dict, ...]:
         if not isinstance(m, dict):
             raise _Bad(f"{where}[{i}]: must be an object with role and content")
         role = m.get("role")
-        if role not in _ROLES:
-            raise _Bad(f"{where}[{i}].role: {role!r} is not one of system, user, assistant")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise _Bad(f"{where}[{i}].role: {_show(role)} is not one of system, user, assistant")
         out.append({"role": _ROLES[role], "content": _content(m.get("content"), f"{where}[{i}].content")})
     if out[-1]["role"] != "user":
         raise _Bad(f"{where}: last message must be from the user")
@@ -83,7 +113,7 @@ def _max_tokens(obj: dict, where: str) -> int | None:
         if obj.get(key) is not None:
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise _Bad(f"{where}{key}: must be a positive integer, got {v!r}")
+                raise _Bad(f"{where}{key}: must be a positive integer, got {_show(v)}")
             return v
     return None
 
@@ -94,7 +124,7 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
         if v is not None:
             if isinstance(v, bool) or not isinstance(v, (str, int)):
                 raise _Bad(f"{key}: must be a string or integer, got {type(v).__name__}")
-            return v, key
+            return (_text(v, key) if isinstance(v, str) else v), key
     return None, None
 
 
@@ -105,6 +135,8 @@ def _parse(obj) -> dict:
     category = obj.get("category")
     if category is not None and not isinstance(category, str):
         raise _Bad(f"category: must be a string, got {type(category).__name__}")
+    if category is not None:
+        _text(category, "category")
     found = [k for k in _FORMAT_KEYS if k in obj]
     if not found:
         raise _Bad("unknown prompt format: expected one of prompt, messages, turns, body.messages")
@@ -116,6 +148,7 @@ def _parse(obj) -> dict:
         raw = obj["prompt"]
         if not isinstance(raw, str) or not raw.strip():
             raise _Bad("prompt: must be a non-empty string")
+        _text(raw, "prompt")
         turns = (({"role": "user", "content": raw},),)
     elif kind == "messages":
         turns = (_messages(obj["messages"], "messages"),)
@@ -132,6 +165,7 @@ def _parse(obj) -> dict:
         for i, q in enumerate(qs):
             if not isinstance(q, str) or not q.strip():
                 raise _Bad(f"turns[{i}]: must be a non-empty string")
+            _text(q, f"turns[{i}]")
         turns = tuple(({"role": "user", "content": q},) for q in qs)
     return dict(id=ident, id_field=id_field, category=category, turns=turns,
                 max_tokens=max_tokens, raw_prompt=raw)
@@ -164,6 +198,20 @@ def _lines(f):
             yield line_no, chunk
 
 
+# what compressed files start with (a JSONL file starts with text)
+_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
+               (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
+               (b"PK\x03\x04", "zip", "unzip"))
+
+
+def _not_compressed(f, path: Path) -> None:
+    head = f.peek(8)[:8] if hasattr(f, "peek") else b""
+    for magic, kind, tool in _COMPRESSED:
+        if head.startswith(magic):
+            raise SpecctlError(f"{path}: a {kind}-compressed file, not JSONL text: decompress "
+                               f"it first ({tool} {path})")
+
+
 def read_prompts(path: str | Path, skip_bad: bool = False,
                  limit: int | None = None) -> list[PromptRecord]:
     """The prompt lines of a JSONL file (the first `limit` of them, if given)."""
@@ -179,6 +227,7 @@ def read_prompts(path: str | Path, skip_bad: bool = False,
         raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
     records: list[PromptRecord] = []
     with f:
+        _not_compressed(f, path)
         try:
             for line_no, raw in _lines(f):
                 if limit is not None and len(records) >= limit:

@@ -9,6 +9,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from specctl.errors import SpecctlError
+from specctl.io.prompts import unencodable
 from specctl.speculative.sampling import SamplingParams
 
 METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
@@ -168,6 +169,13 @@ class GenerateConfig:
             raise SpecctlError("--limit must be at least 1")
         if any(s == "" for s in self.stop):
             raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
+        for s in self.stop:
+            if unencodable(s):
+                raise SpecctlError(f"--stop {ascii(s)}: {unencodable(s)}")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
+            raise SpecctlError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if not 0 <= self.seed < 2**63:
+            raise SpecctlError(f"--seed must be in [0, 2^63), got {self.seed}")
         check_attention(self.attention)
         if self.threads is not None and self.threads < 1:
             raise SpecctlError("--threads must be at least 1")

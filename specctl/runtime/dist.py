@@ -84,7 +84,13 @@ def rank_device(device: str, env: DistEnv) -> str:
     """The device a rank computes on: with several ranks, 'auto'/'cuda' become cuda:LOCAL_RANK
     (one GPU per process), or cuda:0 when the process sees a single GPU (a launcher that binds
     one GPU per task through CUDA_VISIBLE_DEVICES, e.g. srun --gpus-per-task=1); an explicit
-    'cuda:N' or 'cpu' is kept."""
+    'cuda:N' or 'cpu' is kept (a cuda:N past the devices this process sees is an error)."""
+    if device.startswith("cuda:") and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        if int(device[5:]) >= n:
+            have = "cuda:0" + (f" to cuda:{n - 1}" if n > 1 else "")
+            raise SpecctlError(f"--device {device}: this process sees {n} CUDA device"
+                               f"{'s' if n != 1 else ''} ({have})")
     if not env.active or device not in ("auto", "cuda"):
         return device
     if device == "auto" and not torch.cuda.is_available():
