@@ -9,6 +9,7 @@ WORLD_SIZE) in runtime/dist.py: rank r appends to its own record file, rank 0 me
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -20,17 +21,20 @@ import torch
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import resolve_model
+from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter, Task
 from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig
+from specctl.runtime.depends import run_depends
 from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
+from specctl.runtime.locks import OutLock, lock_run
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
-from specctl.runtime.records import (RecordWriter, find_resumable, nearest_run, output_line,
-                                     read_done, read_input, record_file)
+from specctl.runtime.records import (RecordWriter, dumps, find_resumable, nearest_run,
+                                     output_line, read_done, read_input, record_file)
 from specctl.runtime.sequence import Request
 from specctl.runtime.sizing import make_runner
 from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
@@ -61,6 +65,9 @@ class _Job:
     writer: RecordWriter | None = None
     plans: list[dict] = field(default_factory=list)
     lock: object = None                  # rank 0: the open lock file of the run folder
+    out_lock: OutLock | None = None      # rank 0: the lock on --out
+    created: bool = False                # rank 0: this job made the run folder (not --resume)
+    depends: dict | None = None          # rank 0: what the answers depend on (runtime/depends.py)
     auto: dict | None = None             # --method auto: the pilots and the choice
 
     @property
@@ -83,31 +90,59 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     progress and writes `out`; the other ranks return metrics None.
 
     Every phase runs under try and ends in grp.check: if any rank failed, all ranks stop there
-    (one process: the error is simply raised).
+    (one process: the error is simply raised). A run this job made that ends (an error, Ctrl-C)
+    before its first record is removed again: nothing in it to resume.
     """
     grp = Group(dist_env()).start()
     job = None
     try:
         report = (report or QUIET) if grp.env.rank == 0 else QUIET
         job = _Job(cfg, store, grp, report.log, report)
-        _read(job)
+        _read(job, out)
         _load(job, resume)
         _open_run(job, resume)
         _plan(job)
         stats, mine_wall, wall = _generate(job)
         return _finish(job, out, stats, mine_wall, wall)
+    except BaseException:
+        if job is not None:
+            _drop_if_empty(job)
+        raise
     finally:
         if job is not None and job.lock is not None:
             job.lock.close()   # (releases the run folder)
+        if job is not None and job.out_lock is not None:
+            job.out_lock.release()
         grp.close()
 
 
-def _read(job: _Job) -> None:
-    """Rank 0 first, so that a model download or a bad input line happens and is reported once."""
+def _drop_if_empty(job: _Job) -> None:
+    """Rank 0: the run folder this job made, if no record reached it (a run rejected before
+    generating: a prompt too long, an option found wrong late, Ctrl-C at once)."""
+    d = job.run_dir
+    if not (job.lead and job.created and d is not None and d.is_dir()):
+        return
+    try:
+        if any(f.stat().st_size for f in d.glob("records*.jsonl")):
+            return
+    except OSError:
+        return
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _read(job: _Job, out: Path | None) -> None:
+    """Rank 0 first, so that a model download or a bad input line happens and is reported once.
+    Before anything: the store is usable, and --out is this job's alone (runtime/locks.py)."""
     cfg, in_path = job.cfg, Path(job.cfg.input)
     err = None
-    if job.lead:
+    try:
+        job.store.check_writable()
+    except Exception as e:
+        err = e
+    if job.lead and err is None:
         try:
+            if out is not None:
+                job.out_lock = OutLock(out)
             job.records = read_input(cfg, in_path)
             locate_artifacts(cfg, job.store)   # a typo fails before the model loads
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
@@ -178,6 +213,16 @@ def _load(job: _Job, resume: bool = False) -> None:
         for line in said[chosen]:
             job.say(line)
     job.key, job.legacy = _keys(job, cfg, job.drafter)
+    err = None
+    if job.lead:   # (after the load: a store model's weights are checked against its manifest)
+        try:
+            cache = DigestCache(job.store)
+            job.depends = run_depends(cfg, model_contents(job.model_dir, cache), job.drafter,
+                                      job.model, cache)
+            cache.save()
+        except Exception as e:
+            err = e
+    job.grp.check(err)
     if env.active:   # the model path may differ between nodes; everything else must not
         same = cfg.key(job.input_sha + job.drafter.signature() + f"{job.model.dtype}:{cfg.limit}")
         job.grp.check(SpecctlError(
@@ -186,41 +231,29 @@ def _load(job: _Job, resume: bool = False) -> None:
             if len(set(job.grp.gather(same))) > 1 else None)
 
 
-def _lock(run_dir: Path):
-    """An exclusive lock on a run folder for as long as this job runs: a second process
-    resuming the same run would append to the same records file."""
-    import fcntl
-    f = open(run_dir / ".lock", "a")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise SpecctlError(f"run {run_dir.name} is in use by another specctl process: let it "
-                           "finish (or stop it), then run this again with --resume") from None
-    return f
-
-
 def _open_run(job: _Job, resume: bool) -> None:
     """Rank 0 opens the run (new, or the one --resume finds) and tells the others."""
     cfg, store, opened, err = job.cfg, job.store, None, None
     if job.lead:
         try:
-            run_dir = (find_resumable(store, job.key) or find_resumable(store, job.legacy)
-                       if resume else None)
+            run_dir, why = (find_resumable(store, (job.key, job.legacy), job.depends)
+                            if resume else (None, ""))
             if resume and run_dir is None:
-                job.say("no earlier run with this input and these settings; starting a new one"
-                        + nearest_run(store, job.input_sha, cfg))
+                job.say(why or "no earlier run with this input and these settings; starting a "
+                        "new one" + nearest_run(store, job.input_sha, cfg))
             if run_dir is not None:
-                job.lock = _lock(run_dir)
+                job.lock = lock_run(run_dir)
             job.done = read_done(run_dir, job.records) if run_dir else {}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
                 run_dir = store.path("runs", run_id)
                 run_dir.mkdir(parents=True)
-                job.lock = _lock(run_dir)
+                job.run_dir, job.created = run_dir, True
+                job.lock = lock_run(run_dir)
                 atomic_write_json(run_dir / "manifest.json", make_manifest(
                     "run", run_id, key=job.key, input=str(Path(cfg.input).resolve()),
-                    input_sha256=job.input_sha, model=str(job.model_dir), config=asdict(cfg)))
+                    input_sha256=job.input_sha, model=str(job.model_dir), config=asdict(cfg),
+                    depends=job.depends))
             if job.done:
                 job.say(f"resuming {run_dir.name}: {len(job.done)} of {len(job.records)} "
                         "requests already done")
@@ -364,7 +397,7 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
         wall = max([wall] + [r["wall_time_s"] for r in ranks])
         done = read_done(run_dir, job.records)
     lines = [{k: v for k, v in done[i].items() if k != "token_ids"} for i in sorted(done)]
-    text = "".join(json.dumps(l, ensure_ascii=False) + "\n" for l in lines)
+    text = "".join(dumps(l) + "\n" for l in lines)
     atomic_write_text(run_dir / "outputs.jsonl", text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
     mpath = run_dir / "metrics.json"
@@ -372,8 +405,11 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
     if not any(p["requests"] or p["errors"] for p in job.plans) and mpath.is_file():
         # a resumed run with nothing left: its metrics (throughput included) stay as they
         # were, if they are those of these requests (not of an earlier --limit, say)
-        m = json.loads(mpath.read_text())
-        if m.get("requests") == len(merged):
+        try:
+            m = json.loads(mpath.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            m = None
+        if isinstance(m, dict) and m.get("requests") == len(merged):
             job.say(f"{run_dir.name} is already complete: nothing to generate")
         else:
             m = None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specctl.io.prompts import PromptRecord, read_prompts
 from specctl.runtime.config import UNKEYED, GenerateConfig
+from specctl.runtime.depends import changed
 from specctl.runtime.dist import DistEnv
 from specctl.runtime.sequence import Request
 from specctl.runtime.tokenization import require_raw_prompts
@@ -94,13 +95,22 @@ def _torn_tail(path: Path) -> bool:
         return False
 
 
-def find_resumable(store: Store, key: str) -> Path | None:
-    best = None
-    for e in store.entries("runs"):
-        if e.manifest.get("key") == key and (best is None or e.manifest.get("created", "") >
-                                             best.manifest.get("created", "")):
-            best = e
-    return best.path if best else None
+def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Path | None, str]:
+    """The run --resume continues: the newest run under one of `keys` (the run key, and its
+    older form) that depends on exactly `depends` (runtime/depends.py: the model's files, the
+    method's artifact, ... by content). (None, why) when runs of this job exist but every one
+    depended on something that has changed since: why names what, for the user."""
+    runs = sorted((e for e in store.entries("runs") if e.manifest.get("key") in keys),
+                  key=lambda e: str(e.manifest.get("created", "")), reverse=True)
+    for e in runs:
+        if depends is None or e.manifest.get("depends") == depends:
+            return e.path, ""
+    if not runs:
+        return None, ""
+    what = changed(runs[0].manifest.get("depends"), depends)
+    return None, (f"not resuming {runs[0].path.name}: since it ran, {', '.join(what)} changed "
+                  "(its answers would not be this job's); starting a new run (that one stays "
+                  "in the store)")
 
 
 def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
@@ -153,8 +163,7 @@ class RecordWriter:
             self.fh.write("\n")
 
     def persist(self, line: dict, token_ids=None) -> None:
-        self.fh.write(json.dumps({**line, **({"token_ids": token_ids} if token_ids else {})},
-                                 ensure_ascii=False) + "\n")
+        self.fh.write(dumps({**line, **({"token_ids": token_ids} if token_ids else {})}) + "\n")
         self.fh.flush()
         os.fsync(self.fh.fileno())
 

@@ -1,0 +1,102 @@
+"""Exclusive locks a `generate` job holds while it runs (fcntl.flock: the kernel drops them
+when the process ends, however it ends, so a killed job leaves nothing locked).
+
+- the run folder (`runs/<id>/.lock`): a second process resuming the same run would append to
+  the same records file;
+- the output file (`.<name>.lock` beside `--out`): two jobs started together on the same input
+  would each do the whole job, and the later rename would win; the second stops at once.
+
+A lock file holds the pid of the process that holds it, for the message the next one gets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+
+
+class Busy(Exception):
+    """The lock is held by another process (pid, if it wrote one)."""
+
+    def __init__(self, pid: str):
+        super().__init__(pid)
+        self.pid = pid
+
+
+def _holder(f) -> str:
+    try:
+        f.seek(0)
+        pid = f.read(32).strip()
+        return pid if pid.isdigit() else ""
+    except OSError:
+        return ""
+
+
+def _acquire(path: Path):
+    """The open, locked lock file at `path` (created if need be); Busy if another process
+    holds it. A lock file removed by its holder on release (the --out lock) may be unlinked
+    between our open and our lock: then the lock is on a dead inode, so try again."""
+    while True:
+        f = open(path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = _holder(f)
+            f.close()
+            raise Busy(pid) from None
+        try:
+            same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _pid(b: Busy) -> str:
+    return f" (pid {b.pid})" if b.pid else ""
+
+
+def lock_run(run_dir: Path):
+    """An exclusive lock on a run folder for as long as the job runs."""
+    try:
+        return _acquire(run_dir / ".lock")
+    except Busy as b:
+        raise SpecctlError(f"run {run_dir.name} is in use by another specctl process{_pid(b)}: "
+                           "let it finish (or stop it), then run this again with --resume"
+                           ) from None
+
+
+class OutLock:
+    """An exclusive lock on an output file, held for the whole job (see the module docstring);
+    release() removes the lock file."""
+
+    def __init__(self, out: Path):
+        out = Path(out)
+        self.path = out.with_name(f".{out.name}.lock")
+        try:
+            self.f = _acquire(self.path)
+        except Busy as b:
+            raise SpecctlError(
+                f"--out {out} is being written by another specctl process{_pid(b)}: wait for "
+                "it to finish (its answers go there), or give this run another --out") from None
+        except OSError as e:
+            raise SpecctlError(f"--out {out}: cannot lock it ({self.path}: "
+                               f"{e.strerror or e})") from None
+
+    def release(self) -> None:
+        if self.f is not None:
+            try:
+                os.unlink(self.path)   # (while held: a process waiting on it retries, see _acquire)
+            except OSError:
+                pass
+            self.f.close()
+            self.f = None

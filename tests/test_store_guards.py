@@ -1,0 +1,201 @@
+"""What is checked before any work: the store is a folder this process can write (before the
+demo model is downloaded), --out is this job's alone (a second process on it stops at once),
+options that cannot be right (--device cpu:7, --seed -1), an architecture specctl cannot run;
+and what is cleaned up: a run rejected before its first answer leaves no folder, `store gc`
+removes the empty ones older runs left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import fails
+from specctl.cli import app
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def invoke(*args, env=None):
+    return runner.invoke(app, [str(a) for a in args], env=env)
+
+
+def prompts(path: Path, n: int = 1) -> Path:
+    path.write_text("".join(json.dumps({"prompt": f"Say {i} things"}) + "\n" for i in range(n)))
+    return path
+
+
+def generate(inp, out, store, model, *extra):
+    return invoke("generate", inp, "--model", model, "--store", store, "--out", out,
+                  "--max-tokens", 4, "--device", "cpu", "--dtype", "fp32", "-q", *extra)
+
+
+@pytest.fixture
+def no_download(monkeypatch):
+    """Fail the test if the demo model download starts."""
+    import specctl.models.checkpoint as ck
+
+    def download(*a, **kw):
+        raise AssertionError("the demo model download started")
+    monkeypatch.setattr(ck, "_pip_download", download)
+
+
+@contextmanager
+def read_only(path: Path):
+    """`path` (a folder) not writable, even for root (chattr +i), else skip."""
+    os.chmod(path, 0o555)
+    immutable = False
+    try:
+        if os.access(path, os.W_OK):   # root: the mode does not stop it
+            immutable = subprocess.run(["chattr", "+i", str(path)],
+                                       capture_output=True).returncode == 0
+            if not immutable:
+                pytest.skip("cannot make a read-only folder here")
+        yield path
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        os.chmod(path, 0o755)
+
+
+@pytest.mark.parametrize("how", ["--store", "SPECCTL_HOME"])
+def test_a_store_that_is_a_file_fails_before_any_download(tmp_path, no_download, how):
+    store = tmp_path / "store-file"
+    store.write_text("")
+    inp = prompts(tmp_path / "p.jsonl")
+    if how == "--store":
+        r = invoke("generate", inp, "--store", store, "--out", tmp_path / "o.jsonl", "-q")
+    else:
+        r = invoke("generate", inp, "--out", tmp_path / "o.jsonl", "-q",
+                   env={"SPECCTL_HOME": str(store)})
+    fails(r, str(store), f"({'--store' if how == '--store' else '$SPECCTL_HOME'})",
+          "is a file", "SPECCTL_HOME", "--store")
+    fails(invoke("models", "pull", "--store", store), "is a file")
+    fails(invoke("bench", inp, "--store", store, "-q"), "is a file")
+    fails(invoke("build-cache", "demo", "--store", store), "is a file")
+    fails(invoke("generate", inp, "--store", store / "sub", "--out", tmp_path / "o.jsonl"),
+          "cannot be created")
+
+
+def test_a_read_only_store_fails_before_any_download(tmp_path, no_download):
+    store = tmp_path / "ro"
+    store.mkdir()
+    inp = prompts(tmp_path / "p.jsonl")
+    with read_only(store):
+        fails(invoke("generate", inp, "--store", store, "--out", tmp_path / "o.jsonl", "-q"),
+              str(store), "is not writable", "SPECCTL_HOME", "--store")
+        fails(invoke("models", "pull", "--store", store), "is not writable")
+
+
+def test_a_second_process_on_the_same_out_stops_at_once(tmp_path, tiny_llama):
+    """Two `generate` processes started together on the same input and --out: the second
+    stops at once with a message (before, both did the whole job, the later rename winning);
+    the first finishes its job."""
+    inp = prompts(tmp_path / "p.jsonl", 24)
+    out = tmp_path / "o.jsonl"
+    cmd = [sys.executable, "-m", "specctl", "generate", str(inp), "--model", str(tiny_llama),
+           "--out", str(out), "--max-tokens", "48", "--device", "cpu", "--dtype", "fp32",
+           "-q", "-b", "1", "--threads", "1"]
+    first = subprocess.Popen(cmd + ["--store", str(tmp_path / "s1")], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    lock = tmp_path / ".o.jsonl.lock"
+    deadline = time.time() + 120
+    while not lock.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert lock.exists(), first.communicate()[0]
+    t0 = time.time()
+    second = subprocess.run(cmd + ["--store", str(tmp_path / "s2")], capture_output=True,
+                            text=True, timeout=120)
+    said = " ".join((second.stdout + second.stderr).split())
+    assert second.returncode == 2 and "Traceback" not in said, said
+    assert f"--out {out} is being written by another specctl process (pid {first.pid})" in said
+    assert not (tmp_path / "s2" / "runs").exists()          # it did nothing
+    assert first.poll() is None, "the first job ended before the second was refused"
+    assert first.wait(timeout=300) == 0, first.communicate()[0]
+    assert len(out.read_text().splitlines()) == 24 and not lock.exists()
+    assert time.time() - t0 < 300
+
+
+def test_out_lock_in_one_process(tmp_path, tiny_llama):
+    from specctl.runtime.locks import OutLock
+    inp, out = prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl"
+    held = OutLock(out)
+    try:
+        fails(generate(inp, out, tmp_path / "s", tiny_llama), "is being written", str(out))
+    finally:
+        held.release()
+    r = generate(inp, out, tmp_path / "s", tiny_llama)
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / ".o.jsonl.lock").exists()
+
+
+def test_runs_rejected_before_generating_leave_no_folder(tmp_path, tiny_llama):
+    store = tmp_path / "s"
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "word " * 3000}) + "\n")
+    fails(generate(long, tmp_path / "o.jsonl", store, tiny_llama), "context")
+    fails(generate(prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl", store, tiny_llama,
+                   "--kv-memory", "1KB"), "--kv-memory")
+    assert not any((store / "runs").iterdir())
+    # --resume of a rejected run finds nothing to resume, and then works
+    r = generate(prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl", store, tiny_llama)
+    assert r.exit_code == 0 and len(list((store / "runs").iterdir())) == 1
+
+
+def test_store_gc(tmp_path):
+    import fcntl
+    store = tmp_path / "s"
+    runs = store / "runs"
+    old = time.time() - 3600
+
+    def run(name: str, records: str = "", age: float = old) -> Path:
+        d = runs / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text("{}")
+        (d / "records.jsonl").write_text(records)
+        for p in (d / "manifest.json", d / "records.jsonl", d):
+            os.utime(p, (age, age))
+        return d
+
+    empty, kept, fresh, held = (run("empty"), run("kept", '{"index": 0}\n'),
+                                run("fresh", age=time.time()), run("held"))
+    with open(held / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.utime(held / ".lock", (old, old))
+        os.utime(held, (old, old))
+        r = invoke("store", "gc", "--dry-run", "--store", store)
+        assert r.exit_code == 0 and "would remove runs/empty" in r.output and empty.exists()
+        r = invoke("store", "gc", "--store", store)
+        assert r.exit_code == 0, r.output
+    assert "removed runs/empty (no answers)" in r.output
+    assert not empty.exists() and kept.exists() and fresh.exists() and held.exists()
+    # once its process is gone (the lock free), the held one goes too; the fresh one stays
+    assert "removed runs/held" in invoke("store", "gc", "--store", store).output
+    assert "nothing to remove" in invoke("store", "gc", "--store", store).output
+    assert fresh.exists()
+
+
+def test_device_and_seed_are_checked(tmp_path, tiny_llama):
+    inp = prompts(tmp_path / "p.jsonl")
+    fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "s", tiny_llama, "--device", "cpu:7"),
+          "--device", "cpu:7")
+    fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "s", tiny_llama, "--seed", "-1"),
+          "--seed", "-1")
+
+
+def test_an_unsupported_architecture_is_said_first(tmp_path):
+    """A GPT-2 folder (no Llama tensors, a vocab.json tokenizer, or nothing at all) is refused
+    for its architecture, not for the files it lacks."""
+    d = tmp_path / "gpt2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "gpt2",
+                                               "architectures": ["GPT2LMHeadModel"]}))
+    fails(generate(prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl", tmp_path / "s", d),
+          "model_type 'gpt2' (GPT2LMHeadModel) is not supported")
