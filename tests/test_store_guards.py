@@ -199,3 +199,32 @@ def test_an_unsupported_architecture_is_said_first(tmp_path):
                                                "architectures": ["GPT2LMHeadModel"]}))
     fails(generate(prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl", tmp_path / "s", d),
           "model_type 'gpt2' (GPT2LMHeadModel) is not supported")
+
+
+def test_kill_9_then_resume(tmp_path, tiny_llama):
+    """kill -9 mid-job leaves its run and a stale --out lock file: --resume takes both over,
+    generates only what is missing, and the answers are an uninterrupted run's."""
+    import signal
+    inp, out, store = prompts(tmp_path / "p.jsonl", 16), tmp_path / "o.jsonl", tmp_path / "s"
+    opts = ("--max-tokens", "32", "-b", "1", "--threads", "1")
+    p = subprocess.Popen([sys.executable, "-m", "specctl", "generate", str(inp), "--model",
+                          str(tiny_llama), "--out", str(out), "--store", str(store), "--device",
+                          "cpu", "--dtype", "fp32", "-q", *opts],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    done = 0
+    while done < 3 and p.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+        done = sum(len(f.read_text().splitlines()) for f in store.glob("runs/*/records.jsonl"))
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert 3 <= done < 16 and not out.exists() and (tmp_path / ".o.jsonl.lock").exists()
+    r = generate(inp, out, store, tiny_llama, "--resume", *opts)
+    said = " ".join(r.output.split())
+    assert r.exit_code == 0 and "resuming" in said and "of 16 requests already done" in said, said
+    assert not (tmp_path / ".o.jsonl.lock").exists()
+    r = generate(inp, tmp_path / "whole.jsonl", tmp_path / "s2", tiny_llama, *opts)
+    assert r.exit_code == 0, r.output
+    got = [json.loads(l)["text"] for l in out.read_text().splitlines()]
+    whole = (tmp_path / "whole.jsonl").read_text().splitlines()
+    assert got == [json.loads(l)["text"] for l in whole]
