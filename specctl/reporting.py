@@ -12,6 +12,8 @@ and every prep command, passed down from the CLI (which draws it with rich) or f
 
 from __future__ import annotations
 
+import time
+
 from typing import Callable
 
 
@@ -56,3 +58,19 @@ def reporter(report: Reporter | None = None, log: Callable[[str], None] | None =
     if report is not None:
         return report
     return Reporter(log) if log is not None else QUIET
+
+
+class TokenProgress:
+    """Prompts done and tokens/s on a Reporter task (a job's progress bar)."""
+
+    def __init__(self, task: Task):
+        self.task, self.tokens_done, self.t0 = task, 0, time.perf_counter()
+
+    def advance(self, n: int) -> None:
+        self.task.update(advance=n)
+
+    def tokens(self, n: int) -> None:
+        self.tokens_done += n
+        elapsed = time.perf_counter() - self.t0
+        if elapsed > 0:
+            self.task.update(info=f"{self.tokens_done / elapsed:.1f} tok/s")

@@ -9,7 +9,6 @@ WORLD_SIZE) in runtime/dist.py: rank r appends to its own record file, rank 0 me
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -24,7 +23,7 @@ from specctl.models.checkpoint import resolve_model
 from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
-from specctl.reporting import QUIET, Reporter, Task
+from specctl.reporting import QUIET, Reporter, TokenProgress
 from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.depends import run_depends
@@ -33,8 +32,9 @@ from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_d
 from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
 from specctl.runtime.locks import OutLock, lock_run
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
-from specctl.runtime.records import (RecordWriter, dumps, find_resumable, nearest_run,
-                                     output_line, read_done, read_input, record_file)
+from specctl.runtime.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
+                                     nearest_run, newest_run, output_line, read_done,
+                                     read_input, record_file)
 from specctl.runtime.sequence import Request
 from specctl.runtime.sizing import make_runner
 from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
@@ -105,8 +105,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         stats, mine_wall, wall = _generate(job)
         return _finish(job, out, stats, mine_wall, wall)
     except BaseException:
-        if job is not None:
-            _drop_if_empty(job)
+        if job is not None and job.lead and job.created:
+            drop_if_empty(job.run_dir)
         raise
     finally:
         if job is not None and job.lock is not None:
@@ -114,20 +114,6 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         if job is not None and job.out_lock is not None:
             job.out_lock.release()
         grp.close()
-
-
-def _drop_if_empty(job: _Job) -> None:
-    """Rank 0: the run folder this job made, if no record reached it (a run rejected before
-    generating: a prompt too long, an option found wrong late, Ctrl-C at once)."""
-    d = job.run_dir
-    if not (job.lead and job.created and d is not None and d.is_dir()):
-        return
-    try:
-        if any(f.stat().st_size for f in d.glob("records*.jsonl")):
-            return
-    except OSError:
-        return
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _read(job: _Job, out: Path | None) -> None:
@@ -167,10 +153,8 @@ def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> st
     cfg = job.cfg
     if resume:   # the newest run of this job, whichever method it ran
         keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}
-        runs = [e for e in job.store.entries("runs") if e.manifest.get("key") in keys]
-        if runs:
-            newest = max(runs, key=lambda e: (e.manifest.get("created", ""),
-                                              (e.path / "manifest.json").stat().st_mtime_ns))
+        newest = newest_run(job.store, keys)
+        if newest is not None:
             m = keys[newest.manifest["key"]]
             job.say(f"--method auto: resuming the {m} run of this job")
             return m
@@ -322,26 +306,10 @@ def _persist(job: _Job, line: dict, token_ids=None) -> None:
         job.done[line["index"]] = line
 
 
-class _Progress:
-    """Prompts done and tokens/s, on a Reporter task (also fed by the other ranks' files)."""
-
-    def __init__(self, task: Task):
-        self.task, self.tokens_done, self.t0 = task, 0, time.perf_counter()
-
-    def advance(self, n: int) -> None:
-        self.task.update(advance=n)
-
-    def tokens(self, n: int) -> None:
-        self.tokens_done += n
-        elapsed = time.perf_counter() - self.t0
-        if elapsed > 0:
-            self.task.update(info=f"{self.tokens_done / elapsed:.1f} tok/s")
-
-
 def _generate(job: _Job):
     """Run this process's requests; returns (RunStats or None, own wall, wall to the barrier)."""
     env, lock = job.grp.env, threading.Lock()
-    progress = _Progress(job.report.task(
+    progress = TokenProgress(job.report.task(
         "generate", len(job.records), len(job.done_ix) + sum(p["errors"] for p in job.plans),
         info="- tok/s"))
     peers = None

@@ -13,6 +13,7 @@ import json
 import os
 import re
 from dataclasses import asdict
+import shutil
 from pathlib import Path
 
 from specctl.io.prompts import PromptRecord, read_prompts
@@ -173,3 +174,24 @@ class RecordWriter:
 
     def close(self) -> None:
         self.fh.close()
+
+
+def drop_if_empty(run_dir: Path | None) -> None:
+    """A run folder its job made, if no record reached it (a run rejected before generating:
+    a prompt too long, an option found wrong late, Ctrl-C at once): nothing in it to resume."""
+    if run_dir is None or not run_dir.is_dir():
+        return
+    try:
+        if any(f.stat().st_size for f in run_dir.glob("records*.jsonl")):
+            return
+    except OSError:
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def newest_run(store: Store, keys):
+    """The newest stored run whose key is one of `keys` (a store entry), or None."""
+    runs = [e for e in store.entries("runs") if e.manifest.get("key") in keys]
+    return max(runs, key=lambda e: (e.manifest.get("created", ""),
+                                    (e.path / "manifest.json").stat().st_mtime_ns),
+               default=None)
