@@ -100,6 +100,10 @@ def test_budget_zero_explores_and_learns(tree):
     assert sum(max(ks[1:]) > 0 for ks in calm) <= len(calm) // 4
     off = Ctl(StepCost(mid), 12, tree=tree, prior_accept=0.05, explore_every=0)
     assert all(off.budgets(keys, [100] * 4) == [0] * 4 for _ in range(64))
+    # near their end (on average fewer tokens left than explore_every) sequences do not explore
+    late = Ctl(StepCost(mid), 12, tree=tree, prior_accept=0.05)
+    assert all(late.budgets(keys, [40, 30, 20, 20]) == [0] * 4 for _ in range(64))
+    assert any(late.budgets(keys, [40, 40, 30, 20]) != [0] * 4 for _ in range(64))
 
 
 def test_draft_forward_cost_counts():

@@ -23,6 +23,10 @@ price is held to `explore_cost` (2%) of the steps it is spread over: an explorin
 predicted extra cost is e steps waits at least e / explore_cost steps after the last one (on
 a 2-core CPU at batch 1 two layer-skip draft forwards cost ~2 steps, so it explores every ~100
 steps; on the H100's demo-model table, batch 32, n 1 -> 5 costs ~0.7 of a step, so every 35).
+What an exploring step learns is used by the steps after it, so a batch explores only while
+its sequences have on average at least `explore_every` tokens left to emit (a batch of
+48-token answers near their end, the whole run at batch 16 with 16 prompts, paid for an
+exploring step and budgets it learnt that it had no steps left to use).
 An exploring step does not stop chains on confidence: its extra drafts are there to be
 measured.
 
@@ -90,7 +94,8 @@ class Controller:
         self.steps += 1
         explored, contrast = 0, False
         since = self.steps - self.last_explore
-        if self.explore_every and since >= self.explore_every:
+        if self.explore_every and since >= self.explore_every and \
+                sum(room) >= self.explore_every * len(room):   # steps left to use the lesson
             wide = [min(cap, k + self.explore_budget) for k, cap in zip(ks, caps)]
             base = c.step_ms(ks, probes)
             if c.step_ms(wide, probes) - base <= self.explore_cost * since * base:
