@@ -24,6 +24,21 @@ def model(tiny_llama):
     return load_model(tiny_llama, "cpu", "fp32")
 
 
+@pytest.fixture
+def count_generated(monkeypatch) -> list[int]:
+    """Record the indices of the requests handed to the Runner (what a job generated)."""
+    from specctl.runtime.runner import Runner
+    seen: list[int] = []
+    real = Runner.run
+
+    def run(self, requests, *a, **kw):
+        seen.extend(r.index for r in requests)
+        return real(self, requests, *a, **kw)
+
+    monkeypatch.setattr(Runner, "run", run)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), "qwen2")

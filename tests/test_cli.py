@@ -12,7 +12,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specctl.runtime.runner import Runner
 from specctl.runtime.config import GenerateConfig
 from helpers import fails
 from specctl.cli import app
@@ -323,20 +322,6 @@ def test_skip_bad(tmp_path, tiny_llama):
 
 # ---------------------------------------------------------------------------------------------
 # 6: --resume
-
-
-@pytest.fixture
-def count_generated(monkeypatch):
-    """Record the indices of the requests handed to the Runner."""
-    seen: list[int] = []
-    real = Runner.run
-
-    def run(self, requests, *a, **kw):
-        seen.extend(r.index for r in requests)
-        return real(self, requests, *a, **kw)
-
-    monkeypatch.setattr(Runner, "run", run)
-    return seen
 
 
 def _crash(baseline, tmp_path, keep_torn: bool):

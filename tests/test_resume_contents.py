@@ -15,7 +15,6 @@ import pytest
 from typer.testing import CliRunner
 
 from specctl.cli import app
-from specctl.runtime.runner import Runner
 from tiny import make_tiny_model
 
 runner = CliRunner(env={"COLUMNS": "200"})
@@ -51,19 +50,6 @@ def texts(path: Path) -> list[str]:
     return [l["text"] for l in read_jsonl(path)]
 
 
-@pytest.fixture
-def generated(monkeypatch) -> list[int]:
-    """The indices of the requests handed to the Runner."""
-    seen: list[int] = []
-    real = Runner.run
-
-    def run(self, requests, *a, **kw):
-        seen.extend(r.index for r in requests)
-        return real(self, requests, *a, **kw)
-    monkeypatch.setattr(Runner, "run", run)
-    return seen
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> tuple[Path, Path]:
     """Two tiny models of the same shapes (other seeds), weights over 1 MiB (3.5 MB)."""
@@ -72,7 +58,7 @@ def models(tmp_path_factory) -> tuple[Path, Path]:
             make_tiny_model(root / "b", hidden=128, seed=1))
 
 
-def test_resume_refuses_weights_changed_past_the_first_mib(tmp_path, models, generated):
+def test_resume_refuses_weights_changed_past_the_first_mib(tmp_path, models, count_generated):
     """The probe's defect: weights behind a folder replaced by same-shaped ones that differ past
     the first MiB; --resume said '2 of 3 already done' and mixed two models' answers."""
     from specctl.models.fingerprint import model_fingerprint
@@ -93,24 +79,24 @@ def test_resume_refuses_weights_changed_past_the_first_mib(tmp_path, models, gen
     w.write_bytes(bytes(data))
     assert model_fingerprint(model) == key_before   # the artifact key cannot see it
 
-    generated.clear()
+    count_generated.clear()
     said = generate(inp, tmp_path / "second.jsonl", store, model, "--resume")
     assert f"not resuming {old_run.name}" in said and "weights model.safetensors changed" in said
     assert "resuming" not in said.replace("not resuming", "")
-    assert sorted(generated) == [0, 1, 2]                  # all three, with the new weights
+    assert sorted(count_generated) == [0, 1, 2]                  # all three, with the new weights
     assert len(runs(store)) == 2
     # the answers are those of the changed model alone (a fresh run in another store)
     generate(inp, tmp_path / "fresh.jsonl", tmp_path / "store2", model)
     assert texts(tmp_path / "second.jsonl") == texts(tmp_path / "fresh.jsonl")
 
     # and the new run resumes: nothing changed since
-    generated.clear()
+    count_generated.clear()
     said = generate(inp, tmp_path / "third.jsonl", store, model, "--resume")
-    assert "already complete" in said and generated == []
+    assert "already complete" in said and count_generated == []
 
 
 def test_unchanged_model_resumes_and_a_run_without_contents_does_not(tmp_path, models,
-                                                                       generated):
+                                                                       count_generated):
     a, _ = models
     inp = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     store = tmp_path / "store"
@@ -120,21 +106,21 @@ def test_unchanged_model_resumes_and_a_run_without_contents_does_not(tmp_path, m
     deps = manifest["depends"]
     assert {"model config", "tokenizer", "weights model.safetensors", "options",
             "device"} <= set(deps)
-    generated.clear()
+    count_generated.clear()
     said = generate(inp, tmp_path / "o2.jsonl", store, a, "--resume", "--limit", 2)
-    assert f"resuming {run.name}: 1 of 2" in said and generated == [1]
+    assert f"resuming {run.name}: 1 of 2" in said and count_generated == [1]
 
     # a run begun by an older specctl recorded no contents: nothing can be checked
     del manifest["depends"]
     (run / "manifest.json").write_text(json.dumps(manifest))
-    generated.clear()
+    count_generated.clear()
     said = generate(inp, tmp_path / "o3.jsonl", store, a, "--resume")
     assert f"not resuming {run.name}" in said and "older specctl" in said
-    assert sorted(generated) == [0, 1, 2]
+    assert sorted(count_generated) == [0, 1, 2]
 
 
 def test_resume_refuses_a_corpus_cache_rewritten_under_the_same_name(tmp_path, tiny_llama,
-                                                                       generated):
+                                                                       count_generated):
     """A self-draft run names its corpus cache by id only: the cache's content is recorded."""
     from specctl.models.fingerprint import tokenizer_fingerprint
     from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
@@ -157,10 +143,10 @@ def test_resume_refuses_a_corpus_cache_rewritten_under_the_same_name(tmp_path, t
     generate(inp, tmp_path / "o1.jsonl", store, tiny_llama, *opts, "--limit", 1)
     (run,) = runs(store)
     build([[10, 11, 12, 13]] * 4)
-    generated.clear()
+    count_generated.clear()
     said = generate(inp, tmp_path / "o2.jsonl", store, tiny_llama, *opts, "--resume")
     assert f"not resuming {run.name}" in said and "corpus cache changed" in said
-    assert sorted(generated) == [0, 1, 2]
+    assert sorted(count_generated) == [0, 1, 2]
 
 
 def test_digest_cache(tmp_path, monkeypatch):
