@@ -118,7 +118,7 @@ class Controller:
         if not b.stops:
             return None
         acc = self.acc
-        return policy.stop_rule([list(g) for g in b.gains], list(b.ks), self.cost, b.probes,
+        return policy.stop_rule(b.gains, b.ks, self.cost, b.probes,
                                 lambda conf: acc.calibrated(conf) / acc.pool_mean())
 
     def spent(self, b: Budgets, proposals) -> list[int]:
@@ -138,9 +138,10 @@ class Controller:
             tried = len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
             self.acc.learn(key, tried, v.accepted, p.conf)
         if self.correct and measured_ms is not None:
-            self.cost.learn(ks, measured_ms, b.probes)
-        return (self.cost.table_ms(ks, b.probes)[0],
-                sum(g[k] for g, k in zip(b.gains, ks)))
+            table = self.cost.learn(ks, measured_ms, b.probes)
+        else:
+            table = self.cost.table_ms(ks, b.probes)[0]
+        return table, sum(g[k] for g, k in zip(b.gains, ks))
 
     def forget(self, key) -> None:
         self.acc.forget(key)

@@ -33,8 +33,8 @@ from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_of
 from specctl.runtime.locks import OutLock, lock_run
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
 from specctl.runtime.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
-                                     nearest_run, newest_run, output_line, read_done,
-                                     read_input, record_file)
+                                     nearest_run, output_line, read_done,
+                                     read_input, record_file, runs_of)
 from specctl.runtime.sequence import Request
 from specctl.runtime.sizing import make_runner
 from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
@@ -153,9 +153,9 @@ def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> st
     cfg = job.cfg
     if resume:   # the newest run of this job, whichever method it ran
         keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}
-        newest = newest_run(job.store, keys)
-        if newest is not None:
-            m = keys[newest.manifest["key"]]
+        runs = runs_of(job.store, keys)
+        if runs:
+            m = keys[runs[0].manifest["key"]]
             job.say(f"--method auto: resuming the {m} run of this job")
             return m
     method, job.auto = auto.race(cfg, job.model, job.tk, drafters, skipped, job.records,

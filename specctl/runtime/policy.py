@@ -45,11 +45,11 @@ drafter's own confidence exit, the paper's threshold, still applies too.)
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 from specctl.runtime.stepcost import StepCost
 
-Gains = list[list[float]]   # gains[i][k]: sequence i's expected emitted tokens at budget k
+Gains = Sequence[Sequence[float]]   # gains[i][k]: sequence i's expected tokens at budget k
 
 
 def goodput(gains: Gains, ks: list[int], cost: StepCost, probes: bool) -> float:
@@ -146,7 +146,7 @@ def fill(gains: Gains, caps: list[int], cost: StepCost, probes: bool) -> list[in
 StopRule = Callable[[int, int, float], bool]
 
 
-def stop_rule(gains: Gains, ks: list[int], cost: StepCost, probes: bool,
+def stop_rule(gains: Gains, ks: Sequence[int], cost: StepCost, probes: bool,
               ratio: Callable[[float], float]) -> StopRule:
     """For a chain drafter, after budgets ks: stop(i, j, conf) -> whether sequence i, having
     drafted j tokens the last of which had confidence `conf`, should draft no more (module

@@ -101,8 +101,7 @@ def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Pat
     older form) that depends on exactly `depends` (runtime/depends.py: the model's files, the
     method's artifact, ... by content). (None, why) when runs of this job exist but every one
     depended on something that has changed since: why names what, for the user."""
-    runs = sorted((e for e in store.entries("runs") if e.manifest.get("key") in keys),
-                  key=lambda e: str(e.manifest.get("created", "")), reverse=True)
+    runs = runs_of(store, keys)
     for e in runs:
         if depends is None or e.manifest.get("depends") == depends:
             return e.path, ""
@@ -189,9 +188,9 @@ def drop_if_empty(run_dir: Path | None) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def newest_run(store: Store, keys):
-    """The newest stored run whose key is one of `keys` (a store entry), or None."""
-    runs = [e for e in store.entries("runs") if e.manifest.get("key") in keys]
-    return max(runs, key=lambda e: (e.manifest.get("created", ""),
-                                    (e.path / "manifest.json").stat().st_mtime_ns),
-               default=None)
+def runs_of(store: Store, keys) -> list:
+    """The stored runs whose key is one of `keys` (store entries), newest first (by created,
+    then by the manifest's mtime: two runs made in one second)."""
+    return sorted((e for e in store.entries("runs") if e.manifest.get("key") in keys),
+                  key=lambda e: (str(e.manifest.get("created", "")),
+                                 (e.path / "manifest.json").stat().st_mtime_ns), reverse=True)

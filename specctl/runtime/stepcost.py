@@ -171,8 +171,9 @@ class StepCost:
             t = self._steps[key] = ms * self.factor(kind) if ms else 0.0
         return t
 
-    def learn(self, ks: list[int], measured_ms: float, probes: bool = True) -> None:
-        """A step with budgets ks took measured_ms; x = log(measured / table ms) is modelled
+    def learn(self, ks: list[int], measured_ms: float, probes: bool = True) -> float:
+        """A step with budgets ks took measured_ms (returns its table ms); x = log(measured /
+        table ms) is modelled
         as drift + class + kind:
         - the drift, what every step costs beyond the table now (the machine's state, the
           context length): a moving average of x less the other two over the last
@@ -188,7 +189,7 @@ class StepCost:
         is the news it was run for."""
         ms, kind = self.table_ms(ks, probes)
         if not ms > 0 or not measured_ms > 0:
-            return
+            return ms
         self._steps.clear()
         self._factors.clear()
         cls = kind[3:]
@@ -205,6 +206,7 @@ class StepCost:
             s[1] += 1
             s[0] += (x - s[0]) / min(s[1], 4 * SCALE_MEMORY)
             x -= self._rel(key)
+        return ms
 
 
 def step_kind(b: int, verify_ms: float, depth: int, drafts: bool) -> tuple:
