@@ -3,6 +3,12 @@ engine slower? Each measurement runs in its own subprocess with PYTHONPATH set t
 
     git worktree add /tmp/old <commit>
     python recipes/engine_ab.py --old /tmp/old --new . --repeats 2 [--paged]
+    python recipes/engine_ab.py --old /tmp/old --new . --methods self-draft,draft-verify \
+        --store STORE --prompts recipes/prompts/mtbench16.jsonl --skip-set FILE
+
+With --methods each method runs as `generate` builds it (make_drafter, make_runner: its
+default --speculate auto, the store's artifacts and step-cost table), greedy, batch 1 over 2
+prompts and batch 8 over 8, EOS honoured; one warm-up run per measurement.
 
 Workload: the demo model (from the test cache or --model), fp32 on the CPU, NoDraft, greedy,
 --threads threads, prompts = the first human turns of recipes/gpu/sharegpt32.jsonl rendered
@@ -61,13 +67,56 @@ tps, st = once()
 print("RESULT " + json.dumps({"tokens_per_s": round(tps, 2), "preemptions": getattr(st, "preemptions", 0)}))
 """
 
+METHOD_CHILD = r"""
+import json, sys, time
+import specctl
+assert specctl.__file__.startswith(sys.path[0] or __import__("os").getcwd()), specctl.__file__
+from pathlib import Path
+from specctl.engine.loader import load_model
+from specctl.io.prompts import read_prompts
+from specctl.models.fingerprint import model_fingerprint
+from specctl.runtime.config import GenerateConfig, split_variant
+from specctl.runtime.methods import make_drafter
+from specctl.runtime.sequence import Request
+from specctl.runtime.sizing import make_runner
+from specctl.runtime.tokenization import Tokenization, kv_rows
+from specctl.store import Store
+method, model_dir, batch, n, tokens, threads, prompts, store, skip = sys.argv[1:10]
+batch, n, tokens, threads = int(batch), int(n), int(tokens), int(threads)
+store, model_dir = Store(store), Path(model_dir)
+model = load_model(model_dir, "cpu", "fp32")
+tk = Tokenization(model_dir, chat=True)
+texts = [r.turns[0][-1]["content"] for r in read_prompts(prompts)][:n]
+name, opts = split_variant(method)
+cfg = GenerateConfig(input="x", method=name, batch_size=batch, max_tokens=tokens,
+                     threads=threads, skip_set=skip or None, **opts)
+def once():
+    reqs = [Request(i, [[{"role": "user", "content": t}]], tokens) for i, t in enumerate(texts)]
+    drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
+    r = make_runner(cfg, model, drafter, tk, [kv_rows(tk, q)[1] for q in reqs], store=store,
+                    fingerprint=model_fingerprint(model_dir))
+    t = time.perf_counter()
+    st = r.run(reqs, lambda q: None)
+    return st.generated / (time.perf_counter() - t), st, [q.answer_ids for q in reqs]
+once()   # warm-up (and the step-cost table, measured once into the store)
+tps, st, ids = once()
+print("RESULT " + json.dumps({"tokens_per_s": round(tps, 2), "steps": st.steps,
+                              "ids": __import__("hashlib").sha256(repr(ids).encode()).hexdigest()[:12]}))
+"""
+
 
 def measure(code: Path, model: str, batch: int, n: int, tokens: int, threads: int,
-            paged: bool, prompts: Path) -> dict:
+            paged: bool, prompts: Path, method: str = "ar", store: str = "",
+            skip: str = "") -> dict:
     env = {**os.environ, "PYTHONPATH": str(code.resolve())}
     # (run from the checkout: `python -c` puts the working directory first on the path)
-    out = subprocess.run([sys.executable, "-c", CHILD, model, str(batch), str(n), str(tokens),
-                          str(threads), "1" if paged else "0", str(prompts.resolve())],
+    if method == "ar" and not store:
+        args = [CHILD, model, str(batch), str(n), str(tokens), str(threads),
+                "1" if paged else "0", str(prompts.resolve())]
+    else:
+        args = [METHOD_CHILD, method, model, str(batch), str(n), str(tokens), str(threads),
+                str(prompts.resolve()), store, skip]
+    out = subprocess.run([sys.executable, "-c", *args],
                          env=env, capture_output=True, text=True, cwd=code.resolve())
     if out.returncode:
         raise SystemExit(f"{code}: the measurement failed:\n{out.stderr[-3000:]}")
@@ -86,17 +135,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--paged", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--methods", default="ar", help="comma-separated (see the docstring)")
+    ap.add_argument("--store", default="", help="store with the methods' artifacts")
+    ap.add_argument("--prompts", default=None, help="JSONL prompts (default: sharegpt32)")
+    ap.add_argument("--skip-set", default="")
     a = ap.parse_args()
-    prompts = Path(__file__).resolve().parent / "gpu" / "sharegpt32.jsonl"
+    prompts = Path(a.prompts) if a.prompts else \
+        Path(__file__).resolve().parent / "gpu" / "sharegpt32.jsonl"
     runs = [("old", 1, 2, False), ("new", 1, 2, False), ("old", 8, 8, False),
             ("new", 8, 8, False)] + ([("new-paged", 8, 8, True)] if a.paged else [])
     rows = []
     for rep in range(a.repeats):
-        for name, b, n, paged in (runs if rep % 2 == 0 else runs[::-1]):   # (order effects)
-            code = Path(a.old if name == "old" else a.new)
-            r = measure(code, a.model, b, n, a.tokens, a.threads, paged, prompts)
-            rows.append({"repeat": rep + 1, "code": name, "batch": b, **r})
-            print(json.dumps(rows[-1]), flush=True)
+        for m in a.methods.split(","):
+            for name, b, n, paged in (runs if rep % 2 == 0 else runs[::-1]):   # (order effects)
+                code = Path(a.old if name == "old" else a.new)
+                r = measure(code, a.model, b, n, a.tokens, a.threads, paged, prompts, m,
+                            a.store, a.skip_set)
+                rows.append({"repeat": rep + 1, "method": m, "code": name, "batch": b, **r})
+                print(json.dumps(rows[-1]), flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
 

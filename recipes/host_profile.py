@@ -3,7 +3,14 @@
     python recipes/host_profile.py [--methods ar,draft-verify:auto,kangaroo,self-draft:light]
                                    [--batch-sizes 1,8,32] [--prompts 16] [--max-tokens 64]
                                    [--device cpu|cuda] [--store DIR] [--threads N]
-                                   [--skip-set FILE]
+                                   [--model DIR] [--input FILE] [--skip-set FILE]
+                                   [--cprofile FILE]
+
+With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
+so the host column is the runtime's own work per step, what issue "A host-lean step" bounds:
+    python recipes/tiny_model.py /tmp/tiny --input FILE --store /tmp/tiny-store
+    python recipes/host_profile.py --model /tmp/tiny --input FILE --store /tmp/tiny-store \
+        --skip-set /tmp/tiny/skip.json --batch-sizes 1,64 --threads 1 --max-tokens 48 --prompts 128
 
 Runs each method through the one Runner on real ShareGPT first turns and splits every step's
 wall time into model work (the verify forward and any draft forwards, synchronized on CUDA,
@@ -15,6 +22,7 @@ the launches, so it is what a method must keep small. Prints one markdown table.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import time
 
 import torch
@@ -39,12 +47,15 @@ def main() -> None:
     ap.add_argument("--input", default=None, help="JSONL prompts (default: ShareGPT first turns)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (default: tuned)")
     ap.add_argument("--skip-set", default=None)
+    ap.add_argument("--model", default=None, help="model DIR (default: the demo model)")
+    ap.add_argument("--cprofile", default=None,
+                    help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     a = ap.parse_args()
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
     from specctl.models.checkpoint import resolve_model
     from specctl.engine.loader import load_model
-    model_dir = resolve_model(None, store)
+    model_dir = resolve_model(a.model, store)
     model = load_model(model_dir, a.device)
     tk = Tokenization(model_dir, chat=True)
     if a.input:
@@ -81,9 +92,9 @@ def main() -> None:
     # share of what would otherwise show as host time: T x 49k scores for self-draft)
     torch.Tensor.argmax = timed(torch.Tensor.argmax)
 
-    print("| method | batch | steps | ms/step | model ms/step | host ms/step | host share "
-          "| graph replays per step (shapes captured in the timed run) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| method | batch | steps | ms/step | model ms/step | host ms/step "
+          "| host us/seq-step | host share | graph replays per step (shapes captured) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m in a.methods.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
             name, opts = split_variant(m)
@@ -101,7 +112,7 @@ def main() -> None:
             # stored step table) for ':auto'
             runner = make_runner(cfg, model, drafter, tk, [kv_rows(tk, r)[1] for r in reqs()],
                                  store=store, fingerprint=fp)
-            step_t = {"t": 0.0, "n": 0, "fwd": 0.0}
+            step_t = {"t": 0.0, "n": 0, "fwd": 0.0, "seqs": 0}
             inner = runner.step
 
             def step(seqs):
@@ -113,22 +124,30 @@ def main() -> None:
                 step_t["t"] += time.perf_counter() - t
                 step_t["fwd"] += fwd["t"] - f0
                 step_t["n"] += 1
+                step_t["seqs"] += len(seqs)
                 return work
             runner.step = step
             # warm-up: on CUDA the whole workload, so every graph shape the timed run meets
             # (batch buckets as sequences finish, padded token counts) is captured before it
             # (a capture inside the timed run would count as model time)
             runner.run(reqs() if cuda else reqs()[:b], lambda r: None)
-            step_t.update(t=0.0, n=0, fwd=0.0)
+            step_t.update(t=0.0, n=0, fwd=0.0, seqs=0)
             g = model.graphs
             replays0, shapes0 = (g.replays, len(g.cache)) if g else (0, 0)
+            prof = cProfile.Profile() if a.cprofile else None
+            if prof:
+                prof.enable()
             runner.run(reqs(), lambda r: None)
+            if prof:
+                prof.disable()
+                prof.dump_stats(f"{a.cprofile}.{m.replace(':', '_')}.b{b}")
             n = max(step_t["n"], 1)
             tot, f = step_t["t"] / n * 1e3, step_t["fwd"] / n * 1e3
             graphs = (f"{(g.replays - replays0) / n:.0%} ({len(g.cache) - shapes0} new)"
                       if g else "-")
+            per_seq = (tot - f) * 1e3 * step_t["n"] / max(step_t["seqs"], 1)
             print(f"| {m} | {b} | {step_t['n']} | {tot:.2f} | {f:.2f} | {tot - f:.2f} | "
-                  f"{(tot - f) / tot:.0%} | {graphs} |")
+                  f"{per_seq:.1f} | {(tot - f) / tot:.0%} | {graphs} |", flush=True)
 
 
 if __name__ == "__main__":

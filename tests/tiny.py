@@ -16,7 +16,7 @@ Explain how a transformer language model works, step by step, in simple words fo
 """ * 4
 
 
-def make_tokenizer(out: Path, vocab_size: int = 320):
+def make_tokenizer(out: Path, vocab_size: int = 320, texts: list[str] | None = None):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -26,7 +26,7 @@ def make_tokenizer(out: Path, vocab_size: int = 320):
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT], trainer)
+    tok.train_from_iterator(texts or [TEXT], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
                                    bos_token="<|im_start|>", pad_token="<|endoftext|>")
     fast.chat_template = CHATML
@@ -36,14 +36,16 @@ def make_tokenizer(out: Path, vocab_size: int = 320):
 
 def make_tiny_model(out: Path, kind: str = "llama", layers: int = 4, seed: int = 0,
                     hidden: int = 64, heads: int = 4, kv_heads: int = 2, tie: bool = False,
-                    rope_scaling: dict | None = None) -> Path:
-    """Save a random HF model + tokenizer under `out` and return it."""
+                    rope_scaling: dict | None = None, vocab_size: int = 320,
+                    texts: list[str] | None = None) -> Path:
+    """Save a random HF model + tokenizer (BPE of about vocab_size tokens trained on texts)
+    under `out` and return it."""
     from transformers import (GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config,
                               Qwen2ForCausalLM)
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer(out)
+    tok = make_tokenizer(out, vocab_size, texts)
     common = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 3,
                   num_hidden_layers=layers, num_attention_heads=heads,
                   num_key_value_heads=kv_heads, max_position_embeddings=512,
