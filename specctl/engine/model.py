@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -92,18 +93,15 @@ def gemm_rows(m: int) -> int:
     return m
 
 
-def tile_rows(m: int) -> int:
+def tile_rows(m: np.ndarray) -> np.ndarray:
     """The row count whose cost a CPU step of m packed rows pays: 3 as 4, 5-7 as 8, and past
     8 up to the next multiple of 8 (gemm_rows pads most of these; 9 and 17 rows, left
     unpadded, cost what 16 and 24 do, and 5-7 what 8 does). One row stays one: gemm_rows pads
     it to two, but the table measures it as it runs. The step-cost table prices CPU
     steps by it (StepTable.ms): at batch 8 one sequence's draft token makes 9 rows, and it
-    costs what a draft token for each of the 8 does."""
-    if m <= 2:
-        return m
-    if m <= 4:
-        return 4
-    return -(-m // 8) * 8
+    costs what a draft token for each of the 8 does. (Of every entry of an
+    integer array.)"""
+    return np.where(m <= 2, m, np.where(m <= 4, 4, -(-m // 8) * 8))
 
 
 GEMM_ROWS = 256

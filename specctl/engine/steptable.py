@@ -13,11 +13,11 @@ tokens it is expected to emit.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
@@ -60,18 +60,30 @@ class StepTable:
         points: at batch 8, n = 1.125 (one draft token, 9 rows) costs what n = 2 (16 rows)
         does, and 2 sequences of 1.5 tokens (3 rows, as 4) what the batch-8 row's first
         point (8 rows) does."""
-        i = next((i for i, x in enumerate(self.batches) if x >= b), len(self.batches) - 1)
-        row, ns = self.table[i], self.ns
+        return float(self.ms_many(b, np.array([n], dtype=np.float64))[0])
+
+    def ms_many(self, b: int, n: np.ndarray) -> np.ndarray:
+        """ms(b, x) for every x in the float array n, at once (a controller prices hundreds
+        of candidate steps per step)."""
+        row, ns = self._row(b)
         if self.tiles:
-            n = tile_rows(math.ceil(b * n - 1e-6))
-            ns = [tile_rows(self.batches[i] * m) for m in ns]   # the measured points' rows
-        if n <= ns[0]:
-            return row[0]
-        for j in range(1, len(ns)):
-            if n <= ns[j]:
-                f = (n - ns[j - 1]) / (ns[j] - ns[j - 1])
-                return row[j - 1] + f * (row[j] - row[j - 1])
-        return row[-1] * n / ns[-1]
+            n = tile_rows(np.ceil(b * n - 1e-6).astype(np.int64)).astype(np.float64)
+        j = np.clip(np.searchsorted(ns, n), 1, len(ns) - 1)   # ns[j - 1] < n <= ns[j]
+        lo, dy = ns[j - 1], row[j] - row[j - 1]
+        out = row[j - 1] + (n - lo) / np.maximum(ns[j] - lo, 1e-300) * dy
+        return np.where(n <= ns[0], row[0], np.where(n > ns[-1], row[-1] * n / ns[-1], out))
+
+    def _row(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The row ms(b, .) is read from and its points (in rows rounded to tiles, on a CPU)."""
+        rows = self.__dict__.setdefault("_rows", {})   # (a cache: the table is frozen)
+        got = rows.get(b)
+        if got is None:
+            i = next((i for i, x in enumerate(self.batches) if x >= b), len(self.batches) - 1)
+            ns = np.asarray(self.ns)
+            if self.tiles:
+                ns = tile_rows(self.batches[i] * ns)
+            got = rows[b] = (np.asarray(self.table[i], dtype=np.float64), ns.astype(np.float64))
+        return got
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -28,7 +28,10 @@ Expected emitted tokens of a step with draft budget k (gain):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
 
 CONF_BINS = 10
 
@@ -42,116 +45,163 @@ def conf_bin(conf: float) -> int:
 class AcceptStats:
     """Per-position acceptance counts: tried[j] / hit[j] for draft position (chain) or node
     index (tree) j; steps = verify steps that drafted (trees)."""
-    tried: list[float] = field(default_factory=list)
-    hit: list[float] = field(default_factory=list)
+    tried: np.ndarray
+    hit: np.ndarray
     steps: int = 0
-
-    def _grow(self, n: int) -> None:
-        while len(self.tried) < n:
-            self.tried.append(0.0)
-            self.hit.append(0.0)
 
 
 class Acceptance:
-    """Per-sequence (by key: its KV slot) and pooled acceptance estimates (module docstring)."""
+    """Per-sequence (by key: its KV slot) and pooled acceptance estimates (module docstring),
+    kept as arrays (a row per sequence) so that a step's gains and learning are array
+    operations over the batch."""
 
     def __init__(self, max_budget: int, tree: bool, prior_accept: float = 0.7,
                  prior_weight: float = 4.0):
         self.K, self.tree = max_budget, tree
         self.prior_accept, self.prior_weight = prior_accept, prior_weight
-        self.pool = AcceptStats()
-        self.seqs: dict = {}
-        self.calib = AcceptStats()   # chains: tried / hit by confidence bin (CONF_BINS)
-        self._pooled: list[float] | None = None   # _pool_rate(0 .. K-1) until the next learn
+        width = max(1, max_budget)
+        # row 0: no sequence (all zero: the pooled estimate); rows are reused after forget
+        self.tried = np.zeros((1, width))
+        self.hit = np.zeros((1, width))
+        self.steps = np.zeros(1)
+        self.grown = np.zeros(1, dtype=np.int64)   # positions ever tried (trees' prior rule)
+        self.rows: dict = {}
+        self.free: list[int] = []
+        self.pool = AcceptStats(np.zeros(width), np.zeros(width))
+        self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
+        self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
 
-    def _pool_rate(self, j: int) -> float:
-        base = self.prior_accept ** (j + 1) if self.tree else self.prior_accept
-        p = self.pool
-        if j < len(p.tried) and p.tried[j]:
-            if self.tree:
-                return (p.hit[j] + self.prior_weight * base) / (p.steps + self.prior_weight)
-            return (p.hit[j] + self.prior_weight * base) / (p.tried[j] + self.prior_weight)
-        if not self.tree and j and any(p.tried[:j]):
-            return self._pool_rate(max(i for i in range(min(j, len(p.tried))) if p.tried[i]))
-        return base
+    def _pool_rates(self) -> np.ndarray:
+        """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
+        a chain position never tried takes the deepest tried one's before it."""
+        if self._pooled is not None:
+            return self._pooled
+        j = np.arange(len(self.pool.tried))
+        base = self.prior_accept ** (j + 1) if self.tree else np.full(len(j), self.prior_accept)
+        p, w = self.pool, self.prior_weight
+        seen = p.tried > 0
+        if self.tree:
+            r = np.where(seen, (p.hit + w * base) / (p.steps + w), base)
+        else:
+            r = np.where(seen, (p.hit + w * base) / (p.tried + w), base)
+            last = np.maximum.accumulate(np.where(seen, j, -1))   # deepest tried at or before
+            r = np.where(~seen & (last >= 0), r[np.maximum(last, 0)], r)
+        self._pooled = r
+        return r
 
-    def rates(self, key) -> list[float]:
-        """Chains: a_j (conditional acceptance of position j); trees: hits per step of node j."""
-        if self._pooled is None:
-            self._pooled = [self._pool_rate(j) for j in range(self.K)]
-        st = self.seqs.get(key)
-        if st is None:
-            return list(self._pooled)
-        out = []
+    def rates_many(self, keys) -> np.ndarray:
+        """[B, K]: chains a_j (conditional acceptance of position j); trees hits per step of
+        node j; for each key."""
+        prior = self._pool_rates()[None, :]
+        rows = np.array([self.rows.get(k, 0) for k in keys], dtype=np.int64)
         w = self.prior_weight
-        for j, prior in enumerate(self._pooled):
-            if j >= len(st.tried):
-                out.append(prior)
-            elif self.tree:
-                out.append((st.hit[j] + w * prior) / (st.steps + w))
-            else:
-                out.append((st.hit[j] + w * prior) / (st.tried[j] + w))
-        return out
+        hit = self.hit[rows]
+        if self.tree:
+            inside = np.arange(hit.shape[1])[None, :] < self.grown[rows][:, None]
+            return np.where(inside, (hit + w * prior) / (self.steps[rows][:, None] + w), prior)
+        return (hit + w * prior) / (self.tried[rows] + w)
+
+    def gains_many(self, keys, caps) -> np.ndarray:
+        """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k, for
+        k <= caps[i] (flat past it)."""
+        r = self.rates_many(keys)[:, :self.K]
+        r = np.where(np.arange(r.shape[1])[None, :] < np.asarray(caps)[:, None], r, 0.0)
+        step = r if self.tree else np.cumprod(r, axis=1)
+        return 1.0 + np.concatenate((np.zeros((len(r), 1)), np.cumsum(step, axis=1)), axis=1)
 
     def gains(self, key, cap: int) -> list[float]:
-        """gain(k) for k = 0..cap: expected emitted tokens with a budget of k."""
-        g = [1.0]
-        run = 1.0
-        for a in self.rates(key)[:cap]:
-            if self.tree:
-                g.append(g[-1] + a)
-            else:
-                run *= a
-                g.append(g[-1] + run)
-        return g
+        """gain(k) for k = 0..cap of one key."""
+        return self.gains_many([key], [cap])[0, :cap + 1].tolist()
 
     def pool_mean(self) -> float:
         """The run's pooled acceptance of a chain draft (any position), with its prior."""
         p, w = self.pool, self.prior_weight
-        return (sum(p.hit) + w * self.prior_accept) / (sum(p.tried) + w)
+        return float((p.hit.sum() + w * self.prior_accept) / (p.tried.sum() + w))
 
     def calibrated(self, conf: float) -> float:
         """P(a chain draft is accepted | its predecessors were, its confidence `conf`)."""
         b = conf_bin(conf)
         c, w = self.calib, self.prior_weight
-        if b < len(c.tried) and c.tried[b]:
-            return (c.hit[b] + w * self.pool_mean()) / (c.tried[b] + w)
+        if c.tried[b]:
+            return float((c.hit[b] + w * self.pool_mean()) / (c.tried[b] + w))
         return self.pool_mean()
 
-    def learn(self, key, tried: int, accepted: list[int], confs: list[float] = ()) -> None:
-        """One verified step of sequence `key`: `tried` draft positions (chains: its budget as
-        spent, where a draft forward whose token the drafter's own exit dropped still counts;
-        trees: the nodes verified), `accepted` node indices in path order, and (chains) the
-        drafter's confidence of each draft."""
-        if tried <= 0:
+    def _row(self, key) -> int:
+        r = self.rows.get(key)
+        if r is None:
+            if self.free:
+                r = self.free.pop()
+            else:
+                r = len(self.steps)
+                grow = max(1, r)
+                self.tried = np.concatenate((self.tried, np.zeros((grow, self.tried.shape[1]))))
+                self.hit = np.concatenate((self.hit, np.zeros((grow, self.hit.shape[1]))))
+                self.steps = np.concatenate((self.steps, np.zeros(grow)))
+                self.grown = np.concatenate((self.grown, np.zeros(grow, dtype=np.int64)))
+                self.free = list(range(len(self.steps) - 1, r, -1))
+            self.rows[key] = r
+        return r
+
+    def learn_many(self, keys, tried, accepted, confs=None) -> None:
+        """A verified step of each sequence keys[i]: tried[i] draft positions (chains: its
+        budget as spent, where a draft forward whose token the drafter's own exit dropped still
+        counts; trees: the nodes verified), accepted[i] its accepted node indices in path
+        order, and (chains) confs[i] the drafter's confidence of each draft."""
+        width = self.tried.shape[1]
+        pick = [i for i, t in enumerate(tried) if t > 0]
+        if not pick:
             return
         self._pooled = None
-        if not self.tree and confs:
-            c = self.calib
-            c._grow(CONF_BINS)
-            for j in range(min(tried, len(accepted) + 1, len(confs))):   # drafted and tried
-                b = conf_bin(confs[j])
-                c.tried[b] += 1
-                c.hit[b] += j < len(accepted)
-        st = self.seqs.get(key)
-        if st is None:
-            st = self.seqs[key] = AcceptStats()
-        for s in (st, self.pool):
-            s.steps += 1
-            if self.tree:
-                s._grow(tried)
-                for j in range(tried):
-                    s.tried[j] += 1
-                for j in accepted:
-                    if j < tried:
-                        s.hit[j] += 1
-            else:   # position j is tried when allowed and 1..j-1 accepted
-                top = min(tried, len(accepted) + 1)
-                s._grow(top)
-                for j in range(top):
-                    s.tried[j] += 1
-                    if j < len(accepted):
-                        s.hit[j] += 1
+        rows = np.array([self._row(keys[i]) for i in pick], dtype=np.int64)
+        t = np.minimum(np.array([tried[i] for i in pick]), width)
+        n_acc = np.array([len(accepted[i]) for i in pick])
+        pos = np.arange(width)[None, :]
+        top = t if self.tree else np.minimum(t, n_acc + 1)   # chains: j tried when 1..j-1 hit
+        tried_m = pos < top[:, None]
+        if self.tree:
+            hit_m = np.zeros_like(tried_m)
+            seq = np.repeat(np.arange(len(pick)), n_acc)
+            nodes = np.array([j for i in pick for j in accepted[i]], dtype=np.int64)
+            keep = nodes < t[seq]
+            hit_m[seq[keep], nodes[keep]] = True
+        else:
+            hit_m = pos < n_acc[:, None]
+            if confs:
+                self._calibrate([confs[i] for i in pick], top, n_acc)
+        self.tried[rows] += tried_m
+        self.hit[rows] += hit_m
+        self.steps[rows] += 1
+        self.grown[rows] = np.maximum(self.grown[rows], top)
+        p = self.pool
+        p.tried += tried_m.sum(0)
+        p.hit += hit_m.sum(0)
+        p.steps += len(pick)
+
+    def _calibrate(self, confs, top, n_acc) -> None:
+        """Tried / hit per confidence bin of the chain drafts that were drafted and tried."""
+        cut = [cs[:tp] for cs, tp in zip(confs, top.tolist())]
+        lens = np.array([len(c) for c in cut])
+        if not lens.sum():
+            return
+        conf = np.fromiter(chain.from_iterable(cut), dtype=np.float64, count=int(lens.sum()))
+        j = np.arange(len(conf)) - np.repeat(np.cumsum(lens) - lens, lens)   # draft position
+        bins = np.clip((conf * CONF_BINS).astype(np.int64), 0, CONF_BINS - 1)   # (conf_bin)
+        self.calib.tried += np.bincount(bins, minlength=CONF_BINS)
+        self.calib.hit += np.bincount(bins, weights=j < np.repeat(n_acc, lens),
+                                      minlength=CONF_BINS)
+
+    def learn(self, key, tried: int, accepted: list[int], confs: list[float] = ()) -> None:
+        """learn_many of one sequence."""
+        self.learn_many([key], [tried], [accepted], [list(confs)])
+
+    def seq_stats(self, key) -> AcceptStats:
+        """A sequence's counts, over the positions it ever tried."""
+        r = self.rows.get(key, 0)
+        n = int(self.grown[r])
+        return AcceptStats(self.tried[r, :n].copy(), self.hit[r, :n].copy(), int(self.steps[r]))
 
     def forget(self, key) -> None:
-        self.seqs.pop(key, None)
+        r = self.rows.pop(key, None)
+        if r is not None:
+            self.tried[r], self.hit[r], self.steps[r], self.grown[r] = 0, 0, 0, 0
+            self.free.append(r)

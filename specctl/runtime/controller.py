@@ -44,6 +44,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from specctl.runtime import policy
 from specctl.runtime.acceptance import Acceptance
 from specctl.runtime.stepcost import StepCost, cost_for, step_table_for
@@ -55,7 +57,7 @@ class Budgets:
     """One step's decision: what the planner hands the drafter and later learns against."""
     ks: tuple[int, ...]                   # draft budget per sequence (0: an ar step)
     probes: bool                          # whether speculating sequences run their probes
-    gains: tuple[tuple[float, ...], ...]  # gains[i][k]: expected emitted tokens at budget k
+    gains: np.ndarray                     # gains[i, k]: expected emitted tokens at budget k
     predicted_ms: float                   # the step's predicted cost
     explored: int = 0                     # sequences given the exploration budget
     contrast: bool = False                # a step run without drafts to time it
@@ -88,15 +90,15 @@ class Controller:
         """This step's budgets for the sequences `keys`, budget i at most room[i]."""
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
-        caps = [max(0, min(self.K, r)) for r in room]
-        gains = [self.acc.gains(k, cap) for k, cap in zip(keys, caps)]
+        caps = np.clip(np.asarray(room, dtype=np.int64), 0, self.K)
+        gains = self.acc.gains_many(keys, caps)
         ks = policy.search(gains, caps, c, probes)
         self.steps += 1
         explored, contrast = 0, False
         since = self.steps - self.last_explore
         if self.explore_every and since >= self.explore_every and \
                 sum(room) >= self.explore_every * len(room):   # steps left to use the lesson
-            wide = [min(cap, k + self.explore_budget) for k, cap in zip(ks, caps)]
+            wide = np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist()
             base = c.step_ms(ks, probes)
             if c.step_ms(wide, probes) - base <= self.explore_cost * since * base:
                 explored = sum(w > k for w, k in zip(wide, ks))
@@ -108,8 +110,7 @@ class Controller:
             self.contrasts += 1
         if not any(ks):
             self.last_bare = self.steps
-        return Budgets(tuple(ks), probes, tuple(map(tuple, gains)), c.step_ms(ks, probes),
-                       explored, contrast,
+        return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
                        stops=not self.tree and self.last_explore != self.steps and any(ks))
 
     def stop_rule(self, b: Budgets) -> policy.StopRule | None:
@@ -134,14 +135,15 @@ class Controller:
         ms (all of it: planning, drafting, verify, bookkeeping). Returns (the step's table ms
         as run, the tokens it was expected to emit)."""
         ks = self.spent(b, proposals)
-        for key, k, p, v in zip(keys, ks, proposals, verdicts):
-            tried = len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
-            self.acc.learn(key, tried, v.accepted, p.conf)
+        tried = [len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
+                 for k, p in zip(ks, proposals)]
+        self.acc.learn_many(keys, tried, [v.accepted for v in verdicts],
+                            None if self.tree else [p.conf for p in proposals])
         if self.correct and measured_ms is not None:
             table = self.cost.learn(ks, measured_ms, b.probes)
         else:
             table = self.cost.table_ms(ks, b.probes)[0]
-        return table, sum(g[k] for g, k in zip(b.gains, ks))
+        return table, float(b.gains[np.arange(len(ks)), ks].sum())
 
     def forget(self, key) -> None:
         self.acc.forget(key)

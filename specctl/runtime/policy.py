@@ -10,20 +10,18 @@ the tokens it is expected to add. Each running sequence gets a draft budget k_i 
 
 with gain_i from runtime/acceptance.py and cost from runtime/stepcost.py.
 
-Search. By the best prefix (`fill`): every draft token of every sequence in the order of the
-tokens it is expected to add (each sequence's upper concave hull of gain(k), steepest
-first), and the prefix of that order with the best goodput taken. On a staircase cost (the
-CPU's tiles) no single draft pays for the first stair while a stair's worth of them may,
-which a one-change-at-a-time search never finds. Greedy marginal goodput (`greedy`): start
-from k = 0; each round, for every sequence, try raising its budget to every larger value (a
-jump, not only +1: the first draft forward is paid once and shared, so goodput is not concave
-in one sequence's k), keep the single change with the highest goodput, stop when none
-improves it. Where the step is priced by its total tokens alone (StepCost.packed: unpadded
-steps without draft forwards or probes) the prefix search runs alone (exact there for
-concave gains); unpadded steps with draft forwards or probes take the better of the two;
-padded steps (CUDA graphs: a step costs by its longest sequence's bucket) the greedy search.
-Either way a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one gives
-the full budget; in a mixed batch the sequences that accept more get larger budgets.
+Search (`search`), over every sequence at once (numpy: no per-sequence or per-candidate
+Python on the hot path, and linear in the batch): every draft token of every sequence is put
+in the order of the tokens it is expected to add (each sequence's upper concave hull of
+gain(k), steepest first: `hull_order`), and the prefix of that order with the best goodput is
+taken; beside the prefixes, every level T (each sequence's budget min(cap, T)), for steps
+whose cost follows their longest budget (padded graphs) or their depth (draft forwards): a
+shallow step that drafts for every sequence may beat a deep one with as many tokens. All
+candidates are priced in one StepCost.prices call. On a staircase cost (the CPU's tiles) no
+single draft pays for the first stair while a stair's worth of them may, which a
+one-change-at-a-time search never finds. Either way
+a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one gives the full
+budget; in a mixed batch the sequences that accept more get larger budgets.
 
 Probes (Self-Draft's branches) run only with a sequence's drafts; their value is not modelled
 (it comes later, as n-grams for the context cache), so they run only where they are nearly
@@ -44,27 +42,46 @@ drafter's own confidence exit, the paper's threshold, still applies too.)
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
-from specctl.runtime.stepcost import StepCost
+import numpy as np
 
-Gains = Sequence[Sequence[float]]   # gains[i][k]: sequence i's expected tokens at budget k
+from specctl.runtime.stepcost import Shapes, StepCost, budget_counts, moved
 
+def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) -> list[int]:
+    """The budgets of the best goodput (module docstring). gains [B, K + 1]: gains[i, k] for
+    k <= caps[i]."""
+    b = len(gains)
+    seq, k = hull_order(gains, caps)
+    if not len(k):
+        return [0] * b
+    n, top = len(k), int(k.max())
 
-def goodput(gains: Gains, ks: list[int], cost: StepCost, probes: bool) -> float:
-    t = cost.step_ms(ks, probes)
-    return sum(g[k] for g, k in zip(gains, ks)) / t if t > 0 else 0.0
-
-
-def search(gains: Gains, caps: list[int], cost: StepCost, probes: bool) -> list[int]:
-    """The budgets of the best goodput (module docstring: which search for which cost)."""
-    if cost.padded:
-        return greedy(gains, caps, cost, probes)
-    if cost.packed(probes):
-        return fill(gains, caps, cost, probes)
-    return max(fill(gains, caps, cost, probes), greedy(gains, caps, cost, probes),
-               key=lambda ks: goodput(gains, ks, cost, probes))
+    def prefixes(x):   # x summed over each prefix of the order (0 .. n units)
+        c = np.zeros((n + 1,) + x.shape[1:], dtype=x.dtype)
+        np.cumsum(x, axis=0, out=c[1:])
+        return c
+    # candidates 0 .. n: the prefixes; then n + T for T = 1 .. top - 1: every budget min(cap, T)
+    levels = np.minimum(np.asarray(caps)[:, None], np.arange(1, top)[None, :])   # [B, top - 1]
+    rows = np.arange(b)[:, None]
+    emitted = b + np.concatenate((prefixes(gains[seq, k] - gains[seq, k - 1]),
+                                  (gains[rows, levels] - gains[:, :1]).sum(axis=0)))
+    tokens = np.concatenate((np.arange(n + 1), levels.sum(axis=0)))
+    drafting = np.concatenate((prefixes((k == 1).astype(np.int64)),
+                               np.full(top - 1, np.count_nonzero(caps))))
+    tops = np.concatenate(([0], np.maximum.accumulate(k), levels.max(axis=0, initial=0)))
+    at_least = None
+    if cost.draft_frac:   # at_least[c, d]: sequences with budget >= d (b at d = 0)
+        d = np.arange(top + 1)
+        at_least = np.concatenate((prefixes((k[:, None] == d[None, :]).astype(np.int64)),
+                                   (levels[:, :, None] >= d[None, None, :]).sum(axis=0)))
+        at_least[:, 0] = b
+    t = cost.prices(Shapes(b, tokens, drafting, tops, at_least), probes)
+    good = emitted / np.where(t > 0, t, np.inf)
+    best = int(np.argmax(good >= good.max() / (1 + 1e-9)))   # the first near the best
+    if best > n:
+        return levels[:, best - n - 1].tolist()
+    return np.bincount(seq[:best], minlength=b).tolist()   # (a budget k: its units 1 .. k)
 
 
 def probes_pay(cost: StepCost, b: int, share: float = 0.1) -> bool:
@@ -76,77 +93,37 @@ def probes_pay(cost: StepCost, b: int, share: float = 0.1) -> bool:
     return cost.step_ms(one, True) <= (1 + share) * cost.step_ms(one, False)
 
 
-def greedy(gains: Gains, caps: list[int], cost: StepCost, probes: bool) -> list[int]:
-    """Greedy marginal goodput over jumps (the module docstring's search)."""
-    ks = [0] * len(gains)
-    emitted = float(len(gains))
-    t = cost.step_ms(ks, probes)
-    best = emitted / t if t > 0 else 0.0
-    while True:
-        pick = None
-        for i, (g, c) in enumerate(zip(gains, caps)):
-            k0 = ks[i]
-            for k in range(k0 + 1, c + 1):
-                ks[i] = k
-                tt = cost.step_ms(ks, probes)
-                good = (emitted + g[k] - g[k0]) / tt if tt > 0 else 0.0
-                if good > best * (1 + 1e-9):
-                    best, pick = good, (i, k)
-            ks[i] = k0
-        if pick is None:
-            return ks
-        i, k = pick
-        emitted += gains[i][k] - gains[i][ks[i]]
-        ks[i] = k
+HULL_SPAN = 8   # nodes over which hull_order averages a rise (a window, so it stays linear)
 
 
-def hull_order(gains: Gains, caps: list[int]) -> list[tuple[int, int]]:
+def hull_order(gains: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every draft token (sequence i, its budget k) in the order of the tokens it is expected
-    to add: each sequence's upper concave hull of (k, gain(k)), steepest segment first (stable:
-    a sequence's own tokens stay in order)."""
-    units = []   # (tokens per draft token of its hull segment, sequence, budget)
-    for i, (g, cap) in enumerate(zip(gains, caps)):
-        hull = [0]   # monotone chain over k = 0..cap
-        for k in range(1, cap + 1):
-            while len(hull) > 1 and (g[hull[-1]] - g[hull[-2]]) * (k - hull[-1]) <= \
-                    (g[k] - g[hull[-1]]) * (hull[-1] - hull[-2]):
-                hull.pop()
-            hull.append(k)
-        top = math.inf
-        for a, z in zip(hull, hull[1:]):
-            top = min(top, (g[z] - g[a]) / (z - a))   # falling, whatever the rounding
-            units += [(top, i, k) for k in range(a + 1, z + 1)]
-    units.sort(key=lambda u: -u[0])
-    return [(i, k) for _, i, k in units]
+    to add: each sequence's upper concave hull of (k, gain(k)), steepest segment first (ties:
+    by sequence, then budget, so a sequence's own tokens stay in order). As (seqs, ks).
 
-
-def fill(gains: Gains, caps: list[int], cost: StepCost, probes: bool) -> list[int]:
-    """The budgets by the best prefix of hull_order (module docstring). For each total it is
-    the allocation with the most expected tokens (exactly so for concave gains: chains, and
-    trees whose earlier nodes hit more)."""
-    order = hull_order(gains, caps)
-    b = len(gains)
-    packed = cost.packed(probes)   # then O(1) a token
-    ks = [0] * b
-    emitted = float(b)
-    t = cost.step_ms(ks, probes)
-    best, take = (emitted / t if t > 0 else 0.0), 0
-    for n, (i, k) in enumerate(order, 1):
-        emitted += gains[i][k] - gains[i][k - 1]
-        ks[i] = k
-        t = cost.packed_ms(b, b + n) if packed else cost.step_ms(ks, probes)
-        if t > 0 and emitted / t > best * (1 + 1e-9):
-            best, take = emitted / t, n
-    ks = [0] * b
-    for i, k in order[:take]:
-        ks[i] = k
-    return ks
+    The hull's slope over (k - 1, k] is min over j <= k of the best mean gain of the tokens
+    from j on, max over z >= j of (gain(z) - gain(j - 1)) / (z - j + 1). With z at most
+    HULL_SPAN past j it is exact wherever the hull's segments span at most HULL_SPAN tokens
+    (always for chains: their gains are concave, every segment is one token) and otherwise a
+    little low for the tokens of a long segment (a tree's good node far behind weak ones)."""
+    b, width = gains.shape[0], gains.shape[1] - 1
+    ks = np.arange(1, width + 1)
+    caps = np.asarray(caps)
+    valid = ks[None, :] <= caps[:, None]
+    span = np.arange(1, min(HULL_SPAN, width) + 1)
+    z = np.minimum(ks[:, None] - 1 + span[None, :], width)   # [j, m]: j - 1 + m, capped
+    mean = (gains[:, z] - gains[:, ks - 1][:, :, None]) / span
+    mean = np.where(z[None] <= caps[:, None, None], mean, -np.inf)
+    slope = np.minimum.accumulate(mean.max(axis=2), axis=1)
+    seq, col = np.nonzero(valid)
+    order = np.lexsort((col, seq, -slope[seq, col]))
+    return seq[order], ks[col[order]]
 
 
 StopRule = Callable[[int, int, float], bool]
 
 
-def stop_rule(gains: Gains, ks: Sequence[int], cost: StepCost, probes: bool,
+def stop_rule(gains: np.ndarray, ks: Sequence[int], cost: StepCost, probes: bool,
               ratio: Callable[[float], float]) -> StopRule:
     """For a chain drafter, after budgets ks: stop(i, j, conf) -> whether sequence i, having
     drafted j tokens the last of which had confidence `conf`, should draft no more (module
@@ -154,12 +131,13 @@ def stop_rule(gains: Gains, ks: Sequence[int], cost: StepCost, probes: bool,
     average one. Asked once per draft in drafting order; it keeps its own copy of the plan
     (later answers price against the chains already stopped) and changes nothing else."""
     ks = list(ks)
-    ms = cost.step_ms(ks, probes)
-    expected = sum(g[k] for g, k in zip(gains, ks))
+    counts = budget_counts(ks)
+    ms = cost.counts_step_ms(counts, probes)
+    expected = float(gains[np.arange(len(ks)), ks].sum())
     odds = [1.0] * len(ks)   # prod r(c) of each sequence's drafts so far
 
     def stop(i: int, j: int, conf: float) -> bool:
-        nonlocal ms, expected
+        nonlocal ms, expected, counts
         odds[i] *= ratio(conf)
         k = ks[i]
         if j >= k or ms <= 0:
@@ -167,11 +145,12 @@ def stop_rule(gains: Gains, ks: Sequence[int], cost: StepCost, probes: bool,
         g = gains[i]
         p_j = g[j] - g[j - 1] if j >= 1 else 1.0   # P(the first j drafts are accepted)
         tail = min(1.0, p_j * odds[i]) / p_j * (g[k] - g[j]) if p_j > 0 else 0.0
-        saved = ms - cost.step_ms(ks[:i] + [j] + ks[i + 1:], probes)
+        fewer = moved(counts, k, j)
+        saved = ms - cost.counts_step_ms(fewer, probes)
         if tail >= expected / ms * saved:
             return False
         expected -= g[k] - g[j]
         ms -= saved
-        ks[i] = j
+        ks[i], counts = j, fewer
         return True
     return stop

@@ -57,6 +57,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specctl.engine.steptable import ENGINE_COSTS, StepTable, measure_step_table
@@ -82,17 +83,17 @@ class StepCost:
     steps: int = 0             # steps learnt from
     scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it
                      # drafts) or a kind (table_ms) -> [its log ratio beyond the drift, steps]
-    _memo: dict = field(default_factory=dict, repr=False)
-    # step_ms by the step's shape, factor by kind: kept until learn changes them
-    _steps: dict = field(default_factory=dict, repr=False)
+    # the table's price of a step by its budget counts, ms(n, 1) and the verify's ms by rows
+    # by batch size (fixed for the run); until learn changes them, the factor by kind and the learnt kinds of each batch
+    # size as sorted codes and their _rel (kind_rel)
+    _tables: dict = field(default_factory=dict, repr=False)
+    _ones: dict = field(default_factory=dict, repr=False)
+    _verify: dict = field(default_factory=dict, repr=False)
     _factors: dict = field(default_factory=dict, repr=False)
+    _kinds: dict = field(default_factory=dict, repr=False)
 
     def ms(self, b: int, n: float) -> float:
-        key = (b, n)
-        v = self._memo.get(key)
-        if v is None:
-            v = self._memo[key] = self.table.ms(b, n)
-        return v
+        return self.table.ms(b, n)
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -105,49 +106,86 @@ class StepCost:
     def tokens(self, k: int, probes: bool = True) -> int:
         return 1 + k + (self.probe if k > 0 and probes else 0)
 
-    def packed(self, probes: bool = True) -> bool:
-        """Whether a step costs by its total tokens alone (no padding, draft forwards or
-        probes to price): then packed_ms prices it in O(1)."""
-        return not self.padded and not self.draft_frac and not (self.probe and probes)
+    def _verify_ms(self, b: int, rows: np.ndarray) -> np.ndarray:
+        """table ms(b, rows / b) for each count of rows (a lookup: the rows are whole)."""
+        have = self._verify.get(b)
+        top = int(rows.max(initial=0))
+        if have is None or len(have) <= top:
+            have = self._verify[b] = self.table.ms_many(b, np.arange(max(top + 1, 4 * b)) / b)
+        return have[rows]
 
-    def packed_ms(self, b: int, tokens: int) -> float:
-        """step_ms of a packed() step of b sequences, `tokens` of them in all, some drafting."""
-        key = (b, tokens)
-        t = self._steps.get(key)
-        if t is None:
-            v = self.ms(b, tokens / b)
-            t = self._steps[key] = self.verify_frac * v * self.factor(step_kind(b, v, 0, True))
-        return t
+    def _ms_one(self, b: int) -> np.ndarray:
+        """table ms(n, 1) for n = 0 .. b (a draft forward of n sequences)."""
+        one = self._ones.get(b)
+        if one is None:
+            one = self._ones[b] = np.concatenate(
+                ([0.0], [self.table.ms(n, 1) for n in range(1, b + 1)]))
+        return one
 
-    def table_ms(self, ks: list[int], probes: bool = True) -> tuple[float, tuple]:
+    def table_prices(self, sh: Shapes, probes: bool = True):
+        """(the table's ms of every candidate step in sh, its verify's table point in us, its
+        draft forwards (-1: one plain forward)): the kinds' parts, all candidates at once."""
+        b = sh.b
+        if self.padded:   # every sequence padded to the longest
+            rows = b * (1 + sh.top + np.where(sh.top > 0, self.probe if probes else 0, 0))
+        else:
+            rows = b + sh.tokens + (self.probe * sh.drafting if probes else 0)
+        v = self._verify_ms(b, rows)
+        total = self.verify_frac * v
+        depth = np.zeros_like(sh.top)
+        if self.draft_frac:   # the d-th draft forward runs over at_least[d - extra]
+            depth = sh.top + self.draft_extra
+            d = np.arange(1, int(depth.max(initial=0)) + 1)
+            cols = np.minimum(np.maximum(d - self.draft_extra, 0), sh.at_least.shape[1] - 1)
+            frac = self.draft_frac if self.tail_frac is None else \
+                np.where(d[None, :] <= sh.top[:, None], self.draft_frac, self.tail_frac)
+            fwd = frac * self._ms_one(b)[sh.at_least[:, cols]]
+            total = total + np.where(d[None, :] <= depth[:, None], fwd, 0.0).sum(axis=1)
+        if self.idle_whole:
+            idle = sh.top == 0
+            total, depth = np.where(idle, v, total), np.where(idle, -1, depth)
+        return total, np.rint(v * 1e3).astype(np.int64), depth
+
+    def prices(self, sh: Shapes, probes: bool = True) -> np.ndarray:
+        """Predicted ms of every candidate step in sh: the table's, corrected as learnt."""
+        ms, vkey, depth = self.table_prices(sh, probes)
+        drafts = sh.top > 0
+        base = np.where(drafts, self._rel((True,)), self._rel((False,))) + self.drift
+        codes, rel = self.kind_rel(sh.b)
+        if len(codes):
+            code = kind_code(vkey, depth, drafts)
+            at = np.minimum(np.searchsorted(codes, code), len(codes) - 1)
+            base = base + np.where(codes[at] == code, rel[at], 0.0)
+        return ms * np.exp(base)
+
+    def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The learnt kinds of batch size b: their codes (sorted) and _rel."""
+        got = self._kinds.get(b)
+        if got is None:
+            pairs = sorted((kind_code(*k[1:]), self._rel(k)) for k in self.scale
+                           if len(k) == 4 and k[0] == b)
+            got = self._kinds[b] = (np.array([c for c, _ in pairs], dtype=np.int64),
+                                    np.array([r for _, r in pairs]))
+        return got
+
+    def table_ms(self, ks, probes: bool = True) -> tuple[float, tuple]:
         """(the table's ms of a step with budgets ks, the kind of step: its batch size, the
         table point its verify is priced at, its draft forwards, whether anything drafts).
         It depends on the budgets' counts only, not on which sequence has which."""
-        b = len(ks)
-        if not b:
-            return 0.0, ()
-        top = max(ks)
-        if self.padded:
-            v = self.ms(b, self.tokens(top, probes))
-        else:
-            drafting = b - ks.count(0)
-            v = self.ms(b, (b + sum(ks) + (self.probe * drafting if probes else 0)) / b)
-        if self.idle_whole and not top:
-            return v, step_kind(b, v, -1, False)
-        total = self.verify_frac * v
-        depth = 0
-        if self.draft_frac:
-            depth = top + self.draft_extra
-            at_least = [0] * (top + 2)   # at_least[k]: sequences with budget >= k
-            for k in ks:
-                at_least[k] += 1
-            for k in range(top - 1, -1, -1):
-                at_least[k] += at_least[k + 1]
-            for d in range(1, depth + 1):
-                n_d = at_least[max(0, d - self.draft_extra)]
-                frac = self.draft_frac if d <= top or self.tail_frac is None else self.tail_frac
-                total += frac * self.ms(n_d, 1)
-        return total, step_kind(b, v, depth, top > 0)
+        return self.counts_ms(budget_counts(ks), probes)
+
+    def counts_ms(self, counts: tuple, probes: bool = True) -> tuple[float, tuple]:
+        """table_ms of a step in which counts[k] sequences have budget k (budget_counts)."""
+        key = (counts, probes)
+        got = self._tables.get(key)
+        if got is None:
+            if not counts:
+                return 0.0, ()
+            sh = Shapes.of_counts(counts, self.draft_frac > 0)
+            ms, vkey, depth = self.table_prices(sh, probes)
+            got = self._tables[key] = (float(ms[0]), (sh.b, int(vkey[0]), int(depth[0]),
+                                                      bool(sh.top[0] > 0)))
+        return got
 
     def _rel(self, key) -> float:
         s = self.scale.get(key)
@@ -163,13 +201,13 @@ class StepCost:
             f = self._factors[kind] = math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
         return f
 
-    def step_ms(self, ks: list[int], probes: bool = True) -> float:
-        key = (tuple(sorted(ks)), probes)   # (a search prices the same counts many times)
-        t = self._steps.get(key)
-        if t is None:
-            ms, kind = self.table_ms(ks, probes)
-            t = self._steps[key] = ms * self.factor(kind) if ms else 0.0
-        return t
+    def step_ms(self, ks, probes: bool = True) -> float:
+        """Predicted ms of a step with budgets ks."""
+        return self.counts_step_ms(budget_counts(ks), probes)
+
+    def counts_step_ms(self, counts: tuple, probes: bool = True) -> float:
+        ms, kind = self.counts_ms(counts, probes)
+        return ms * self.factor(kind) if ms else 0.0
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True) -> float:
         """A step with budgets ks took measured_ms (returns its table ms); x = log(measured /
@@ -190,8 +228,8 @@ class StepCost:
         ms, kind = self.table_ms(ks, probes)
         if not ms > 0 or not measured_ms > 0:
             return ms
-        self._steps.clear()
         self._factors.clear()
+        self._kinds.clear()
         cls = kind[3:]
         x = math.log(measured_ms / ms)
         if cls in self.scale:
@@ -209,11 +247,49 @@ class StepCost:
         return ms
 
 
-def step_kind(b: int, verify_ms: float, depth: int, drafts: bool) -> tuple:
-    """The kind of a step StepCost.learn prices apart: its batch size, the table point its
-    verify is priced at, its draft forwards (-1: one plain forward), whether anything drafts
-    (the last, alone, is its class)."""
-    return b, round(verify_ms, 3), depth, drafts
+def kind_code(vkey, depth, drafts):
+    """A kind (less its batch size) as one integer, for array lookups."""
+    return (vkey * 4096 + depth + 1) * 2 + drafts
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Candidate steps of b sequences as their cost sees them, one entry per candidate: the
+    sum of the budgets, the sequences drafting, the largest budget and, where draft forwards
+    are priced, at_least[c, d] = sequences with budget >= d (d = 0 .. max top)."""
+    b: int
+    tokens: np.ndarray
+    drafting: np.ndarray
+    top: np.ndarray
+    at_least: np.ndarray | None = None
+
+    @classmethod
+    def of_counts(cls, counts: tuple, forwards: bool) -> "Shapes":
+        """The one candidate in which counts[k] sequences have budget k."""
+        c = np.asarray(counts, dtype=np.int64)
+        al = np.cumsum(c[::-1])[::-1][None, :] if forwards else None
+        return cls(int(c.sum()), np.array([c @ np.arange(len(c))]), np.array([c[1:].sum()]),
+                   np.array([len(c) - 1]), al)
+
+
+def budget_counts(ks) -> tuple:
+    """(sequences with budget 0, with 1, ..., with the largest): what prices a step."""
+    if not len(ks):
+        return ()
+    c = [0] * (max(ks) + 1)
+    for k in ks:
+        c[k] += 1
+    return tuple(c)
+
+
+def moved(counts: tuple, k: int, j: int) -> tuple:
+    """counts with one sequence's budget changed from k to j (trailing zeros dropped)."""
+    c = list(counts) + [0] * (j + 1 - len(counts))
+    c[k] -= 1
+    c[j] += 1
+    while len(c) > 1 and not c[-1]:
+        c.pop()
+    return tuple(c)
 
 
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with

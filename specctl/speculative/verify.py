@@ -108,6 +108,8 @@ def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
     """target: the target's token for each of the n + 1 rows: its argmax, or (sampling, one-hot
     drafts: verify_sampling_batch) its draw. Follow the child that equals the target's choice
     as long as one exists."""
+    if not tree.tokens:   # (ar's steps, and budget 0 under --speculate auto)
+        return Verdict([], target[0])
     ch = tree.children()
     accepted, row = [], 0
     while True:

@@ -1,0 +1,181 @@
+"""The controller's per-step work as array operations over the batch: the same answers as the
+per-sequence definitions (a brute-force search, the hull's monotone chain, the table's
+interpolation, learning one sequence at a time), one pricing call per step, and the host
+profile recipe on the tiny model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specctl.engine.steptable import StepTable
+from specctl.runtime import policy
+from specctl.runtime.acceptance import Acceptance
+from specctl.runtime.controller import Controller
+from specctl.runtime.stepcost import StepCost
+
+NS = (1, 2, 4, 8, 16, 32, 64)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table(f, batches=(1, 2, 3, 8, 64), tiles=True) -> StepTable:
+    return StepTable("cpu", "float32", "sdpa", 128, batches, NS,
+                     tuple(tuple(float(f(b, n)) for n in NS) for b in batches), tiles=tiles)
+
+
+def _ms_reference(t: StepTable, b: int, n: float) -> float:
+    """StepTable.ms as a loop over the row's points (its definition)."""
+    i = next((i for i, x in enumerate(t.batches) if x >= b), len(t.batches) - 1)
+    row, ns = t.table[i], list(t.ns)
+    if t.tiles:
+        def tile(m):
+            return m if m <= 2 else 4 if m <= 4 else -(-m // 8) * 8
+        n = tile(math.ceil(b * n - 1e-6))
+        ns = [tile(t.batches[i] * m) for m in ns]
+    if n <= ns[0]:
+        return row[0]
+    for j in range(1, len(ns)):
+        if n <= ns[j]:
+            return row[j - 1] + (n - ns[j - 1]) / (ns[j] - ns[j - 1]) * (row[j] - row[j - 1])
+    return row[-1] * n / ns[-1]
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+def test_table_reads_many_points_as_one(tiles):
+    rng = np.random.default_rng(0)
+    t = _table(lambda b, n: 3.0 + b * n ** 0.7 + rng.random(), tiles=tiles)
+    for b in (1, 2, 3, 5, 8, 40, 64, 100):
+        n = np.concatenate((rng.random(50) * 100, np.arange(1, 80) / b))
+        got = t.ms_many(b, n)
+        assert got == pytest.approx([_ms_reference(t, b, x) for x in n], rel=1e-12)
+
+
+def _hull_reference(g, cap):
+    """The upper concave hull's slope over each (k - 1, k], k = 1..cap (monotone chain)."""
+    hull = [0]
+    for k in range(1, cap + 1):
+        while len(hull) > 1 and (g[hull[-1]] - g[hull[-2]]) * (k - hull[-1]) <= \
+                (g[k] - g[hull[-1]]) * (hull[-1] - hull[-2]):
+            hull.pop()
+        hull.append(k)
+    out = []
+    for a, z in zip(hull, hull[1:]):
+        out += [(g[z] - g[a]) / (z - a)] * (z - a)
+    return out
+
+
+def test_hull_order_follows_each_sequences_hull():
+    """Gains with rises (a tree's good node behind weak ones, within HULL_SPAN): the order is
+    by the exact hull's slopes, each sequence's own tokens in order."""
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        b, width = 4, policy.HULL_SPAN   # (no segment longer than the span)
+        inc = rng.random((b, width)) * (rng.random((b, width)) < 0.6)
+        gains = np.concatenate((np.ones((b, 1)), 1 + np.cumsum(inc, axis=1)), axis=1)
+        caps = rng.integers(0, width + 1, b)
+        seq, ks = policy.hull_order(gains, caps)
+        slope = {(i, k + 1): s for i in range(b)
+                 for k, s in enumerate(_hull_reference(gains[i], int(caps[i])))}
+        assert sorted(zip(seq.tolist(), ks.tolist())) == sorted(slope)
+        got = [slope[(i, k)] for i, k in zip(seq.tolist(), ks.tolist())]
+        assert all(x >= y - 1e-12 for x, y in zip(got, got[1:]))
+        for i in range(b):   # a sequence's budgets come in order
+            assert ks[seq == i].tolist() == list(range(1, int(caps[i]) + 1))
+
+
+def _brute(gains, caps, cost, probes):
+    best, pick = -1.0, None
+    for ks in itertools.product(*[range(int(c) + 1) for c in caps]):
+        t = cost.step_ms(list(ks), probes)
+        good = sum(gains[i][k] for i, k in enumerate(ks)) / t
+        if good > best * (1 + 1e-9):
+            best, pick = good, ks
+    return best
+
+
+@pytest.mark.parametrize("tiles", [False, True])
+def test_search_finds_the_best_goodput_of_a_packed_step(tiles):
+    """Cost by total tokens (no draft forwards, no padding) and chains' concave gains: the best
+    prefix is the best allocation there is (checked against every allocation)."""
+    rng = np.random.default_rng(2)
+    for trial in range(30):
+        t = _table(lambda b, n: 10.0 * b * (1 + rng.random() * 0.3 * (n - 1)), tiles=tiles)
+        acc = Acceptance(3, False, prior_accept=float(rng.random()))
+        keys = list(range(3))
+        for key in keys:   # sequences that accept differently
+            for _ in range(int(rng.integers(0, 6))):
+                n = int(rng.integers(0, 4))
+                acc.learn(key, 3, list(range(n)))
+        caps = rng.integers(0, 4, 3)
+        gains = acc.gains_many(keys, caps)
+        cost = StepCost(t)
+        ks = policy.search(gains, caps, cost, True)
+        good = sum(gains[i][k] for i, k in enumerate(ks)) / cost.step_ms(ks)
+        assert good == pytest.approx(_brute(gains, caps, cost, True), rel=1e-9), trial
+
+
+def test_learning_a_batch_is_learning_each_sequence():
+    rng = np.random.default_rng(3)
+    for tree in (False, True):
+        one, many = Acceptance(6, tree), Acceptance(6, tree)
+        for _ in range(40):
+            keys = rng.choice(20, size=5, replace=False).tolist()
+            tried = rng.integers(0, 7, 5).tolist()
+            acc = [sorted(rng.choice(6, size=int(rng.integers(0, 4)), replace=False).tolist())
+                   if tree else list(range(int(rng.integers(0, 7)))) for _ in keys]
+            confs = [rng.random(int(rng.integers(0, 7))).tolist() for _ in keys]
+            for k, t, a, c in zip(keys, tried, acc, confs):
+                one.learn(k, t, a, c)
+            many.learn_many(keys, tried, acc, None if tree else confs)
+            if rng.random() < 0.2:
+                one.forget(keys[0])
+                many.forget(keys[0])
+        ks = list(range(20))
+        assert np.array_equal(one.gains_many(ks, [6] * 20), many.gains_many(ks, [6] * 20))
+        assert np.array_equal(one.calib.tried, many.calib.tried)
+
+
+def test_a_step_prices_its_candidates_in_one_call(monkeypatch):
+    """The search is linear in the batch: one pricing call per step, over at most one
+    candidate per draft token and level."""
+    calls = []
+    real = StepCost.prices
+
+    def spy(self, sh, probes=True):
+        calls.append(len(sh.tokens))
+        return real(self, sh, probes)
+    monkeypatch.setattr(StepCost, "prices", spy)
+    t = _table(lambda b, n: 10.0 + b * n * 0.01)
+    for cost, k in ((StepCost(t, draft_frac=0.2), 12), (StepCost(t, padded=True), 52)):
+        ctl = Controller(cost, k, prior_accept=0.8)
+        calls.clear()
+        ctl.plan(list(range(64)), [100] * 64)
+        assert len(calls) == 1 and calls[0] <= 64 * k + k + 1, calls
+
+
+def test_host_profile_runs_on_a_tiny_model(tmp_path, tiny_llama):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Tell me about item {i}."}) + "\n"
+                               for i in range(4)))
+    skip = tmp_path / "skip.json"
+    skip.write_text(json.dumps({"num_layers": 4, "attn": [3], "mlp": []}))
+    out = subprocess.run([sys.executable, str(ROOT / "recipes" / "host_profile.py"),
+                          "--model", str(tiny_llama), "--input", str(prompts),
+                          "--store", str(tmp_path / "store"), "--skip-set", str(skip),
+                          "--methods", "ar,draft-verify,self-draft:light:fixed",
+                          "--batch-sizes", "1,2", "--prompts", "4", "--max-tokens", "6",
+                          "--threads", "1", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert "host us/seq-step" in [c.strip() for c in rows[0]]
+    got = {(r[0].strip(), r[1].strip()) for r in rows[1:] if r[0].strip() != "---"}
+    assert got == {(m, b) for m in ("ar", "draft-verify", "self-draft:light:fixed")
+                   for b in ("1", "2")}
