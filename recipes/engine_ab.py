@@ -139,11 +139,15 @@ def main() -> None:
     ap.add_argument("--store", default="", help="store with the methods' artifacts")
     ap.add_argument("--prompts", default=None, help="JSONL prompts (default: sharegpt32)")
     ap.add_argument("--skip-set", default="")
+    ap.add_argument("--n", type=int, default=None,
+                    help="prompts per measurement (default: 2 at batch 1, 8 at batch 8)")
+    ap.add_argument("--batches", default="1,8")
     a = ap.parse_args()
     prompts = Path(a.prompts) if a.prompts else \
         Path(__file__).resolve().parent / "gpu" / "sharegpt32.jsonl"
-    runs = [("old", 1, 2, False), ("new", 1, 2, False), ("old", 8, 8, False),
-            ("new", 8, 8, False)] + ([("new-paged", 8, 8, True)] if a.paged else [])
+    runs = [(code, b, a.n or (2 if b == 1 else b), False)
+            for b in map(int, a.batches.split(",")) for code in ("old", "new")]
+    runs += [("new-paged", 8, a.n or 8, True)] if a.paged else []
     rows = []
     for rep in range(a.repeats):
         for m in a.methods.split(","):

@@ -12,11 +12,14 @@ so the host column is the runtime's own work per step, what issue "A host-lean s
     python recipes/host_profile.py --model /tmp/tiny --input FILE --store /tmp/tiny-store \
         --skip-set /tmp/tiny/skip.json --batch-sizes 1,64 --threads 1 --max-tokens 48 --prompts 128
 
-Runs each method through the one Runner on real ShareGPT first turns and splits every step's
-wall time into model work (the verify forward and any draft forwards, synchronized on CUDA,
-and the argmax over their logits) and everything else: the host's share (drafting logic, n-gram lookups, tree and mask assembly,
-input tensors, verification, KV commit, bookkeeping). On a GPU the host share is serial with
-the launches, so it is what a method must keep small. Prints one markdown table.
+Runs each method through the one Runner (built as `generate` builds it) on the input's
+prompts (default: real ShareGPT first turns) and splits every step's wall time into model work
+(the verify forward and any draft forwards, Kangaroo's adapter layer, synchronized on CUDA,
+and the argmax over their logits) and everything else: the host's share (the controller,
+drafting logic, n-gram lookups, tree and mask assembly, input tensors, verification, KV
+commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
+method must keep small. Prints one markdown table; host us/seq-step is the host's share per
+step divided by the sequences in it.
 """
 
 from __future__ import annotations
@@ -91,6 +94,10 @@ def main() -> None:
     # the argmax over a step's [T, V] logits is device work too (on a CPU it is a large
     # share of what would otherwise show as host time: T x 49k scores for self-draft)
     torch.Tensor.argmax = timed(torch.Tensor.argmax)
+    # Kangaroo's adapter layer is a forward too (its drafts and the rows it writes)
+    from specctl.speculative.kangaroo import Adapter
+    Adapter.decode = timed(Adapter.decode)
+    Adapter.write_rows = timed(Adapter.write_rows)
 
     print("| method | batch | steps | ms/step | model ms/step | host ms/step "
           "| host us/seq-step | host share | graph replays per step (shapes captured) |")

@@ -110,11 +110,13 @@ def hull_order(gains: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndar
     ks = np.arange(1, width + 1)
     caps = np.asarray(caps)
     valid = ks[None, :] <= caps[:, None]
-    span = np.arange(1, min(HULL_SPAN, width) + 1)
-    z = np.minimum(ks[:, None] - 1 + span[None, :], width)   # [j, m]: j - 1 + m, capped
-    mean = (gains[:, z] - gains[:, ks - 1][:, :, None]) / span
-    mean = np.where(z[None] <= caps[:, None, None], mean, -np.inf)
-    slope = np.minimum.accumulate(mean.max(axis=2), axis=1)
+    slope = np.diff(gains, axis=1)
+    if (slope[:, 1:] > slope[:, :-1]).any():   # a rise somewhere (chains never: concave)
+        span = np.arange(1, min(HULL_SPAN, width) + 1)
+        z = np.minimum(ks[:, None] - 1 + span[None, :], width)   # [j, m]: j - 1 + m, capped
+        mean = (gains[:, z] - gains[:, ks - 1][:, :, None]) / span
+        mean = np.where(z[None] <= caps[:, None, None], mean, -np.inf)
+        slope = np.minimum.accumulate(mean.max(axis=2), axis=1)
     seq, col = np.nonzero(valid)
     order = np.lexsort((col, seq, -slope[seq, col]))
     return seq[order], ks[col[order]]
