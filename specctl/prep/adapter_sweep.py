@@ -29,7 +29,7 @@ def expected_speedup(top1: float, cost, gamma: int) -> float:
     per token). Returns tokens/s over ar's (one 1-token step per token)."""
     a = min(max(top1, 0.0), 0.999)
     tokens = (1 - a ** (gamma + 1)) / (1 - a)
-    return tokens * cost.ms(1, 1) / cost.step_ms([gamma])
+    return tokens * cost.table.ms(1, 1) / cost.step_ms([gamma])
 
 
 SWEEP_HELDOUT = 16   # held-out conversations the sweep evaluates each candidate on (at most)

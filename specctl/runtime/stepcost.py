@@ -83,17 +83,14 @@ class StepCost:
     steps: int = 0             # steps learnt from
     scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it
                      # drafts) or a kind (table_ms) -> [its log ratio beyond the drift, steps]
-    # the table's price of a step by its budget counts, ms(n, 1) and the verify's ms by rows
-    # by batch size (fixed for the run); until learn changes them, the factor by kind and the learnt kinds of each batch
-    # size as sorted codes and their _rel (kind_rel)
+    # fixed for the run: the table's price of a step by its budget counts, and by batch size
+    # ms(n, 1) and the verify's ms by rows; until learn changes them: the factor by kind, and
+    # by batch size the learnt kinds as sorted codes and their _rel (kind_rel)
     _tables: dict = field(default_factory=dict, repr=False)
     _ones: dict = field(default_factory=dict, repr=False)
     _verify: dict = field(default_factory=dict, repr=False)
     _factors: dict = field(default_factory=dict, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)
-
-    def ms(self, b: int, n: float) -> float:
-        return self.table.ms(b, n)
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -103,8 +100,9 @@ class StepCost:
                    draft_extra=price.draft_extra, tail_frac=price.tail_frac,
                    probe=price.probe, idle_whole=price.idle_whole)
 
-    def tokens(self, k: int, probes: bool = True) -> int:
-        return 1 + k + (self.probe if k > 0 and probes else 0)
+    def tokens(self, k, probes: bool = True):
+        """The verify tokens of a sequence with budget k (an int or an array of them)."""
+        return 1 + k + np.where(k > 0, self.probe if probes else 0, 0)
 
     def _verify_ms(self, b: int, rows: np.ndarray) -> np.ndarray:
         """table ms(b, rows / b) for each count of rows (a lookup: the rows are whole)."""
@@ -118,8 +116,7 @@ class StepCost:
         """table ms(n, 1) for n = 0 .. b (a draft forward of n sequences)."""
         one = self._ones.get(b)
         if one is None:
-            one = self._ones[b] = np.concatenate(
-                ([0.0], [self.table.ms(n, 1) for n in range(1, b + 1)]))
+            one = self._ones[b] = np.array([0.0] + [self.table.ms(n, 1) for n in range(1, b + 1)])
         return one
 
     def table_prices(self, sh: Shapes, probes: bool = True):
@@ -127,7 +124,7 @@ class StepCost:
         draft forwards (-1: one plain forward)): the kinds' parts, all candidates at once."""
         b = sh.b
         if self.padded:   # every sequence padded to the longest
-            rows = b * (1 + sh.top + np.where(sh.top > 0, self.probe if probes else 0, 0))
+            rows = b * self.tokens(sh.top, probes)
         else:
             rows = b + sh.tokens + (self.probe * sh.drafting if probes else 0)
         v = self._verify_ms(b, rows)
@@ -274,9 +271,7 @@ class Shapes:
 
 def budget_counts(ks) -> tuple:
     """(sequences with budget 0, with 1, ..., with the largest): what prices a step."""
-    if not len(ks):
-        return ()
-    c = [0] * (max(ks) + 1)
+    c = [0] * (max(ks, default=-1) + 1)
     for k in ks:
         c[k] += 1
     return tuple(c)
