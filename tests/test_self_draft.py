@@ -255,6 +255,18 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
     assert len(SelfDraftDrafter(SelfDraftParams(prompt_grams=False), None).ctx) == 0
 
 
+def test_prompt_grams_default_follows_speculate():
+    """The prompt's grams seed the context cache under auto (the default), not under fixed
+    (the paper's settings); --prompt-grams / --no-prompt-grams win either way."""
+    from specctl.runtime.config import GenerateConfig
+    grams = lambda **kw: GenerateConfig(input="x", method="self-draft",  # noqa: E731
+                                        **kw).self_draft_params().prompt_grams
+    assert grams() and grams(speculate="auto")
+    assert not grams(speculate="fixed")
+    assert grams(speculate="fixed", prompt_grams=True)
+    assert not grams(speculate="auto", prompt_grams=False)
+
+
 def test_light_variant_is_lossless(model, reference):
     """bench's self-draft:light (the CPU-friendly settings): what it sets, and greedy = ar."""
     from specctl.errors import SpecctlError

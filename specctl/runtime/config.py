@@ -154,8 +154,10 @@ class GenerateConfig:
     context_cache: bool = option(True, "Ablation (--no-context-cache): no context-cache "
                                  "candidates (branches still run).",
                                  flag="--context-cache/--no-context-cache", method=_SD)
-    prompt_grams: bool = option(False, "Also seed the context cache with the prompt's grams (a "
-                                "specctl addition, not in the paper).", method=_SD)
+    prompt_grams: bool | None = option(None, "Also seed the context cache with the prompt's "
+                                       "grams (a specctl addition, not in the paper; default: "
+                                       "on under --speculate auto, off under fixed).",
+                                       flag="--prompt-grams/--no-prompt-grams", method=_SD)
 
     def __post_init__(self):
         if self.method not in METHODS + ("auto",):
@@ -202,11 +204,15 @@ class GenerateConfig:
 
     def self_draft_params(self):
         from specctl.speculative.self_draft import SelfDraftParams
+        # under auto a step drafts a few tokens at most where tokens are not free, and the
+        # first ones come from the context cache: the prompt's grams make them land more often
+        # (demo model, held-out questions: 0.13 tokens accepted per 1-token draft against 0.09)
+        grams = self.speculate == "auto" if self.prompt_grams is None else self.prompt_grams
         try:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,
                                    corpus_cache=self.corpus_cache != "none",
-                                   prompt_grams=self.prompt_grams, seed=self.seed)
+                                   prompt_grams=grams, seed=self.seed)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 
