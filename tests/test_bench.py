@@ -289,11 +289,15 @@ def test_report_plots(full, tmp_path):
 
 
 def test_report_without_matplotlib(full, tmp_path, monkeypatch):
+    """--plots asked for and impossible: an error with the install hint whole (rich must not
+    take "[plot]" for markup); plots not asked for: a warning, the tables, exit 0."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
-    r = ok(invoke("report", full["dir"].name, "--store", full["store"], "--plots",
-                  tmp_path / "plots"))
-    assert "matplotlib is not installed" in " ".join(r.output.split())
+    err = fails(invoke("report", full["dir"].name, "--store", full["store"], "--plots",
+                       tmp_path / "plots"), "matplotlib is not installed", "--no-plots")
+    assert "pip install 'specctl[plot]'" in err
     assert not (tmp_path / "plots").exists()
+    r = ok(invoke("report", full["dir"].name, "--store", full["store"]))
+    assert "pip install 'specctl[plot]'" in " ".join(r.output.split())
 
 
 def test_report_errors(tmp_path, full):

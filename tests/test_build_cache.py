@@ -8,7 +8,6 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -602,8 +601,8 @@ def _gensim_lee(dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_real_text_build(tmp_path, demo_model_dir):
-    cache_dir = Path(os.environ.get("SPECCTL_TEST_CACHE") or Path.home() / ".cache" / "specctl-test")
-    lee = _gensim_lee(cache_dir.expanduser() / "gensim")
+    from helpers import cache_root
+    lee = _gensim_lee(cache_root() / "data" / "gensim")
     store = Store(tmp_path / "store")
     res = run_build_cache(BuildCacheConfig((str(lee),), str(demo_model_dir), CountConfig(min_count=2)),
                           store)

@@ -588,6 +588,19 @@ def test_store_commands(tmp_path, tiny_llama):
     info = json.loads(r.stdout)
     assert info["kind"] == "runs" and info["manifest"]["id"] == run.name
     assert info["metrics"]["requests"] == 1 and "per_sample" not in info["metrics"]
+    assert info["metrics"]["gain_vs_ar_est"] == 1.0   # an ar run is its own estimate
+
+    # ls's run column: method, tokens/s and the gain, from a metrics.json read as untrusted
+    from specctl.cli.store_cmd import _run_summary
+    tps = info["metrics"]["tokens_per_s"]
+    assert _run_summary(run) == f"ar, {tps:.1f} tok/s"
+    m = dict(info["metrics"], method="self-draft", gain_vs_ar_est=1.234)
+    (run / "metrics.json").write_text(json.dumps(m))
+    assert _run_summary(run) == f"self-draft, {tps:.1f} tok/s, 1.23x ar (est.)"
+    for bad in ("[1]", "{oops", json.dumps(dict(m, method="[red]x" * 20, tokens_per_s="9"))):
+        (run / "metrics.json").write_text(bad)
+        assert "tok/s" not in _run_summary(run)
+    assert run.name in ok(invoke("store", "ls", "--store", store)).output
 
     fails(invoke("store", "show", "nope", "--store", store), "nope")
     fails(invoke("store", "rm", "nope", "--yes", "--store", store), "nope")

@@ -321,6 +321,8 @@ def test_steep_profile_is_exactly_ar(model, batch):
         assert st.steps == ar_stats.steps, name
         assert set(st.budget_hist) == {0} and set(st.accept_hist) == {0}, name
         assert st.probe_tokens == 0 and st.step_tokens == ar_stats.step_tokens, name
+        # ar's steps priced as ar steps: the gain estimate's ar time is the steps' own
+        assert st.ar_step_ms == pytest.approx(st.predicted_step_ms), name
         if name == "draft-verify":
             assert dr.draft_forwards == 0   # the budget ruled drafting out: no draft forward
         if name == "kangaroo":   # eager: one forward of the whole model per step
@@ -343,6 +345,9 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
         assert sum(k * c for k, c in st.accept_hist.items()) > 0, name
         assert st.steps < ar_stats.steps, name
         assert st.controlled_steps == st.steps and st.predicted_step_ms > 0
+        if batch == 1:   # every token after the prefill's first costs an ar step of 1
+            steps_tokens = st.generated - len(prompts)
+            assert st.ar_step_ms == pytest.approx(steps_tokens * flat.ms(1, 1)), name
 
 
 def test_thread_trials_weigh_steps_by_their_table_cost(model, monkeypatch):
@@ -438,6 +443,14 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
             assert sp["explored_sequence_steps"] >= 0
             assert sp["predicted_step_ms"] > 0 and sp["measured_step_ms"] > 0
             assert sp["goodput_tokens_per_s"] > 0
+            # what speculation bought, estimated on the table and this run's steps
+            assert m["gain_vs_ar_est"] > 0 and m["ar_tokens_per_s_est"] > 0
+            assert m["tokens_per_s"] / m["ar_tokens_per_s_est"] == pytest.approx(
+                m["gain_vs_ar_est"], rel=0.01)
+            assert "vs ar: " in r.output and "estimated" in r.output
+        else:   # no table to price by
+            assert m["gain_vs_ar_est"] is None and "vs ar: not estimated" in r.output
+        assert m["one_off_s"]["step_table"] >= 0
     assert outs["auto"] == outs["fixed"]
     r = CliRunner().invoke(app, ["bench", str(prompts), "--methods", "ar,draft-verify:auto",
                                  "--batch-sizes", "2", "--repeats", "1", "--warmup", "0",
@@ -454,7 +467,7 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     unreadable file is measured again, with a message naming it."""
     import json
 
-    from specctl.runtime import stepcost as C
+    from specctl.runtime import steptables as C
     from specctl.store import Store
     store = Store(tmp_path / "store")
     monkeypatch.setattr(C, "_TABLES", {})
@@ -489,8 +502,34 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     assert C.step_table_for(model, 2, store=store, fingerprint="fp", fresh=True) is again
 
 
+def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monkeypatch):
+    """Tables stored for batch 2 and 8: batch 5 is read off the line between their rows, not
+    measured (a file of 5 prompts after runs of 2 and 8); batch 9, past them, is measured."""
+    from specctl.runtime import steptables as C
+    from specctl.store import Store
+    store = Store(tmp_path / "store")
+    monkeypatch.setattr(C, "_TABLES", {})
+
+    def measure(model, batches, ns, **kw):
+        measured.append(batches)
+        return StepTable("cpu", "float32", "sdpa", 128, tuple(batches), tuple(ns),
+                         tuple(tuple(10.0 + b * n for n in ns) for b in batches), tiles=False)
+    measured: list = []
+    monkeypatch.setattr(C, "measure_step_table", measure)
+    for b in (2, 8):
+        C.step_table_for(model, b, store=store, fingerprint="fp")
+    said: list = []
+    t = C.step_table_for(model, 5, store=store, fingerprint="fp", log=said.append)
+    assert measured == [(1, 2), (1, 8)] and t.batches == (1, 5)
+    assert t.table[1] == pytest.approx([10.0 + 5 * n for n in t.ns])
+    assert any("interpolated from the stored batches 2 and 8" in m for m in said)
+    assert not store.path("profiles", C.step_table_id("fp", model, 5)).exists()
+    C.step_table_for(model, 9, store=store, fingerprint="fp")
+    assert measured[-1] == (1, 9)
+
+
 def test_step_table_seconds_counts_the_measured_steps():
-    from specctl.runtime.stepcost import STEP_NS, STEP_REPEATS, STEP_WARMUP, step_table_seconds
+    from specctl.runtime.steptables import STEP_NS, STEP_REPEATS, STEP_WARMUP, step_table_seconds
     runs = STEP_WARMUP + STEP_REPEATS   # each point: warm-up, then timed repeats
     # batches 1 and 8, and each round's first point once more (untimed, to warm it)
     assert step_table_seconds(8, lambda b, n: b * n) == \
@@ -567,3 +606,17 @@ def test_a_drafter_that_exits_at_once_loses_its_budget():
     # as the chain loop reports a chain stop_rule ended at 2 drafts
     ctl.learn([0], [2], [[0, 1]], [[0.9, 0.9]], [True], stopped=[2])
     assert ctl.acc.seq_stats(0).tried.tolist() == [1, 1]
+
+
+def test_gain_vs_ar_replaces_the_step_time_by_its_ar_price():
+    """10 s of decoding, 8 of them steps whose tokens ar would have taken 12 s for: ar runs
+    14 s, the gain is 1.4x; an ar run is its own estimate; without the controller, none."""
+    from specctl.runtime.metrics import gain_vs_ar
+    from specctl.runtime.stats import RunStats
+    st = RunStats(controlled_steps=10, measured_step_ms=8000.0, ar_step_ms=12000.0)
+    got = gain_vs_ar(st, 50.0, 10.0, plain=False)
+    assert got["gain_vs_ar_est"] == pytest.approx(1.4)
+    assert got["ar_tokens_per_s_est"] == pytest.approx(50.0 / 1.4, abs=1e-3)
+    assert gain_vs_ar(st, 50.0, 10.0, plain=True) == {"ar_tokens_per_s_est": 50.0,
+                                                       "gain_vs_ar_est": 1.0}
+    assert gain_vs_ar(RunStats(), 50.0, 10.0, plain=False)["gain_vs_ar_est"] is None

@@ -1,7 +1,6 @@
 import gzip
 import io
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -269,9 +268,9 @@ def test_dataset_name(monkeypatch):
 
 @pytest.mark.demo
 def test_real_sharegpt_file():
-    cache = Path(os.environ.get("SPECCTL_TEST_CACHE") or Path.home() / ".cache" / "specctl-test")
+    from helpers import cache_root
     try:
-        path = download_sharegpt_json(cache.expanduser() / "data" / "sharegpt", log=lambda m: None)
+        path = download_sharegpt_json(cache_root() / "data", log=lambda m: None)
     except SpecctlError as e:
         pytest.skip(f"ShareGPT unavailable: {e}")
     convs, report, _ = read(path, limit=200)

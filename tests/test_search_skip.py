@@ -72,10 +72,15 @@ def test_search_end_to_end_and_resume_reproduces(tiny_llama, dev_file, tmp_path)
     result = json.loads((ss[0] / "skipset.json").read_text())
     assert result["iterations"] == 5 and result["objective"] == "model"
     assert 0.0 <= result["acceptance_rate"] <= 1.0 and result["speedup_estimate"] > 0
+    # one direction (speedup, higher is better); a set that does not pay is named so
+    assert result["pays"] == (result["speedup_estimate"] > 1.0)
+    assert ss[0].name.endswith("-no-gain") == (not result["pays"])
+    assert ("no skip set found pays" in r.output) == (not result["pays"])
     log = (ss[0] / "probes.jsonl").read_text().splitlines()
     assert len(log) == 5
     # interrupt after 3 probes (simulated by truncating the live log), resume to 5: same probes
-    work = store / "work" / f"search-{ss[0].name}" / "probes.jsonl"
+    ident = ss[0].name.removesuffix("-no-gain")
+    work = store / "work" / f"search-{ident}" / "probes.jsonl"
     work.write_text("\n".join(log[:3]) + "\n")
     r = CliRunner().invoke(app, base + ["--resume"])
     assert r.exit_code == 0, r.output
@@ -86,15 +91,42 @@ def test_search_end_to_end_and_resume_reproduces(tiny_llama, dev_file, tmp_path)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     outs = {}
+    # (a set that does not pay is used only when named)
+    named = [] if result["pays"] else ["--skip-set", ss[0].name]
     for method in ("ar", "draft-verify"):
         out = tmp_path / f"{method}.jsonl"
         r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama),
                                      "--method", method, "--max-tokens", "16", "--store",
-                                     str(store), "--out", str(out), "-q", "--device", "cpu"])
+                                     str(store), "--out", str(out), "-q", "--device", "cpu",
+                                     *(named if method == "draft-verify" else [])])
         assert r.exit_code == 0, r.output
         outs[method] = [json.loads(l) for l in out.read_text().splitlines()]
-    assert "skip set skipsets/" in r.output
+    assert "draft-verify: skip set " in r.output
     assert [o["text"] for o in outs["ar"]] == [o["text"] for o in outs["draft-verify"]]
+
+
+def test_a_skip_set_that_does_not_pay_is_never_the_default(tmp_path):
+    """search-skip keeps a set estimated at <= 1x ar (pays: false); the default is the best set
+    that pays, and with none, the error names the one that does not and how to use it."""
+    from specctl.errors import SpecctlError
+    from specctl.runtime.artifacts import resolve_skip_set
+    from specctl.speculative.draft_verify import SkipSet
+    from specctl.store import Store, atomic_write_json, make_manifest
+    store = Store(tmp_path / "store")
+
+    def save(ident, speedup, pays, attn):
+        with store.building("skipsets", ident, make_manifest(
+                "skipset", ident, model_fingerprint="fp", speedup_estimate=speedup,
+                objective="model", pays=pays)) as d:
+            atomic_write_json(d / "skipset.json", {**SkipSet(4, frozenset(attn)).to_json(),
+                                                   "speedup_estimate": speedup, "pays": pays})
+    save("fp-model-no-gain", 0.89, False, [1])
+    with pytest.raises(SpecctlError) as e:
+        resolve_skip_set(None, store, "fp", 4)
+    assert "fp-model-no-gain" in str(e.value) and "--skip-set" in str(e.value)
+    assert resolve_skip_set("fp-model-no-gain", store, "fp", 4)[0].attn == {1}
+    save("fp-model", 1.05, True, [2])
+    assert resolve_skip_set(None, store, "fp", 4)[0].attn == {2}
 
 
 def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev_file, tmp_path):
@@ -114,7 +146,7 @@ def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev
 def test_model_objective_ranks_like_wall_clock(demo_model_dir):
     """On the demo model: skip sets of clearly different quality are ordered the same way by
     the cost model as by the clock (batch-1 decoding, as the paper times it)."""
-    from specctl.runtime.stepcost import step_table_for
+    from specctl.runtime.steptables import step_table_for
     model = load_model(demo_model_dir, "cpu", "fp32")
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(demo_model_dir)
@@ -289,7 +321,7 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
 
     from specctl.prep.search_skip import confirm, run_search, run_search_legacy
     from specctl.prep.skip_eval import DevSet
-    from specctl.runtime.stepcost import step_table_for
+    from specctl.runtime.steptables import step_table_for
     from specctl.prep.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer
     model = load_model(demo_model_dir, "cpu", "fp32")

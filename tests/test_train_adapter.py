@@ -52,6 +52,14 @@ def _train(tiny, data, store, *extra):
                                     "--device", "cpu", *extra])
 
 
+def test_estimate_only_says_how_long_and_trains_nothing(tiny_llama, data, tmp_path):
+    r = _train(tiny_llama, data, tmp_path / "s", "--estimate")
+    assert r.exit_code == 0, r.output
+    assert "estimated time for the whole command" in r.output
+    assert "--estimate: nothing trained" in r.output
+    assert not (tmp_path / "s" / "adapters").exists()
+
+
 def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     r = _train(tiny_llama, data, tmp_path / "a")
     assert r.exit_code == 0, r.output
@@ -103,7 +111,7 @@ def test_cpu_defaults_bound_the_run_unless_given(tiny_llama, data, tmp_path, mon
     monkeypatch.setattr(train_adapter, "CPU_LIMIT", 5)   # (the data has 12)
     seen = []
 
-    def stop(job, tok, convs):   # before any of the long work
+    def stop(job, tok, convs, estimate_only=False):   # before any of the long work
         seen.append((job.cfg, len(convs)))
         raise SpecctlError("stopped")
     monkeypatch.setattr(train_cmd._Job, "prepare", stop)

@@ -122,8 +122,10 @@ def report(
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        console.print("[yellow]matplotlib is not installed[/] (pip install 'specctl[plot]'): "
-                      "no plots written")
+        why = "matplotlib is not installed (pip install 'specctl[plot]')"
+        if plots is not None:   # asked for: a run that writes none has failed
+            raise SpecctlError(f"--plots: {why}; --no-plots for the tables only") from None
+        console.print(f"[yellow]{escape(why)}[/]: no plots written")
         return
     for res in results:
         where = plots if plots is not None else Path(res["path"])

@@ -72,6 +72,7 @@ def generate(
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
+    _say_gain(m)
     kvm = m.get("kv_cache", {})
     if kvm.get("layout") == "paged":
         console.print(f"KV cache: paged, {kvm['blocks']} blocks ({kvm['mib']} MiB); "
@@ -98,6 +99,22 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
         if cfg.corpus_cache == "none" and not cfg.context_cache:
             _warn("with no corpus cache and no context cache self-draft has no candidates: it "
                   "decodes as ar does, one token per step")
+
+
+def _say_gain(m: dict) -> None:
+    """What speculation bought (metrics.gain_vs_ar), and the one-off work left out of tokens/s."""
+    gain, spec = m.get("gain_vs_ar_est"), m.get("speculation", {}).get("mode")
+    if gain is not None and m["method"] != "ar":
+        console.print(f"vs ar: {gain:.2f}x, estimated (ar: ~{m['ar_tokens_per_s_est']:.1f} "
+                      "tokens/s for the same tokens, by the step-cost table and this run's "
+                      "steps; `specctl bench` measures it)", highlight=False, markup=False)
+    elif gain is None and spec == "fixed" and m["tokens_per_s"]:
+        console.print("vs ar: not estimated under --speculate fixed (no step-cost table); "
+                      "`specctl bench` measures it", highlight=False, markup=False)
+    table = m.get("one_off_s", {}).get("step_table", 0.0)
+    if table >= 0.5:
+        console.print(f"step-cost table measured once: {table:.1f} s (kept in the store, not "
+                      "counted in tokens/s)", highlight=False, markup=False)
 
 
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:

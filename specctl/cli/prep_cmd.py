@@ -78,6 +78,8 @@ def train_adapter(
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
     strict: bool = typer.Option(False, "--strict", help="A damaged data file is an error."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
+    estimate: bool = typer.Option(False, "--estimate", help="Only say how long the command "
+                                  "would take (timed on this machine) and exit."),
     seed: int = typer.Option(0, "--seed"),
     device: str = typer.Option("auto", "--device"),
     dtype: str = typer.Option("auto", "--dtype", help="Training compute: auto (bf16 autocast on "
@@ -108,7 +110,10 @@ def train_adapter(
                       checkpoint_every=checkpoint_every, strict=strict, seed=seed, device=device,
                       dtype=dtype, sweep_layers=sweep, sweep_budget=sweep_budget)
     res = _with_bars(run_train_adapter, cfg, Store(store).check_writable(), resume,
-                     started=started)
+                     started=started, estimate_only=estimate)
+    if res["path"] is None:
+        console.print("--estimate: nothing trained", highlight=False, markup=False)
+        return
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
 
 

@@ -60,14 +60,33 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
         return
     t = Table(title=str(st.root))
-    for col in ("kind", "id", "created", "size"):
+    runs = any(e.kind == "runs" for e in entries)
+    for col in ("kind", "id", "created", "size") + (("run",) if runs else ()):
         t.add_column(col)
     for e in entries:
-        t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes))
+        t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes),
+                  *((_run_summary(e.path),) if runs else ()))
     for d in stale:   # removed by the next command of the same kind
         t.add_row("work", d.name, "left by a killed command",
                   _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
     _stdout().print(t)
+
+
+def _run_summary(path: Path) -> str:
+    """A run's method, tokens/s and estimated gain over ar, from its metrics.json ('' where it
+    has none or they are not what a run writes: the file is read as untrusted)."""
+    try:
+        m = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(m, dict):
+        return ""
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+    method, tps, gain = m.get("method"), m.get("tokens_per_s"), m.get("gain_vs_ar_est")
+    out = [method] if isinstance(method, str) and len(method) <= 40 else []
+    out += [f"{tps:.1f} tok/s"] if num(tps) else []
+    out += [f"{gain:.2f}x ar (est.)"] if num(gain) and method != "ar" else []
+    return escape(", ".join(out))
 
 
 @store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")
@@ -99,7 +118,7 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
         if not typer.confirm(f"remove {e.kind}/{e.id}?"):
             raise typer.Exit(1)
     st.remove(e.id)
-    console.print(f"removed {e.kind}/{e.id}", highlight=False)
+    console.print(f"removed {e.kind}/{e.id}", highlight=False, markup=False)
 
 
 @store_app.command("gc", epilog="Example:\n\n  specctl store gc --dry-run")

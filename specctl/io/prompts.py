@@ -8,6 +8,11 @@ Accepted line formats:
 Any format may also carry "id" (used when custom_id/question_id are absent), "category" and a
 top-level "max_tokens" (OpenAI batch lines use body.max_tokens / body.max_completion_tokens).
 
+A line's own sampling settings (they win over the command's, for that line only): in an OpenAI
+batch body as OpenAI (and vLLM) take them (temperature, top_p, top_k, seed, stop, logprobs with
+top_logprobs), on any other line as a "sampling" object with the same keys; "logprobs" there is
+the number of alternatives per token (0: the chosen token's only).
+
 `turns` is a tuple of conversation stages: the generator appends stage 1's messages, answers,
 appends its answer, then stage 2, and so on. Messages are {"role", "content"} dicts with role
 system/user/assistant ("developer" maps to "system"); each stage ends with a user message.
@@ -45,6 +50,7 @@ class PromptRecord:
     max_tokens: int | None
     raw_prompt: str | None = None  # the verbatim "prompt" text (for --no-chat)
     error: str | None = None
+    sampling: dict | None = None   # the line's own settings (SAMPLING keys), checked
 
 
 class _Bad(Exception):
@@ -118,6 +124,62 @@ def _max_tokens(obj: dict, where: str) -> int | None:
     return None
 
 
+MAX_LOGPROBS = 20   # alternatives per token, as OpenAI allows
+
+
+def _number(v, key: str, lo: float, hi: float, lo_open: bool = False):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or \
+            not (lo < v if lo_open else lo <= v) or v > hi:
+        raise _Bad(f"{key}: must be a number in {'(' if lo_open else '['}{lo}, {hi}], got "
+                   f"{_show(v)}")
+    return float(v)
+
+
+def _count(v, key: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _Bad(f"{key}: must be an integer in [{lo}, {hi}], got {_show(v)}")
+    return v
+
+
+def _stops(v, key: str) -> tuple[str, ...]:
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not 1 <= len(stops) <= 16 or \
+            not all(isinstance(x, str) and x for x in stops):
+        raise _Bad(f"{key}: must be a non-empty string or a list of 1-16 of them")
+    return tuple(_text(x, key) for x in stops)
+
+
+def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
+    """The settings of SAMPLING found in obj, checked (None when there are none). openai: a
+    batch body (logprobs a switch, top_logprobs its count)."""
+    out: dict = {}
+    for key in ("temperature", "top_p", "top_k", "seed", "stop", "logprobs"):
+        v = obj.get(key)
+        if v is None:
+            continue
+        k = where + key
+        if key == "temperature":
+            out[key] = _number(v, k, 0.0, 100.0)
+        elif key == "top_p":
+            out[key] = _number(v, k, 0.0, 1.0, lo_open=True)
+        elif key == "top_k":
+            out[key] = _count(v, k, 0, 1 << 30)
+        elif key == "seed":
+            out[key] = _count(v, k, 0, 2**63 - 1)
+        elif key == "stop":
+            out[key] = _stops(v, k)
+        elif openai:
+            if not isinstance(v, bool):
+                raise _Bad(f"{k}: must be true or false, got {_show(v)}")
+            if v:
+                top = obj.get("top_logprobs")
+                out[key] = 0 if top is None else _count(top, where + "top_logprobs", 0,
+                                                        MAX_LOGPROBS)
+        else:
+            out[key] = _count(v, k, 0, MAX_LOGPROBS)
+    return out or None
+
+
 def _ident(obj: dict) -> tuple[str | int | None, str | None]:
     for key in ("custom_id", "question_id", "id"):
         v = obj.get(key)
@@ -144,6 +206,18 @@ def _parse(obj) -> dict:
         raise _Bad(f"ambiguous prompt format: has both {found[0]!r} and {found[1]!r}")
     raw, max_tokens = None, _max_tokens(obj, "")
     kind = found[0]
+    sampling = obj.get("sampling")
+    if sampling is not None:
+        if kind == "body":
+            raise _Bad("sampling: an OpenAI batch line sets them in its body")
+        if not isinstance(sampling, dict) or not sampling:
+            raise _Bad("sampling: must be an object of settings (temperature, top_p, ...)")
+        unknown = sorted(set(sampling) - {"temperature", "top_p", "top_k", "seed", "stop",
+                                          "logprobs"})
+        if unknown:
+            raise _Bad(f"sampling.{unknown[0]}: unknown setting (temperature, top_p, top_k, "
+                       "seed, stop, logprobs)")
+        sampling = _sampling(sampling, "sampling.", openai=False)
     if kind == "prompt":
         raw = obj["prompt"]
         if not isinstance(raw, str) or not raw.strip():
@@ -158,6 +232,10 @@ def _parse(obj) -> dict:
             raise _Bad("body: must be an object with messages (OpenAI batch request)")
         turns = (_messages(body["messages"], "body.messages"),)
         max_tokens = _max_tokens(body, "body.") or max_tokens
+        if body.get("n") not in (None, 1):
+            raise _Bad(f"body.n: only 1 answer per line is generated, got {_show(body['n'])} "
+                       "(write the line n times with different seeds)")
+        sampling = _sampling(body, "body.", openai=True)
     else:
         qs = obj["turns"]
         if not isinstance(qs, list) or not qs:
@@ -168,7 +246,7 @@ def _parse(obj) -> dict:
             _text(q, f"turns[{i}]")
         turns = tuple(({"role": "user", "content": q},) for q in qs)
     return dict(id=ident, id_field=id_field, category=category, turns=turns,
-                max_tokens=max_tokens, raw_prompt=raw)
+                max_tokens=max_tokens, raw_prompt=raw, sampling=sampling)
 
 
 def prompt_record(prompt, index: int = 0) -> PromptRecord:

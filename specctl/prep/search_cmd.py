@@ -18,7 +18,7 @@ from specctl.prep.skip_eval import DevSet, ar_per_token
 from specctl.prep.skipsets import save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
 from specctl.runtime.artifacts import describe_skip_set
-from specctl.runtime.stepcost import step_table_for, step_table_id
+from specctl.runtime.steptables import step_table_for, step_table_id
 from specctl.runtime.tokenization import Tokenization
 from specctl.runtime.sequence import Request
 from specctl.speculative.draft_verify import SkipSet
@@ -81,7 +81,7 @@ def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict
 
     def on_probe(p, best):
         task.update(completed=p.iteration + 1, info=(
-            f"best {best.relative:.3f}x ar time/token (attn {sum(best.bits[:L])}, "
+            f"best: est. speedup {1 / best.relative:.3f}x ar (attn {sum(best.bits[:L])}, "
             f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
     try:
         return run_search(dev, table, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
@@ -154,19 +154,27 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         "iterations": len(probes), "best_iteration": best.iteration,
         "search_time_s": round(search_s, 1), "total_time_s": round(time.perf_counter() - t0, 1),
         "config": asdict(cfg), "interrupted": interrupted,
+        # a set no faster than ar is kept (named so), never draft-verify's default
+        "pays": bool(measured["relative"]) and 1.0 / measured["relative"] > 1.0,
         # what the estimate was priced with: it does not carry over to another device/dtype
         "profile": {"step_table": step_table_id(fp, model, 1) if table is not None else None,
                     "device": str(model.device),
                     "dtype": str(model.dtype).replace("torch.", ""),
                     "clock": cfg.objective == "wall"}, **extra,
     }
-    path = save_skipset(store, ident, result, log_path, plot if plotted else None, fp)
+    saved = ident if result["pays"] else f"{ident}-no-gain"
+    path = save_skipset(store, saved, result, log_path, plot if plotted else None, fp)
     log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
     log(f"acceptance rate {result['acceptance_rate']:.3f}, mean accepted tokens "
         f"{result['mean_accepted_tokens']:.2f}, estimated speedup over ar "
         f"{result['speedup_estimate']:.3f}x ({cfg.objective} objective"
         f"{', decoded' if cfg.objective == 'model' else ''}, priced on {model.device} "
         f"{result['profile']['dtype']})")
+    if not result["pays"]:
+        log(f"warning: no skip set found pays: the best is estimated at "
+            f"{result['speedup_estimate']:.3f}x ar, so it is kept as skipsets/{saved} and is "
+            "not draft-verify's default (pass --skip-set to use it anyway; more --iters, or "
+            "a larger model, may find one)")
     if not plotted:
         log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
     if interrupted:

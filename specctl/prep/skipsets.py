@@ -22,7 +22,8 @@ def save_skipset(store: Store, ident: str, result: dict, log_path: Path,
                  plot: Path | None, fingerprint: str) -> Path:
     with store.building("skipsets", ident, make_manifest(
             "skipset", ident, model_fingerprint=fingerprint,
-            speedup_estimate=result["speedup_estimate"], objective=result["objective"])) as d:
+            speedup_estimate=result["speedup_estimate"], objective=result["objective"],
+            pays=result["pays"])) as d:
         atomic_write_json(d / "skipset.json", result)
         shutil.copyfile(log_path, d / "probes.jsonl")
         if plot is not None and plot.exists():

@@ -33,7 +33,7 @@ from specctl.prep.eta import Eta, duration, poly
 from specctl.prep.train_adapter import (Prepared, TrainConfig, encode, prepare_data, save_adapter,
                                         split, with_device_defaults)
 from specctl.reporting import Reporter, Task, reporter
-from specctl.runtime.stepcost import step_table_for, step_table_path, step_table_seconds
+from specctl.runtime.steptables import step_table_for, step_table_path, step_table_seconds
 from specctl.store import Store, atomic_write_json
 
 ENCODE_SAMPLE = 32     # conversations encoded before anything is priced
@@ -43,9 +43,11 @@ SWEEP_MIN_S = 60.0     # ... and at least this
 
 
 def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
-                      report: Reporter | None = None, started: float | None = None) -> dict:
+                      report: Reporter | None = None, started: float | None = None,
+                      estimate_only: bool = False) -> dict:
     """started: time.monotonic() when the command began (default: now), for its estimate. A
-    max_len or limit left None takes the training device's default (with_device_defaults)."""
+    max_len or limit left None takes the training device's default (with_device_defaults).
+    estimate_only: stop once the estimate is said (returns {'path': None, 'estimate_s': ...})."""
     report = reporter(report)
     log = report.log
     eta = Eta(started)
@@ -66,7 +68,9 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
                        not _cuda() else "bf16")
     fp = model_fingerprint(model_dir)
     job = _Job(cfg, store, model, fp, store.root / "work" / f"train-{fp}", resume, report, eta)
-    prep = job.prepare(tok, convs)
+    prep = job.prepare(tok, convs, estimate_only)
+    if prep is None:
+        return {"path": None, "estimate_s": round(job.first, 1)}
     l, sweep, have = job.exit_layer(prep)
     adapter, summary = job.train(prep, replace(cfg, exit_layer=l), have)
     summary["data"] = {"source": str(source), "read": read.summary()}
@@ -104,9 +108,9 @@ class _Job:
 
     # -- encoding, timing, the estimate -------------------------------------------------------
 
-    def prepare(self, tok, convs) -> Prepared:
+    def prepare(self, tok, convs, estimate_only: bool = False) -> Prepared | None:
         """Encode the conversations and announce the estimate (before encoding them all when
-        that alone would take a while)."""
+        that alone would take a while); None after the estimate when that is all asked for."""
         cfg = self.cfg
         n = min(len(convs), ENCODE_SAMPLE)
         t = time.perf_counter()
@@ -119,7 +123,7 @@ class _Job:
             prep = prepare_data(tok, convs, cfg, encs)
             self._calibrate(prep.data)
             self._announce(prep.lens, prep.train, prep.held, prep.key)
-            return prep
+            return None if estimate_only else prep
         # many conversations: price the rest by their characters at the sample's tokens per
         # character (conversations cut at max_len left out of that ratio)
         whole = [(len(e[0]), ch) for e, ch in got if len(e[0]) < cfg.max_len] or \
@@ -131,6 +135,8 @@ class _Job:
         self.eta.add("encoding", rest_s)
         held, train_idx = split(len(lens), cfg)
         self._announce(lens, train_idx, held, None)
+        if estimate_only:
+            return None
         self.eta.begin("encoding")
         task = self.report.task("encode", len(rest))
 

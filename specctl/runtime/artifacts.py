@@ -36,11 +36,17 @@ def resolve_skip_set(spec: str | None, store: Store, fingerprint: str, num_layer
             p = p / "skipset.json"
         where = str(p)
     else:
-        best = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
+        best = store.best_for_model("skipsets", fingerprint, "speedup_estimate",
+                                    keep=lambda m: m.get("pays") is not False)
         if best is None:
-            raise SpecctlError("no skip set for this model in the store: run "
-                               "`specctl search-skip` (with the same --model) first, or pass "
-                               "--skip-set FILE")
+            idle = store.best_for_model("skipsets", fingerprint, "speedup_estimate")
+            raise SpecctlError(
+                "no skip set for this model in the store" + (
+                    f" that pays (search-skip's best, skipsets/{idle.id}, is estimated at "
+                    f"{idle.manifest.get('speedup_estimate')}x ar; pass --skip-set "
+                    f"{idle.id} to use it anyway)" if idle else
+                    ": run `specctl search-skip` (with the same --model) first, or pass "
+                    "--skip-set FILE"))
         p, where = best.path / "skipset.json", f"skipsets/{best.id}"
     data = read_json(p)
     try:

@@ -12,7 +12,10 @@ controller's step-cost table) do not count against whichever method happens to g
 CPU both run at a fixed thread count (the thread tuner's trial steps would weigh more in a
 method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
 is left out with the reason. Pilot answers are thrown away: with greedy decoding they are the
-job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json).
+job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json). So the
+pilots stay a small share of the job: they take at most a quarter of its prompts, and a job of
+fewer than SMALL_JOB new tokens in all (where two passes of every method would cost more than
+any choice could save) runs `ar` without a race, saying so.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from specctl.speculative.drafter import NoDraft
 
 PILOT_TOKENS = 32     # new tokens per pilot answer
 PILOT_PROMPTS = 8     # at least this many prompts (a batch's worth when the batch is larger)
+SMALL_JOB = 16 * PILOT_PROMPTS * PILOT_TOKENS   # new tokens below which no pilot can pay
 
 
 @dataclass
@@ -79,7 +83,8 @@ def pilot(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, records,
     pass with a fresh copy of the drafter (Drafter.fresh: what one pass learnt, such as
     Self-Draft's context cache holding these very answers, must not speed up the next).
     profiles: make_runner's store, fingerprint and log (where step-cost tables are kept)."""
-    want = max(PILOT_PROMPTS, cfg.batch_size)
+    readable = sum(rec.error is None for rec in records)
+    want = min(max(PILOT_PROMPTS, cfg.batch_size), max(1, readable // 4))
     ctx = model.cfg.max_position
     picked, rows = [], []
     for rec in records:
@@ -151,6 +156,13 @@ def race(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, skipped: 
     """The pilot, the choice, and the line that says it: (method, report for metrics.json);
     `ar` and no report when no prompt can be tried."""
     t0 = time.perf_counter()
+    reqs = [to_request(rec, cfg.max_tokens) for rec in records if rec.error is None]
+    work = sum(q.max_tokens * len(q.stages) for q in reqs)
+    if work < SMALL_JOB:
+        log(f"--method auto: ar, without a pilot: the job is small ({len(reqs)} prompts, at "
+            f"most {work} new tokens) and a pilot of every method would cost more than it "
+            "could save")
+        return "ar", {"chosen": "ar", "pilot_s": 0.0, "pilots": [], "small_job": work}
     pilots = pilot(cfg, model, tk, drafters, records, store=store, fingerprint=fingerprint,
                    log=log)
     if not pilots:

@@ -103,6 +103,9 @@ class GenerateConfig:
     chat: bool = option(True, "Apply the model's chat template.", flag="--chat/--no-chat",
                         bench=True)
     stop: tuple[str, ...] = option((), "Stop string (repeatable).")
+    logprobs: int | None = option(None, "Add each token's log-probability (the model's own, "
+                                  "before temperature) and its N most likely alternatives to "
+                                  "the output (0: the token's only; a line's own wins).")
     device: str = option("auto", "auto, cpu, cuda, cuda:1 ...", bench=True)
     dtype: str = option("auto", "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16.", bench=True)
     skip_bad: bool = option(False, "Record bad lines in the output instead of stopping.")
@@ -179,6 +182,8 @@ class GenerateConfig:
         if not 0 <= self.seed < 2**63:
             raise SpecctlError(f"--seed must be in [0, 2^63), got {self.seed}")
         check_attention(self.attention)
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise SpecctlError(f"--logprobs must be in [0, 20], got {self.logprobs}")
         if self.threads is not None and self.threads < 1:
             raise SpecctlError("--threads must be at least 1")
         if self.kv_memory is not None and parse_size(self.kv_memory) <= 0:
@@ -231,7 +236,9 @@ class GenerateConfig:
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True),
-                              ("speculate", "fixed")):
+                              ("speculate", "fixed"), ("logprobs", None)):
             if d[name] == default:   # at their defaults left out: keys without them still match
                 d.pop(name)
+        if d["prompt_grams"] is None:   # (its default follows --speculate; self-draft's
+            d["prompt_grams"] = False   # signature says what it did) keyed as it used to be
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

@@ -48,7 +48,8 @@ import numpy as np
 
 from specctl.runtime import policy
 from specctl.runtime.acceptance import Acceptance
-from specctl.runtime.stepcost import StepCost, cost_for, step_table_for
+from specctl.runtime.stepcost import StepCost, cost_for
+from specctl.runtime.steptables import step_table_for
 from specctl.engine.steptable import StepTable
 
 
@@ -144,6 +145,11 @@ class Controller:
         else:
             table = self.cost.table_ms(ks, b.probes)[0]
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
+
+    def ar_ms(self, b: int) -> float:
+        """Predicted ms of an `ar` step of b sequences (every budget 0), as learnt so far: the
+        price of the run's work done without speculation (the gain estimate, metrics.py)."""
+        return self.cost.ar_ms(b)
 
     def forget(self, key) -> None:
         self.acc.forget(key)

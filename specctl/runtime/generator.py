@@ -18,7 +18,7 @@ generate` job: a JSONL file in, an ordered output file and a run record in the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from specctl.errors import SpecctlError
@@ -30,8 +30,9 @@ from specctl.reporting import QUIET, Reporter
 from specctl.runtime import auto
 from specctl.runtime.config import GenerateConfig
 from specctl.runtime.job import run_generate
+from specctl.runtime.records import step_lengths
 from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
-from specctl.runtime.sizing import make_runner
+from specctl.runtime.groups import run_groups
 from specctl.runtime.sequence import Request
 from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store
@@ -50,7 +51,9 @@ class GenerationOutput:
     prompt_tokens: int
     new_tokens: int
     steps: int                       # decoding steps (forwards of the target model)
-    accept_lengths: list[int]        # accepted drafted tokens per step
+    accept_lengths: list[int]        # accepted drafted tokens per step ([]: nothing drafted)
+    logprobs: list = field(default_factory=list)   # logprobs: per answer, per token
+                                                   # [its lp, [[id, lp] of the top N]]
 
     @property
     def mean_accepted(self) -> float:
@@ -64,7 +67,7 @@ def _output(req: Request) -> GenerationOutput:
         token_ids=[list(a) for a in req.answer_ids],
         finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
         prompt_tokens=req.prompt_tokens, new_tokens=sum(len(a) for a in req.answer_ids),
-        steps=req.steps, accept_lengths=list(req.accept_lengths))
+        steps=req.steps, accept_lengths=step_lengths(req)[0], logprobs=list(req.logprobs))
 
 
 class Generator:
@@ -101,15 +104,18 @@ class Generator:
     def generate(self, prompts, max_tokens: int | None = None, *,
                  temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None,
-                 stop: list[str] | tuple[str, ...] | None = None) -> list[GenerationOutput]:
+                 stop: list[str] | tuple[str, ...] | None = None,
+                 logprobs: int | None = None) -> list[GenerationOutput]:
         """Answers for `prompts`, in order. A prompt is a string (a user message), a list of
         {"role", "content"} messages, or a dict in any prompt-file line format (e.g.
-        {"turns": [...]} for several turns, {"prompt": ..., "max_tokens": ...}). Arguments
-        given here override the Generator's settings for this call."""
+        {"turns": [...]} for several turns, {"prompt": ..., "max_tokens": ..., "sampling":
+        {"temperature": 0.7, "seed": 1, "logprobs": 2}}: that prompt's own settings).
+        Arguments given here override the Generator's settings for this call."""
         if isinstance(prompts, (str, dict)):
             raise SpecctlError("generate() takes a list of prompts")
         over = {k: v for k, v in dict(max_tokens=max_tokens, temperature=temperature,
-                                      top_p=top_p, top_k=top_k, seed=seed).items()
+                                      top_p=top_p, top_k=top_k, seed=seed,
+                                      logprobs=logprobs).items()
                 if v is not None}
         if stop is not None:
             over["stop"] = tuple(stop)
@@ -143,7 +149,7 @@ class Generator:
         else:
             drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
         done: list[Request] = []
-        make_runner(cfg, model, drafter, tk, rows, **profiles).run(reqs, done.append)
+        run_groups(cfg, model, drafter, tk, list(zip(reqs, rows)), done.append, **profiles)
         return [_output(r) for r in sorted(done, key=lambda r: r.index)]
 
     def generate_file(self, input: str | Path, out: str | Path | None = None, *,

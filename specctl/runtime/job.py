@@ -36,7 +36,7 @@ from specctl.runtime.records import (RecordWriter, drop_if_empty, dumps, find_re
                                      nearest_run, output_line, read_done,
                                      read_input, record_file, runs_of)
 from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner
+from specctl.runtime.groups import run_groups
 from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
@@ -299,9 +299,9 @@ def _plan(job: _Job) -> None:
                 "per rank")
 
 
-def _persist(job: _Job, line: dict, token_ids=None) -> None:
+def _persist(job: _Job, line: dict) -> None:
     """A finished line: into this process's record file, and (rank 0) into the job's lines."""
-    job.writer.persist(line, token_ids)
+    job.writer.persist(line)
     if job.lead:
         job.done[line["index"]] = line
 
@@ -322,11 +322,9 @@ def _generate(job: _Job):
         if peers:
             peers.start()
         if job.requests:
-            runner = make_runner(job.cfg, job.model, job.drafter, job.tk,
-                                 [rows for _, rows in job.requests], **_profiles(job))
 
             def on_done(req: Request) -> None:
-                _persist(job, output_line(req), req.answer_ids)
+                _persist(job, output_line(req))
                 with lock:
                     progress.advance(1)
 
@@ -334,7 +332,8 @@ def _generate(job: _Job):
                 with lock:
                     progress.tokens(n)
 
-            stats = runner.run([r for r, _ in job.requests], on_done, on_tokens=on_tokens)
+            stats = run_groups(job.cfg, job.model, job.drafter, job.tk, job.requests, on_done,
+                               on_tokens, **_profiles(job))
     except Exception as e:
         err = e
     finally:
@@ -364,7 +363,7 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
         # slowest one finished: rank 0's own view of that, or a rank's own clock if longer
         wall = max([wall] + [r["wall_time_s"] for r in ranks])
         done = read_done(run_dir, job.records)
-    lines = [{k: v for k, v in done[i].items() if k != "token_ids"} for i in sorted(done)]
+    lines = [done[i] for i in sorted(done)]
     text = "".join(dumps(l) + "\n" for l in lines)
     atomic_write_text(run_dir / "outputs.jsonl", text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
@@ -382,8 +381,9 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
         else:
             m = None
     if m is None:
-        m = (merged_metrics(cfg, merged, ranks, wall, model.device) if env.active
-             else metrics(cfg, merged, stats, wall, model.device))
+        plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
+        m = (merged_metrics(cfg, merged, ranks, wall, model.device, plain) if env.active
+             else metrics(cfg, merged, stats, wall, model.device, plain))
         m["model"] = str(job.model_dir)
         if job.auto is not None:
             m["method_auto"] = job.auto

@@ -4,12 +4,11 @@ and its merge over several processes."""
 from __future__ import annotations
 
 import resource
-from dataclasses import fields
 
 import torch
 
 from specctl.runtime.config import GenerateConfig
-from specctl.runtime.runner import RunStats
+from specctl.runtime.stats import RunStats, sum_stats
 
 
 def peak_mb(device: torch.device) -> float:
@@ -19,23 +18,40 @@ def peak_mb(device: torch.device) -> float:
 
 
 def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall: float,
-            device: torch.device) -> dict:
+            device: torch.device, plain: bool = False, one_off: float | None = None,
+            busy: float | None = None) -> dict:
+    """plain: the run decoded as `ar` (its method, or --method auto's choice); one_off: the
+    seconds of the wall spent on one-off work (default: measuring the step-cost table); busy:
+    the seconds of decoding the gain is estimated over (default: wall - one_off; several
+    processes: their own, summed)."""
     good = [l for l in lines if "error" not in l]
     new = sum(l["new_tokens"] for l in good)
     steps = sum(l["steps"] for l in good)
     acc = [a for l in good for a in l["accept_lengths"]]
     drafted = sum(sum(l.get("draft_lengths", [])) for l in good)
-    ctar = {w: round(sum(a > w for a in acc) / len(acc), 4) if acc else 0.0 for w in range(1, 7)}
+    # a line that never drafted lists no steps (records.step_lengths): its verification steps
+    # (all but each turn's prefill token) accepted nothing
+    idle = sum(max(0, l["steps"] - len(l.get("turns") or [0])) for l in good
+               if not l["accept_lengths"])
+    verified = len(acc) + idle
+    ctar = {w: round(sum(a > w for a in acc) / verified, 4) if acc else 0.0
+            for w in range(1, 7)}
+    zero = round((sum(a == 0 for a in acc) + idle) / verified, 4) if verified else 0.0
     peak = peak_mb(device)
+    if one_off is None:
+        one_off = stats.profile_s if stats else 0.0
+    tps = round(stats.generated / (wall - one_off), 3) if stats and wall > one_off else 0.0
     return {
         "method": cfg.method, "batch_size": cfg.batch_size, "requests": len(lines),
         "errors": len(lines) - len(good), "new_tokens": new, "steps": steps,
         # throughput counts only what this invocation generated (a resumed run did less)
         "wall_time_s": round(wall, 3),
-        "tokens_per_s": round(stats.generated / wall, 3) if stats and wall else 0.0,
+        "one_off_s": {"step_table": round(one_off, 3)},   # left out of tokens/s
+        "tokens_per_s": tps,
+        **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain),
         "mean_accepted_tokens": round(new / steps, 4) if steps else 0.0,
         "acceptance_rate": round(sum(acc) / drafted, 4) if drafted else 0.0,
-        "ctar": ctar, "padding_ratio": round(stats.padding_ratio, 4) if stats else 0.0,
+        "ctar": ctar, "zero_accept_share": zero, "padding_ratio": round(stats.padding_ratio, 4) if stats else 0.0,
         "step_tokens": stats.step_tokens if stats else 0,
         "prefill_tokens": stats.prefill_tokens if stats else 0,
         "peak_memory_mb": round(peak, 1), "device": str(device),
@@ -46,29 +62,23 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     }
 
 
-def _sum_stats(parts: list[dict]) -> RunStats:
-    """Per-rank RunStats (as dicts) added up: counters summed, histograms merged, so ratios
-    such as the padding ratio come out pooled over every step of every rank."""
-    total = RunStats()
-    for p in parts:
-        for f in fields(RunStats):
-            v = p.get(f.name)
-            cur = getattr(total, f.name)
-            if isinstance(v, dict) and isinstance(cur, dict):
-                for k, c in v.items():
-                    try:
-                        k = int(k)   # JSON made the histogram's int keys strings
-                    except ValueError:
-                        pass
-                    cur[k] = cur.get(k, 0) + c
-            elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
-                    isinstance(cur, (int, float)):
-                setattr(total, f.name, cur + v)
-    return total
+def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool) -> dict:
+    """What speculation bought, estimated: `ar`'s tokens/s for the same work and the ratio.
+    The run's step time is replaced by what its steps' tokens cost as `ar` steps on the
+    step-cost table, corrected by the run's own measured steps (RunStats.ar_step_ms); the rest
+    (prefill, admission, output) is kept. A run that decoded as `ar` is its own estimate; a run
+    without the controller (--speculate fixed) has no table to price by: None."""
+    if plain:
+        return {"ar_tokens_per_s_est": tps, "gain_vs_ar_est": 1.0 if tps else None}
+    if stats is None or not stats.controlled_steps or busy <= 0 or not tps:
+        return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
+    ar_busy = busy + (stats.ar_step_ms - stats.measured_step_ms) / 1e3
+    gain = ar_busy / busy
+    return {"ar_tokens_per_s_est": round(tps / gain, 3), "gain_vs_ar_est": round(gain, 3)}
 
 
 def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wall: float,
-                   device: torch.device) -> dict:
+                   device: torch.device, plain: bool = False) -> dict:
     """One metrics record for a job run by several processes. Per-output numbers (requests,
     new tokens, steps, mean accepted tokens, acceptance rate, CTAR) come from the merged lines,
     so they are pooled over every step of every rank, exactly as for one process; tokens/s is
@@ -76,7 +86,11 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
     starting to the last one finishing); step counters are summed; peak memory is the largest
     rank's. `per_rank` lists each rank's own share."""
     parts = [r["stats"] for r in ranks if r.get("stats")]
-    m = metrics(cfg, lines, _sum_stats(parts) if parts else None, wall, device)
+    total = sum_stats(parts) if parts else None
+    # (the ranks measured their step tables at once; their decoding adds up)
+    m = metrics(cfg, lines, total, wall, device, plain,
+                one_off=max((p.get("profile_s", 0.0) for p in parts), default=0.0),
+                busy=sum(r["wall_time_s"] for r in ranks) - (total.profile_s if total else 0))
     m["peak_memory_mb"] = round(max(r["peak_memory_mb"] for r in ranks), 1)
     m["world_size"] = len(ranks)
     m["per_rank"] = []

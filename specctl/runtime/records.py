@@ -34,6 +34,14 @@ def read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
     return records
 
 
+def step_lengths(req: Request) -> tuple[list[int], list[int]]:
+    """(accepted, drafted) per verification step; both empty when no step drafted (an `ar`
+    run, or every budget 0): a list of zeros per step says nothing."""
+    if not any(req.draft_lengths):
+        return [], []
+    return list(req.accept_lengths), list(req.draft_lengths)
+
+
 def output_line(req: Request) -> dict:
     out = dict(req.meta)
     out["text"] = req.answers[-1] if len(req.answers) == 1 else req.answers[0]
@@ -42,9 +50,12 @@ def output_line(req: Request) -> dict:
     new = sum(len(a) for a in req.answer_ids)
     out.update(new_tokens=new, steps=req.steps, prompt_tokens=req.prompt_tokens,
                mean_accepted=round(new / req.steps, 4) if req.steps else 0.0,
-               accept_lengths=req.accept_lengths, draft_lengths=req.draft_lengths,
+               accept_lengths=step_lengths(req)[0], draft_lengths=step_lengths(req)[1],
                finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
-               wall_time_s=round(req.wall_time, 4))
+               wall_time_s=round(req.wall_time, 4),
+               token_ids=[list(a) for a in req.answer_ids])   # one list per answer
+    if req.logprobs:   # (--logprobs: per answer, per token [lp, [[id, lp], ...]])
+        out["logprobs"] = req.logprobs
     return out
 
 
@@ -58,7 +69,14 @@ def _valid(r) -> bool:
     return (isinstance(r, dict) and all(isinstance(r.get(k), t) and not isinstance(r[k], bool)
                                         for k, t in _RECORD.items())
             and r["index"] >= 0 and all(type(x) is int for x in r["accept_lengths"])
-            and all(type(x) is int for x in r["draft_lengths"]))
+            and all(type(x) is int for x in r["draft_lengths"])
+            and _ids(r.get("token_ids", [])) and isinstance(r.get("logprobs", []), list))
+
+
+def _ids(v) -> bool:
+    """A record's token_ids: a list of lists of token ids (written by output_line)."""
+    return isinstance(v, list) and all(isinstance(a, list) and all(type(t) is int for t in a)
+                                       for a in v)
 
 
 def dumps(line: dict) -> str:
@@ -162,8 +180,8 @@ class RecordWriter:
         if torn:
             self.fh.write("\n")
 
-    def persist(self, line: dict, token_ids=None) -> None:
-        self.fh.write(dumps({**line, **({"token_ids": token_ids} if token_ids else {})}) + "\n")
+    def persist(self, line: dict) -> None:
+        self.fh.write(dumps(line) + "\n")
         self.fh.flush()
         os.fsync(self.fh.fileno())
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -42,45 +41,13 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.controller import Controller
+from specctl.runtime.logprobs import token_logprobs
 from specctl.runtime.sequence import Request, Sequence, request_rng
+from specctl.runtime.stats import RunStats
 from specctl.runtime.step import Planner, StepOutcome, StepPlan, verify
 from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
-
-
-@dataclass
-class RunStats:
-    steps: int = 0                 # verification forwards (decode steps; prefill not counted)
-    prefill_forwards: int = 0
-    prefill_tokens: int = 0
-    step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
-    padded_tokens: int = 0         # what a padded batch would have computed for the same steps
-    generated: int = 0
-    probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
-    accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
-    # speculation control (runtime/controller.py): budgets chosen (budget -> sequence-steps),
-    # the controller's predicted ms of the steps and their measured ms, its expected tokens
-    # and the tokens the steps verified (all summed over the controlled steps), and the
-    # seconds spent measuring the step-cost profile
-    budget_hist: dict[int, int] = field(default_factory=dict)
-    predicted_step_ms: float = 0.0
-    measured_step_ms: float = 0.0
-    predicted_tokens: float = 0.0
-    verified_tokens: int = 0       # the bonus token and the accepted drafts of each sequence
-    controlled_steps: int = 0
-    explored: int = 0              # sequence-steps given the controller's exploration budget
-    contrasts: int = 0             # steps the controller ran without drafts to time them
-    confidence_stops: int = 0      # chains the controller ended early on a draft's confidence
-    profile_s: float = 0.0
-    preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
-    recomputed: int = 0            # tokens they had generated, generated again
-    kv_bytes: int = 0              # the KV cache's storage
-    kv_blocks: int = 0             # blocks of its pool when paged (0: contiguous)
-
-    @property
-    def padding_ratio(self) -> float:
-        return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
 class Runner:
@@ -89,7 +56,7 @@ class Runner:
                  render: Callable[[Request], list[int]], decode: Callable[[list[int]], str],
                  stop: tuple[str, ...] = (), prefill_chunk: int = 512,
                  threads: int | None = None, controller: Controller | None = None,
-                 kv_budget: int | None = None):
+                 kv_budget: int | None = None, logprobs: int | None = None):
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.controller = controller
@@ -98,6 +65,7 @@ class Runner:
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
         self.render, self.decode = render, decode
         self.prefill_chunk = prefill_chunk
+        self.logprobs = logprobs   # None, or how many alternatives per token to record
         headroom = drafter.kv_headroom
         if model.graphs is not None:
             # one cache shape for every method, so runs of different methods (a bench's
@@ -251,6 +219,8 @@ class Runner:
             text = text[:cut] if cut >= 0 else text
         req.answers.append(text)
         req.answer_ids.append(ids)
+        if self.logprobs is not None:
+            req.logprobs.append(seq.logprobs[:len(ids)])
         req.finish_reasons.append(seq.finish_reason or "length")
         if self.controller is not None:
             self.controller.forget(seq.slot)
@@ -301,6 +271,10 @@ class Runner:
                                        "finite (NaN or inf): its weights are damaged, or do not "
                                        "fit this --dtype")
                 first = self._sample_rows(last, [s for s, _ in ends])
+                if self.logprobs is not None:
+                    for (s, _), rec in zip(ends, token_logprobs(self.model, last, first,
+                                                                self.logprobs)):
+                        s.logprobs.append(rec)
                 for (s, _), tok in zip(ends, first):
                     # the prefill forward emits the first token: a step for CR (so ar's CR is
                     # exactly 1), but no verification, so no entry in the accept statistics
@@ -326,9 +300,14 @@ class Runner:
         returns the step's work for the thread tuner (module docstring of runtime/threads.py):
         its packed tokens, or its step-cost-table ms where a controller prices steps."""
         t0 = time.perf_counter()
+        emitted = self.stats.generated
         plan = self.planner.plan(seqs)
-        out = verify(plan, self.planner.execute(plan), self.model, self.sp, self._uniforms)
+        h = self.planner.execute(plan)
+        out = verify(plan, h, self.model, self.sp, self._uniforms)
+        had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
+        if self.logprobs is not None:
+            self._logprobs(plan, out, h, had)
         self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
         work = float(plan.batch.num_tokens)
         if plan.budgets is not None:
@@ -336,6 +315,8 @@ class Runner:
             work, expected = self.controller.observe([s.slot for s in seqs], plan.budgets,
                                                      plan.proposals, out.verdicts, took)
             self._count_controlled(plan, out, expected, took)
+            self.stats.ar_step_ms += ((self.stats.generated - emitted) / len(seqs)
+                                      * self.controller.ar_ms(len(seqs)))
         return work
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
@@ -354,6 +335,21 @@ class Runner:
         st.step_tokens += sum(ran)
         st.probe_tokens += sum(plan.probed)
         st.padded_tokens += max(ran) * len(ran)
+
+    def _logprobs(self, plan: StepPlan, out: StepOutcome, h: torch.Tensor,
+                  had: list[int]) -> None:
+        """The log-probabilities of the tokens each sequence emitted this step, each from the
+        row that predicted it (the root's, then each accepted node's: the committed rows)."""
+        cu, rows, seqs = plan.batch.cu_seqlens, [], plan.seqs
+        for b, (s, v) in enumerate(zip(seqs, out.verdicts)):
+            n = len(s.out_ids) - had[b]
+            rows += [cu[b] + r for r in ([0] + [j + 1 for j in v.accepted])[:n]]
+        if not rows:
+            return
+        toks = [t for s, n0 in zip(seqs, had) for t in s.out_ids[n0:]]
+        recs = iter(token_logprobs(self.model, h[rows], toks, self.logprobs))
+        for s, n0 in zip(seqs, had):
+            s.logprobs.extend(next(recs) for _ in range(len(s.out_ids) - n0))
 
     def _count_controlled(self, plan: StepPlan, out: StepOutcome, expected: float,
                           took: float) -> None:

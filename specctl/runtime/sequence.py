@@ -19,6 +19,7 @@ class Request:
     max_tokens: int
     raw_prompt: str | None = None       # fed verbatim when no chat template is applied
     meta: dict = field(default_factory=dict)   # ids etc. carried to the output
+    sampling: dict | None = None        # the line's own settings over the run's (io/prompts.py)
     # filled as stages finish
     answers: list[str] = field(default_factory=list)
     answer_ids: list[list[int]] = field(default_factory=list)
@@ -30,6 +31,8 @@ class Request:
     wall_time: float = 0.0
     prompt_tokens: int = 0
     first_ids: list[int] | None = None  # the first stage's prompt ids, once rendered (kv_rows)
+    # with logprobs: per answer, per token [its log-probability, [[id, lp] of the top N]]
+    logprobs: list[list] = field(default_factory=list)
 
     @property
     def stream(self) -> int:
@@ -66,6 +69,7 @@ class Sequence:
     admitted: int = 0                   # admission order (the newest is preempted first)
     # the request's step counters when this stage was admitted (a preempted stage's are undone)
     mark: tuple[int, int, int] = (0, 0, 0)
+    logprobs: list = field(default_factory=list)   # per emitted token (Runner.logprobs)
 
     @property
     def finished(self) -> bool:

@@ -31,7 +31,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
                       eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
                       stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
                       controller=controller, threads=cfg.threads,
-                      kv_budget=budget)
+                      kv_budget=budget, logprobs=cfg.logprobs)
     except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
         if "KV cache budget" not in str(e):
             raise

@@ -27,9 +27,8 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
 Measured against predicted: the table is measured once, on an idle moment, at one context
 length, and prices the model's forwards only; a run's steps also pay the drafter's host
 work, attention over longer contexts, and whatever else shares the machine (on the 2-core CPU
-the same batch-8 step timed 67 ms in one minute and 100 the next, and the cost of a draft
-token for each sequence moved from +40% to +10% of it). So every step's measured ms is fed
-back (StepCost.learn): x = log(measured / table ms) is modelled as a drift (what
+the same batch-8 step timed 67 ms in one minute and 100 the next). So every step's measured ms
+is fed back (StepCost.learn): x = log(measured / table ms) is modelled as a drift (what
 every step costs beyond the table now: the last ~16 steps) plus a class (whether the step
 drafts) plus a kind (its batch size, the table point its verify is priced at, its draft
 forwards), the last two learnt over their last ~64 steps each and shrunk toward 0 with 2
@@ -42,27 +41,20 @@ and kinds are learnt only from steps that run: a run that drafts in every step n
 step without drafts, the one it must beat, so the controller runs contrast steps
 (runtime/controller.py).
 
-The table is measured on first use (a small grid, a few seconds), or ahead by `specctl
-prepare`, and kept in the store, per model, device, dtype, attention backend and batch size:
-`step_table_for`. It is the one cost profile: search-skip and train-adapter's exit-layer sweep
-price on the batch-1 table with the same drafter prices (StepCost.of).
+The table is measured on first use or by `specctl prepare` and kept in the store
+(runtime/steptables.py); search-skip and train-adapter's sweep price on its batch-1 table
+with the same drafter prices (StepCost.of).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import platform
-import re
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from specctl.engine.steptable import ENGINE_COSTS, StepTable, measure_step_table
+from specctl.engine.steptable import StepTable
 from specctl.speculative.drafter import DraftPrice
-from specctl.store import atomic_write_json, make_manifest
 
 
 @dataclass
@@ -198,6 +190,11 @@ class StepCost:
             f = self._factors[kind] = math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
         return f
 
+    def ar_ms(self, b: int) -> float:
+        """Predicted ms of an `ar` step of b sequences (a plain forward, table ms(b, 1)),
+        corrected as this run's steps without drafts were (their class and the drift)."""
+        return float(self._ms_one(b)[b]) * math.exp(self.drift + self._rel((False,)))
+
     def step_ms(self, ks, probes: bool = True) -> float:
         """Predicted ms of a step with budgets ks."""
         return self.counts_step_ms(budget_counts(ks), probes)
@@ -289,104 +286,6 @@ def moved(counts: tuple, k: int, j: int) -> tuple:
 
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
 SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
-
-
-# -- the step-cost table of a run ----------------------------------------------------------------
-
-_TABLES: dict = {}
-
-
-def device_tag(model) -> str:
-    """What prices a step besides the model and dtype: on a CPU its model and the threads a
-    step runs on; on CUDA the GPU's model (an H100 costs unlike an A10) and whether steps
-    replay captured graphs."""
-    if model.device.type == "cuda":
-        name = torch.cuda.get_device_name(model.device)
-        how = "graphs" if model.graphs is not None else "eager"
-    else:
-        name = _cpu_name()
-        how = f"t{torch.get_num_threads()}"
-    return f"{model.device.type}-{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-{how}"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures
-STEP_WARMUP, STEP_REPEATS = 1, 5     # runs of each of its points: untimed, then timed
-
-
-def step_table_id(fingerprint: str, model, batch_size: int) -> str:
-    return (f"{fingerprint}-{device_tag(model)}-{str(model.dtype).replace('torch.', '')}"
-            f"-{model.attention}-steps-b{batch_size}")
-
-
-def step_table_path(store, fingerprint: str, model, batch_size: int):
-    """Where step_table_for keeps the table of `model` for `batch_size` slots."""
-    ident = step_table_id(fingerprint, model, batch_size)
-    return store.path("profiles", ident) / "steptable.json"
-
-
-def step_table_seconds(batch_size: int, step_s) -> float:
-    """About how long step_table_for measures, given step_s(b, n): seconds of a step of b
-    sequences x n tokens (for an estimate before measuring). Each round runs its first step
-    once more, untimed (measure_step_table)."""
-    batches = sorted({1, batch_size})
-    steps = sum(step_s(b, n) for b in batches for n in STEP_NS) + \
-        sum(step_s(b, STEP_NS[0]) for b in batches)
-    return (STEP_WARMUP + STEP_REPEATS) * steps
-
-
-def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
-                   log=lambda msg: None, ns=STEP_NS, context: int = 128,
-                   repeats: int = STEP_REPEATS, warmup: int = STEP_WARMUP,
-                   fresh: bool = False) -> StepTable:
-    """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
-    a small grid of tokens per sequence): kept for the process, and with a store and the
-    model's fingerprint kept in the store too (profiles/), so it is measured once per model,
-    device, dtype, attention backend and batch size. fresh: measure it again."""
-    batches = tuple(sorted({1, batch_size}))
-    key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
-    t = None if fresh else _TABLES.get(key)
-    if t is not None:
-        return t
-    ident = step_table_id(fingerprint, model, batch_size) if store and fingerprint else None
-    if ident is not None and not fresh:
-        path = step_table_path(store, fingerprint, model, batch_size)
-        if path.is_file():
-            try:
-                t = StepTable.from_json(json.loads(path.read_text()))
-                if t.engine != ENGINE_COSTS:
-                    log(f"{path}: measured by an earlier engine; measuring again")
-                    t = None
-                elif t.batches != batches or t.ns != tuple(ns) or t.context != context:
-                    t = None
-            except (ValueError, TypeError, KeyError) as e:
-                log(f"{path}: unreadable step-cost table ({e}); measuring again")
-                t = None
-    if t is None:
-        t0 = time.perf_counter()
-        t = measure_step_table(model, batches=batches, ns=ns, context=context,
-                               repeats=repeats, warmup=warmup)
-        if ident is not None:
-            try:
-                with store.building("profiles", ident, make_manifest(
-                        "step-table", ident, model_fingerprint=fingerprint,
-                        device=device_tag(model))) as d:
-                    atomic_write_json(d / "steptable.json", t.to_json())
-                log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
-                    f"profiles/{ident}")
-            except OSError as e:   # a cache: a store that cannot keep it costs a measurement
-                log(f"step-cost table measured, not kept in the store ({e})")
-    _TABLES[key] = t
-    return t
 
 
 def padded_steps(model) -> bool:

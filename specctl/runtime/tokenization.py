@@ -79,7 +79,7 @@ def record_meta(rec: PromptRecord) -> dict:
 def to_request(rec: PromptRecord, max_tokens: int) -> Request:
     """A fresh Request for a prompt record (a line's own max_tokens wins)."""
     return Request(rec.index, [list(s) for s in rec.turns], rec.max_tokens or max_tokens,
-                   rec.raw_prompt, record_meta(rec))
+                   rec.raw_prompt, record_meta(rec), sampling=rec.sampling)
 
 
 def require_raw_prompts(records: list[PromptRecord], path) -> None:

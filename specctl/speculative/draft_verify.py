@@ -44,7 +44,7 @@ from specctl.speculative.sampling import SamplingParams, draw_drafts
 SKIPSET_RESULT = {k: anything for k in (
     "objective", "seconds_per_token", "relative_time_per_token", "acceptance_rate",
     "mean_accepted_tokens", "iterations", "best_iteration", "search_time_s", "total_time_s",
-    "config", "interrupted", "simulated_relative_time_per_token", "confirmed")}
+    "config", "interrupted", "simulated_relative_time_per_token", "confirmed", "pays")}
 SKIPSET_RESULT.update(speedup_estimate=number(0), profile=optional(json_object))
 
 
@@ -200,6 +200,11 @@ class LayerSkipDrafter(Drafter):
 
     def price(self) -> DraftPrice:
         return DraftPrice(max_draft=self.prm.K, draft_frac=skip_draft_frac(self.model, self.skip))
+
+    def sampled(self, sp) -> "LayerSkipDrafter":
+        """Drafts drawn by `sp` (speculative sampling must know their q): a new drafter when
+        it differs from this one's."""
+        return self if sp == self.sp else LayerSkipDrafter(self.model, self.skip, sp, self.prm)
 
     def fresh(self) -> "LayerSkipDrafter":
         return LayerSkipDrafter(self.model, self.skip, self.sp, self.prm)

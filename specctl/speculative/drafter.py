@@ -122,6 +122,11 @@ class Drafter:
         """A new drafter with the same artifacts and settings and nothing learnt yet."""
         raise NotImplementedError
 
+    def sampled(self, sp) -> "Drafter":
+        """This drafter for requests sampled by `sp` (SamplingParams): itself, unless its drafts
+        are drawn by the sampling settings (a drafter with its own `sp` overrides this)."""
+        return self
+
     def signature(self) -> str:
         """What identifies this drafter's artifact (a run resumes only with the same one)."""
         return self.name

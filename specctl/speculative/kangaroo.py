@@ -213,6 +213,11 @@ class KangarooDrafter(Drafter):
     def price(self) -> DraftPrice:
         return kangaroo_price(self.model, self.adapter, self.prm.gamma)
 
+    def sampled(self, sp) -> "KangarooDrafter":
+        """Drafts drawn by `sp` (speculative sampling must know their q): a new drafter when
+        it differs from this one's."""
+        return self if sp == self.sp else KangarooDrafter(self.model, self.adapter, sp, self.prm)
+
     def fresh(self) -> "KangarooDrafter":
         return KangarooDrafter(self.model, self.adapter, self.sp, self.prm)
 

@@ -271,10 +271,13 @@ class Store:
         raise SpecctlError(f"{spec}: no such file or folder, and no artifact with that id "
                            f"among the {kind} in the store at {self.root}")
 
-    def best_for_model(self, kind: str, fingerprint: str, score: str) -> Entry | None:
+    def best_for_model(self, kind: str, fingerprint: str, score: str,
+                       keep=lambda manifest: True) -> Entry | None:
         """The artifact of `kind` made for the model `fingerprint` with the highest manifest
-        `score` (e.g. a skip set's estimated speedup, an adapter's held-out agreement)."""
-        cands = [e for e in self.entries(kind) if e.manifest.get("model_fingerprint") == fingerprint]
+        `score` (e.g. a skip set's estimated speedup, an adapter's held-out agreement), among
+        those whose manifest `keep` accepts."""
+        cands = [e for e in self.entries(kind)
+                 if e.manifest.get("model_fingerprint") == fingerprint and keep(e.manifest)]
 
         def value(e: Entry) -> float:   # (a score that is not a number counts as none)
             v = e.manifest.get(score)

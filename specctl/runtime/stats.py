@@ -1,0 +1,69 @@
+"""A run's counters (RunStats), filled by the runner step by step, and their sum over several
+runs (the groups of a job with per-line settings, the ranks of a job run by several processes)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class RunStats:
+    steps: int = 0                 # verification forwards (decode steps; prefill not counted)
+    prefill_forwards: int = 0
+    prefill_tokens: int = 0
+    step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
+    padded_tokens: int = 0         # what a padded batch would have computed for the same steps
+    generated: int = 0
+    probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
+    accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
+    # speculation control (runtime/controller.py): budgets chosen (budget -> sequence-steps),
+    # the controller's predicted ms of the steps and their measured ms, its expected tokens
+    # and the tokens the steps verified (all summed over the controlled steps), and the
+    # seconds spent measuring the step-cost profile
+    budget_hist: dict[int, int] = field(default_factory=dict)
+    predicted_step_ms: float = 0.0
+    measured_step_ms: float = 0.0
+    predicted_tokens: float = 0.0
+    verified_tokens: int = 0       # the bonus token and the accepted drafts of each sequence
+    controlled_steps: int = 0
+    explored: int = 0              # sequence-steps given the controller's exploration budget
+    contrasts: int = 0             # steps the controller ran without drafts to time them
+    confidence_stops: int = 0      # chains the controller ended early on a draft's confidence
+    profile_s: float = 0.0
+    # the controlled steps' work priced as `ar` steps: per step, its emitted tokens over its
+    # sequences times the learnt ms of an ar step of that many sequences (Controller.ar_ms)
+    ar_step_ms: float = 0.0
+    preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
+    recomputed: int = 0            # tokens they had generated, generated again
+    kv_bytes: int = 0              # the KV cache's storage
+    kv_blocks: int = 0             # blocks of its pool when paged (0: contiguous)
+
+    @property
+    def padding_ratio(self) -> float:
+        return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+def sum_stats(parts: list[dict]) -> RunStats:
+    """Per-rank RunStats (as dicts) added up: counters summed, histograms merged, so ratios
+    such as the padding ratio come out pooled over every step of every rank."""
+    total = RunStats()
+    for p in parts:
+        for f in fields(RunStats):
+            v = p.get(f.name)
+            cur = getattr(total, f.name)
+            if isinstance(v, dict) and isinstance(cur, dict):
+                for k, c in v.items():
+                    try:
+                        k = int(k)   # JSON made the histogram's int keys strings
+                    except ValueError:
+                        pass
+                    cur[k] = cur.get(k, 0) + c
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
+                    isinstance(cur, (int, float)):
+                setattr(total, f.name, cur + v)
+    return total
+
+
+def merged(parts: list[RunStats]) -> RunStats:
+    """RunStats of several runs as one (sum_stats of them)."""
+    return parts[0] if len(parts) == 1 else sum_stats([asdict(p) for p in parts])

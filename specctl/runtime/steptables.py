@@ -1,0 +1,149 @@
+"""The step-cost table of a run: measured on first use (a small grid, a few seconds) or ahead
+by `specctl prepare`, kept for the process and in the store (profiles/), per model, device,
+dtype, attention backend and batch size. It is the one cost profile: the controller prices
+steps on it (runtime/stepcost.py), search-skip and train-adapter's exit-layer sweep on its
+batch-1 table.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import time
+from dataclasses import replace
+
+import torch
+
+from specctl.engine.steptable import ENGINE_COSTS, StepTable, measure_step_table
+from specctl.store import atomic_write_json, make_manifest
+
+_TABLES: dict = {}
+
+
+def device_tag(model) -> str:
+    """What prices a step besides the model and dtype: on a CPU its model and the threads a
+    step runs on; on CUDA the GPU's model (an H100 costs unlike an A10) and whether steps
+    replay captured graphs."""
+    if model.device.type == "cuda":
+        name = torch.cuda.get_device_name(model.device)
+        how = "graphs" if model.graphs is not None else "eager"
+    else:
+        name = _cpu_name()
+        how = f"t{torch.get_num_threads()}"
+    return f"{model.device.type}-{re.sub(r'[^a-z0-9]+', '-', name.lower()).strip('-')}-{how}"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures
+STEP_WARMUP, STEP_REPEATS = 1, 5     # runs of each of its points: untimed, then timed
+
+
+def step_table_id(fingerprint: str, model, batch_size: int) -> str:
+    return (f"{fingerprint}-{device_tag(model)}-{str(model.dtype).replace('torch.', '')}"
+            f"-{model.attention}-steps-b{batch_size}")
+
+
+def step_table_path(store, fingerprint: str, model, batch_size: int):
+    """Where step_table_for keeps the table of `model` for `batch_size` slots."""
+    ident = step_table_id(fingerprint, model, batch_size)
+    return store.path("profiles", ident) / "steptable.json"
+
+
+def step_table_seconds(batch_size: int, step_s) -> float:
+    """About how long step_table_for measures, given step_s(b, n): seconds of a step of b
+    sequences x n tokens (for an estimate before measuring). Each round runs its first step
+    once more, untimed (measure_step_table)."""
+    batches = sorted({1, batch_size})
+    steps = sum(step_s(b, n) for b in batches for n in STEP_NS) + \
+        sum(step_s(b, STEP_NS[0]) for b in batches)
+    return (STEP_WARMUP + STEP_REPEATS) * steps
+
+
+def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
+                   log=lambda msg: None, ns=STEP_NS, context: int = 128,
+                   repeats: int = STEP_REPEATS, warmup: int = STEP_WARMUP,
+                   fresh: bool = False) -> StepTable:
+    """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
+    a small grid of tokens per sequence): kept for the process, and with a store and the
+    model's fingerprint kept in the store too (profiles/), so it is measured once per model,
+    device, dtype, attention backend and batch size; a batch size between two stored ones is
+    interpolated from them instead (`interpolated`). fresh: measure it again."""
+    batches = tuple(sorted({1, batch_size}))
+    key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
+    t = None if fresh else _TABLES.get(key)
+    if t is not None:
+        return t
+    kept = store is not None and fingerprint is not None
+    if kept and not fresh:
+        t = _stored(store, fingerprint, model, batch_size, ns, context, log) or \
+            interpolated(store, fingerprint, model, batch_size, ns, context, log)
+    if t is None:
+        t0 = time.perf_counter()
+        t = measure_step_table(model, batches=batches, ns=ns, context=context,
+                               repeats=repeats, warmup=warmup)
+        if kept:
+            ident = step_table_id(fingerprint, model, batch_size)
+            try:
+                with store.building("profiles", ident, make_manifest(
+                        "step-table", ident, model_fingerprint=fingerprint,
+                        device=device_tag(model))) as d:
+                    atomic_write_json(d / "steptable.json", t.to_json())
+                log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
+                    f"profiles/{ident}")
+            except OSError as e:   # a cache: a store that cannot keep it costs a measurement
+                log(f"step-cost table measured, not kept in the store ({e})")
+    _TABLES[key] = t
+    return t
+
+
+def _stored(store, fingerprint: str, model, batch_size: int, ns, context: int,
+            log) -> StepTable | None:
+    """The stored table of this batch size, if it is one the run can use (else None, and a
+    message when it is unreadable or from an earlier engine)."""
+    path = step_table_path(store, fingerprint, model, batch_size)
+    if not path.is_file():
+        return None
+    try:
+        t = StepTable.from_json(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as e:
+        log(f"{path}: unreadable step-cost table ({e}); measuring again")
+        return None
+    if t.engine != ENGINE_COSTS:
+        log(f"{path}: measured by an earlier engine; measuring again")
+        return None
+    ok = t.batches == tuple(sorted({1, batch_size})) and t.ns == tuple(ns) and \
+        t.context == context
+    return t if ok else None
+
+
+def interpolated(store, fingerprint: str, model, batch_size: int, ns, context: int,
+                 log) -> StepTable | None:
+    """A table for batch_size from the stored tables of the nearest batch sizes below and
+    above it (same model, machine, dtype and attention): its row linear in the batch size
+    between theirs at every point; None when the store has no such pair (a step's cost past
+    the measured batches is not a line to extend)."""
+    stem = step_table_id(fingerprint, model, 0)[:-1]   # "...-steps-b"
+    sizes = sorted(int(e.id[len(stem):]) for e in store.entries("profiles")
+                   if e.id.startswith(stem) and e.id[len(stem):].isdigit())
+    lo = max((b for b in sizes if b < batch_size), default=None)
+    hi = min((b for b in sizes if b > batch_size), default=None)
+    if lo is None or hi is None or batch_size == 1:
+        return None
+    a, b = (_stored(store, fingerprint, model, x, ns, context, log) for x in (lo, hi))
+    if a is None or b is None:
+        return None
+    w = (batch_size - lo) / (hi - lo)
+    row = tuple((1 - w) * x + w * y for x, y in zip(a.table[-1], b.table[-1]))
+    log(f"step-cost table for batch {batch_size} interpolated from the stored batches {lo} "
+        f"and {hi} (not measured)")
+    return replace(a, batches=(1, batch_size), table=(a.table[0], row))

@@ -1,0 +1,168 @@
+"""A line's own sampling settings and --logprobs (io/prompts.py, runtime/groups.py,
+runtime/logprobs.py): checked like every other field, applied to their own line only, and
+every method stays token-identical to ar under them."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from helpers import method_drafters
+from specctl.errors import SpecctlError
+from specctl.io.prompts import prompt_record
+from specctl.runtime.config import GenerateConfig
+from specctl.runtime.groups import run_groups
+from specctl.runtime.sequence import Request
+
+
+def test_settings_are_read_and_checked():
+    r = prompt_record({"prompt": "hi", "sampling": {"temperature": 0.7, "seed": 3,
+                                                    "stop": "\n\n", "logprobs": 2}})
+    assert r.sampling == {"temperature": 0.7, "seed": 3, "stop": ("\n\n",), "logprobs": 2}
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.5, "top_p": 0.9,
+            "top_k": 5, "seed": 1, "stop": ["a", "b"], "logprobs": True, "top_logprobs": 3,
+            "max_tokens": 9}
+    r = prompt_record({"custom_id": "x", "body": body})
+    assert r.sampling == {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 1,
+                          "stop": ("a", "b"), "logprobs": 3} and r.max_tokens == 9
+    assert prompt_record({"body": {**body, "logprobs": False}}).sampling["temperature"] == 0.5
+    assert "logprobs" not in prompt_record({"body": {**body, "logprobs": False}}).sampling
+    assert prompt_record({"prompt": "hi"}).sampling is None
+    for bad, needle in [
+        ({"prompt": "x", "sampling": {"temperature": -1}}, "sampling.temperature"),
+        ({"prompt": "x", "sampling": {"top_p": 0}}, "sampling.top_p"),
+        ({"prompt": "x", "sampling": {"top_k": 1.5}}, "sampling.top_k"),
+        ({"prompt": "x", "sampling": {"seed": -1}}, "sampling.seed"),
+        ({"prompt": "x", "sampling": {"stop": ""}}, "sampling.stop"),
+        ({"prompt": "x", "sampling": {"stop": ["a"] * 17}}, "sampling.stop"),
+        ({"prompt": "x", "sampling": {"stop": "\ud800"}}, "surrogate"),
+        ({"prompt": "x", "sampling": {"logprobs": 21}}, "sampling.logprobs"),
+        ({"prompt": "x", "sampling": {"logprobs": True}}, "sampling.logprobs"),
+        ({"prompt": "x", "sampling": {"temprature": 1}}, "sampling.temprature"),
+        ({"prompt": "x", "sampling": []}, "sampling"),
+        ({"prompt": "x", "sampling": {"temperature": float("nan")}}, "sampling.temperature"),
+        ({"body": {**body, "n": 2}}, "body.n"),
+        ({"body": {**body, "logprobs": 1}}, "body.logprobs"),
+        ({"body": {**body, "top_logprobs": 30}}, "body.top_logprobs"),
+        ({"body": body, "sampling": {"seed": 1}}, "sampling"),
+    ]:
+        with pytest.raises(SpecctlError) as e:
+            prompt_record(bad)
+        assert needle in str(e.value), (bad, str(e.value))
+
+
+class _Tok:
+    """What make_runner needs of a Tokenization, over token-id prompts."""
+    eos_ids: set = set()
+
+    def __init__(self, prompts):
+        self.prompts = prompts
+
+    def render(self, req):
+        return self.prompts[req.index]
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def _run(model, drafter, prompts, own, batch, max_tokens=10, first=0, **kw):
+    """(ids per request, logprobs per request) of a run in which request i (numbered from
+    `first`: a request's draws are keyed by its number) has settings own[i] (None: the
+    run's)."""
+    cfg = GenerateConfig(input="-", batch_size=batch, max_tokens=max_tokens, device="cpu",
+                         dtype="fp32", speculate="fixed", threads=1, **kw)
+    ix = range(first, first + len(own))
+    reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens, sampling=o)
+            for i, o in zip(ix, own)]
+    done = {}
+    run_groups(cfg, model, drafter, _Tok(dict(zip(ix, prompts))),
+               [(q, len(p) + max_tokens + 8) for q, p in zip(reqs, prompts)],
+               lambda q: done.__setitem__(q.index, q))
+    return ([done[i].answer_ids[0] for i in ix],
+            [done[i].logprobs[0] if done[i].logprobs else None for i in ix])
+
+
+def _prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(n)]
+
+
+OWN = [None, {"temperature": 0.9, "seed": 5}, {"temperature": 0.9, "seed": 6, "top_k": 8},
+       {"logprobs": 3}, None, {"temperature": 0.7, "top_p": 0.8, "seed": 1, "logprobs": 0}]
+
+
+def test_a_lines_settings_change_only_its_own_output(model):
+    from specctl.speculative.drafter import NoDraft
+    prompts = _prompts(len(OWN))
+    plain, _ = _run(model, NoDraft(), prompts, [None] * len(OWN), batch=3)
+    mixed, _ = _run(model, NoDraft(), prompts, OWN, batch=3)
+    for i, o in enumerate(OWN):
+        if o is None or "temperature" not in o:
+            assert mixed[i] == plain[i], i          # greedy lines: as without the others
+        else:                                       # a sampled line: as run alone with its own
+            alone, _ = _run(model, NoDraft(), [prompts[i]], [None], batch=1, first=i,
+                            **{k: v for k, v in o.items() if k != "logprobs"})
+            assert mixed[i] == alone[0], i
+    assert mixed[1] != plain[1] or mixed[2] != plain[2]   # the settings did something
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_method_matches_ar_under_per_line_settings(model, batch):
+    """Greedy lines (and their logprobs, within 1e-4) are ar's for every method; seeded
+    sampled lines are ar's for Self-Draft (deterministic drafts, verified at ar's draws)."""
+    prompts = _prompts(len(OWN), seed=2)
+    from specctl.speculative.drafter import NoDraft
+    ref, ref_lp = _run(model, NoDraft(), prompts, OWN, batch=batch)
+    drafters = method_drafters(model, prompts, ref)
+    for name, dr in drafters.items():
+        if dr is None:
+            continue
+        got, lp = _run(model, dr, prompts, OWN, batch=batch)
+        for i, o in enumerate(OWN):
+            if o is None or "temperature" not in o or name == "self-draft":
+                assert got[i] == ref[i], (name, i)
+            if ref_lp[i] is not None and got[i] == ref[i]:
+                for (a, ta), (b, tb) in zip(lp[i], ref_lp[i]):
+                    assert a == pytest.approx(b, abs=1e-4), (name, i)
+                    assert [t for t, _ in ta] == [t for t, _ in tb], (name, i)
+
+
+def test_logprobs_are_the_models_own(model):
+    """--logprobs N: the chosen token's log-probability and the N likeliest, in order; greedy,
+    the chosen token is the likeliest; a softmax's log: they are <= 0 and sum below 1."""
+    from specctl.speculative.drafter import NoDraft
+    prompts = _prompts(2, seed=3)
+    ids, lps = _run(model, NoDraft(), prompts, [None, None], batch=2, logprobs=4)
+    for toks, lp in zip(ids, lps):
+        assert len(lp) == len(toks)
+        for t, (c, top) in zip(toks, lp):
+            assert len(top) == 4 and top[0][0] == t and c == pytest.approx(top[0][1])
+            vals = [v for _, v in top]
+            assert vals == sorted(vals, reverse=True) and all(v <= 0 for v in vals)
+            assert sum(2.718281828 ** v for v in vals) <= 1 + 1e-6
+
+
+def test_generate_file_with_per_line_settings(tmp_path, tiny_llama):
+    """The CLI: lines with their own settings, token ids and logprobs in the output."""
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    lines = [{"prompt": "one two"}, {"prompt": "one two", "sampling": {"temperature": 1.0,
+                                                                        "seed": 4}},
+             {"custom_id": "c", "body": {"messages": [{"role": "user", "content": "one two"}],
+                                         "logprobs": True, "top_logprobs": 2}}]
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(json.dumps(l) + "\n" for l in lines))
+    out = tmp_path / "o.jsonl"
+    r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama), "--store",
+                                 str(tmp_path / "s"), "-o", str(out), "--max-tokens", "6",
+                                 "--device", "cpu", "--dtype", "fp32", "-q"])
+    assert r.exit_code == 0, r.output
+    got = [json.loads(l) for l in out.read_text().splitlines()]
+    assert all(len(g["token_ids"]) == 1 and len(g["token_ids"][0]) == g["new_tokens"]
+               for g in got)
+    assert got[2]["token_ids"] == got[0]["token_ids"]         # greedy, as the plain line
+    assert "logprobs" not in got[0] and len(got[2]["logprobs"][0]) == got[2]["new_tokens"]
+    assert all(len(top) == 2 for _, top in got[2]["logprobs"][0])
