@@ -106,6 +106,27 @@ def test_budget_zero_explores_and_learns(tree):
     assert any(late.budgets(keys, [40, 40, 30, 20]) != [0] * 4 for _ in range(64))
 
 
+def test_exploring_that_finds_nothing_backs_off():
+    """Explored drafts never accepted: the period doubles (32, 64, 128 ...) up to 16 x 32; an
+    exploring step that gets a draft accepted brings it back to 32."""
+    mid = table(lambda b, n: 10.0 * b * (1 + 0.08 * (n - 1)))
+    ctl = Ctl(StepCost(mid), 12, prior_accept=0.05)
+    keys = list(range(2))
+    explored_at = []
+    for step in range(1, 1400):
+        ks = ctl.budgets(keys, [10_000] * 2)
+        if any(ks):
+            explored_at.append(step)
+        ctl.learn(keys, ks, [[] for _ in ks])
+    gaps = [b - a for a, b in zip(explored_at, explored_at[1:])]
+    assert gaps[:4] == [64, 128, 256, 512] and set(gaps[4:]) <= {512}
+    assert ctl.period == 512
+    while not any(ks := ctl.budgets(keys, [10_000] * 2)):
+        ctl.learn(keys, ks, [[] for _ in ks])
+    ctl.learn(keys, ks, [[0], []])          # an exploring step that found something
+    assert ctl.period == 32 and ctl.steps == explored_at[-1] + 512
+
+
 def test_draft_forward_cost_counts():
     # verify nearly free, but each draft forward costs as much as a step: no drafting
     ctl = Ctl(StepCost(flat, draft_frac=1.0), 6, prior_accept=0.7)

@@ -28,7 +28,10 @@ its sequences have on average at least `explore_every` tokens left to emit (a ba
 48-token answers near their end, the whole run at batch 16 with 16 prompts, paid for an
 exploring step and budgets it learnt that it had no steps left to use).
 An exploring step does not stop chains on confidence: its extra drafts are there to be
-measured.
+measured. One whose extra drafts get nothing accepted doubles the period to the next (up to
+EXPLORE_BACKOFF times `explore_every`); one that gets something back resets it: a method
+whose drafts are never accepted (a layer-skip or an adapter that does not fit the model)
+then pays for ~log2(steps / 32) exploring steps, not one in every 32.
 
 Contrast steps: step costs are learnt only from steps that run, and a run that drafts in every
 step never times a step without drafts, the one it must beat (on the 2-core CPU at batch 8 the
@@ -53,6 +56,9 @@ from specctl.runtime.steptables import step_table_for
 from specctl.engine.steptable import StepTable
 
 
+EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
+
+
 @dataclass(frozen=True)
 class Budgets:
     """One step's decision: what the planner hands the drafter and later learns against."""
@@ -63,6 +69,7 @@ class Budgets:
     explored: int = 0                     # sequences given the exploration budget
     contrast: bool = False                # a step run without drafts to time it
     stops: bool = False                   # chains may stop early on a draft's confidence
+    base: tuple[int, ...] | None = None   # an exploring step: the budgets it widened
 
 
 class Controller:
@@ -77,6 +84,7 @@ class Controller:
         self.cost, self.K, self.tree = cost, max_budget, tree
         self.acc = Acceptance(max_budget, tree, prior_accept, prior_weight)
         self.explore_every = explore_every   # 0: never explore (nor contrast)
+        self.period = explore_every          # now (backed off while exploring finds nothing)
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
         self.explore_cost = explore_cost
         self.probe_share = probe_share
@@ -95,15 +103,15 @@ class Controller:
         gains = self.acc.gains_many(keys, caps)
         ks = policy.search(gains, caps, c, probes)
         self.steps += 1
-        explored, contrast = 0, False
+        explored, contrast, base = 0, False, None
         since = self.steps - self.last_explore
-        if self.explore_every and since >= self.explore_every and \
+        if self.explore_every and since >= self.period and \
                 sum(room) >= self.explore_every * len(room):   # steps left to use the lesson
             wide = np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist()
-            base = c.step_ms(ks, probes)
-            if c.step_ms(wide, probes) - base <= self.explore_cost * since * base:
+            ms = c.step_ms(ks, probes)
+            if c.step_ms(wide, probes) - ms <= self.explore_cost * since * ms:
                 explored = sum(w > k for w, k in zip(wide, ks))
-                ks, self.last_explore = wide, self.steps
+                base, ks, self.last_explore = tuple(ks), wide, self.steps
         if any(ks) and self.explore_every and c.steps and self.last_explore != self.steps \
                 and self.steps - self.last_bare > min(self.explore_every,
                                                       2 ** (self.contrasts + 1)):
@@ -112,7 +120,8 @@ class Controller:
         if not any(ks):
             self.last_bare = self.steps
         return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
-                       stops=not self.tree and self.last_explore != self.steps and any(ks))
+                       stops=not self.tree and self.last_explore != self.steps and any(ks),
+                       base=base)
 
     def stop_rule(self, b: Budgets) -> policy.StopRule | None:
         """The confidence stop of this step's chains (policy.stop_rule), or None when there is
@@ -140,6 +149,10 @@ class Controller:
                  for k, p in zip(ks, proposals)]
         self.acc.learn_many(keys, tried, [v.accepted for v in verdicts],
                             None if self.tree else [p.conf for p in proposals])
+        if b.base is not None:   # an exploring step: did its extra drafts bring anything?
+            found = any(len(v.accepted) > k for v, k in zip(verdicts, b.base))
+            self.period = self.explore_every if found else \
+                min(2 * self.period, EXPLORE_BACKOFF * self.explore_every)
         if self.correct and measured_ms is not None:
             table = self.cost.learn(ks, measured_ms, b.probes)
         else:

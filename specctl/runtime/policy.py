@@ -52,6 +52,8 @@ def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) ->
     """The budgets of the best goodput (module docstring). gains [B, K + 1]: gains[i, k] for
     k <= caps[i]."""
     b = len(gains)
+    if b == 1:   # one sequence: its candidates are its budgets 0 .. cap, in order
+        return [_search_one(gains[0], int(caps[0]), cost, probes)]
     seq, k = hull_order(gains, caps)
     if not len(k):
         return [0] * b
@@ -83,6 +85,18 @@ def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) ->
     if best > n:
         return levels[:, best - n - 1].tolist()
     return np.bincount(seq[:best], minlength=b).tolist()   # (a budget k: its units 1 .. k)
+
+
+def _search_one(gains: np.ndarray, cap: int, cost: StepCost, probes: bool) -> int:
+    """search() for one sequence: what its general path computes for b = 1 (the hull order of
+    one sequence is its budgets in order, its prefixes the budgets), without building it."""
+    if cap <= 0:
+        return 0
+    k = np.arange(cap + 1)
+    at_least = (k[:, None] >= k[None, :]).astype(np.int64) if cost.draft_frac else None
+    t = cost.prices(Shapes(1, k, (k > 0).astype(np.int64), k, at_least), probes)
+    good = (1 + gains[:cap + 1] - gains[0]) / np.where(t > 0, t, np.inf)
+    return int(np.argmax(good >= good.max() / (1 + 1e-9)))
 
 
 def probes_pay(cost: StepCost, b: int, share: float = 0.1) -> bool:

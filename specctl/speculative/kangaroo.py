@@ -94,17 +94,20 @@ class Adapter:
     def parameters(self) -> list[torch.Tensor]:
         return list(self.w.values())
 
-    def _qkv(self, h: torch.Tensor, positions: torch.Tensor):
+    def _qkv(self, h: torch.Tensor, positions: torch.Tensor, query: bool = True):
+        """(q, k, v) of the adapter's attention; query False: q is None (writing rows only)."""
         c = self.model.cfg
         T = h.shape[0]
         w = self.w
         x = rms_norm(h, w["norm_in.weight"].to(h.dtype), c.rms_eps)
-        q = linear(x, w["q_proj.weight"].to(h.dtype)).view(T, c.num_heads, c.head_dim)
         k = linear(x, w["k_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
         v = linear(x, w["v_proj.weight"].to(h.dtype)).view(T, c.num_kv_heads, c.head_dim)
         cos, sin = self.model._rope(positions)
-        return apply_rope(q, cos.to(h.dtype), sin.to(h.dtype)), \
-            apply_rope(k, cos.to(h.dtype), sin.to(h.dtype)), v
+        cos, sin = cos.to(h.dtype), sin.to(h.dtype)
+        if not query:
+            return None, apply_rope(k, cos, sin), v
+        q = linear(x, w["q_proj.weight"].to(h.dtype)).view(T, c.num_heads, c.head_dim)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _out(self, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         c = self.model.cfg
@@ -130,7 +133,7 @@ class Adapter:
     def write_rows(self, h, positions, meta, akv: KVCache) -> None:
         """decode() without its draft: only the adapter's KV rows of these tokens (no
         attention, no LM head: the head alone is a fifth of the demo model's weights)."""
-        _, k, v = self._qkv(h, positions)
+        _, k, v = self._qkv(h, positions, query=False)
         akv.write(0, meta.index, k, v)
 
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
