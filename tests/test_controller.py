@@ -483,6 +483,38 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
     assert row["speculation"]["budget_hist"]
 
 
+def test_generate_says_the_gain_and_a_smaller_job_measures_no_table(tmp_path, tiny_llama,
+                                                                     monkeypatch):
+    """The summary's gain line; a second run with fewer prompts (fewer slots) reads its table
+    off the stored one (batch 1's row and the first run's) instead of measuring."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    from specctl.runtime import steptables
+    monkeypatch.setattr(steptables, "_TABLES", {})
+    store = tmp_path / "store"
+
+    def run(n):
+        p = tmp_path / f"p{n}.jsonl"
+        p.write_text("".join(json.dumps({"prompt": f"a b a b {i}"}) + "\n" for i in range(n)))
+        r = CliRunner().invoke(app, ["generate", str(p), "--method", "self-draft", "--model",
+                                     str(tiny_llama), "--store", str(store), "--max-tokens", "6",
+                                     "--device", "cpu", "--dtype", "fp32", "-q", "-b", "8",
+                                     "-o", str(tmp_path / f"o{n}.jsonl")])
+        assert r.exit_code == 0, r.output
+        return " ".join(r.output.split())
+    out = run(4)
+    assert "vs ar: " in out and "estimated" in out
+    assert len(list((store / "profiles").iterdir())) == 1   # measured, kept
+    monkeypatch.setattr(steptables, "_TABLES", {})
+    monkeypatch.setattr(steptables, "measure_step_table",
+                        lambda *a, **kw: pytest.fail("measured a table again"))
+    out = run(2)
+    assert "vs ar: " in out and "step-cost table measured once" not in out
+
+
 def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     """Measured once per model, device, dtype, attention and batch size, then read back; an
     unreadable file is measured again, with a message naming it."""
@@ -525,7 +557,8 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
 
 def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monkeypatch):
     """Tables stored for batch 2 and 8: batch 5 is read off the line between their rows, not
-    measured (a file of 5 prompts after runs of 2 and 8); batch 9, past them, is measured."""
+    measured (a file of 5 prompts after runs of 2 and 8), batch 1 is their row; batch 9, past
+    them, is measured."""
     from specctl.runtime import steptables as C
     from specctl.store import Store
     store = Store(tmp_path / "store")
@@ -543,8 +576,10 @@ def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monke
     t = C.step_table_for(model, 5, store=store, fingerprint="fp", log=said.append)
     assert measured == [(1, 2), (1, 8)] and t.batches == (1, 5)
     assert t.table[1] == pytest.approx([10.0 + 5 * n for n in t.ns])
-    assert any("interpolated from the stored batches 2 and 8" in m for m in said)
+    assert any("read off the stored batches [1, 2, 8]" in m for m in said)
     assert not store.path("profiles", C.step_table_id("fp", model, 5)).exists()
+    one = C.step_table_for(model, 1, store=store, fingerprint="fp")   # every table has it
+    assert one.batches == (1,) and one.table[0] == t.table[0] and len(measured) == 2
     C.step_table_for(model, 9, store=store, fingerprint="fp")
     assert measured[-1] == (1, 9)
 

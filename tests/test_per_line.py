@@ -30,6 +30,8 @@ def test_settings_are_read_and_checked():
     assert prompt_record({"body": {**body, "logprobs": False}}).sampling["temperature"] == 0.5
     assert "logprobs" not in prompt_record({"body": {**body, "logprobs": False}}).sampling
     assert prompt_record({"prompt": "hi"}).sampling is None
+    assert prompt_record({"body": {**body, "n": 3}}).sampling["n"] == 3
+    assert "n" not in prompt_record({"prompt": "x", "sampling": {"n": 1, "seed": 2}}).sampling
     for bad, needle in [
         ({"prompt": "x", "sampling": {"temperature": -1}}, "sampling.temperature"),
         ({"prompt": "x", "sampling": {"top_p": 0}}, "sampling.top_p"),
@@ -43,7 +45,8 @@ def test_settings_are_read_and_checked():
         ({"prompt": "x", "sampling": {"temprature": 1}}, "sampling.temprature"),
         ({"prompt": "x", "sampling": []}, "sampling"),
         ({"prompt": "x", "sampling": {"temperature": float("nan")}}, "sampling.temperature"),
-        ({"body": {**body, "n": 2}}, "body.n"),
+        ({"body": {**body, "n": 17}}, "body.n"),
+        ({"prompt": "x", "sampling": {"n": 0}}, "sampling.n"),
         ({"body": {**body, "logprobs": 1}}, "body.logprobs"),
         ({"body": {**body, "top_logprobs": 30}}, "body.top_logprobs"),
         ({"body": body, "sampling": {"seed": 1}}, "sampling"),
@@ -127,6 +130,38 @@ def test_every_method_matches_ar_under_per_line_settings(model, batch):
                 for (a, ta), (b, tb) in zip(lp[i], ref_lp[i]):
                     assert a == pytest.approx(b, abs=1e-4), (name, i)
                     assert [t for t, _ in ta] == [t for t, _ in tb], (name, i)
+
+
+def test_seeds_share_a_runner_and_n_answers_are_seeds_in_a_row(model, monkeypatch):
+    """Lines that differ only in their seed run in one group (the seed is the request's); a
+    line asking for n answers gets n, answer j drawn with seed + j (as a line of that seed
+    run alone), counted together."""
+    from specctl.runtime import groups
+    from specctl.runtime.records import output_line
+    from specctl.speculative.drafter import NoDraft
+    made = []
+    real = groups.make_runner
+    monkeypatch.setattr(groups, "make_runner", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    prompts = _prompts(4, seed=4)
+    own = [{"temperature": 0.9, "seed": s} for s in (1, 2, 3)] + [None]
+    _run(model, NoDraft(), prompts, own, batch=4, temperature=0.9)
+    assert len(made) == 1
+    cfg = GenerateConfig(input="-", batch_size=3, max_tokens=8, device="cpu", dtype="fp32",
+                         speculate="fixed", threads=1, temperature=0.9, seed=7)
+    req = Request(0, [[{"role": "user", "content": "0"}]], 8, sampling={"n": 3})
+    done = []
+    groups.run_groups(cfg, model, NoDraft(), _Tok({0: prompts[0]}),
+                      [(req, len(prompts[0]) + 16)], done.append)
+    (got,) = done
+    assert len(got.samples) == 3 and got.samples[0] is got
+    for j, q in enumerate(got.samples):
+        alone, _ = _run(model, NoDraft(), [prompts[0]], [None], batch=1, max_tokens=8,
+                        temperature=0.9, seed=7 + j)
+        assert q.answer_ids[0] == alone[0], j
+    line = output_line(got)
+    assert [a["token_ids"] for a in line["samples"]] == [q.answer_ids for q in got.samples]
+    assert line["new_tokens"] == sum(len(q.answer_ids[0]) for q in got.samples)
+    assert line["text"] == line["samples"][0]["text"]
 
 
 def test_logprobs_are_the_models_own(model):

@@ -54,7 +54,7 @@ RESULTS_SCHEMA = """
 class BenchConfig:
     input: str | None                    # JSONL prompts; None = ShareGPT first turns
     model: str | None = None
-    methods: tuple[str, ...] = ("ar", "draft-verify", "hf", "hf-prompt-lookup")
+    methods: tuple[str, ...] = ("ar", "self-draft", "draft-verify", "hf", "hf-prompt-lookup")
     batch_sizes: tuple[int, ...] = (1, 8, 32)
     max_tokens: int = 256
     repeats: int = 3

@@ -52,7 +52,7 @@ def _print_bench(res: dict) -> None:
 def bench(
     input: Optional[Path] = typer.Argument(None, help="JSONL prompts (a 'category' field gives "
                                            "per-category rows); default: ShareGPT first turns."),
-    methods: str = typer.Option("ar,draft-verify,hf,hf-prompt-lookup", "--methods",
+    methods: str = typer.Option("ar,self-draft,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
                                 "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
                                 "self-draft:no-context, self-draft:prompt-grams, self-draft:light."),

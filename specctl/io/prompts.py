@@ -9,9 +9,10 @@ Any format may also carry "id" (used when custom_id/question_id are absent), "ca
 top-level "max_tokens" (OpenAI batch lines use body.max_tokens / body.max_completion_tokens).
 
 A line's own sampling settings (they win over the command's, for that line only): in an OpenAI
-batch body as OpenAI (and vLLM) take them (temperature, top_p, top_k, seed, stop, logprobs with
-top_logprobs), on any other line as a "sampling" object with the same keys; "logprobs" there is
-the number of alternatives per token (0: the chosen token's only).
+batch body as OpenAI (and vLLM) take them (temperature, top_p, top_k, seed, stop, n, logprobs
+with top_logprobs), on any other line as a "sampling" object with the same keys; "logprobs"
+there is the number of alternatives per token (0: the chosen token's only), "n" the answers
+to sample (seeds seed, seed + 1, ...).
 
 `turns` is a tuple of conversation stages: the generator appends stage 1's messages, answers,
 appends its answer, then stage 2, and so on. Messages are {"role", "content"} dicts with role
@@ -125,6 +126,8 @@ def _max_tokens(obj: dict, where: str) -> int | None:
 
 
 MAX_LOGPROBS = 20   # alternatives per token, as OpenAI allows
+MAX_N = 16          # answers sampled per line
+SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "n", "logprobs")
 
 
 def _number(v, key: str, lo: float, hi: float, lo_open: bool = False):
@@ -153,7 +156,7 @@ def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
     """The settings of SAMPLING found in obj, checked (None when there are none). openai: a
     batch body (logprobs a switch, top_logprobs its count)."""
     out: dict = {}
-    for key in ("temperature", "top_p", "top_k", "seed", "stop", "logprobs"):
+    for key in SAMPLING:
         v = obj.get(key)
         if v is None:
             continue
@@ -168,6 +171,9 @@ def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
             out[key] = _count(v, k, 0, 2**63 - 1)
         elif key == "stop":
             out[key] = _stops(v, k)
+        elif key == "n":
+            if _count(v, k, 1, MAX_N) > 1:
+                out[key] = v
         elif openai:
             if not isinstance(v, bool):
                 raise _Bad(f"{k}: must be true or false, got {_show(v)}")
@@ -212,11 +218,9 @@ def _parse(obj) -> dict:
             raise _Bad("sampling: an OpenAI batch line sets them in its body")
         if not isinstance(sampling, dict) or not sampling:
             raise _Bad("sampling: must be an object of settings (temperature, top_p, ...)")
-        unknown = sorted(set(sampling) - {"temperature", "top_p", "top_k", "seed", "stop",
-                                          "logprobs"})
+        unknown = sorted(set(sampling) - set(SAMPLING))
         if unknown:
-            raise _Bad(f"sampling.{unknown[0]}: unknown setting (temperature, top_p, top_k, "
-                       "seed, stop, logprobs)")
+            raise _Bad(f"sampling.{unknown[0]}: unknown setting ({', '.join(SAMPLING)})")
         sampling = _sampling(sampling, "sampling.", openai=False)
     if kind == "prompt":
         raw = obj["prompt"]
@@ -232,9 +236,6 @@ def _parse(obj) -> dict:
             raise _Bad("body: must be an object with messages (OpenAI batch request)")
         turns = (_messages(body["messages"], "body.messages"),)
         max_tokens = _max_tokens(body, "body.") or max_tokens
-        if body.get("n") not in (None, 1):
-            raise _Bad(f"body.n: only 1 answer per line is generated, got {_show(body['n'])} "
-                       "(write the line n times with different seeds)")
         sampling = _sampling(body, "body.", openai=True)
     else:
         qs = obj["turns"]

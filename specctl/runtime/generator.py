@@ -54,6 +54,7 @@ class GenerationOutput:
     accept_lengths: list[int]        # accepted drafted tokens per step ([]: nothing drafted)
     logprobs: list = field(default_factory=list)   # logprobs: per answer, per token
                                                    # [its lp, [[id, lp] of the top N]]
+    samples: list = field(default_factory=list)    # n > 1: every sample's GenerationOutput
 
     @property
     def mean_accepted(self) -> float:
@@ -61,13 +62,15 @@ class GenerationOutput:
         return self.new_tokens / self.steps if self.steps else 0.0
 
 
-def _output(req: Request) -> GenerationOutput:
+def _output(req: Request, sample: bool = False) -> GenerationOutput:
+    """sample: one of a request's n answers (its samples are not listed again)."""
     return GenerationOutput(
         index=req.index, text=req.answers[0] if req.answers else "", turns=list(req.answers),
         token_ids=[list(a) for a in req.answer_ids],
         finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
         prompt_tokens=req.prompt_tokens, new_tokens=sum(len(a) for a in req.answer_ids),
-        steps=req.steps, accept_lengths=step_lengths(req)[0], logprobs=list(req.logprobs))
+        steps=req.steps, accept_lengths=step_lengths(req)[0], logprobs=list(req.logprobs),
+        samples=[_output(q, True) for q in req.samples] if req.samples and not sample else [])
 
 
 class Generator:

@@ -3,7 +3,8 @@ temperature, seed, stop, logprobs ...): run in groups of equal settings, one run
 the order their first line comes. A runner draws, stops and verifies by one set of settings for
 all its sequences, so a group never mixes them; a line's answer depends only on its own
 settings, never on which group ran beside it (the draws are keyed by seed, request and
-position). Lines without settings of their own make one group with the run's."""
+position). Lines without settings of their own make one group with the run's, and so do lines
+that differ only in their seed."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from specctl.runtime.stats import RunStats, merged
 
 
 def settings(cfg: GenerateConfig, req: Request) -> GenerateConfig:
-    """The run's settings with the request's own over them (checked as the command's are)."""
-    own = req.sampling or {}
+    """The run's settings with the request's own over them (checked as the command's are),
+    but its seed: a request carries that itself (Request.seed), so seeds never split a group."""
+    own = {k: v for k, v in (req.sampling or {}).items() if k not in ("seed", "n")}
     try:
+        if "seed" in (req.sampling or {}):
+            replace(cfg, seed=req.sampling["seed"])   # (checked, as every setting)
         return replace(cfg, **own) if own else cfg
     except SpecctlError as e:
         raise SpecctlError(f"prompt {req.index}: {e}") from None
@@ -31,6 +35,7 @@ def run_groups(cfg: GenerateConfig, model, drafter, tk, items: list[tuple[Reques
     """Run `items` ((request, KV rows) pairs) in groups of equal settings; their stats summed.
     profiles: make_runner's store, fingerprint and log."""
     groups: dict[GenerateConfig, list] = {}
+    items, on_done = samples(cfg, items, on_done)
     for req, rows in items:
         groups.setdefault(settings(cfg, req), []).append((req, rows))
     stats = []
@@ -39,3 +44,33 @@ def run_groups(cfg: GenerateConfig, model, drafter, tk, items: list[tuple[Reques
                              [r for _, r in part], **profiles)
         stats.append(runner.run([q for q, _ in part], on_done, on_tokens=on_tokens))
     return merged(stats)
+
+
+def samples(cfg: GenerateConfig, items: list, on_done: Callable[[Request], None]):
+    """A request asking for n > 1 answers as n requests, sample j drawn with seed + j (the
+    line's seed, else the run's); on_done hears of it once, when all n are done, as the first
+    with `samples` holding them all. Returns (the items, that on_done)."""
+    out, waiting = [], {}
+    for req, rows in items:
+        n = (req.sampling or {}).get("n", 1)
+        if n == 1:
+            out.append((req, rows))
+            continue
+        base = cfg.seed if req.seed is None else req.seed
+        own = {k: v for k, v in req.sampling.items() if k != "n"}
+        subs = [Request(req.index, req.stages, req.max_tokens, req.raw_prompt, req.meta,
+                        sampling={**own, "seed": (base + j) % 2**63}) for j in range(n)]
+        waiting[req.index] = subs
+        out += [(q, rows) for q in subs]
+    if not waiting:
+        return out, on_done
+
+    def done(req: Request) -> None:
+        subs = waiting.get(req.index)
+        if subs is None:
+            return on_done(req)
+        if all(q.done for q in subs):
+            del waiting[req.index]
+            subs[0].samples = subs
+            on_done(subs[0])
+    return out, done

@@ -31,8 +31,8 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     drafted = sum(sum(l.get("draft_lengths", [])) for l in good)
     # a line that never drafted lists no steps (records.step_lengths): its verification steps
     # (all but each turn's prefill token) accepted nothing
-    idle = sum(max(0, l["steps"] - len(l.get("turns") or [0])) for l in good
-               if not l["accept_lengths"])
+    idle = sum(max(0, l["steps"] - len(l.get("turns") or [0]) * len(l.get("samples") or [0]))
+               for l in good if not l["accept_lengths"])
     verified = len(acc) + idle
     ctar = {w: round(sum(a > w for a in acc) / verified, 4) if acc else 0.0
             for w in range(1, 7)}

@@ -43,6 +43,27 @@ def step_lengths(req: Request) -> tuple[list[int], list[int]]:
 
 
 def output_line(req: Request) -> dict:
+    """The output line of a finished request (with n > 1 answers: the first's text at the top,
+    every answer under `samples`, the counts over them all)."""
+    if req.samples:
+        out = _answer(req)
+        subs = [_answer(q) for q in req.samples]
+        out["samples"] = [{k: a[k] for k in ("text", "turns", "token_ids", "finish_reason",
+                                             "logprobs") if k in a} for a in subs]
+        out["new_tokens"] = sum(a["new_tokens"] for a in subs)
+        out["steps"] = sum(a["steps"] for a in subs)
+        drafted = any(any(q.draft_lengths) for q in req.samples)   # (step_lengths, over all)
+        out["accept_lengths"] = [x for q in req.samples for x in q.accept_lengths] if drafted \
+            else []
+        out["draft_lengths"] = [x for q in req.samples for x in q.draft_lengths] if drafted \
+            else []
+        out["mean_accepted"] = round(out["new_tokens"] / out["steps"], 4) if out["steps"] else 0.0
+        out["wall_time_s"] = max(a["wall_time_s"] for a in subs)
+        return out
+    return _answer(req)
+
+
+def _answer(req: Request) -> dict:
     out = dict(req.meta)
     out["text"] = req.answers[-1] if len(req.answers) == 1 else req.answers[0]
     if len(req.answers) > 1:
@@ -70,7 +91,8 @@ def _valid(r) -> bool:
                                         for k, t in _RECORD.items())
             and r["index"] >= 0 and all(type(x) is int for x in r["accept_lengths"])
             and all(type(x) is int for x in r["draft_lengths"])
-            and _ids(r.get("token_ids", [])) and isinstance(r.get("logprobs", []), list))
+            and _ids(r.get("token_ids", [])) and isinstance(r.get("logprobs", []), list)
+            and isinstance(r.get("samples", []), list))
 
 
 def _ids(v) -> bool:

@@ -162,7 +162,7 @@ class Runner:
             return None
         if req.started is None:
             req.started = time.perf_counter()
-        rng = None if self.sp.greedy else request_rng(self.sp.seed, req.stream)
+        rng = None if self.sp.greedy else request_rng(self._seed(req), req.stream)
         self._admitted += 1
         seq = Sequence(req, ids, slot, rng, admitted=self._admitted,
                        mark=(req.steps, len(req.accept_lengths), len(req.draft_lengths)))
@@ -292,7 +292,12 @@ class Runner:
 
     def _uniforms(self, s: Sequence, n: int) -> list[float]:
         """The uniforms of s's next n output positions (one stream per request and turn)."""
-        return position_uniforms(self.sp.seed, s.req.stream, len(s.out_ids), n)
+        return position_uniforms(self._seed(s.req), s.req.stream, len(s.out_ids), n)
+
+    def _seed(self, req: Request) -> int:
+        """The request's own seed (a line's), else the run's: draws are keyed by it, so lines
+        with different seeds share steps."""
+        return self.sp.seed if req.seed is None else req.seed
 
     # -- one step ---------------------------------------------------------------------------
     def step(self, seqs: list[Sequence]) -> float:

@@ -20,6 +20,7 @@ class Request:
     raw_prompt: str | None = None       # fed verbatim when no chat template is applied
     meta: dict = field(default_factory=dict)   # ids etc. carried to the output
     sampling: dict | None = None        # the line's own settings over the run's (io/prompts.py)
+    samples: list | None = None         # n > 1: every sampled Request, this one first
     # filled as stages finish
     answers: list[str] = field(default_factory=list)
     answer_ids: list[list[int]] = field(default_factory=list)
@@ -33,6 +34,11 @@ class Request:
     first_ids: list[int] | None = None  # the first stage's prompt ids, once rendered (kv_rows)
     # with logprobs: per answer, per token [its log-probability, [[id, lp] of the top N]]
     logprobs: list[list] = field(default_factory=list)
+
+    @property
+    def seed(self) -> int | None:
+        """Its own seed (a line's; None: the run's), which its draws are keyed by."""
+        return (self.sampling or {}).get("seed")
 
     @property
     def stream(self) -> int:

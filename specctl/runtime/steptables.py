@@ -128,22 +128,29 @@ def _stored(store, fingerprint: str, model, batch_size: int, ns, context: int,
 
 def interpolated(store, fingerprint: str, model, batch_size: int, ns, context: int,
                  log) -> StepTable | None:
-    """A table for batch_size from the stored tables of the nearest batch sizes below and
-    above it (same model, machine, dtype and attention): its row linear in the batch size
-    between theirs at every point; None when the store has no such pair (a step's cost past
-    the measured batches is not a line to extend)."""
+    """A table for batch_size from the rows the store has measured (same model, machine,
+    dtype and attention; every stored table has batch 1's row and its own batch's): its row
+    linear in the batch size between the nearest measured batch sizes below and above it, or
+    the measured row itself; None when batch_size is past the measured ones (a step's cost
+    there is not a line to extend)."""
     stem = step_table_id(fingerprint, model, 0)[:-1]   # "...-steps-b"
-    sizes = sorted(int(e.id[len(stem):]) for e in store.entries("profiles")
-                   if e.id.startswith(stem) and e.id[len(stem):].isdigit())
-    lo = max((b for b in sizes if b < batch_size), default=None)
-    hi = min((b for b in sizes if b > batch_size), default=None)
-    if lo is None or hi is None or batch_size == 1:
+    rows: dict[int, tuple] = {}
+    base = None
+    for e in store.entries("profiles"):
+        size = e.id[len(stem):] if e.id.startswith(stem) else ""
+        t = _stored(store, fingerprint, model, int(size), ns, context, log) \
+            if size.isdigit() else None
+        if t is not None:
+            base = base or t
+            rows.update(zip(t.batches, t.table))
+    lo = max((b for b in rows if b <= batch_size), default=None)
+    hi = min((b for b in rows if b >= batch_size), default=None)
+    if lo is None or hi is None:
         return None
-    a, b = (_stored(store, fingerprint, model, x, ns, context, log) for x in (lo, hi))
-    if a is None or b is None:
-        return None
-    w = (batch_size - lo) / (hi - lo)
-    row = tuple((1 - w) * x + w * y for x, y in zip(a.table[-1], b.table[-1]))
-    log(f"step-cost table for batch {batch_size} interpolated from the stored batches {lo} "
-        f"and {hi} (not measured)")
-    return replace(a, batches=(1, batch_size), table=(a.table[0], row))
+    w = (batch_size - lo) / (hi - lo) if hi > lo else 0.0
+    row = tuple((1 - w) * x + w * y for x, y in zip(rows[lo], rows[hi]))
+    log(f"step-cost table for batch {batch_size} read off the stored batches "
+        f"{sorted(rows)} (not measured)")
+    if batch_size == 1:
+        return replace(base, batches=(1,), table=(row,))
+    return replace(base, batches=(1, batch_size), table=(rows[1], row))
