@@ -181,6 +181,8 @@ class LayerSkipDrafter(Drafter):
                 caps.append(0)
             else:
                 caps.append(min(max(r, 0), self.prm.K))
+        if not any(caps):   # an ar step for every sequence (the controller's budget 0)
+            return [Proposal() for _ in seqs]
 
         def forward(rows, inputs, depth, drafting):
             batch = ForwardBatch([SeqInput(seqs[i].slot, [t], kv.lens[seqs[i].slot] + depth)
