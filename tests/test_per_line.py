@@ -27,10 +27,12 @@ def test_settings_are_read_and_checked():
     r = prompt_record({"custom_id": "x", "body": body})
     assert r.sampling == {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "seed": 1,
                           "stop": ("a", "b"), "logprobs": 3} and r.max_tokens == 9
-    assert prompt_record({"body": {**body, "logprobs": False}}).sampling["temperature"] == 0.5
-    assert "logprobs" not in prompt_record({"body": {**body, "logprobs": False}}).sampling
+    quiet = {**body, "logprobs": False, "top_logprobs": None}
+    assert prompt_record({"body": quiet}).sampling["temperature"] == 0.5
+    assert "logprobs" not in prompt_record({"body": quiet}).sampling
     assert prompt_record({"prompt": "hi"}).sampling is None
     assert prompt_record({"body": {**body, "n": 3}}).sampling["n"] == 3
+    assert prompt_record({"body": {**body, "top_k": -1}}).sampling["top_k"] == 0
     assert "n" not in prompt_record({"prompt": "x", "sampling": {"n": 1, "seed": 2}}).sampling
     for bad, needle in [
         ({"prompt": "x", "sampling": {"temperature": -1}}, "sampling.temperature"),
@@ -46,6 +48,8 @@ def test_settings_are_read_and_checked():
         ({"prompt": "x", "sampling": []}, "sampling"),
         ({"prompt": "x", "sampling": {"temperature": float("nan")}}, "sampling.temperature"),
         ({"body": {**body, "n": 17}}, "body.n"),
+        ({"prompt": "x", "sampling": {"temperature": 1e-300}}, "sampling.temperature"),
+        ({"body": {**body, "logprobs": None}}, "body.top_logprobs"),
         ({"prompt": "x", "sampling": {"n": 0}}, "sampling.n"),
         ({"body": {**body, "logprobs": 1}}, "body.logprobs"),
         ({"body": {**body, "top_logprobs": 30}}, "body.top_logprobs"),
@@ -201,3 +205,20 @@ def test_generate_file_with_per_line_settings(tmp_path, tiny_llama):
     assert got[2]["token_ids"] == got[0]["token_ids"]         # greedy, as the plain line
     assert "logprobs" not in got[0] and len(got[2]["logprobs"][0]) == got[2]["new_tokens"]
     assert all(len(top) == 2 for _, top in got[2]["logprobs"][0])
+
+
+def test_runs_of_files_with_per_line_settings_key_apart(tmp_path):
+    """An older specctl ignored a line's own settings: its runs of such a file must not be
+    resumed, so their key gains a mark; settings anywhere in the file count (a --limit run of
+    the first lines resumes to the rest)."""
+    from specctl.io.prompts import read_prompts
+    from specctl.runtime.records import per_line
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"prompt": "a"}) + "\n" +
+                 json.dumps({"prompt": "b", "sampling": {"seed": 1}}) + "\n")
+    cfg = GenerateConfig(input=str(f))
+    assert per_line(cfg, read_prompts(f)) == ":per-line"
+    limited = GenerateConfig(input=str(f), limit=1)
+    assert per_line(limited, read_prompts(f, limit=1)) == ":per-line"
+    f.write_text(json.dumps({"prompt": "a"}) + "\n")
+    assert per_line(cfg, read_prompts(f)) == ""

@@ -156,6 +156,8 @@ def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
     """The settings of SAMPLING found in obj, checked (None when there are none). openai: a
     batch body (logprobs a switch, top_logprobs its count)."""
     out: dict = {}
+    if openai and obj.get("top_logprobs") is not None and obj.get("logprobs") is not True:
+        raise _Bad(f"{where}top_logprobs: needs {where}logprobs: true")
     for key in SAMPLING:
         v = obj.get(key)
         if v is None:
@@ -163,10 +165,12 @@ def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
         k = where + key
         if key == "temperature":
             out[key] = _number(v, k, 0.0, 100.0)
+            if 0 < out[key] < 1e-3:   # (speculative/sampling.py MIN_TEMPERATURE)
+                raise _Bad(f"{k}: must be 0 (greedy) or at least 0.001, got {_show(v)}")
         elif key == "top_p":
             out[key] = _number(v, k, 0.0, 1.0, lo_open=True)
-        elif key == "top_k":
-            out[key] = _count(v, k, 0, 1 << 30)
+        elif key == "top_k":   # (-1: off, as vLLM spells it)
+            out[key] = max(0, _count(v, k, -1, 1 << 30))
         elif key == "seed":
             out[key] = _count(v, k, 0, 2**63 - 1)
         elif key == "stop":

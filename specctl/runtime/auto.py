@@ -12,10 +12,9 @@ controller's step-cost table) do not count against whichever method happens to g
 CPU both run at a fixed thread count (the thread tuner's trial steps would weigh more in a
 method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
 is left out with the reason. Pilot answers are thrown away: with greedy decoding they are the
-job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json). So the
-pilots stay a small share of the job: they take at most a quarter of its prompts, and a job of
-fewer than SMALL_JOB new tokens in all (where two passes of every method would cost more than
-any choice could save) runs `ar` without a race, saying so.
+job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json). So a
+job whose pilots would cost more than a quarter of its own work (in new tokens: two passes of
+every method's pilot against every answer it asks for) runs `ar` without a race, saying so.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from specctl.speculative.drafter import NoDraft
 
 PILOT_TOKENS = 32     # new tokens per pilot answer
 PILOT_PROMPTS = 8     # at least this many prompts (a batch's worth when the batch is larger)
-SMALL_JOB = 16 * PILOT_PROMPTS * PILOT_TOKENS   # new tokens below which no pilot can pay
+PILOT_SHARE = 0.25    # the most of a job's work its pilots may cost
 
 
 @dataclass
@@ -83,8 +82,7 @@ def pilot(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, records,
     pass with a fresh copy of the drafter (Drafter.fresh: what one pass learnt, such as
     Self-Draft's context cache holding these very answers, must not speed up the next).
     profiles: make_runner's store, fingerprint and log (where step-cost tables are kept)."""
-    readable = sum(rec.error is None for rec in records)
-    want = min(max(PILOT_PROMPTS, cfg.batch_size), max(1, readable // 4))
+    want = max(PILOT_PROMPTS, cfg.batch_size)
     ctx = model.cfg.max_position
     picked, rows = [], []
     for rec in records:
@@ -157,10 +155,12 @@ def race(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, skipped: 
     `ar` and no report when no prompt can be tried."""
     t0 = time.perf_counter()
     reqs = [to_request(rec, cfg.max_tokens) for rec in records if rec.error is None]
-    work = sum(q.max_tokens * len(q.stages) for q in reqs)
-    if work < SMALL_JOB:
+    work = sum(q.max_tokens * len(q.stages) * (q.sampling or {}).get("n", 1) for q in reqs)
+    pilots = 2 * len(drafters) * PILOT_TOKENS * min(len(reqs), max(PILOT_PROMPTS,
+                                                                   cfg.batch_size))
+    if pilots > PILOT_SHARE * work:
         log(f"--method auto: ar, without a pilot: the job is small ({len(reqs)} prompts, at "
-            f"most {work} new tokens) and a pilot of every method would cost more than it "
+            f"most {work} new tokens) and piloting every method would cost more than it "
             "could save")
         return "ar", {"chosen": "ar", "pilot_s": 0.0, "pilots": [], "small_job": work}
     pilots = pilot(cfg, model, tk, drafters, records, store=store, fingerprint=fingerprint,

@@ -1,9 +1,11 @@
 """Requests that carry their own sampling settings (a line's `sampling`, an OpenAI batch body's
 temperature, seed, stop, logprobs ...): run in groups of equal settings, one runner each, in
 the order their first line comes. A runner draws, stops and verifies by one set of settings for
-all its sequences, so a group never mixes them; a line's answer depends only on its own
-settings, never on which group ran beside it (the draws are keyed by seed, request and
-position). Lines without settings of their own make one group with the run's, and so do lines
+all its sequences, so a group never mixes them. Groups run one after another: a file in which
+every line has its own temperature runs a line at a time. A line's greedy answer, and under
+sampling ar's and Self-Draft's, depend on its own settings alone (draws are keyed by seed,
+request and position); draft-verify and Kangaroo draw their drafts from their own
+distribution, so their sampled answers are exact in distribution, not in tokens. Lines without settings of their own make one group with the run's, and so do lines
 that differ only in their seed."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_of
 from specctl.runtime.locks import OutLock, lock_run
 from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
 from specctl.runtime.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
-                                     nearest_run, output_line, read_done,
+                                     nearest_run, output_line, per_line, read_done,
                                      read_input, record_file, runs_of)
 from specctl.runtime.sequence import Request
 from specctl.runtime.groups import run_groups
@@ -138,7 +138,7 @@ def _read(job: _Job, out: Path | None) -> None:
 
 
 def _keys(job: _Job, cfg: GenerateConfig, drafter) -> tuple[str, str]:
-    made = job.input_sha + str(job.model_dir) + drafter.signature()
+    made = job.input_sha + str(job.model_dir) + drafter.signature() + per_line(cfg, job.records)
     return cfg.key(made + f"{job.model.device.type}:{job.model.dtype}"), cfg.key(made, legacy=True)
 
 

@@ -73,6 +73,8 @@ def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool) -> 
     if stats is None or not stats.controlled_steps or busy <= 0 or not tps:
         return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
     ar_busy = busy + (stats.ar_step_ms - stats.measured_step_ms) / 1e3
+    if ar_busy <= 0:   # (steps timed longer than the run: counts that do not add up)
+        return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
     gain = ar_busy / busy
     return {"ar_tokens_per_s_est": round(tps / gain, 3), "gain_vs_ar_est": round(gain, 3)}
 

@@ -34,6 +34,14 @@ def read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
     return records
 
 
+def per_line(cfg: GenerateConfig, records: list[PromptRecord]) -> str:
+    """What a run key adds when lines carry settings of their own (anywhere in the file: a
+    --limit run resumes to the rest), which an older specctl ignored: so runs it made of such
+    an input are not resumed."""
+    recs = records if cfg.limit is None else read_prompts(Path(cfg.input), skip_bad=True)
+    return ":per-line" if any(r.sampling for r in recs) else ""
+
+
 def step_lengths(req: Request) -> tuple[list[int], list[int]]:
     """(accepted, drafted) per verification step; both empty when no step drafted (an `ar`
     run, or every budget 0): a list of zeros per step says nothing."""
@@ -69,9 +77,10 @@ def _answer(req: Request) -> dict:
     if len(req.answers) > 1:
         out["turns"] = list(req.answers)
     new = sum(len(a) for a in req.answer_ids)
+    accepted, drafted = step_lengths(req)
     out.update(new_tokens=new, steps=req.steps, prompt_tokens=req.prompt_tokens,
                mean_accepted=round(new / req.steps, 4) if req.steps else 0.0,
-               accept_lengths=step_lengths(req)[0], draft_lengths=step_lengths(req)[1],
+               accept_lengths=accepted, draft_lengths=drafted,
                finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
                wall_time_s=round(req.wall_time, 4),
                token_ids=[list(a) for a in req.answer_ids])   # one list per answer
@@ -91,8 +100,13 @@ def _valid(r) -> bool:
                                         for k, t in _RECORD.items())
             and r["index"] >= 0 and all(type(x) is int for x in r["accept_lengths"])
             and all(type(x) is int for x in r["draft_lengths"])
-            and _ids(r.get("token_ids", [])) and isinstance(r.get("logprobs", []), list)
-            and isinstance(r.get("samples", []), list))
+            and _ids(r.get("token_ids", [])) and _lists(r.get("logprobs", []))
+            and _lists(r.get("turns", []), str)
+            and _lists(r.get("samples", []), dict))
+
+
+def _lists(v, kind=list) -> bool:
+    return isinstance(v, list) and all(isinstance(x, kind) for x in v)
 
 
 def _ids(v) -> bool:

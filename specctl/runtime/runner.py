@@ -231,6 +231,8 @@ class Runner:
             while not req.done:   # later stages cannot run once the context is full
                 req.answers.append("")
                 req.answer_ids.append([])
+                if self.logprobs is not None:
+                    req.logprobs.append([])
                 req.finish_reasons.append("context")
             req.wall_time = time.perf_counter() - req.started
             on_done(req)
@@ -311,8 +313,6 @@ class Runner:
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
-        if self.logprobs is not None:
-            self._logprobs(plan, out, h, had)
         self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
         work = float(plan.batch.num_tokens)
         if plan.budgets is not None:
@@ -322,6 +322,8 @@ class Runner:
             self._count_controlled(plan, out, expected, took)
             self.stats.ar_step_ms += ((self.stats.generated - emitted) / len(seqs)
                                       * self.controller.ar_ms(len(seqs)))
+        if self.logprobs is not None:   # (not in the step's time: no method's cost)
+            self._logprobs(plan, out, h, had)
         return work
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:

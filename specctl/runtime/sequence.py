@@ -20,7 +20,8 @@ class Request:
     raw_prompt: str | None = None       # fed verbatim when no chat template is applied
     meta: dict = field(default_factory=dict)   # ids etc. carried to the output
     sampling: dict | None = None        # the line's own settings over the run's (io/prompts.py)
-    samples: list | None = None         # n > 1: every sampled Request, this one first
+    # n > 1: every sampled Request, this one first (not compared: it holds this one)
+    samples: list | None = field(default=None, compare=False, repr=False)
     # filled as stages finish
     answers: list[str] = field(default_factory=list)
     answer_ids: list[list[int]] = field(default_factory=list)

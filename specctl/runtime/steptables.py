@@ -139,7 +139,7 @@ def interpolated(store, fingerprint: str, model, batch_size: int, ns, context: i
     for e in store.entries("profiles"):
         size = e.id[len(stem):] if e.id.startswith(stem) else ""
         t = _stored(store, fingerprint, model, int(size), ns, context, log) \
-            if size.isdigit() else None
+            if re.fullmatch(r"[0-9]+", size) else None
         if t is not None:
             base = base or t
             rows.update(zip(t.batches, t.table))

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 import torch
 
 
+MIN_TEMPERATURE = 1e-3   # below it (but 0) the warped probabilities are not numbers
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0    # 0 = greedy
@@ -22,6 +25,9 @@ class SamplingParams:
     def __post_init__(self):
         if not 0 <= self.temperature < float("inf"):   # (NaN fails too)
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:   # logits / T overflow: NaN probabilities
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
         if not 0 < self.top_p <= 1:
