@@ -35,7 +35,7 @@ from specctl.engine.steptable import weight_shares
 from specctl.io.schema import (SchemaError, anything, fields, integer, json_object, list_of,
                                number, optional)
 from specctl.speculative.chain import draft_chains
-from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
+from specctl.speculative.drafter import NO_DRAFT, DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
@@ -182,7 +182,7 @@ class LayerSkipDrafter(Drafter):
             else:
                 caps.append(min(max(r, 0), self.prm.K))
         if not any(caps):   # an ar step for every sequence (the controller's budget 0)
-            return [Proposal() for _ in seqs]
+            return [NO_DRAFT] * len(seqs)
 
         def forward(rows, inputs, depth, drafting):
             batch = ForwardBatch([SeqInput(seqs[i].slot, [t], kv.lens[seqs[i].slot] + depth)

@@ -59,6 +59,9 @@ class Proposal:
     stopped_at: int | None = None        # chains: drafts when limits.stop ended the chain
 
 
+NO_DRAFT = Proposal()   # a sequence's proposal when it drafts nothing (shared: never edited)
+
+
 @dataclass(frozen=True)
 class DraftPrice:
     """What a step of this drafter costs beyond `ar`'s, in shares of one plain step of the
@@ -137,7 +140,7 @@ class NoDraft(Drafter):
     name = "ar"
 
     def propose(self, seqs, kv, limits) -> list[Proposal]:
-        return [Proposal() for _ in seqs]
+        return [NO_DRAFT] * len(seqs)
 
     def fresh(self) -> "NoDraft":
         return NoDraft()
