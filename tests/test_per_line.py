@@ -33,6 +33,8 @@ def test_settings_are_read_and_checked():
     assert prompt_record({"prompt": "hi"}).sampling is None
     assert prompt_record({"body": {**body, "n": 3}}).sampling["n"] == 3
     assert prompt_record({"body": {**body, "top_k": -1}}).sampling["top_k"] == 0
+    off = {"frequency_penalty": 0, "repetition_penalty": 1.0, "best_of": 1, "model": "x"}
+    assert prompt_record({"body": {**body, **off}}).sampling["seed"] == 1
     assert "n" not in prompt_record({"prompt": "x", "sampling": {"n": 1, "seed": 2}}).sampling
     for bad, needle in [
         ({"prompt": "x", "sampling": {"temperature": -1}}, "sampling.temperature"),
@@ -54,6 +56,9 @@ def test_settings_are_read_and_checked():
         ({"body": {**body, "logprobs": 1}}, "body.logprobs"),
         ({"body": {**body, "top_logprobs": 30}}, "body.top_logprobs"),
         ({"body": body, "sampling": {"seed": 1}}, "sampling"),
+        ({"body": {**body, "sampling": {"n": 2}}}, "body.sampling"),
+        ({"body": {**body, "frequency_penalty": 0.5}}, "body.frequency_penalty"),
+        ({"body": {**body, "logit_bias": {"5": 1}}}, "body.logit_bias"),
     ]:
         with pytest.raises(SpecctlError) as e:
             prompt_record(bad)
@@ -109,8 +114,7 @@ def test_a_lines_settings_change_only_its_own_output(model):
         if o is None or "temperature" not in o:
             assert mixed[i] == plain[i], i          # greedy lines: as without the others
         else:                                       # a sampled line: as run alone with its own
-            alone, _ = _run(model, NoDraft(), [prompts[i]], [None], batch=1, first=i,
-                            **{k: v for k, v in o.items() if k != "logprobs"})
+            alone, _ = _run(model, NoDraft(), [prompts[i]], [o], batch=1, first=i)
             assert mixed[i] == alone[0], i
     assert mixed[1] != plain[1] or mixed[2] != plain[2]   # the settings did something
 
@@ -166,6 +170,17 @@ def test_seeds_share_a_runner_and_n_answers_are_seeds_in_a_row(model, monkeypatc
     assert [a["token_ids"] for a in line["samples"]] == [q.answer_ids for q in got.samples]
     assert line["new_tokens"] == sum(len(q.answer_ids[0]) for q in got.samples)
     assert line["text"] == line["samples"][0]["text"]
+
+
+def test_a_seed_of_its_own_samples_the_same_answer_wherever_its_line_is(model):
+    """The same prompt with the same seed of its own: the same answer at line 0 and line 3
+    (as vLLM's per-request seeds); without one, lines are kept apart by their position."""
+    from specctl.speculative.drafter import NoDraft
+    p = _prompts(1, seed=5)[0]
+    own = {"temperature": 1.0, "seed": 11}
+    ids, _ = _run(model, NoDraft(), [p, p, p, p], [own, None, None, own], batch=2,
+                  temperature=1.0)
+    assert ids[0] == ids[3] and ids[1] != ids[2]
 
 
 def test_logprobs_are_the_models_own(model):

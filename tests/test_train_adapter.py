@@ -58,6 +58,7 @@ def test_estimate_only_says_how_long_and_trains_nothing(tiny_llama, data, tmp_pa
     assert "estimated time for the whole command" in r.output
     assert "--estimate: nothing trained" in r.output
     assert not (tmp_path / "s" / "adapters").exists()
+    assert not list((tmp_path / "s").glob("work/train-*"))   # nothing left as if killed
 
 
 def test_train_resume_and_generate(tiny_llama, data, tmp_path):

@@ -44,6 +44,10 @@ def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecor
         recs = recs[:cfg.limit]
     if not cfg.chat:
         require_raw_prompts(recs, path)
+    own = sum(r.sampling is not None for r in recs)
+    if own:
+        log(f"note: {own} lines carry sampling settings of their own; bench times every line "
+            "with the command's settings (generate applies them)")
     return recs, str(path.resolve()), file_sha256(path)
 
 

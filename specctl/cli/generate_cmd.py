@@ -68,7 +68,8 @@ def generate(
     if not lead:
         return
     m = res["metrics"]
-    console.print(f"[green]done[/]: {m['requests']} requests, {m['new_tokens']} new tokens, "
+    console.print(f"[green]done[/]: {m['requests'] - m['errors']} requests, "
+                  f"{m['new_tokens']} new tokens, "
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))

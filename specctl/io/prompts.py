@@ -128,6 +128,8 @@ def _max_tokens(obj: dict, where: str) -> int | None:
 MAX_LOGPROBS = 20   # alternatives per token, as OpenAI allows
 MAX_N = 16          # answers sampled per line
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "n", "logprobs")
+UNSUPPORTED = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1,
+               "logit_bias": {}, "min_p": 0, "best_of": 1}   # (their "off")
 
 
 def _number(v, key: str, lo: float, hi: float, lo_open: bool = False):
@@ -241,6 +243,13 @@ def _parse(obj) -> dict:
         turns = (_messages(body["messages"], "body.messages"),)
         max_tokens = _max_tokens(body, "body.") or max_tokens
         sampling = _sampling(body, "body.", openai=True)
+        if "sampling" in body:
+            raise _Bad("body.sampling: an OpenAI batch body sets them as its own fields "
+                       "(temperature, seed, ...)")
+        for key, off in UNSUPPORTED.items():   # would change the answer: not left out quietly
+            if body.get(key) is not None and body[key] != off:
+                raise _Bad(f"body.{key}: not supported (specctl samples without penalties, "
+                           f"biases, min_p or best_of); {off!r} or leaving it out is")
     else:
         qs = obj["turns"]
         if not isinstance(qs, list) or not qs:

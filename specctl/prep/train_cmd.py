@@ -69,7 +69,9 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
     fp = model_fingerprint(model_dir)
     job = _Job(cfg, store, model, fp, store.root / "work" / f"train-{fp}", resume, report, eta)
     prep = job.prepare(tok, convs, estimate_only)
-    if prep is None:
+    if prep is None:   # (a work folder it made and left empty is not a killed run's)
+        if job.work.is_dir() and not any(job.work.iterdir()):
+            job.work.rmdir()
         return {"path": None, "estimate_s": round(job.first, 1)}
     l, sweep, have = job.exit_layer(prep)
     adapter, summary = job.train(prep, replace(cfg, exit_layer=l), have)

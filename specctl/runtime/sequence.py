@@ -43,8 +43,11 @@ class Request:
 
     @property
     def stream(self) -> int:
-        """The random stream of the current turn (its generator, its position uniforms)."""
-        return self.index * 64 + len(self.answers)
+        """The random stream of the current turn (its generator, its position uniforms): by
+        the request's number and turn; with a seed of its own by its turn alone, so the same
+        prompt with the same seed samples the same answer wherever its line is (as vLLM's
+        per-request seeds do)."""
+        return (0 if self.seed is not None else self.index * 64) + len(self.answers)
 
     @property
     def done(self) -> bool:
