@@ -5,8 +5,9 @@ all its sequences, so a group never mixes them. Groups run one after another: a 
 every line has its own temperature runs a line at a time. A line's greedy answer, and under
 sampling ar's and Self-Draft's, depend on its own settings alone (draws are keyed by seed,
 request and position); draft-verify and Kangaroo draw their drafts from their own
-distribution, so their sampled answers are exact in distribution, not in tokens. Lines without settings of their own make one group with the run's, and so do lines
-that differ only in their seed."""
+distribution, so their sampled answers are exact in distribution, not in tokens. Lines
+without settings of their own make one group with the run's, and so do lines that differ only
+in their seed."""
 
 from __future__ import annotations
 
@@ -22,11 +23,10 @@ from specctl.runtime.stats import RunStats, merged
 
 def settings(cfg: GenerateConfig, req: Request) -> GenerateConfig:
     """The run's settings with the request's own over them (checked as the command's are),
-    but its seed: a request carries that itself (Request.seed), so seeds never split a group."""
+    but its seed (checked when read, io/prompts.py): a request carries that itself
+    (Request.seed), so seeds never split a group."""
     own = {k: v for k, v in (req.sampling or {}).items() if k not in ("seed", "n")}
     try:
-        if "seed" in (req.sampling or {}):
-            replace(cfg, seed=req.sampling["seed"])   # (checked, as every setting)
         return replace(cfg, **own) if own else cfg
     except SpecctlError as e:
         raise SpecctlError(f"prompt {req.index}: {e}") from None

@@ -64,14 +64,13 @@ def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) ->
         np.cumsum(x, axis=0, out=c[1:])
         return c
     # candidates 0 .. n: the prefixes; then n + T for T = 1 .. top - 1: every budget min(cap, T)
-    # (one sequence's levels are prefixes already)
-    levels = np.minimum(np.asarray(caps)[:, None], np.arange(1, top if b > 1 else 1)[None, :])
+    levels = np.minimum(np.asarray(caps)[:, None], np.arange(1, top)[None, :])   # [B, top - 1]
     rows = np.arange(b)[:, None]
     emitted = b + np.concatenate((prefixes(gains[seq, k] - gains[seq, k - 1]),
                                   (gains[rows, levels] - gains[:, :1]).sum(axis=0)))
     tokens = np.concatenate((np.arange(n + 1), levels.sum(axis=0)))
     drafting = np.concatenate((prefixes((k == 1).astype(np.int64)),
-                               np.full(levels.shape[1], np.count_nonzero(caps))))
+                               np.full(top - 1, np.count_nonzero(caps))))
     tops = np.concatenate(([0], np.maximum.accumulate(k), levels.max(axis=0, initial=0)))
     at_least = None
     if cost.draft_frac:   # at_least[c, d]: sequences with budget >= d (b at d = 0)

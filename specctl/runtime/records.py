@@ -42,29 +42,25 @@ def per_line(cfg: GenerateConfig, records: list[PromptRecord]) -> str:
     return ":per-line" if any(r.sampling for r in recs) else ""
 
 
-def step_lengths(req: Request) -> tuple[list[int], list[int]]:
-    """(accepted, drafted) per verification step; both empty when no step drafted (an `ar`
-    run, or every budget 0): a list of zeros per step says nothing."""
-    if not any(req.draft_lengths):
+def step_lengths(*reqs: Request) -> tuple[list[int], list[int]]:
+    """(accepted, drafted) per verification step of these requests, one after the other; both
+    empty when no step drafted (an `ar` run, or every budget 0): zeros per step say nothing."""
+    if not any(any(q.draft_lengths) for q in reqs):
         return [], []
-    return list(req.accept_lengths), list(req.draft_lengths)
+    return [x for q in reqs for x in q.accept_lengths], [x for q in reqs for x in q.draft_lengths]
 
 
 def output_line(req: Request) -> dict:
     """The output line of a finished request (with n > 1 answers: the first's text at the top,
     every answer under `samples`, the counts over them all)."""
     if req.samples:
-        out = _answer(req)
-        subs = [_answer(q) for q in req.samples]
+        subs = [_answer(q) for q in req.samples]   # (req is the first)
+        out = dict(subs[0])
         out["samples"] = [{k: a[k] for k in ("text", "turns", "token_ids", "finish_reason",
                                              "logprobs") if k in a} for a in subs]
         out["new_tokens"] = sum(a["new_tokens"] for a in subs)
         out["steps"] = sum(a["steps"] for a in subs)
-        drafted = any(any(q.draft_lengths) for q in req.samples)   # (step_lengths, over all)
-        out["accept_lengths"] = [x for q in req.samples for x in q.accept_lengths] if drafted \
-            else []
-        out["draft_lengths"] = [x for q in req.samples for x in q.draft_lengths] if drafted \
-            else []
+        out["accept_lengths"], out["draft_lengths"] = step_lengths(*req.samples)
         out["mean_accepted"] = round(out["new_tokens"] / out["steps"], 4) if out["steps"] else 0.0
         out["wall_time_s"] = max(a["wall_time_s"] for a in subs)
         return out
