@@ -110,15 +110,16 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     need_ref = 1 not in cfg.batch_sizes
     progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
                                         + int(need_ref))
-    reference, ref_b1 = "ar at batch size 1 (timed)", None
+    reference, ref_b1 = "ar at batch size 1 (timed)", {}
     if need_ref:
-        progress.update(info="ar b1 (reference outputs, untimed)")
-        ref_b1 = b.runners["ar"].run(recs, 1, cfg.max_tokens).outputs
+        for base in {_baseline(b, m) for m, _ in b.plan}:
+            progress.update(info=f"{base} b1 (reference outputs, untimed)")
+            ref_b1[base] = b.runners[base].run(recs, 1, cfg.max_tokens).outputs
         progress.update(advance=1)
         reference = "ar at batch size 1 (one untimed reference run)"
     _time(b)
-    rows, cat_rows, ar_out, ref_b1 = _rows(b, ref_b1)
-    _analyze_divergence(b, rows, ar_out, ref_b1)
+    rows, cat_rows = _rows(b, ref_b1)
+    _analyze_divergence(b, rows, ref_b1)
     progress.close()
     return _store(b, rows, cat_rows, reference, input_desc, input_sha)
 
@@ -233,12 +234,27 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
     return row
 
 
-def _rows(b: _Bench, ref_b1):
+def _baseline(b: _Bench, m: str) -> str:
+    """The ar whose outputs m's must equal: ar:exact for a method run under :exact where the
+    bench runs ar:exact (plain bf16 ar differs from it), else ar."""
+    if "ar:exact" in b.runners and b.runners[m].engine == "specctl" \
+            and b.cfg.generate_config(m, 1).exact:
+        return "ar:exact"
+    return "ar"
+
+
+def _outputs(b: _Bench, ref_b1: dict, vs: str) -> dict:
+    """The outputs a comparison named ("ar:exact b8") was made against."""
+    name, _, bs = vs.rpartition(" b")
+    runs = b.runs_of.get((name, int(bs)))
+    return runs[0].outputs if runs else ref_b1[name]
+
+
+def _rows(b: _Bench, ref_b1: dict):
     """One row per (method, batch size), compared with ar; per-category rows."""
     log = b.log
     rows, cat_rows = [], []
     ar_rows: dict[int, dict] = {}
-    ar_out: dict[int, dict] = {}
     ar_cat: dict[int, dict[str, float]] = {}
     for m, bs in b.plan:
         label = f"{m} b{bs}"
@@ -246,9 +262,7 @@ def _rows(b: _Bench, ref_b1):
         first = runs[0]
         row = _row(b, m, bs)
         if m == "ar":
-            ar_rows[bs], ar_out[bs] = row, first.outputs
-            if bs == 1:
-                ref_b1 = first.outputs
+            ar_rows[bs] = row
         base = ar_rows.get(bs)
         if base and all(base["tokens_per_s"]["runs"]):
             # paired by round: the repeats run round-robin, so round k of a method ran next to
@@ -257,8 +271,9 @@ def _rows(b: _Bench, ref_b1):
                                             base["tokens_per_s"]["runs"])]
             row["speedup_vs_ar"] = round(statistics.median(ratios), 4)
             row["speedup_runs"] = [round(x, 4) for x in ratios]
-        d_same = compare(first.outputs, ar_out[bs], f"ar b{bs}")
-        d_b1 = compare(first.outputs, ref_b1, "ar b1")
+        ref = _baseline(b, m)
+        d_same = compare(first.outputs, _outputs(b, ref_b1, f"{ref} b{bs}"), f"{ref} b{bs}")
+        d_b1 = compare(first.outputs, _outputs(b, ref_b1, f"{ref} b1"), f"{ref} b1")
         row["matches_ar"], row["matches_ar_b1"] = d_same is None, d_b1 is None
         row["mismatch"] = d_same or d_b1
         if not row["repeats_identical"]:
@@ -272,7 +287,7 @@ def _rows(b: _Bench, ref_b1):
             + (f", {row['speedup_vs_ar']:.2f}x ar" if row["speedup_vs_ar"] else "")
             + (f", mean accepted tokens {row['mean_accepted_tokens']}"
                if row["mean_accepted_tokens"] is not None else ""))
-    return rows, cat_rows, ar_out, ref_b1
+    return rows, cat_rows
 
 
 def _category_rows(b: _Bench, m: str, bs: int, ar_cat: dict) -> list[dict]:
@@ -300,7 +315,7 @@ def _category_rows(b: _Bench, m: str, bs: int, ar_cat: dict) -> list[dict]:
     return out
 
 
-def _analyze_divergence(b: _Bench, rows: list[dict], ar_out: dict, ref_b1) -> None:
+def _analyze_divergence(b: _Bench, rows: list[dict], ref_b1: dict) -> None:
     """After every timed run (the analysis runs the model on its own cache): where a row
     differs, how close to a tie the model was at each first differing token."""
     model, log = b.model, b.log
@@ -310,13 +325,15 @@ def _analyze_divergence(b: _Bench, rows: list[dict], ar_out: dict, ref_b1) -> No
         try:
             if row["mismatch"]:
                 vs = row["mismatch"]["vs"]
-                ref, got = (ar_out[bs] if vs == f"ar b{bs}" else ref_b1), runs[0].outputs
+                ref, got = _outputs(b, ref_b1, vs), runs[0].outputs
             elif not row["repeats_identical"]:
                 vs = "its first repeat"
                 ref = runs[0].outputs
                 got = next(r.outputs for r in runs[1:] if r.outputs != ref)
             else:
                 continue
+            if b.runners[m].engine == "specctl":   # (the numerics the row ran with)
+                model.set_exact(b.cfg.generate_config(m, 1).exact)
             gaps = divergence_gaps(model, b.tk.render, b.recs, got, ref)
         except Exception as e:   # noqa: BLE001 - a diagnosis must not cost the timed results
             log(f"{m} b{bs}: the divergence analysis failed ({type(e).__name__}: {e})")

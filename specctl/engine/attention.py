@@ -47,6 +47,7 @@ class SdpaMeta:
     tables: list | None = None       # the block tables it addresses (a batch keeps one meta)
     static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
     bias: torch.Tensor | None = None  # mask as 0 / -inf in the queries' dtype, made on first use
+    exact: object = None             # engine.exact.ExactMeta, made on first use under --exact
 
 
 def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:

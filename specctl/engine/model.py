@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from specctl.engine.attention import BACKENDS, FLEX_BLOCK, sdpa_meta
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
+from specctl.engine import exact
 from specctl.engine.config import ModelConfig
 from specctl.engine.kv import BLOCK, KVCache, row_bytes
 
@@ -107,11 +108,12 @@ def tile_rows(m: np.ndarray) -> np.ndarray:
 GEMM_ROWS = 256
 
 
-def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              lin=linear):
     """x + a @ w.T (+ b): on CUDA the residual add done by the matmul's epilogue (one launch,
     not two; a small model's step is bound by launches)."""
-    if b is not None or x.device.type == "cpu":
-        return x + linear(a, w, b)
+    if b is not None or x.device.type == "cpu" or lin is not linear:
+        return x + lin(a, w, b)
     return torch.addmm(x, a, w.t())
 
 
@@ -155,13 +157,40 @@ class Model:
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
         self.attention = "sdpa"   # attention backend: a key of engine.attention.BACKENDS
         self.attend = BACKENDS["sdpa"]
+        self.exact = False        # batch-invariant numerics (set_exact)
+        self.linear, self.silu, self.apply_rope = linear, F.silu, apply_rope
+        self._exact_linear = self._rope_table = None
 
     def set_attention(self, backend: str) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of {sorted(BACKENDS)})")
         self.attention, self.attend = backend, BACKENDS[backend]
+        if self.exact:
+            self.attend = exact.exact_attention
         if self.graphs is not None:   # captured with the other backend
             self.graphs.cache.clear()
+
+    def set_exact(self, on: bool) -> None:
+        """--exact: every op on the decoding path gives a row the same bits whatever else is in
+        the forward (engine/exact.py). Raises ValueError where this machine's matmuls are not
+        row-invariant even in fixed tiles."""
+        if on and self._exact_linear is None:
+            if self.device.type != "cpu":
+                raise ValueError("--exact runs on the CPU only so far: its CUDA kernels are "
+                                 "not built yet")
+            weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+            self._exact_linear = exact.probe(weights, self.lm_head, self.cfg.head_dim)
+            if self._exact_linear is None:
+                dt = {torch.float32: "fp32", torch.bfloat16: "bf16",
+                      torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
+                raise ValueError(f"--exact: this machine's {dt} matmuls give a row different "
+                                 "bits at different row counts (try --dtype bf16)")
+            self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+        self.exact = on
+        self.attend = exact.exact_attention if on else BACKENDS[self.attention]
+        self.linear = self._exact_linear if on else linear
+        self.silu = exact.silu if on else F.silu
+        self.apply_rope = exact.apply_rope if on else apply_rope
 
     def new_kv_cache(self, num_slots: int, max_len: int, budget: int | None = None) -> KVCache:
         """A KV cache for num_slots sequences of up to max_len rows: contiguous, or paged when
@@ -211,6 +240,8 @@ class Model:
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, hd] for apply_rope (sin's first half negated: rotate_half's sign)."""
+        if self.exact:
+            return self._rope_table(positions)
         freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                # [T, 1, hd]
         sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin()
@@ -250,18 +281,18 @@ class Model:
             L = self.layers[i]
             if i not in plan.skip_attn:
                 h = rms_norm(x, L.attn_norm, c.rms_eps)
-                qkv = linear(h, L.wqkv, L.bqkv)
-                qk = apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
+                qkv = self.linear(h, L.wqkv, L.bqkv)
+                qk = self.apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
                 q, k = qk[:, :H], qk[:, H:]       # queries and keys rotated in one pass
                 v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
                 kv.write(i, meta.index, k, v)
                 o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
-                x = _residual(x, o, L.wo, L.bo)
+                x = _residual(x, o, L.wo, L.bo, self.linear)
             if i not in plan.skip_mlp:
                 h = rms_norm(x, L.mlp_norm, c.rms_eps)
-                gu = linear(h, L.w_gate_up, L.b_gate_up)
+                gu = self.linear(h, L.w_gate_up, L.b_gate_up)
                 g, u = gu.chunk(2, dim=-1)
-                x = _residual(x, F.silu(g) * u, L.w_down, L.b_down)
+                x = _residual(x, self.silu(g) * u, L.w_down, L.b_down, self.linear)
         if plan.capture is not None and plan.capture == end:
             captured = x
         return x if plan.capture is None else (x, captured)
@@ -294,7 +325,7 @@ class Model:
         return self._head(hidden).float()
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head)
+        return self.linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head)
 
     @torch.inference_mode()
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -27,19 +27,21 @@ SPECULATE = ("auto", "fixed")
 
 def split_variant(spec: str) -> tuple[str, dict]:
     """'self-draft:no-corpus' -> ('self-draft', {'corpus_cache': 'none'}); 'ar' -> ('ar', {}).
-    Any method also takes ':auto' / ':fixed' (its --speculate), after its variant if any:
-    'self-draft:light:auto'."""
+    Any method also takes ':auto' / ':fixed' (its --speculate) and ':exact' (--exact), after
+    its variant if any: 'self-draft:light:auto:exact'."""
     method, *parts = spec.split(":")
     out: dict = {}
-    if parts and parts[-1] in SPECULATE:
-        out["speculate"] = parts.pop()
+    while parts and (parts[-1] in SPECULATE and "speculate" not in out
+                     or parts[-1] == "exact" and "exact" not in out):
+        last = parts.pop()
+        out.update({"exact": True} if last == "exact" else {"speculate": last})
     if not parts:
         return method, out
     known = VARIANTS.get(method, {})
     if len(parts) > 1 or parts[0] not in known:
         have = ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
         raise SpecctlError(f"unknown method variant {spec!r} (available: {have}; any method "
-                           "may end in :auto or :fixed)")
+                           "may end in :auto or :fixed, and :exact)")
     return method, {**known[parts[0]], **out}
 
 
@@ -113,6 +115,11 @@ class GenerateConfig:
     attention: str = option("sdpa", "Attention backend: sdpa (default) or flex (FlexAttention "
                             "with block masks read in place from the KV cache, compiled on "
                             "CUDA; on a CPU only the slow reference).", bench=True)
+    exact: bool = option(False, "Batch-invariant numerics: every method's output is ar's at "
+                         "batch 1 token for token in bf16 too, at any batch size (CPU; plain "
+                         "bf16 flips near-ties with the batch's shape). Costs speed; where "
+                         "this machine's matmuls cannot be made invariant it is refused.",
+                         flag="--exact/--no-exact", bench=True)
     cuda_graphs: bool = option(True, "On CUDA, replay decoding steps from captured CUDA graphs "
                                "(off: every forward runs eagerly).",
                                flag="--cuda-graphs/--no-cuda-graphs", bench=True)
@@ -235,7 +242,7 @@ class GenerateConfig:
         d = asdict(self)
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
-        for name, default in (("attention", "sdpa"), ("cuda_graphs", True),
+        for name, default in (("attention", "sdpa"), ("cuda_graphs", True), ("exact", False),
                               ("speculate", "fixed"), ("logprobs", None)):
             if d[name] == default:   # at their defaults left out: keys without them still match
                 d.pop(name)

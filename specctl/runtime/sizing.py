@@ -18,6 +18,10 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     the longest request needs (within the model's context). With --speculate auto its
     controller prices steps by the step-cost table, kept in `store` when one is given with the
     model's fingerprint."""
+    try:   # (before the controller: --exact steps have their own cost table)
+        model.set_exact(cfg.exact)
+    except ValueError as e:
+        raise SpecctlError(str(e)) from None
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))

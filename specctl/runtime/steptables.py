@@ -50,7 +50,7 @@ STEP_WARMUP, STEP_REPEATS = 1, 5     # runs of each of its points: untimed, then
 
 def step_table_id(fingerprint: str, model, batch_size: int) -> str:
     return (f"{fingerprint}-{device_tag(model)}-{str(model.dtype).replace('torch.', '')}"
-            f"-{model.attention}-steps-b{batch_size}")
+            f"-{model.attention}{'-exact' if model.exact else ''}-steps-b{batch_size}")
 
 
 def step_table_path(store, fingerprint: str, model, batch_size: int):
@@ -79,7 +79,7 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
     device, dtype, attention backend and batch size; a batch size between two stored ones is
     interpolated from them instead (`interpolated`). fresh: measure it again."""
     batches = tuple(sorted({1, batch_size}))
-    key = (id(model), str(model.device), str(model.dtype), batches, tuple(ns))
+    key = (id(model), str(model.device), str(model.dtype), model.exact, batches, tuple(ns))
     t = None if fresh else _TABLES.get(key)
     if t is not None:
         return t

@@ -1,0 +1,234 @@
+"""Batch-invariant numerics (`--exact`): a token's logits get the same bits whatever else is in
+its forward: how many sequences, how many tokens each verifies, where the token sits, whether
+the cache is paged. So a speculative method's greedy output is `ar`'s at batch 1 in bf16 too,
+where plain kernels pick their reduction order by the step's shape and near-ties flip.
+
+What varies with the batch in the plain path, and what this module does instead:
+- Attention (SDPA's kernel splits keys and queries by the step's shapes; a tree's keys sit
+  between other drafts'): each query attends over its own keys laid out by position, exactly
+  as in a plain decode of that token (committed rows, then its ancestors in depth order), in
+  groups that share a layout (a chain, or one root-to-leaf path of a tree). Scores and the
+  weighted sum are batched matmuls whose reduction is over the head dimension and over keys in
+  position order with zero weights past the query's own position; the softmax runs in fp32.
+- Transcendental elementwise ops (exp in softmax and SiLU, RoPE's sin/cos): CPU kernels take a
+  vectorized path for most elements and a scalar one for a remainder whose place depends on the
+  tensor's size, and the two round differently. Here exp is built from IEEE basic operations
+  (each exactly rounded, so every path agrees), and RoPE's table is computed once per position.
+- Matmuls: decided per machine and dtype by a probe on the model's own weight shapes
+  (`probe_linear`): where the BLAS already gives a row the same bits at any row count (bf16 on
+  AVX512-BF16 CPUs), F.linear as is; else rows in fixed tiles of TILE (one shape, one kernel;
+  MKL's fp32 GEMM changes kernels with the row count); else --exact is refused.
+RMSNorm, embedding, argmax and the residual adds are per row already.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TILE = 8                    # rows per matmul call where the BLAS is not row-invariant
+ROPE_CHUNK = 4096           # positions per piece of the RoPE table (each built in one call)
+_LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4   # Cody-Waite split of ln 2 (n * HI exact)
+_EXP_COEF = [1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]   # Taylor, |r| <= ln2 / 2
+
+
+def det_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of an fp32 tensor from multiplies, adds, floor and exponent bits only, so every
+    element gets the same bits wherever it sits (within ~2 ulp of exp). Inputs are clamped to
+    [-87, 88]: the result is never 0 or inf (callers mask what must be 0)."""
+    x = x.clamp(-87.0, 88.0)
+    n = torch.floor(x * 1.4426950408889634 + 0.5)
+    r = x - n * _LN2_HI
+    r = r - n * _LN2_LO
+    p = torch.full_like(r, _EXP_COEF[0])
+    for c in _EXP_COEF[1:]:
+        p = p * r + c
+    scale = torch.bitwise_left_shift(n.to(torch.int32) + 127, 23).view(torch.float32)
+    return p * scale
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    """x * sigmoid(x) in fp32 with det_exp, in x's dtype."""
+    x32 = x.float()
+    return (x32 / (det_exp(-x32) + 1.0)).to(x.dtype)
+
+
+class RopeTable:
+    """cos and sin [pos, 1, hd] per position (rotate_half's sign in sin), each piece of
+    ROPE_CHUNK positions computed in one call, so a position's values never depend on which
+    positions a step holds."""
+
+    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
+        self.inv_freq, self.dtype = inv_freq, dtype
+        self.cos = self.sin = None
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        need = int(positions.max()) + 1 if positions.numel() else 0
+        while self.cos is None or self.cos.shape[0] < need:
+            self._grow()
+        return self.cos[positions], self.sin[positions]
+
+    def _grow(self) -> None:
+        start = 0 if self.cos is None else self.cos.shape[0]
+        pos = torch.arange(start, start + ROPE_CHUNK, device=self.inv_freq.device)
+        freqs = pos.float()[:, None] * self.inv_freq[None, :]
+        cos = torch.cat((freqs, freqs), dim=-1)[:, None, :].cos().to(self.dtype)
+        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin().to(self.dtype)
+        self.cos = cos if self.cos is None else torch.cat((self.cos, cos))
+        self.sin = sin if self.sin is None else torch.cat((self.sin, sin))
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """engine.model.apply_rope in separate multiplies and an add (addcmul's scalar remainder
+    may fuse them, its vector body does not)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ b) with the rows in tiles of TILE (the last one zero-padded): every call has
+    one shape."""
+    m = x.shape[0]
+    p = -(-m // TILE) * TILE
+    xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
+    y = torch.cat([F.linear(t, w) for t in xp.split(TILE)])[:m]
+    return y + b if b is not None else y
+
+
+def _invariant(f, weights: list[torch.Tensor], rows: tuple[int, ...]) -> bool:
+    """Whether f(x, w) gives a row the same bits at every row count in `rows` and in every
+    place (first and last) of those calls."""
+    g = torch.Generator().manual_seed(0)
+    for w in weights:
+        x = torch.randn(max(rows), w.shape[1], generator=g).to(w.device, w.dtype)
+        ref = f(x[:1], w)[0]
+        for m in rows:
+            other = torch.randn(m, w.shape[1], generator=g).to(w.device, w.dtype)
+            for at in {0, m - 1}:
+                other[at] = x[0]
+                if not torch.equal(f(other, w)[at], ref):
+                    return False
+    return True
+
+
+PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 33, 64)
+
+
+def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
+    """The linear to use under --exact on this machine for the layers' weights (one of each
+    shape; a prefill's row count is probed on them too) and the LM head: F.linear where it is
+    row-invariant, else tiled_linear where that is; None if neither, or if attention's batched
+    matmuls in this dtype are not invariant. ~0.1 s for the demo model."""
+    by_shape = list({tuple(w.shape): w for w in layers}.values())
+    with torch.inference_mode():
+        if not _attention_invariant(head.dtype, head.device, head_dim):
+            return None
+        for f in (F.linear, tiled_linear):
+            if _invariant(f, by_shape, PROBE_ROWS + (300,)) and _invariant(f, [head], PROBE_ROWS):
+                return f
+    return None
+
+
+class ExactMeta:
+    """The groups of one forward (built once from its SdpaMeta, shared by every layer): each
+    group is a run of key rows in position order and the queries that attend over a prefix of
+    it. A chain (or a prefill) is one group; a tree, one per root-to-leaf path (each node
+    computed once, in the first path that holds it)."""
+
+    def __init__(self, meta, num_tokens: int):
+        mask = meta.mask[:, 0].cpu().numpy()                             # [B, N, L]
+        counts = np.bincount(meta.q_seq.cpu().numpy(), minlength=mask.shape[0])
+        cu = np.concatenate(([0], np.cumsum(counts)))
+        groups = []
+        for b, n in enumerate(counts):
+            for cols, members, rank in _paths(mask[b, :n]):
+                groups.append((_storage(meta, b, cols), cu[b] + members, rank))
+        G, L, N = len(groups), max(len(g[0]) for g in groups), max(len(g[1]) for g in groups)
+        keys, toks = np.empty((G, L), np.int64), np.zeros((G, N), np.int64)
+        limit, out = np.zeros((G, N), np.int64), np.empty(num_tokens, np.int64)
+        for g, (rows, members, rank) in enumerate(groups):
+            keys[g, :len(rows)], keys[g, len(rows):] = rows, rows[0]
+            toks[g, :len(members)], limit[g, :len(members)] = members, rank
+            out[members] = g * N + np.arange(len(members))
+        dev = meta.mask.device
+        self.shape = (G, L, N)
+        self.keys = torch.from_numpy(keys.reshape(-1)).to(dev)
+        self.tokens = torch.from_numpy(toks.reshape(-1)).to(dev)
+        self.out = torch.from_numpy(out).to(dev)
+        hidden = np.arange(L)[None, None, :] > limit[:, :, None]         # [G, N, L]
+        self.hidden = torch.from_numpy(hidden[:, None, :, None, :]).to(dev)   # [G,1,N,1,L]
+
+
+def _paths(m: np.ndarray):
+    """One sequence's queries' visible columns m [n, L] -> (columns, query indices, each
+    query's last column's index in them) per group."""
+    n, L = m.shape
+    own = L - 1 - np.argmax(m[:, ::-1], axis=1)          # each query's own (last) column
+    seen = m[:, own]                                       # [j, i]: query j sees query i
+    done = np.zeros(n, bool)
+    for leaf in np.flatnonzero(seen.sum(0) == 1):         # seen by nobody else
+        cols = np.flatnonzero(m[leaf])
+        members = np.flatnonzero(~done & seen[leaf])
+        length = m[members].sum(1)
+        if not np.array_equal(m[members][:, cols], np.arange(len(cols))[None, :] < length[:, None]):
+            raise ValueError("--exact: a token's visible new tokens are not one path of a tree")
+        done[members] = True
+        yield cols, members, length - 1
+    if not done.all():
+        raise ValueError("--exact: a token is on no path of its sequence's tree")
+
+
+def _storage(meta, b: int, cols: np.ndarray) -> np.ndarray:
+    """Storage rows of sequence b's cache columns."""
+    t = meta.table
+    if isinstance(t, slice):
+        return (t.start + b) * meta.block + cols
+    t = t.cpu().numpy()
+    if t.ndim == 1:
+        return int(t[b]) * meta.block + cols
+    return t[b, cols // meta.block] * meta.block + cols % meta.block
+
+
+def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta) -> torch.Tensor:
+    """sdpa_attention's contract, batch-invariant (see the module docstring). HF's eager
+    attention numerics: scores and the weighted sum are matmuls in the model's dtype, the
+    softmax in fp32; the normalizer comes out of the weighted sum's matmul (a column of ones
+    beside the values), as no fp32 sum over keys has a fixed order."""
+    if meta.exact is None:
+        meta.exact = ExactMeta(meta, q.shape[0])
+    e = meta.exact
+    G, L, N = e.shape
+    T, H, hd = q.shape
+    KV = k_cache.shape[1]
+    k = k_cache.index_select(0, e.keys).view(G, L, KV, hd).transpose(1, 2)
+    v = v_cache.index_select(0, e.keys).view(G, L, KV, hd).transpose(1, 2)
+    v1 = torch.cat((v, v.new_ones(G, KV, L, 1)), -1).reshape(G * KV, L, hd + 1)
+    qg = q.index_select(0, e.tokens).view(G, N, KV, H // KV, hd).transpose(1, 2)
+    s = torch.bmm(qg.reshape(G * KV, -1, hd), k.reshape(G * KV, L, hd).transpose(1, 2))
+    s = (s.float() * hd ** -0.5).view(G, KV, N, H // KV, L).masked_fill(e.hidden, float("-inf"))
+    p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(e.hidden, 0.0).to(q.dtype)
+    o = torch.bmm(p.view(G * KV, -1, L), v1).float()                 # weighted sum and total
+    o = (o[..., :hd] / o[..., hd:]).view(G, KV, N, H // KV, hd).transpose(1, 2)
+    return o.reshape(G * N, H, hd).index_select(0, e.out).to(q.dtype)
+
+
+def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
+    """Whether batched matmuls of attention's shapes in `dtype` give a row the same bits at
+    any batch, row and key count (keys past a row's own weighted 0)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(8, 40, hd, generator=g).to(device, dtype)
+    k = torch.randn(8, hd, 300, generator=g).to(device, dtype)
+    p = torch.rand(8, 40, 300, generator=g)
+    p[:, :, 50:] = 0
+    p, v = p.to(device, dtype), torch.randn(8, 300, hd + 1, generator=g).to(device, dtype)
+    ref_s, ref_o = torch.bmm(q[:1, :1], k[:1, :, :50])[0, 0], torch.bmm(p[:1, :1, :50], v[:1, :50])[0, 0]
+    for x, m, n in ((1, 2, 50), (3, 5, 64), (8, 40, 300), (2, 13, 201), (8, 3, 51)):
+        for at in (0, m - 1):
+            qq, pp = q[:x, :m].clone(), p[:x, :m, :n].clone()
+            qq[0, at], pp[0, at] = q[0, 0], p[0, 0, :n]
+            if not (torch.equal(torch.bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
+                    and torch.equal(torch.bmm(pp, v[:x, :n])[0, at], ref_o)):
+                return False
+    return True
