@@ -32,7 +32,7 @@ ROWS = [
 ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps", "tokens_per_s",
             "wall_s", "speedup_vs_ar", "speedup_runs", "mean_accepted_tokens", "acceptance_rate", "ctar",
             "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
-            "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation"}
+            "exact", "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation"}
 ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
                "zero_accept_share", "padding_ratio")
 
@@ -214,6 +214,31 @@ def test_outputs_match_check_catches_a_broken_method(work, prompts, tiny_llama, 
     assert div["vs"] == "ar b1" and div["analyzed"] == 1 and div["gaps"][0]["index"] == 0
     assert div["max_steps"] > 1000 and div["max_gap"] > 1e-3
     assert "NO (1/5 vs ar b1; gap up to" in (d / "table.md").read_text()
+
+
+def test_exact_rows_are_checked_against_ar_exact_in_bf16(work, prompts, tiny_llama,
+                                                         monkeypatch):
+    """:exact rows compare with ar:exact (plain bf16 ar may differ from them) and, unlike plain
+    bf16 rows, fail the bench when their tokens differ."""
+    def run(store, methods, sizes):
+        return invoke("bench", prompts, "--model", tiny_llama, "--store", store,
+                      "--max-tokens", 6, "--repeats", 1, "--warmup", 0, "--device", "cpu",
+                      "--dtype", "bf16", "-q", "--methods", methods, "--batch-sizes", sizes,
+                      "--corpus-cache", "none")
+    ok(run(work / "store-exact", "ar,ar:exact,self-draft:auto:exact", "1,3"))
+    (d,) = benches(work / "store-exact")
+    by = {(r["method"], r["batch_size"]): r
+          for r in json.loads((d / "results.json").read_text())["rows"]}
+    assert by[("ar:exact", 3)]["exact"] and not by[("ar", 3)]["exact"]
+    assert by[("ar:exact", 3)]["speedup_vs_ar"] is not None   # the cost of --exact
+    for key in (("ar:exact", 3), ("self-draft:auto:exact", 1), ("self-draft:auto:exact", 3)):
+        assert by[key]["matches_ar"] and by[key]["matches_ar_b1"], by[key]["mismatch"]
+
+    real = peers.make_drafter
+    monkeypatch.setattr(peers, "make_drafter", lambda cfg, *a, **kw: WrongToken()
+                        if cfg.method == "self-draft" else real(cfg, *a, **kw))
+    r = run(work / "store-exact-broken", "ar:exact,self-draft:exact", "1")
+    fails(r, "outputs differ from ar greedy", "self-draft:exact b1 vs ar:exact b1")
 
 
 def test_divergence_gap_is_the_models_logit_gap_at_the_first_difference(tiny_llama, model):

@@ -138,3 +138,33 @@ def test_every_method_under_exact_in_bf16_is_ar_at_batch_1(tiny_llama, speculate
             assert got == ref, (name, b)
             if dr is not None and speculate == "fixed":
                 assert sum(k * n for k, n in stats.accept_hist.items()) > 0, name
+
+
+def test_the_same_command_twice_gives_the_same_answers(tiny_llama, tmp_path):
+    """The answers' bytes repeat: under --exact whatever the controller decides (its budgets
+    follow measured timings, so they differ run to run), and with fixed drafting without it.
+    And --exact at batch 3 is ar --exact at batch 1."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": f"Tell me about {w}."}) + "\n"
+                           for w in ("cats", "the sea", "rain", "a fox", "bread", "stars")))
+
+    def answers(tag, *args):
+        out = tmp_path / f"{tag}.jsonl"
+        r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama),
+                                     "--store", str(tmp_path / tag), "--out", str(out),
+                                     "--max-tokens", "12", "--device", "cpu", "--dtype",
+                                     "bf16", "-q", *args])
+        assert r.exit_code == 0, r.output
+        return [json.dumps({k: line[k] for k in ("text", "token_ids", "finish_reason")})
+                for line in map(json.loads, out.read_text().splitlines())]
+
+    sd = ["--method", "self-draft", "--corpus-cache", "none", "-b", "3"]
+    ref = answers("ar", "--exact", "-b", "1")
+    assert answers("x1", "--exact", *sd) == answers("x2", "--exact", *sd) == ref
+    fixed = sd + ["--speculate", "fixed"]
+    assert answers("f1", *fixed) == answers("f2", *fixed)

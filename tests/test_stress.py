@@ -167,6 +167,26 @@ def test_random_configs_are_lossless(model, graph):
     _check_sampling(range(30), model, graph)
 
 
+@pytest.fixture(scope="module")
+def exact_bf16(tiny_llama):
+    m = load_model(tiny_llama, "cpu", "bf16")
+    m.set_exact(True)
+    return m
+
+
+def test_random_configs_are_lossless_in_bf16_under_exact(exact_bf16):
+    """bf16 under --exact (eager only: engine/exact.py is CPU numerics): every method equals
+    ar at batch 1 as in fp32 (plain bf16 does not: near-ties flip with the batch)."""
+    _check(range(2000, 2012), exact_bf16, exact_bf16)
+    _check_turns(range(2000, 2006), exact_bf16, exact_bf16)
+
+
+@pytest.mark.slow
+def test_random_configs_are_lossless_many_in_bf16_under_exact(exact_bf16):
+    _check(range(2030, 2330), exact_bf16, exact_bf16)
+    _check_turns(range(2015, 2165), exact_bf16, exact_bf16)
+
+
 @pytest.mark.slow
 def test_random_configs_are_lossless_many(model, graph):
     _check(range(60, 1060), model, graph)

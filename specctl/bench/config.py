@@ -35,8 +35,10 @@ RESULTS_SCHEMA = """
     "peak_memory_mb",                  # see peak_memory_kind
     "run_memory_mb": float | null,     # CUDA: peak minus what was allocated before the run
                                        # (KV cache + activations); null on CPU
-    "matches_ar": bool | null,         # vs ar at the same batch size
-    "matches_ar_b1": bool | null,      # vs ar at batch 1
+    "exact": bool,                     # run under --exact (batch-invariant numerics)
+    "matches_ar": bool | null,         # vs ar at the same batch size (an exact row: vs
+                                       # ar:exact where the bench runs it)
+    "matches_ar_b1": bool | null,      # vs ar (or ar:exact) at batch 1
     "mismatch": {"vs", "prompts", "first": {"index", "turn", "token"}} | null,
     "repeats_identical": bool,
     "divergence": {"vs", "differing", "analyzed", "max_gap", "max_steps",  # where it differs
@@ -45,7 +47,7 @@ RESULTS_SCHEMA = """
   "category_rows": [{"method", "batch_size", "category", "requests", "new_tokens",
                      "tokens_per_s": {...as above}, "speedup_vs_ar",
                      "mean_accepted_tokens", "ctar", "zero_accept_share"}],
-  "ok": bool                           # every specctl row matched ar
+  "ok": bool                           # every specctl row matched ar (its ar)
 }
 """
 

@@ -36,12 +36,14 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
     returns the status and where they are."""
     from specctl.engine.loader import load_model
     from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.sizing import set_exact
     from specctl.runtime.steptables import step_table_for, step_table_path
 
     cfg = GenerateConfig("", **recipe.generate_options())
     fp = model_fingerprint(model_dir)
     model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention)
+    set_exact(model, cfg)
     status, where = "skipped", []
     for b in sorted({1, cfg.batch_size}):
         path = step_table_path(store, fp, model, b)

@@ -18,10 +18,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     the longest request needs (within the model's context). With --speculate auto its
     controller prices steps by the step-cost table, kept in `store` when one is given with the
     model's fingerprint."""
-    try:   # (before the controller: --exact steps have their own cost table)
-        model.set_exact(cfg.exact)
-    except ValueError as e:
-        raise SpecctlError(str(e)) from None
+    set_exact(model, cfg)   # (before the controller: --exact steps have their own cost table)
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
@@ -51,6 +48,14 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
             f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
             f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
+
+
+def set_exact(model, cfg: GenerateConfig) -> None:
+    """The model's numerics as cfg says (--exact); a machine that cannot is a clean error."""
+    try:
+        model.set_exact(cfg.exact)
+    except ValueError as e:
+        raise SpecctlError(str(e)) from None
 
 
 def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
