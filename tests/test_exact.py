@@ -74,7 +74,13 @@ def _filler(rng, slot, base, vocab):
 
 @pytest.mark.parametrize("paged", [False, True])
 def test_a_rows_logits_are_the_same_bits_in_any_batch(xmodel, paged):
-    m, rng = xmodel, random.Random(1)
+    check_rows(xmodel, paged, (2, 3, 7, 16, 33, 64))
+
+
+def check_rows(m, paged: bool, sizes):
+    """A prompt's prefill among others, then its chain of 4 tokens or a tree of 5 among other
+    sequences' drafts, in steps of each of `sizes` rows: the same logits as decoded alone."""
+    rng = random.Random(1)
     V = m.cfg.vocab_size
     prompt = [rng.randrange(V) for _ in range(21)]
     chain = [rng.randrange(V) for _ in range(4)]
@@ -82,7 +88,7 @@ def test_a_rows_logits_are_the_same_bits_in_any_batch(xmodel, paged):
     ref_chain = _alone(m, prompt, chain)
     ref_tree = {i: _alone(m, prompt, [tree[j] for j in path])[-1]
                 for i, path in {0: [0], 1: [0, 1], 2: [0, 2], 3: [0, 1, 3], 4: [0, 2, 4]}.items()}
-    for rows in (2, 3, 7, 16, 33, 64):
+    for rows in sizes:
         slots = rows // 3 + 2
         c = m.cfg
         budget = (slots * 48 + 2 * BLOCK) * row_bytes(c.num_layers, c.num_kv_heads, c.head_dim,

@@ -131,3 +131,20 @@ def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
     got, stats = run_ids(gpu, prompts, batch_size=batch_size, max_tokens=24, sampling=sp,
                          drafter=dr)
     assert got == ar and gpu.graphs.replays > 0
+
+
+def test_exact_in_bf16_on_cuda_is_ar_at_batch_1(tiny_llama):
+    """--exact on CUDA (the Triton matmul, eager): every method at batch 1, 4 and 10 gives ar's
+    batch-1 tokens in bf16, and a row's logits are the same bits alone and in a batch."""
+    from helpers import method_drafters
+    m = load_model(tiny_llama, "cuda", "bf16")
+    m.set_exact(True)
+    assert m.graphs is None
+    prompts = random_prompts(10, seed=5)
+    ref, _ = run_ids(m, prompts, batch_size=1, max_tokens=20)
+    for name, dr in method_drafters(m, prompts, ref).items():
+        for b in (1, 4, 10):
+            got, _ = run_ids(m, prompts, batch_size=b, max_tokens=20, drafter=dr)
+            assert got == ref, (name, b)
+    m.set_exact(False)
+    assert m.graphs is not None

@@ -14,10 +14,12 @@ What varies with the batch in the plain path, and what this module does instead:
   vectorized path for most elements and a scalar one for a remainder whose place depends on the
   tensor's size, and the two round differently. Here exp is built from IEEE basic operations
   (each exactly rounded, so every path agrees), and RoPE's table is computed once per position.
-- Matmuls: decided per machine and dtype by a probe on the model's own weight shapes
-  (`probe_linear`): where the BLAS already gives a row the same bits at any row count (bf16 on
-  AVX512-BF16 CPUs), F.linear as is; else rows in fixed tiles of TILE (one shape, one kernel;
-  MKL's fp32 GEMM changes kernels with the row count); else --exact is refused.
+- Matmuls: on CUDA a Triton kernel with one tile configuration (engine/bi_matmul.py; cuBLAS
+  picks kernels and split-k by shape). On the CPU decided per machine and dtype by a probe on
+  the model's own weight shapes (`probe`): where the BLAS already gives a row the same bits at
+  any row count (oneDNN's bf16 on AVX512-BF16 CPUs), F.linear as is; else rows in fixed tiles
+  of TILE (one shape, one kernel); else --exact is refused (MKL's fp32 GEMM changes kernels
+  with the row count, and its batched GEMM too, which attention needs).
 RMSNorm, embedding, argmax and the residual adds are per row already.
 """
 
@@ -117,14 +119,24 @@ PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 33, 64)
 
 def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
     """The linear to use under --exact on this machine for the layers' weights (one of each
-    shape; a prefill's row count is probed on them too) and the LM head: F.linear where it is
-    row-invariant, else tiled_linear where that is; None if neither, or if attention's batched
-    matmuls in this dtype are not invariant. ~0.1 s for the demo model."""
+    shape; a prefill's row count is probed on them too) and the LM head: on the CPU F.linear
+    where it is row-invariant, else tiled_linear where that is; on CUDA the Triton kernel
+    (checked all the same); None if none is, or if attention's batched matmuls in this dtype
+    are not invariant. ~0.1 s for the demo model."""
     by_shape = list({tuple(w.shape): w for w in layers}.values())
+    if head.is_cuda:
+        try:
+            from specctl.engine import bi_matmul
+        except ImportError:
+            raise ValueError("--exact on CUDA needs triton (CUDA builds of torch bring it: "
+                             "pip install triton)") from None
+        candidates = (bi_matmul.linear,)
+    else:
+        candidates = (F.linear, tiled_linear)
     with torch.inference_mode():
         if not _attention_invariant(head.dtype, head.device, head_dim):
             return None
-        for f in (F.linear, tiled_linear):
+        for f in candidates:
             if _invariant(f, by_shape, PROBE_ROWS + (300,)) and _invariant(f, [head], PROBE_ROWS):
                 return f
     return None
@@ -206,12 +218,20 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     v = v_cache.index_select(0, e.keys).view(G, L, KV, hd).transpose(1, 2)
     v1 = torch.cat((v, v.new_ones(G, KV, L, 1)), -1).reshape(G * KV, L, hd + 1)
     qg = q.index_select(0, e.tokens).view(G, N, KV, H // KV, hd).transpose(1, 2)
-    s = torch.bmm(qg.reshape(G * KV, -1, hd), k.reshape(G * KV, L, hd).transpose(1, 2))
+    s = bmm(qg.reshape(G * KV, -1, hd), k.reshape(G * KV, L, hd).transpose(1, 2))
     s = (s.float() * hd ** -0.5).view(G, KV, N, H // KV, L).masked_fill(e.hidden, float("-inf"))
     p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(e.hidden, 0.0).to(q.dtype)
-    o = torch.bmm(p.view(G * KV, -1, L), v1).float()                 # weighted sum and total
+    o = bmm(p.view(G * KV, -1, L), v1).float()                       # weighted sum and total
     o = (o[..., :hd] / o[..., hd:]).view(G, KV, N, H // KV, hd).transpose(1, 2)
     return o.reshape(G * N, H, hd).index_select(0, e.out).to(q.dtype)
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.bmm, on CUDA the batch-invariant kernel."""
+    if a.is_cuda:
+        from specctl.engine import bi_matmul
+        return bi_matmul.bmm(a, b)
+    return torch.bmm(a, b)
 
 
 def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
@@ -223,12 +243,12 @@ def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
     p = torch.rand(8, 40, 300, generator=g)
     p[:, :, 50:] = 0
     p, v = p.to(device, dtype), torch.randn(8, 300, hd + 1, generator=g).to(device, dtype)
-    ref_s, ref_o = torch.bmm(q[:1, :1], k[:1, :, :50])[0, 0], torch.bmm(p[:1, :1, :50], v[:1, :50])[0, 0]
+    ref_s, ref_o = bmm(q[:1, :1], k[:1, :, :50])[0, 0], bmm(p[:1, :1, :50], v[:1, :50])[0, 0]
     for x, m, n in ((1, 2, 50), (3, 5, 64), (8, 40, 300), (2, 13, 201), (8, 3, 51)):
         for at in (0, m - 1):
             qq, pp = q[:x, :m].clone(), p[:x, :m, :n].clone()
             qq[0, at], pp[0, at] = q[0, 0], p[0, 0, :n]
-            if not (torch.equal(torch.bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
-                    and torch.equal(torch.bmm(pp, v[:x, :n])[0, at], ref_o)):
+            if not (torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
+                    and torch.equal(bmm(pp, v[:x, :n])[0, at], ref_o)):
                 return False
     return True

@@ -155,6 +155,7 @@ class Model:
         self.name = "model"       # where it came from, for messages (the loader sets it)
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
+        self._graphs = None       # the graphs set aside while --exact runs eagerly
         self.attention = "sdpa"   # attention backend: a key of engine.attention.BACKENDS
         self.attend = BACKENDS["sdpa"]
         self.exact = False        # batch-invariant numerics (set_exact)
@@ -175,9 +176,8 @@ class Model:
         the forward (engine/exact.py). Raises ValueError where this machine's matmuls are not
         row-invariant even in fixed tiles."""
         if on and self._exact_linear is None:
-            if self.device.type != "cpu":
-                raise ValueError("--exact runs on the CPU only so far: its CUDA kernels are "
-                                 "not built yet")
+            if self.device.type not in ("cpu", "cuda"):
+                raise ValueError(f"--exact runs on the CPU and CUDA, not {self.device.type}")
             weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
             self._exact_linear = exact.probe(weights, self.lm_head, self.cfg.head_dim)
             if self._exact_linear is None:
@@ -186,6 +186,9 @@ class Model:
                 raise ValueError(f"--exact: this machine's {dt} matmuls give a row different "
                                  "bits at different row counts (try --dtype bf16)")
             self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+        if on != self.exact and self.device.type == "cuda":
+            # eager under --exact: its attention groups are built on the host per forward
+            self._graphs, self.graphs = self.graphs, getattr(self, "_graphs", None)
         self.exact = on
         self.attend = exact.exact_attention if on else BACKENDS[self.attention]
         self.linear = self._exact_linear if on else linear

@@ -1,0 +1,74 @@
+"""A batch-invariant matmul for CUDA (--exact), in Triton: c[b] = a[b] @ w[b].T with one tile
+configuration whatever the shape, each output's reduction over k in blocks of BK from 0 up, in
+fp32, no split-k. So a row's result never depends on how many rows share the call, and keys a
+row does not attend to (weight 0, past its own position) add exact zeros. cuBLAS picks its
+kernel, tiles and split-k by shape, which is why a row's bits follow the batch there (vLLM's and
+SGLang's batch-invariant modes replace it the same way).
+
+Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before this module is
+imported); on a GPU it compiles once per dtype. Imported only under --exact on CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BM, BN, BK = 64, 64, 64   # the one tile configuration
+# Triton's interpreter multiplies bf16 operands wrongly (3.9): it gets them as fp32, whose
+# products are exact as the tensor cores' are, so the tiling and k order are what it tests
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _kernel(a, w, c, M, N, K, s_ab, s_am, s_ak, s_wb, s_wn, s_wk, s_cb, s_cm, s_cn,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+            UPCAST: tl.constexpr):
+    pm, pn, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_ptr = a + pb * s_ab + rm[:, None] * s_am
+    w_ptr = w + pb * s_wb + rn[None, :] * s_wn
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k = k0 + rk
+        x = tl.load(a_ptr + k[None, :] * s_ak, mask=(rm[:, None] < M) & (k[None, :] < K),
+                    other=0.0)
+        y = tl.load(w_ptr + k[:, None] * s_wk, mask=(rn[None, :] < N) & (k[:, None] < K),
+                    other=0.0)
+        if UPCAST:
+            acc = tl.dot(x.to(tl.float32), y.to(tl.float32), acc, input_precision="ieee")
+        elif IEEE:
+            acc = tl.dot(x, y, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, y, acc)
+    out = c + pb * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
+    tl.store(out, acc.to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def bmm_nt(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """a [B, M, K] @ w [B, N, K].T -> [B, M, N] in a's dtype (any strides)."""
+    B, M, K = a.shape
+    N = w.shape[1]
+    c = torch.empty(B, M, N, dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), B)
+    _kernel[grid](a, w, c, M, N, K, *a.stride(), *w.stride(), *c.stride(),
+                  BM=BM, BN=BN, BK=BK, IEEE=a.dtype == torch.float32, UPCAST=_INTERPRET)
+    return c
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T (+ b), batch-invariant."""
+    y = bmm_nt(x[None], w[None])[0]
+    return y + b if b is not None else y
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.bmm's contract (a [B, M, K] @ b [B, K, N]), batch-invariant."""
+    return bmm_nt(a, b.transpose(1, 2))
