@@ -26,7 +26,7 @@
 #     does not depend on the weights' values) | kv-scale 4.5 (7B shape, 1,000 requests)
 #   call 2, carry .gpu2 (model part 2, wheels, art.tgz), ~9.2 plus what is left:
 #     stage2 0.7 | train-adapter 1 | bench-b1 2.5 | bench-batch 3.5 | host-profile 0.5 |
-#     repeat 1 | bench-mtbench 1 (runs in what is left; the first step to go if estimates are low)
+#     repeat 1 | exact 1.5 (runs in what is left; the first step to go if estimates are low)
 # Steps run in order of value, except train-adapter, which goes before the benches because
 # their Kangaroo rows use the adapter it trains; its budget is capped so the benches keep theirs.
 # A call starts no step once less than MIN_STEP_S is left of CALL_S (570 s), and each step runs
@@ -78,7 +78,7 @@ PLAN="1 stage1 60 0.2 env.json
 2 bench-batch 240 3.5 bench-batch.md
 2 host-profile 60 0.5 host-profile.md
 2 repeat 90 1 repeat.md
-2 bench-mtbench 120 1 bench-mtbench.md"
+2 exact 120 1.5 exact.md"
 export PLAN
 
 die() { echo "runbook: $*" >&2; exit 1; }
@@ -173,8 +173,6 @@ stage() {
   local art=$work/art
   mkdir -p "$art"
   cp recipes/gpu/sharegpt32.jsonl "$art/" || die "recipes/gpu/sharegpt32.jsonl is missing"
-  if [ -f recipes/prompts/mtbench16.jsonl ]; then cp recipes/prompts/mtbench16.jsonl "$art/"
-  else echo "runbook: no recipes/prompts/mtbench16.jsonl: bench-mtbench will be skipped" >&2; fi
   cp "${SKIP_SET:-recipes/gpu/skip-attn-16-20-24-28.json}" "$art/skip.json" || die "no skip set"
   if [ -n "${CORPUS:-}" ]; then cp -r "$CORPUS" "$art/corpus" || die "CORPUS=$CORPUS?"; fi
   if [ -n "${ADAPTER:-}" ]; then cp -r "$ADAPTER" "$art/adapter" || die "ADAPTER=$ADAPTER?"; fi
@@ -530,15 +528,16 @@ PY
   return $rc
 }
 
-step_bench_mtbench() {
-  [ -f "$ART/mtbench16.jsonl" ] || { echo "no mtbench16.jsonl was staged"; return 200; }
-  local m=ar,hf-static,self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto
+step_exact() {   # --exact (issue 29): each row's tokens against ar:exact at batch 1 in bf16,
+                 # with graphs off, and what it costs against plain bf16 ar (CUDA owes both)
+  local m=ar,ar:exact,self-draft:auto:exact,self-draft:fixed:exact,draft-verify:auto:exact
+  m=$m,kangaroo:auto:exact
   if (( REHEARSE )); then
-    bench bench-mtbench "$ART/mtbench16.jsonl" --methods "$m" --batch-sizes 1,2 --limit 2 \
-      --max-tokens 4 --repeats 1 --warmup 1
+    bench exact "$ART/sharegpt32.jsonl" --methods "$m" --batch-sizes 1,2 --limit 2 \
+      --max-tokens 4 --repeats 1 --warmup 1 --dtype bf16
   else
-    bench bench-mtbench "$ART/mtbench16.jsonl" --methods "$m" --batch-sizes 1,8 \
-      --max-tokens 64 --repeats 2 --warmup 1
+    bench exact "$ART/sharegpt32.jsonl" --methods "$m" --batch-sizes 1,8,32 --limit 32 \
+      --max-tokens 64 --repeats 1 --warmup 1 --dtype bf16
   fi
 }
 
