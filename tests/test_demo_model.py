@@ -64,3 +64,31 @@ def test_demo_greedy_equals_hf_generate(demo, hf_reference, batch_size):
     got, _ = run_ids(ours, ids, batch_size=batch_size, max_tokens=N_NEW,
                      eos_ids=set(e if isinstance(e, list) else [e]))
     assert got == hf_reference
+
+
+def test_demo_under_exact_in_bf16(demo_model_dir, demo):
+    """The demo model in bf16 under --exact: the probe finds a row-invariant matmul on this
+    machine, and a row's logits are the same bits alone and among the other prompts' rows, for
+    a prefill and for decode steps of 1 and of 5 tokens (where plain bf16 differs)."""
+    from test_exact import _alone
+    m = load_model(demo_model_dir, "cpu", "bf16")
+    m.set_exact(True)
+    ids = demo[2]
+    toks = [ids[1][3:8], ids[2][3:8]]      # 5 tokens to feed after the first two prompts
+    ref = [_alone(m, ids[i], toks[i]) for i in range(2)]
+    kv = m.new_kv_cache(len(ids), 256)
+    for s, p in enumerate(ids):
+        kv.reserve(s, len(p) + 5)
+    out = m.logits(m.forward(ForwardBatch([SeqInput(s, p, 0) for s, p in enumerate(ids)]), kv))
+    ends = torch.tensor([len(p) for p in ids]).cumsum(0) - 1
+    for i in range(2):
+        assert torch.equal(out[ends[i]], ref[i][0]), i
+        kv.lens[i] = len(ids[i])
+    for s in range(2, len(ids)):
+        kv.lens[s] = len(ids[s])
+    step = [SeqInput(0, toks[0][:1], kv.lens[0]), SeqInput(1, toks[1], kv.lens[1])] + [
+        SeqInput(s, [7, 8, 9][:s % 3 + 1], kv.lens[s]) for s in range(2, len(ids))]
+    out = m.logits(m.forward(ForwardBatch(step), kv))
+    assert torch.equal(out[0], ref[0][1])
+    for j in range(5):
+        assert torch.equal(out[1 + j], ref[1][1 + j]), j
