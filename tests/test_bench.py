@@ -234,6 +234,14 @@ def test_exact_rows_are_checked_against_ar_exact_in_bf16(work, prompts, tiny_lla
     for key in (("ar:exact", 3), ("self-draft:auto:exact", 1), ("self-draft:auto:exact", 3)):
         assert by[key]["matches_ar"] and by[key]["matches_ar_b1"], by[key]["mismatch"]
 
+    # fp32: skipped with the reason where this machine's fp32 matmuls cannot be made invariant
+    ok(bench(prompts, work / "store-exact-fp32", tiny_llama, "--methods", "ar,ar:exact",
+             "--batch-sizes", "1", "--repeats", 1))
+    (d,) = benches(work / "store-exact-fp32")
+    res = json.loads((d / "results.json").read_text())
+    skipped = [s for s in res["skipped"] if s["method"] == "ar:exact"]
+    assert skipped == [] and len(res["rows"]) == 2 or "fp32 matmuls" in skipped[0]["reason"]
+
     real = peers.make_drafter
     monkeypatch.setattr(peers, "make_drafter", lambda cfg, *a, **kw: WrongToken()
                         if cfg.method == "self-draft" else real(cfg, *a, **kw))

@@ -16,7 +16,7 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.runtime.methods import make_drafter
 from specctl.runtime.records import output_line
 from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner
+from specctl.runtime.sizing import make_runner, set_exact
 from specctl.runtime.tokenization import kv_rows, to_request
 from specctl.store import Store
 
@@ -53,8 +53,13 @@ class SpecctlMethod:
                 seen.add(msg)
                 log(msg)
         self.log = once
-        # fails here (SpecctlError) when the method's artifact is missing: the method is skipped
-        make_drafter(cfg.generate_config(name, 1), model, model_dir, store, self.log)
+        # fails here (SpecctlError) when the method's artifact is missing, or its --exact on
+        # this machine and dtype: the method is skipped
+        gcfg = cfg.generate_config(name, 1)
+        make_drafter(gcfg, model, model_dir, store, self.log)
+        if gcfg.exact:
+            set_exact(model, gcfg)
+            model.set_exact(False)
 
     def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
         """One timed run, through the runner `generate` builds for the same options

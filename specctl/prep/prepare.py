@@ -41,7 +41,7 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
 
     cfg = GenerateConfig("", **recipe.generate_options())
     fp = model_fingerprint(model_dir)
-    model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+    model = load_model(model_dir, cfg.device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention)
     set_exact(model, cfg)
     status, where = "skipped", []

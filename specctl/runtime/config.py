@@ -116,9 +116,9 @@ class GenerateConfig:
                             "with block masks read in place from the KV cache, compiled on "
                             "CUDA; on a CPU only the slow reference).", bench=True)
     exact: bool = option(False, "Batch-invariant numerics: every method's output is ar's at "
-                         "batch 1 token for token in bf16 too, at any batch size (CPU; plain "
-                         "bf16 flips near-ties with the batch's shape). Costs speed; where "
-                         "this machine's matmuls cannot be made invariant it is refused.",
+                         "batch 1 token for token, at any batch size, in bf16 too (plain bf16 "
+                         "flips near-ties with the batch's shape). With --dtype auto it runs "
+                         "bf16; a dtype this machine cannot make invariant is refused.",
                          flag="--exact/--no-exact", bench=True)
     cuda_graphs: bool = option(True, "On CUDA, replay decoding steps from captured CUDA graphs "
                                "(off: every forward runs eagerly).",
@@ -227,6 +227,11 @@ class GenerateConfig:
                                    prompt_grams=grams, seed=self.seed)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
+
+    def model_dtype(self) -> str:
+        """The dtype to load the model in: --dtype, but under --exact "auto" is bf16 on the CPU
+        too (this CPU's fp32 matmuls cannot be made batch-invariant; its bf16 ones can)."""
+        return "bf16" if self.exact and self.dtype == "auto" else self.dtype
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)

@@ -176,7 +176,7 @@ def _load(job: _Job, resume: bool = False) -> None:
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
-        job.model = load_model(job.model_dir, device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+        job.model = load_model(job.model_dir, device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
                                attention=cfg.attention)
         warn_flex_off_cuda(job.model, job.say)
         if cfg.method == "auto":
