@@ -18,7 +18,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     the longest request needs (within the model's context). With --speculate auto its
     controller prices steps by the step-cost table, kept in `store` when one is given with the
     model's fingerprint."""
-    set_exact(model, cfg)   # (before the controller: --exact steps have their own cost table)
+    set_exact(model, cfg, log)   # (before the controller: --exact steps have their own table)
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
@@ -50,12 +50,16 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
 
 
-def set_exact(model, cfg: GenerateConfig) -> None:
+def set_exact(model, cfg: GenerateConfig, log=lambda msg: None) -> None:
     """The model's numerics as cfg says (--exact); a machine that cannot is a clean error."""
+    first = cfg.exact and model._exact_linear is None
     try:
         model.set_exact(cfg.exact)
     except ValueError as e:
         raise SpecctlError(str(e)) from None
+    if first:
+        log(f"--exact: batch-invariant {str(model.dtype).removeprefix('torch.')} numerics "
+            f"(matmuls: {model.linear.__module__.rsplit('.', 1)[-1]}.{model.linear.__name__})")
 
 
 def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
