@@ -49,11 +49,11 @@ transformers'), analysis (spreads, output comparison, divergence gaps), run (the
 report (stored runs, tables, plots).
 """
 
-from specctl.bench.analysis import compare, divergence_gaps, spread
+from specctl.bench.analysis import compare, divergence_gaps, mismatch_error, spread
 from specctl.bench.config import PEERS, RESULTS_SCHEMA, BenchConfig, parse_list
 from specctl.bench.report import (CATEGORY_COLUMNS, TABLE_COLUMNS, category_rows, load_benches,
                                   markdown, notes, table_rows, title, write_plots)
-from specctl.bench.run import mismatch_error, run_bench
+from specctl.bench.run import run_bench
 
 __all__ = ["BenchConfig", "CATEGORY_COLUMNS", "PEERS", "RESULTS_SCHEMA", "TABLE_COLUMNS",
            "category_rows", "compare", "divergence_gaps", "load_benches", "markdown",

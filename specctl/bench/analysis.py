@@ -10,6 +10,7 @@ import torch
 
 from specctl.bench.config import CTAR_W
 from specctl.bench.peers import RunResult
+from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.runtime.metrics import metrics
 from specctl.runtime.sequence import Request
@@ -110,3 +111,27 @@ def _category_tps(run: RunResult, cats: dict[int, str]) -> dict[str, float]:
         tokens = sum(len(a) for i in idx for a in run.outputs[i])
         out[c] = tokens / wall if wall > 0 else 0.0
     return out
+
+
+def mismatch_error(res: dict) -> SpecctlError | None:
+    """An error naming the specctl rows whose tokens differ from their ar's where they must
+    not: in fp32, and in any dtype under --exact."""
+    fp32 = res.get("dtype") in ("float32", "torch.float32", "fp32")
+    bad = []
+    for r in res["rows"]:
+        # bf16/fp16 without --exact: another batch shape rounds differently, near-ties flip and
+        # the text diverges from there: reported (match rate per row), not an error
+        if r["engine"] != "specctl" or not (fp32 or r.get("exact")):
+            continue
+        if r["mismatch"]:
+            mm = r["mismatch"]
+            f = mm["first"]
+            bad.append(f"{r['method']} b{r['batch_size']} vs {mm['vs']}: {mm['prompts']} of "
+                       f"{mm['of']} prompts (first: prompt {f['index']}, turn {f['turn']}, "
+                       f"token {f['token']})")
+        elif not r["repeats_identical"]:
+            bad.append(f"{r['method']} b{r['batch_size']}: repeats gave different tokens")
+    if not bad:
+        return None
+    return SpecctlError("outputs differ from ar greedy: " + "; ".join(bad) +
+                        f" (results stored in {res.get('path', 'the store')})", exit_code=1)

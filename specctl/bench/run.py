@@ -150,6 +150,13 @@ def _methods(b: _Bench) -> None:
     else:
         methods.remove("ar")
         methods.insert(0, "ar")
+    exact = [m for m in methods if m not in PEERS and cfg.generate_config(m, 1).exact]
+    if exact and exact[0] != "ar":   # (under a global --exact ar is exact itself)
+        if "ar:exact" in methods:
+            methods.remove("ar:exact")
+        else:
+            log("ar:exact is added: the :exact rows' outputs are compared with it")
+        methods.insert(1, "ar:exact")
     hf_model = None
     for m in methods:
         if m in PEERS:
@@ -331,8 +338,8 @@ def _analyze_divergence(b: _Bench, rows: list[dict], ref_b1: dict) -> None:
                 got = next(r.outputs for r in runs[1:] if r.outputs != ref)
             else:
                 continue
-            if b.runners[m].engine == "specctl":   # (the numerics the row ran with)
-                model.set_exact(b.cfg.generate_config(m, 1).exact)
+            # (the numerics the row ran with)
+            model.set_exact(b.runners[m].engine == "specctl" and b.cfg.generate_config(m, 1).exact)
             gaps = divergence_gaps(model, b.tk.render, b.recs, got, ref)
         except Exception as e:   # noqa: BLE001 - a diagnosis must not cost the timed results
             log(f"{m} b{bs}: the divergence analysis failed ({type(e).__name__}: {e})")
@@ -374,27 +381,3 @@ def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha
         atomic_write_text(d / "table.md", markdown([res]))
     res["path"] = str(b.store.path("benches", bench_id))
     return res
-
-
-def mismatch_error(res: dict) -> SpecctlError | None:
-    """An error naming the specctl rows whose tokens differ from their ar's where they must
-    not: in fp32, and in any dtype under --exact."""
-    fp32 = res.get("dtype") in ("float32", "torch.float32", "fp32")
-    bad = []
-    for r in res["rows"]:
-        # bf16/fp16 without --exact: another batch shape rounds differently, near-ties flip and
-        # the text diverges from there: reported (match rate per row), not an error
-        if r["engine"] != "specctl" or not (fp32 or r.get("exact")):
-            continue
-        if r["mismatch"]:
-            mm = r["mismatch"]
-            f = mm["first"]
-            bad.append(f"{r['method']} b{r['batch_size']} vs {mm['vs']}: {mm['prompts']} of "
-                       f"{mm['of']} prompts (first: prompt {f['index']}, turn {f['turn']}, "
-                       f"token {f['token']})")
-        elif not r["repeats_identical"]:
-            bad.append(f"{r['method']} b{r['batch_size']}: repeats gave different tokens")
-    if not bad:
-        return None
-    return SpecctlError("outputs differ from ar greedy: " + "; ".join(bad) +
-                        f" (results stored in {res.get('path', 'the store')})", exit_code=1)

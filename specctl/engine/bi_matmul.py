@@ -6,7 +6,9 @@ kernel, tiles and split-k by shape, which is why a row's bits follow the batch t
 SGLang's batch-invariant modes replace it the same way).
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before this module is
-imported); on a GPU it compiles once per dtype. Imported only under --exact on CUDA.
+imported); on a GPU it compiles on first use, a few variants per dtype (Triton specializes on
+sizes divisible by 16; the arithmetic is the same in each). Imported only under --exact on
+CUDA.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 def _kernel(a, w, c, M, N, K, s_ab, s_am, s_ak, s_wb, s_wn, s_wk, s_cb, s_cm, s_cn,
             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
             UPCAST: tl.constexpr):
-    pm, pn, pb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pm, pn = tl.program_id(0), tl.program_id(1)
+    pb = tl.program_id(2).to(tl.int64)   # (batch offsets of a large score tensor pass 2^31)
     rm = pm * BM + tl.arange(0, BM)
     rn = pn * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)

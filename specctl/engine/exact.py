@@ -46,9 +46,9 @@ def det_exp(x: torch.Tensor) -> torch.Tensor:
     r = r - n * _LN2_LO
     p = torch.full_like(r, _EXP_COEF[0])
     for c in _EXP_COEF[1:]:
-        p = p * r + c
+        p.mul_(r).add_(c)      # (in place: the same rounding, fewer temporaries)
     scale = torch.bitwise_left_shift(n.to(torch.int32) + 127, 23).view(torch.float32)
-    return p * scale
+    return p.mul_(scale)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -102,30 +102,43 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
 def linear2(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear on at least 2 rows: oneDNN computes a single bf16 row as a matrix-vector product
     that rounds otherwise than its GEMM does at any other row count (seen on the demo model)."""
-    if x.shape[0] == 1:
-        return F.linear(F.pad(x, (0, 0, 0, 1)), w, b)[:1]
-    return F.linear(x, w, b)
+    y = F.linear(F.pad(x, (0, 0, 0, 1)), w)[:1] if x.shape[0] == 1 else F.linear(x, w)
+    return y + b if b is not None else y   # (the bias added as every candidate adds it)
+
+
+def _threads() -> tuple[int, ...]:
+    """The thread counts a run may use (the runner tunes them): one and all."""
+    return tuple(sorted({1, torch.get_num_threads()}))
 
 
 def _invariant(f, weights: list[torch.Tensor], rows: tuple[int, ...]) -> bool:
-    """Whether f(x, w) gives each row the same bits at every row count in `rows` and in every
+    """Whether f(x, w) gives each row the same bits at every row count in `rows`, in every
     place of the call (each of the first rows alone, the first m rows together, the first row
-    last among others). A difference is rare per element, so many rows are compared."""
+    last among others) and at every thread count. A difference is rare per element, so many
+    rows are compared."""
     g = torch.Generator().manual_seed(0)
-    for w in weights:
-        x = torch.randn(max(rows), w.shape[1], generator=g).to(w.device, w.dtype)
-        full = f(x, w)
-        if not all(torch.equal(f(x[i:i + 1], w), full[i:i + 1]) for i in range(8)):
-            return False
-        for m in rows:
-            last = torch.randn(m, w.shape[1], generator=g).to(w.device, w.dtype)
-            last[-1] = x[0]
-            if not (torch.equal(f(x[:m], w), full[:m]) and torch.equal(f(last, w)[-1], full[0])):
-                return False
+    n0 = torch.get_num_threads()
+    try:
+        for w in weights:
+            x = torch.randn(max(rows), w.shape[1], generator=g).to(w.device, w.dtype)
+            full = f(x, w)
+            for t in _threads():
+                torch.set_num_threads(t)
+                if not all(torch.equal(f(x[i:i + 1], w), full[i:i + 1]) for i in range(8)):
+                    return False
+                for m in rows if t > 1 or len(_threads()) == 1 else [r for r in rows if r <= 64]:
+                    last = torch.randn(m, w.shape[1], generator=g).to(w.device, w.dtype)
+                    last[-1] = x[0]
+                    if not (torch.equal(f(x[:m], w), full[:m])
+                            and torch.equal(f(last, w)[-1], full[0])):
+                        return False
+    finally:
+        torch.set_num_threads(n0)
     return True
 
 
 PROBE_ROWS = (1, 2, 3, 4, 5, 8, 13, 33, 64)
+PREFILL_ROWS = 512   # a prefill chunk's rows (GenerateConfig.prefill_chunk)
 
 
 def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
@@ -133,9 +146,9 @@ def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
     count is probed on them too) and the LM head: on the CPU linear2 where it is row-invariant,
     else tiled_linear where that is; on CUDA the Triton kernel
     (checked all the same); None if none is, or if attention's batched matmuls in this dtype
-    are not invariant. ~1 s for the demo model."""
+    are not invariant. 1-2 s for the demo model."""
     # each shape's weights of the first, middle and last layer (whether a rounding difference
-    # shows depends on the values)
+    # shows depends on the values); a prefill's rows at the run's thread count only
     shapes: dict = {}
     for w in layers:
         shapes.setdefault(tuple(w.shape), []).append(w)
@@ -154,7 +167,8 @@ def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
         if not _attention_invariant(head.dtype, head.device, head_dim):
             return None
         for f in candidates:
-            if _invariant(f, by_shape, PROBE_ROWS + (300,)) and _invariant(f, [head], PROBE_ROWS):
+            if _invariant(f, by_shape, PROBE_ROWS + (PREFILL_ROWS,)) \
+                    and _invariant(f, [head], PROBE_ROWS):
                 return f
     return None
 
@@ -186,8 +200,8 @@ class ExactMeta:
         self.keys = torch.from_numpy(keys.reshape(-1)).to(dev)
         self.tokens = torch.from_numpy(toks.reshape(-1)).to(dev)
         self.out = torch.from_numpy(out).to(dev)
-        hidden = np.arange(L)[None, None, :] > limit[:, :, None]         # [G, N, L]
-        self.hidden = torch.from_numpy(hidden[:, None, :, None, :]).to(dev)   # [G,1,N,1,L]
+        limit = torch.from_numpy(limit).to(dev)
+        self.hidden = (torch.arange(L, device=dev) > limit[:, :, None])[:, None, :, None, :]
 
 
 def _paths(m: np.ndarray):
@@ -254,19 +268,26 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
     """Whether batched matmuls of attention's shapes in `dtype` give a row the same bits at
-    any batch, row and key count (keys past a row's own weighted 0)."""
+    any batch, row and key count (keys past a row's own weighted 0) and thread count."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(8, 40, hd, generator=g).to(device, dtype)
-    k = torch.randn(8, hd, 300, generator=g).to(device, dtype)
-    p = torch.rand(8, 40, 300, generator=g)
+    q = torch.randn(8, 64, hd, generator=g).to(device, dtype)
+    k = torch.randn(8, hd, 2048, generator=g).to(device, dtype)
+    p = torch.rand(8, 64, 2048, generator=g)
     p[:, :, 50:] = 0
-    p, v = p.to(device, dtype), torch.randn(8, 300, hd + 1, generator=g).to(device, dtype)
+    p, v = p.to(device, dtype), torch.randn(8, 2048, hd + 1, generator=g).to(device, dtype)
     ref_s, ref_o = bmm(q[:1, :2], k[:1, :, :50])[0, 0], bmm(p[:1, :2, :50], v[:1, :50])[0, 0]
-    for x, m, n in ((1, 2, 50), (3, 5, 64), (8, 40, 300), (2, 13, 201), (8, 3, 51)):
-        for at in (0, m - 1):
-            qq, pp = q[:x, :m].clone(), p[:x, :m, :n].clone()
-            qq[0, at], pp[0, at] = q[0, 0], p[0, 0, :n]
-            if not (torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
-                    and torch.equal(bmm(pp, v[:x, :n])[0, at], ref_o)):
-                return False
+    n0 = torch.get_num_threads()
+    try:
+        for t in _threads():
+            torch.set_num_threads(t)
+            for x, m, n in ((1, 2, 50), (3, 5, 64), (8, 40, 300), (2, 13, 201), (8, 3, 51),
+                            (4, 64, 2048)):
+                for at in (0, m - 1):
+                    qq, pp = q[:x, :m].clone(), p[:x, :m, :n].clone()
+                    qq[0, at], pp[0, at] = q[0, 0], p[0, 0, :n]
+                    if not (torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
+                            and torch.equal(bmm(pp, v[:x, :n])[0, at], ref_o)):
+                        return False
+    finally:
+        torch.set_num_threads(n0)
     return True

@@ -188,7 +188,7 @@ class Model:
             self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
         if on != self.exact and self.device.type == "cuda":
             # eager under --exact: its attention groups are built on the host per forward
-            self._graphs, self.graphs = self.graphs, getattr(self, "_graphs", None)
+            self._graphs, self.graphs = self.graphs, self._graphs
         self.exact = on
         self.attend = exact.exact_attention if on else BACKENDS[self.attention]
         self.linear = self._exact_linear if on else linear

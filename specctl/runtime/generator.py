@@ -98,8 +98,8 @@ class Generator:
         if self._loaded is None:
             model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
             tk = Tokenization(model_dir, cfg.chat)
-            model = load_model(model_dir, cfg.device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
-                               attention=cfg.attention)
+            model = load_model(model_dir, cfg.device, cfg.model_dtype(),
+                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention)
             warn_flex_off_cuda(model, self.report.log)
             self._loaded = model_dir, tk, model, model_fingerprint(model_dir)
         return self._loaded
