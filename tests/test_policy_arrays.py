@@ -179,3 +179,28 @@ def test_host_profile_runs_on_a_tiny_model(tmp_path, tiny_llama):
     got = {(r[0].strip(), r[1].strip()) for r in rows[1:] if r[0].strip() != "---"}
     assert got == {(m, b) for m in ("ar", "draft-verify", "self-draft:light:fixed")
                    for b in ("1", "2")}
+
+
+def test_learnt_kinds_kept_up_to_date_equal_a_rebuild():
+    """learn updates the kinds' sorted codes and corrections in place (one kind a step): after
+    any sequence of steps they equal those built anew from the learnt scale, and so do the
+    prices of a memoized candidate set against the same set priced afresh."""
+    rng = np.random.default_rng(3)
+    cost = StepCost(_table(lambda b, n: 2.0 + b * n), draft_frac=0.3)
+    for step in range(300):
+        b = int(rng.choice([1, 2, 8]))
+        ks = rng.integers(0, 7, size=b).tolist()
+        cost.learn(ks, float(cost.table_ms(ks)[0] * rng.uniform(0.5, 2.0)))
+        if step % 7 == 0:
+            for bb in (1, 2, 8):
+                cost.kind_rel(bb)   # built now, then kept up to date by the learns after
+    for bb in (1, 2, 8):
+        kept = cost.kind_rel(bb)
+        fresh = StepCost(cost.table, draft_frac=0.3, drift=cost.drift, scale=cost.scale)
+        built = fresh.kind_rel(bb)
+        assert np.array_equal(kept[0], built[0]) and np.allclose(kept[1], built[1], rtol=0, atol=0)
+    policy._search_one(np.linspace(1, 3, 7), 6, cost, True)   # memoizes the 0..6 candidates
+    sh = policy._ONE[(6, True)]
+    assert np.array_equal(cost.prices(sh, True, memo=("one", 6)),
+                          StepCost(cost.table, draft_frac=0.3, drift=cost.drift,
+                                   scale=cost.scale).prices(sh, True))

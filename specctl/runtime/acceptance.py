@@ -70,6 +70,7 @@ class Acceptance:
         self.pool = AcceptStats(np.zeros(width), np.zeros(width))
         self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
         self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
+        self._pos = np.arange(width)
 
     def _pool_rates(self) -> np.ndarray:
         """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
@@ -105,9 +106,12 @@ class Acceptance:
         """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k, for
         k <= caps[i] (flat past it)."""
         r = self.rates_many(keys)[:, :self.K]
-        r = np.where(np.arange(r.shape[1])[None, :] < np.asarray(caps)[:, None], r, 0.0)
-        step = r if self.tree else np.cumprod(r, axis=1)
-        return 1.0 + np.concatenate((np.zeros((len(r), 1)), np.cumsum(step, axis=1)), axis=1)
+        r *= self._pos[:r.shape[1]] < np.asarray(caps)[:, None]
+        out = np.empty((len(r), r.shape[1] + 1))
+        out[:, 0] = 0.0
+        np.cumsum(r if self.tree else np.cumprod(r, axis=1, out=r), axis=1, out=out[:, 1:])
+        out += 1.0
+        return out
 
     def gains(self, key, cap: int) -> list[float]:
         """gain(k) for k = 0..cap of one key."""

@@ -91,11 +91,18 @@ def _search_one(gains: np.ndarray, cap: int, cost: StepCost, probes: bool) -> in
     one sequence is its budgets in order, its prefixes the budgets), without building it."""
     if cap <= 0:
         return 0
-    k = np.arange(cap + 1)
-    at_least = (k[:, None] >= k[None, :]).astype(np.int64) if cost.draft_frac else None
-    t = cost.prices(Shapes(1, k, (k > 0).astype(np.int64), k, at_least), probes)
+    sh = _ONE.get((cap, bool(cost.draft_frac)))
+    if sh is None:
+        k = np.arange(cap + 1)
+        at_least = (k[:, None] >= k[None, :]).astype(np.int64) if cost.draft_frac else None
+        sh = _ONE[(cap, bool(cost.draft_frac))] = Shapes(1, k, (k > 0).astype(np.int64), k,
+                                                         at_least)
+    t = cost.prices(sh, probes, memo=("one", cap))
     good = (1 + gains[:cap + 1] - gains[0]) / np.where(t > 0, t, np.inf)
     return int(np.argmax(good >= good.max() / (1 + 1e-9)))
+
+
+_ONE: dict = {}   # (cap, draft forwards priced) -> _search_one's candidates (never change)
 
 
 def probes_pay(cost: StepCost, b: int, share: float = 0.1) -> bool:

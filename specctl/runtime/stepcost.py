@@ -83,6 +83,7 @@ class StepCost:
     _verify: dict = field(default_factory=dict, repr=False)
     _factors: dict = field(default_factory=dict, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)   # prices(memo=): table side
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -135,27 +136,47 @@ class StepCost:
             total, depth = np.where(idle, v, total), np.where(idle, -1, depth)
         return total, np.rint(v * 1e3).astype(np.int64), depth
 
-    def prices(self, sh: Shapes, probes: bool = True) -> np.ndarray:
-        """Predicted ms of every candidate step in sh: the table's, corrected as learnt."""
-        ms, vkey, depth = self.table_prices(sh, probes)
-        drafts = sh.top > 0
+    def prices(self, sh: Shapes, probes: bool = True, memo=None) -> np.ndarray:
+        """Predicted ms of every candidate step in sh: the table's, corrected as learnt.
+        memo: a key under which sh's table prices are kept (candidates the caller builds the
+        same every step, e.g. one sequence's budgets 0 .. cap): only the correction is redone."""
+        got = self._memo.get((memo, probes)) if memo is not None else None
+        if got is None:
+            ms, vkey, depth = self.table_prices(sh, probes)
+            drafts = sh.top > 0
+            got = ms, kind_code(vkey, depth, drafts), drafts
+            if memo is not None:
+                self._memo[(memo, probes)] = got
+        ms, code, drafts = got
         base = np.where(drafts, self._rel((True,)), self._rel((False,))) + self.drift
         codes, rel = self.kind_rel(sh.b)
         if len(codes):
-            code = kind_code(vkey, depth, drafts)
             at = np.minimum(np.searchsorted(codes, code), len(codes) - 1)
             base = base + np.where(codes[at] == code, rel[at], 0.0)
         return ms * np.exp(base)
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """The learnt kinds of batch size b: their codes (sorted) and _rel."""
+        """The learnt kinds of batch size b: their codes (sorted) and _rel (kept up to date
+        by learn, kind by kind: re-sorting every kind each step grows with the kinds seen)."""
         got = self._kinds.get(b)
         if got is None:
             pairs = sorted((kind_code(*k[1:]), self._rel(k)) for k in self.scale
                            if len(k) == 4 and k[0] == b)
-            got = self._kinds[b] = (np.array([c for c, _ in pairs], dtype=np.int64),
-                                    np.array([r for _, r in pairs]))
-        return got
+            codes = [c for c, _ in pairs]
+            got = self._kinds[b] = (np.array(codes, dtype=np.int64),
+                                    np.array([r for _, r in pairs]),
+                                    {c: i for i, c in enumerate(codes)})
+        return got[:2]
+
+    def _relearnt(self, kind: tuple) -> None:
+        """kind_rel's arrays after learn changed kind's _rel (a new kind: built anew)."""
+        got = self._kinds.get(kind[0])
+        if got is not None:
+            at = got[2].get(kind_code(*kind[1:]))
+            if at is None:
+                del self._kinds[kind[0]]
+            else:
+                got[1][at] = self._rel(kind)
 
     def table_ms(self, ks, probes: bool = True) -> tuple[float, tuple]:
         """(the table's ms of a step with budgets ks, the kind of step: its batch size, the
@@ -223,7 +244,6 @@ class StepCost:
         if not ms > 0 or not measured_ms > 0:
             return ms
         self._factors.clear()
-        self._kinds.clear()
         cls = kind[3:]
         x = math.log(measured_ms / ms)
         if cls in self.scale:
@@ -238,6 +258,7 @@ class StepCost:
             s[1] += 1
             s[0] += (x - s[0]) / min(s[1], 4 * SCALE_MEMORY)
             x -= self._rel(key)
+        self._relearnt(kind)
         return ms
 
 
