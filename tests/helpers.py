@@ -128,8 +128,7 @@ def tree_input(slot: int, root: int, nodes, base: int):
     """A step's input for one sequence: its pending token `root` and a DraftTree's nodes (draft
     and probe) at base + depth, under the tree's mask (what Runner.step_input builds)."""
     from specctl.engine.batch import SeqInput
-    return SeqInput(slot, [root] + nodes.tokens, base, [base] + [base + d for d in nodes.depths()],
-                    nodes.mask())
+    return SeqInput(slot, [root] + nodes.tokens, base, parents=nodes.parents)
 
 
 def prefill_slots(model, kv, prompts: list[list[int]], device="cpu"):

@@ -4,6 +4,7 @@ for a worked example, KV commit of an accepted candidate, the context cache's gr
 from __future__ import annotations
 
 import pytest
+import numpy as np
 import torch
 
 from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids,
@@ -78,7 +79,8 @@ def test_step_mask_and_positions_worked_example(model):
     prop = Proposal(build_trie([[a, b], [a, c]], budget=10), branch_probe([[x, y], [z]]))
     inp = seq_input(s, prop, 7)
     assert inp.tokens == [40, a, b, c, x, y, z]
-    assert inp.positions == [7, 8, 9, 9, 8, 9, 8]
+    fb = ForwardBatch([SeqInput(1, [3], 5), inp])   # (beside a plain decode step)
+    assert fb.position_list == [5, 7, 8, 9, 9, 8, 9, 8]
     expected = torch.tensor([
         # r  a  b  c  x  y  z
         [1, 0, 0, 0, 0, 0, 0],   # r
@@ -89,7 +91,7 @@ def test_step_mask_and_positions_worked_example(model):
         [1, 0, 0, 0, 1, 1, 0],   # y: r x y
         [1, 0, 0, 0, 0, 0, 1],   # z: r z (blind to the other branch)
     ], dtype=torch.bool)
-    assert torch.equal(inp.mask, expected)
+    assert np.array_equal(fb.local[1], expected.numpy()) and fb.masked == [1]
 
     # a proposal past the step's limits (here the room: 2 drafts before the token budget) is
     # an error, never cut after the fact: what a drafter proposes is what is verified
@@ -232,9 +234,8 @@ def test_graph_forward_math_on_cpu(model, num_slots, max_len):
         assert C == min(max_len, 128)
         pad = lambda t, fill: torch.cat([t, torch.full((Bb * k - t.numel(),), fill)])
         local = torch.ones(k, k, dtype=torch.bool).tril().expand(Bb, k, k).clone()
-        for i, s in enumerate(seqs):
-            if s.mask is not None:
-                local[i] = s.mask
+        if b.local is not None:
+            local[:3] = torch.from_numpy(b.local)
         out = g._forward(kv, Bb, k, C, FULL, pad(b.tokens, 0), pad(b.positions, 0),
                          torch.tensor(b.seq_slots + [kv.scratch]),
                          torch.tensor(b.prefix_lens + [0]), local, None)[0]

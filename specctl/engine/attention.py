@@ -62,11 +62,8 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
     # default causal: query i of sequence b sees columns [0, prefix_b + i]
     limit = prefix[:, None] + torch.arange(n_max, device=dev)[None, :]           # [B, N_max]
     mask = torch.arange(L, device=dev)[None, None, :] <= limit[:, :, None]      # [B, N_max, L]
-    for b, s in enumerate(batch.seqs):
-        if s.mask is not None:
-            n, p = len(s.tokens), s.prefix_len
-            mask[b, :n, p:p + n] = s.mask.to(dev)
-            mask[b, :n, p + n:] = False
+    if batch.masked:   # their new tokens' columns from the batch's local masks
+        _place_local(mask, batch)
     counts = torch.tensor(batch.num_new, device=dev)
     q_seq = torch.repeat_interleave(torch.arange(B, device=dev), counts)
     starts = torch.tensor(batch.cu_seqlens[:-1], device=dev)
@@ -84,6 +81,26 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
                     q_seq, q_idx, mask[:, None], tables=kv.tables)
     batch._attn_meta = meta
     return meta
+
+
+def _place_local(mask: torch.Tensor, batch: ForwardBatch, host: bool | None = None) -> None:
+    """mask[b, :, p_b:p_b + N_max] = batch.local[b] for the batch's masked sequences (past a
+    sequence's own tokens its local mask is False: nothing new beyond them is seen). On the CPU
+    (host) a numpy slice per sequence (~1 us); elsewhere one upload and one scatter."""
+    n, L, masked = mask.shape[1], mask.shape[2], batch.masked
+    if host if host is not None else mask.device.type == "cpu":
+        m, local = mask.numpy(), batch.local
+        for b in masked:
+            p = batch.prefix_lens[b]
+            w = min(n, L - p)
+            m[b, :, p:p + w] = local[b, :, :w]
+        return
+    local = torch.from_numpy(batch.local[masked]).to(mask.device)
+    p = torch.tensor([batch.prefix_lens[b] for b in masked], device=mask.device)
+    cols = (p[:, None, None] + torch.arange(n, device=mask.device)).expand(len(masked), n, n)
+    wide = torch.nn.functional.pad(mask[masked], (0, n))   # (a window may run past L)
+    wide.scatter_(2, cols, local)
+    mask[masked] = wide[..., :L]
 
 
 def _per_seq(q: torch.Tensor, meta: SdpaMeta) -> torch.Tensor:

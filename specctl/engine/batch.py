@@ -3,39 +3,49 @@
 All new tokens of all sequences in a step are packed into one flat sequence of T tokens, T being
 the sum of the sequences' real token counts (EMS-SD's unpadded inputs). Per token we keep its
 position (for RoPE), its slot in the KV cache and the cache row it writes; per sequence its number
-of committed (prefix) rows and an optional mask among its new tokens.
+of committed (prefix) rows and a mask among its new tokens (`local`).
 
 Worked example, two sequences in one step:
 
     seq A: slot 3, prefix 7, new tokens [a0]                 (a plain decode step)
-    seq B: slot 0, prefix 4, new tokens [b0 b1 b2], mask     (a root and two sibling drafts)
-           mask = [[1,0,0],     b1 and b2 both see b0 but not each other, so both sit at
-                   [1,1,0],     position 5: positions are given explicitly as [4, 5, 5]
-                   [1,0,1]]
+    seq B: slot 0, prefix 4, new tokens [b0 b1 b2],          (a root and two sibling drafts)
+           parents = [-1, -1]    b1 and b2 are both children of b0, so both sit at
+                                 position 5 and see b0 but not each other:
+           local   = [[1,0,0],
+                      [1,1,0],
+                      [1,0,1]]
     tokens    = [a0, b0, b1, b2]      positions = [7, 4, 5, 5]
     slots     = [3, 0, 0, 0]          rows      = [7, 4, 5, 6]   (rows = prefix + index)
     cu_seqlens = [0, 1, 4]
 
 A token attends to all committed rows of its slot and to the new tokens of its own sequence that
-its mask allows (default: causal among the new tokens).
+its mask allows (default: causal among the new tokens). A step's trees are laid out together
+(tree_layout: every tree's ancestors and depths as array operations over the batch), so the host
+does a few array operations per tree level for the whole batch, not a loop per node per tree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 
+import numpy as np
 import torch
 
 
 @dataclass(frozen=True)
 class SeqInput:
-    """One sequence's share of a forward."""
+    """One sequence's share of a forward: by default its new tokens are a chain (causal, at
+    prefix_len + index); `parents` makes them a draft tree below the first (speculative/verify.py:
+    parents[j] is node j's parent among tokens[1:], -1 = tokens[0]); `positions` and `mask`
+    set both by hand (any mask with its diagonal)."""
     slot: int
     tokens: list[int]
     prefix_len: int
-    positions: list[int] | None = None   # default: prefix_len + arange(n)
+    positions: list[int] | None = None   # default: prefix_len + arange(n), or + depth (trees)
     mask: torch.Tensor | None = None     # [n, n] bool among the new tokens; default causal
+    parents: list[int] | None = None     # a tree's n - 1 parents (checked by ForwardBatch)
 
     def __post_init__(self):
         n = len(self.tokens)
@@ -43,6 +53,11 @@ class SeqInput:
             raise ValueError("a sequence in a batch needs at least one new token")
         if self.positions is not None and len(self.positions) != n:
             raise ValueError("positions must have one entry per new token")
+        if self.parents is not None:
+            if self.positions is not None or self.mask is not None:
+                raise ValueError("a tree's parents set its positions and mask")
+            if len(self.parents) != n - 1:
+                raise ValueError("a tree needs one parent per token after the first")
         if self.mask is not None:
             if tuple(self.mask.shape) != (n, n) or self.mask.dtype != torch.bool:
                 raise ValueError(f"mask must be bool [{n}, {n}], got {self.mask.dtype} "
@@ -50,6 +65,36 @@ class SeqInput:
             m = self.mask   # (a host mask is checked in numpy: a torch op costs ~20 us)
             if not (m.numpy() if m.device.type == "cpu" else m).diagonal().all():
                 raise ValueError("every token must attend to itself (mask diagonal)")
+
+
+def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trees of at most n tokens each (token 0 the root, parents[b][j] the parent of token
+    j + 1 among tokens 1.., -1 = the root), all at once: (ancestors [B, n, n] bool, each token
+    seeing itself and its ancestors; depth [B, n], the root's 0). Padding past a tree's end
+    sees itself only. One pointer step per tree level over the whole batch, no per-node Python.
+    Raises ValueError unless every parent precedes its node."""
+    B = len(parents)
+    lens = np.fromiter((len(p) for p in parents), np.int64, B)
+    flat = np.fromiter(chain.from_iterable(parents), np.int64, int(lens.sum()))
+    idx = np.arange(n)
+    par = np.broadcast_to(idx, (B, n)).copy()              # the root and padding: itself
+    inside = (idx[None, 1:] <= lens[:, None])              # token j + 1 is a node
+    node = np.broadcast_to(idx[1:], (B, n - 1))[inside]
+    if ((flat < -1) | (flat >= node - 1)).any():
+        raise ValueError("a draft tree's parent must precede its node")
+    par[:, 1:][inside] = flat + 1
+    anc = np.zeros((B, n, n), dtype=bool)
+    anc[:, idx, idx] = True
+    depth = np.zeros((B, n), dtype=np.int64)
+    rows, cur = np.arange(B)[:, None], np.broadcast_to(idx, (B, n))
+    while True:
+        up = par[rows, cur]
+        moved = up != cur
+        if not moved.any():
+            return anc, depth
+        depth += moved
+        anc[rows, idx[None, :], up] = True
+        cur = up
 
 
 @dataclass(frozen=True)
@@ -79,9 +124,11 @@ class ForwardBatch:
             raise ValueError("empty batch")
         self.seqs = seqs
         self.device = torch.device(device)
-        toks, pos, slots, rows, counts = [], [], [], [], []
-        for s in seqs:
+        toks, pos, slots, rows, counts, trees, hand = [], [], [], [], [], [], []
+        for b, s in enumerate(seqs):   # (lists: for one decode token numpy's calls cost more)
             n = len(s.tokens)
+            if s.parents is not None or s.mask is not None:
+                (hand if s.parents is None else trees).append(b)
             toks.extend(s.tokens)
             pos.extend(s.positions if s.positions is not None
                        else range(s.prefix_len, s.prefix_len + n))
@@ -100,6 +147,22 @@ class ForwardBatch:
             cu.append(cu[-1] + n)
         self.cu_seqlens = cu
         self.max_kv_len = max(p + n for p, n in zip(self.prefix_lens, counts))
+        # [B, n, n] bool among each sequence's new tokens, for the sequences in `masked` (the
+        # others: causal); None when every sequence is causal
+        self.local = None
+        self.masked = sorted(trees + hand)
+        if self.masked:
+            n = max(counts)
+            self.local = np.broadcast_to(np.tril(np.ones((n, n), dtype=bool)),
+                                         (len(seqs), n, n)).copy()
+            for b in hand:
+                self.local[b, :counts[b], :counts[b]] = seqs[b].mask.cpu().numpy()
+        if trees:   # positions at prefix + depth
+            anc, depth = tree_layout([seqs[b].parents for b in trees], n)
+            self.local[trees] = anc
+            depth += np.asarray([self.prefix_lens[b] for b in trees])[:, None]
+            for b, d in zip(trees, depth.tolist()):
+                pos[cu[b]:cu[b + 1]] = d[:counts[b]]
         self._attn_meta = None
 
     def _dev(self, values: list[int]) -> torch.Tensor:

@@ -208,13 +208,14 @@ class CudaGraphs:
                 pos[o + k:o + n] = batch.prefix_lens[b] + np.arange(k, n)   # rows past it
                 real[cu[b]:cu[b + 1]] = np.arange(o, o + k)
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
-        masked = any(s.mask is not None for s in batch.seqs)
+        masked = bool(batch.masked)
         if n > 1 and (masked or padded or not cap.chains):
             local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
             local[:] = self._tril(n)
-            for b, (s, k) in enumerate(zip(batch.seqs, counts)):
-                if s.mask is not None:
-                    local[b, :k, :k] = s.mask.numpy()
+            m = batch.local.shape[1] if masked else 0
+            if masked:
+                local[batch.masked, :m, :m] = batch.local[batch.masked]
+            for b, k in enumerate(counts):
                 if k < n:   # a padding row sees (the prefix and) itself only
                     local[b, k:] = False
                     local[b, np.arange(k, n), np.arange(k, n)] = True

@@ -56,8 +56,8 @@ def seq_input(s: Sequence, p: Proposal, base: int) -> SeqInput:
     nodes = p.draft.extend(p.probe) if len(p.probe) else p.draft
     if nodes.is_chain:
         return SeqInput(s.slot, [s.pending] + nodes.tokens, base)
-    pos = [base] + [base + d for d in nodes.depths()]
-    return SeqInput(s.slot, [s.pending] + nodes.tokens, base, pos, nodes.mask())
+    # (positions and mask: the batch's, for every tree at once)
+    return SeqInput(s.slot, [s.pending] + nodes.tokens, base, parents=nodes.parents)
 
 
 class Planner:

@@ -74,15 +74,21 @@ class ContextCache:
         self.grams: dict[int, OrderedDict] = {}
 
     def push(self, key: int, cont: tuple[int, ...]) -> None:
-        q = self.grams.get(key)
-        if q is None:
-            q = self.grams[key] = OrderedDict()
-        elif cont in q:
-            q.move_to_end(cont)
-            return
-        q[cont] = None
-        if len(q) > self.lru:
-            q.popitem(last=False)
+        self.push_many([(key, cont)])
+
+    def push_many(self, grams) -> None:
+        """push(key, cont) of each (key, cont) in order, in one call (a step's grams)."""
+        table, lru = self.grams, self.lru
+        for key, cont in grams:
+            q = table.get(key)
+            if q is None:
+                q = table[key] = OrderedDict()
+            elif cont in q:
+                q.move_to_end(cont)
+                continue
+            q[cont] = None
+            if len(q) > lru:
+                q.popitem(last=False)
 
     def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
         q = self.grams.get(key)
@@ -128,7 +134,7 @@ def build_trie(candidates: list[list[int]], budget: int,
             at = nxt
         if sizes is not None:
             sizes.append(len(tokens))
-    return DraftTree(tokens, parents)
+    return DraftTree.trusted(tokens, parents)
 
 
 def branch_probe(branches: list[list[int]]) -> DraftTree:
@@ -136,10 +142,12 @@ def branch_probe(branches: list[list[int]]) -> DraftTree:
     tokens: list[int] = []
     parents: list[int] = []
     for br in branches:
-        for i, t in enumerate(br):
-            parents.append(-1 if i == 0 else len(tokens) - 1)
-            tokens.append(t)
-    return DraftTree(tokens, parents)
+        if br:
+            n = len(tokens)
+            parents.append(-1)
+            parents.extend(range(n, n + len(br) - 1))
+            tokens.extend(br)
+    return DraftTree.trusted(tokens, parents)
 
 
 @dataclass
@@ -198,8 +206,8 @@ class SelfDraftDrafter(Drafter):
                                     for _ in range(p.branches)])
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
             ids, g = seq.prompt_ids, p.gram
-            for j in range(len(ids) - g):
-                self.ctx.push(ids[j], tuple(ids[j + 1:j + g + 1]))
+            self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1]))
+                               for j in range(len(ids) - g))
 
     def retire(self, seq) -> None:
         self.finished_prompts += 1
@@ -247,7 +255,8 @@ class SelfDraftDrafter(Drafter):
         return out
 
     def observe(self, seqs, proposals, verdicts, probe_out) -> None:
-        p = self.prm
+        p, g = self.prm, self.prm.gram
+        grams: list = []   # the step's context grams, pushed in one call, in order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
             if v.accepted:
                 src = "context" if v.accepted[0] < pr.ctx_nodes else "corpus"
@@ -260,22 +269,23 @@ class SelfDraftDrafter(Drafter):
                     if len(d) < len(br):    # the probe was cut to fit the context
                         continue
                     if p.context_cache:
-                        for k in range(p.gram, len(br) + 1):
-                            self.ctx.push(br[k - p.gram], tuple(br[k - p.gram + 1:k]) + (d[k - 1],))
+                        grams += [(br[k - g], (*br[k - g + 1:k], d[k - 1]))
+                                  for k in range(g, len(br) + 1)]
                     br.append(d[-1])
                     if len(br) > p.branch_len:
                         del br[0]
             if p.context_cache:
-                self._push_text(s)
+                self._text_grams(s, grams)
+        if grams:
+            self.ctx.push_many(grams)
 
-    def _push_text(self, s) -> None:
-        """Grams of the emitted text (with the prompt's tail before it) into the context cache."""
+    def _text_grams(self, s, grams: list) -> None:
+        """Grams of the emitted text (with the prompt's tail before it), added to `grams`."""
         g, out = self.prm.gram, s.out_ids
         need = len(out) - s.state.pushed + g   # windows of g + 1 tokens ending in a new token
         if need <= g:
             return
         # (the tail only: copying the whole answer every step grows with its length)
         tail = out[-need:] if len(out) >= need else s.prompt_ids[len(out) - need:] + out
-        for j in range(len(tail) - g):
-            self.ctx.push(tail[j], tuple(tail[j + 1:j + g + 1]))
+        grams += [(tail[j], tuple(tail[j + 1:j + g + 1])) for j in range(len(tail) - g)]
         s.state.pushed = len(out)

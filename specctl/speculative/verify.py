@@ -51,6 +51,15 @@ class DraftTree:
         return len(self.tokens)
 
     @classmethod
+    def trusted(cls, tokens: list[int], parents: list[int],
+                q: torch.Tensor | None = None) -> "DraftTree":
+        """A tree valid by construction (a prefix or extension of valid trees, a trie): no
+        per-node check (the step's ForwardBatch checks every tree's parents at once)."""
+        t = cls.__new__(cls)
+        t.tokens, t.parents, t.q = tokens, parents, q
+        return t
+
+    @classmethod
     def chain(cls, tokens: list[int], q: torch.Tensor | None = None) -> "DraftTree":
         return cls(list(tokens), list(range(-1, len(tokens) - 1)), q)
 
@@ -60,14 +69,15 @@ class DraftTree:
 
     def prefix(self, n: int) -> "DraftTree":
         """The first n nodes (still a tree: parents precede their children)."""
-        return DraftTree(self.tokens[:n], self.parents[:n], None if self.q is None else self.q[:n])
+        return DraftTree.trusted(self.tokens[:n], self.parents[:n],
+                                 None if self.q is None else self.q[:n])
 
     def extend(self, other: "DraftTree") -> "DraftTree":
         """This tree's nodes, then `other`'s below the same root (q is dropped: extension
         nodes are never verified)."""
         off = len(self.tokens)
-        return DraftTree(self.tokens + other.tokens,
-                         self.parents + [p if p < 0 else p + off for p in other.parents])
+        return DraftTree.trusted(self.tokens + other.tokens,
+                                 self.parents + [p if p < 0 else p + off for p in other.parents])
 
     def depths(self) -> list[int]:
         d: list[int] = []

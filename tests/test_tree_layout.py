@@ -1,0 +1,78 @@
+"""Tree inputs as arrays: every tree of a step laid out at once (ancestor masks, depths,
+positions) equals the per-tree definitions (DraftTree.mask, depths), bad parents are refused,
+and the attention mask places them the same way on the host and by the device's scatter."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from specctl.engine.attention import _place_local
+from specctl.engine.batch import ForwardBatch, SeqInput, tree_layout
+from specctl.speculative.verify import DraftTree
+
+
+def _random_tree(rng: random.Random, n: int) -> DraftTree:
+    return DraftTree([rng.randrange(100) for _ in range(n)],
+                     [rng.randrange(-1, j) for j in range(n)])
+
+
+def test_layout_of_a_batch_equals_each_trees_own():
+    rng = random.Random(0)
+    trees = [_random_tree(rng, rng.choice([0, 1, 3, 17, 40])) for _ in range(30)]
+    n = 1 + max(len(t) for t in trees)
+    anc, depth = tree_layout([t.parents for t in trees], n)
+    for b, t in enumerate(trees):
+        k = len(t) + 1
+        assert np.array_equal(anc[b, :k, :k], t.mask().numpy())
+        assert depth[b, :k].tolist() == [0] + t.depths()
+        assert np.array_equal(anc[b, k:, :], np.eye(n, dtype=bool)[k:])   # padding: itself
+
+
+@pytest.mark.parametrize("bad", [[0], [-2], [-1, 1], [-1, 0, 5]])
+def test_a_parent_after_its_node_is_refused(bad):
+    with pytest.raises(ValueError, match="precede"):
+        ForwardBatch([SeqInput(0, [1] * (len(bad) + 1), 4, parents=bad)])
+
+
+def test_a_tree_sets_its_own_positions_and_mask():
+    with pytest.raises(ValueError):
+        SeqInput(0, [1, 2], 0, positions=[0, 1], parents=[-1])
+    with pytest.raises(ValueError):
+        SeqInput(0, [1, 2, 3], 0, parents=[-1])
+
+
+def test_positions_and_mask_of_a_mixed_step():
+    """Chains, trees and a hand-made mask in one batch: positions are prefix + depth for trees,
+    and the attention mask shows each its committed prefix plus what its local mask allows,
+    the same by the host's slices and by the scatter used on devices."""
+    rng = random.Random(1)
+    t1, t2 = _random_tree(rng, 9), _random_tree(rng, 4)
+    hand = torch.eye(3, dtype=torch.bool)
+    seqs = [SeqInput(0, [1, 2, 3], 11), SeqInput(1, [5] * 10, 7, parents=t1.parents),
+            SeqInput(2, [6], 30), SeqInput(3, [7] * 5, 3, parents=t2.parents),
+            SeqInput(4, [8, 9, 10], 20, positions=[2, 3, 4], mask=hand)]
+    fb = ForwardBatch(seqs)
+    assert fb.masked == [1, 3, 4]
+    pos = fb.position_list
+    cu = fb.cu_seqlens
+    assert pos[cu[0]:cu[1]] == [11, 12, 13] and pos[cu[2]:cu[3]] == [30]
+    assert pos[cu[1]:cu[2]] == [7 + d for d in [0] + t1.depths()]
+    assert pos[cu[3]:cu[4]] == [3 + d for d in [0] + t2.depths()]
+    assert pos[cu[4]:cu[5]] == [2, 3, 4]
+    n, L = max(fb.num_new), fb.max_kv_len
+    base = torch.arange(L)[None, None, :] <= (torch.tensor(fb.prefix_lens)[:, None]
+                                               + torch.arange(n)[None, :])[:, :, None]
+    host, dev = base.clone(), base.clone()
+    _place_local(host, fb, host=True)
+    _place_local(dev, fb, host=False)
+    assert torch.equal(host, dev)
+    for b, (s, ref) in enumerate(zip(seqs, [None, t1.mask(), None, t2.mask(), hand])):
+        k, p = len(s.tokens), s.prefix_len
+        want = torch.zeros(k, L, dtype=torch.bool)
+        want[:, :p] = True
+        want[:, p:p + k] = torch.ones(k, k, dtype=torch.bool).tril() if ref is None else ref
+        assert torch.equal(host[b, :k], want), b
