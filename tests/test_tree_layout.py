@@ -20,9 +20,10 @@ def _random_tree(rng: random.Random, n: int) -> DraftTree:
                      [rng.randrange(-1, j) for j in range(n)])
 
 
-def test_layout_of_a_batch_equals_each_trees_own():
-    rng = random.Random(0)
-    trees = [_random_tree(rng, rng.choice([0, 1, 3, 17, 40])) for _ in range(30)]
+@pytest.mark.parametrize("count", [1, 3, 4, 30])   # (Python bit rows below 4 trees, numpy from 4)
+def test_layout_of_a_batch_equals_each_trees_own(count):
+    rng = random.Random(count)
+    trees = [_random_tree(rng, rng.choice([0, 1, 3, 17, 40, 70])) for _ in range(count)]
     n = 1 + max(len(t) for t in trees)
     anc, depth = tree_layout([t.parents for t in trees], n)
     for b, t in enumerate(trees):
@@ -32,10 +33,12 @@ def test_layout_of_a_batch_equals_each_trees_own():
         assert np.array_equal(anc[b, k:, :], np.eye(n, dtype=bool)[k:])   # padding: itself
 
 
+@pytest.mark.parametrize("others", [0, 5])
 @pytest.mark.parametrize("bad", [[0], [-2], [-1, 1], [-1, 0, 5]])
-def test_a_parent_after_its_node_is_refused(bad):
+def test_a_parent_after_its_node_is_refused(bad, others):
+    good = [SeqInput(s, [1, 2, 3], 4, parents=[-1, 0]) for s in range(1, others + 1)]
     with pytest.raises(ValueError, match="precede"):
-        ForwardBatch([SeqInput(0, [1] * (len(bad) + 1), 4, parents=bad)])
+        ForwardBatch(good + [SeqInput(0, [1] * (len(bad) + 1), 4, parents=bad)])
 
 
 def test_a_tree_sets_its_own_positions_and_mask():
