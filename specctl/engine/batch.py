@@ -67,15 +67,18 @@ class SeqInput:
                 raise ValueError("every token must attend to itself (mask diagonal)")
 
 
+ROWS_NODES = 384   # where tree_layout's two ways cost the same (this CPU)
+
+
 def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Trees of at most n tokens each (token 0 the root, parents[b][j] the parent of token
     j + 1 among tokens 1.., -1 = the root), all at once: (ancestors [B, n, n] bool, each token
     seeing itself and its ancestors; depth [B, n], the root's 0). Padding past a tree's end
     sees itself only. Raises ValueError unless every parent precedes its node.
-    A few trees: a Python bit row per node (~0.25 us a node); more: one pointer step per tree
-    level over the whole batch (numpy calls cost ~50 us a step whatever the batch, so they
-    pay from ~4 trees up: at 64 Self-Draft trees 0.5 ms against 1.4)."""
-    if len(parents) < 4:
+    Up to ROWS_NODES nodes in all: a Python bit row per node (~0.25 us a node); more: one
+    pointer step per tree level over the whole batch (~60 us + ~0.08 us a node: at 64
+    Self-Draft trees of 89 tokens 0.5 ms against 1.4)."""
+    if sum(len(p) for p in parents) <= ROWS_NODES:
         return _layout_rows(parents, n)
     B = len(parents)
     lens = np.fromiter((len(p) for p in parents), np.int64, B)
