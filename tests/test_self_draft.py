@@ -176,6 +176,25 @@ def test_context_cache_lru_and_trim():
     assert cc.get(0, 10) == [(4,)]
 
 
+def test_context_cache_trim_visits_only_what_changed_and_equals_a_full_trim():
+    """A trim after pushes, then trims to more, as many, and fewer: each leaves what trimming
+    every key would (the cache's queues compared with a copy trimmed key by key)."""
+    import copy
+    import random
+    rng = random.Random(5)
+    cc = ContextCache(lru=6)
+    for keep in [2, 3, 2, 1, 4, 0, 2]:
+        cc.push_many((rng.randrange(30), (rng.randrange(8),)) for _ in range(rng.randrange(200)))
+        ref = copy.deepcopy(cc.grams)
+        for k in list(ref):
+            while len(ref[k]) > keep:
+                ref[k].popitem(last=False)
+            if not ref[k]:
+                del ref[k]
+        cc.trim(keep)
+        assert cc.grams == ref, keep
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError):
         SelfDraftParams(branch_len=0)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
@@ -72,13 +73,18 @@ class ContextCache:
     def __init__(self, lru: int):
         self.lru = lru
         self.grams: dict[int, OrderedDict] = {}
+        # keys added to since the last trim, and its keep (a key untouched since then holds
+        # at most that many: the next trim to as many or more need not visit it; a full scan
+        # grows with the keys the run has seen, every second finished prompt)
+        self.touched: set[int] = set()
+        self.kept: int | None = None
 
     def push(self, key: int, cont: tuple[int, ...]) -> None:
         self.push_many([(key, cont)])
 
     def push_many(self, grams) -> None:
         """push(key, cont) of each (key, cont) in order, in one call (a step's grams)."""
-        table, lru = self.grams, self.lru
+        table, lru, touched = self.grams, self.lru, self.touched
         for key, cont in grams:
             q = table.get(key)
             if q is None:
@@ -87,6 +93,7 @@ class ContextCache:
                 q.move_to_end(cont)
                 continue
             q[cont] = None
+            touched.add(key)
             if len(q) > lru:
                 q.popitem(last=False)
 
@@ -94,20 +101,20 @@ class ContextCache:
         q = self.grams.get(key)
         if not q or limit <= 0:
             return []
-        out = []
-        for cont in reversed(q):
-            out.append(cont)
-            if len(out) == limit:
-                break
-        return out
+        return list(islice(reversed(q), limit))
 
     def trim(self, keep: int) -> None:
-        for key in list(self.grams):
-            q = self.grams[key]
+        """Every key keeps only its `keep` newest continuations."""
+        visit = self.touched if self.kept is not None and keep >= self.kept else list(self.grams)
+        for key in visit:
+            q = self.grams.get(key)
+            if q is None:
+                continue
             while len(q) > keep:
                 q.popitem(last=False)
             if not q:
                 del self.grams[key]
+        self.touched, self.kept = set(), keep
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.grams.values())
@@ -121,19 +128,22 @@ def build_trie(candidates: list[list[int]], budget: int,
     tokens: list[int] = []
     parents: list[int] = []
     child: dict[tuple[int, int], int] = {}   # (parent node, token) -> node
+    n = 0
     for cand in candidates:
         at = -1
         for t in cand:
-            nxt = child.get((at, t))
+            key = (at, t)
+            nxt = child.get(key)
             if nxt is None:
-                if len(tokens) >= budget:
+                if n >= budget:
                     break
-                nxt = child[(at, t)] = len(tokens)
+                child[key] = nxt = n
+                n += 1
                 tokens.append(t)
                 parents.append(at)
             at = nxt
         if sizes is not None:
-            sizes.append(len(tokens))
+            sizes.append(n)
     return DraftTree.trusted(tokens, parents)
 
 
@@ -215,25 +225,21 @@ class SelfDraftDrafter(Drafter):
             self.ctx.trim(self.prm.trim_to)
 
     # -- one step -----------------------------------------------------------------------------
-    def candidates(self, seq) -> tuple[list[list[int]], int]:
+    def candidates(self, seq) -> tuple[list[tuple[int, ...]], int]:
         """(candidates in priority order, how many came from the context cache)."""
         p = self.prm
-        cands: list[list[int]] = []
-        seen: set[tuple[int, ...]] = set()
-        if p.context_cache:
-            for c in self.ctx.get(seq.pending, p.context_cands):
-                seen.add(c)
-                cands.append(list(c))
+        cands = self.ctx.get(seq.pending, p.context_cands) if p.context_cache else []
         n_ctx = len(cands)
         if self.corpus is not None and p.corpus_cands:
             tail = seq.out_ids[-8:]
             if len(tail) < 8:
                 tail = seq.prompt_ids[len(tail) - 8:] + tail
+            seen = set(cands)
             for c in self.corpus.lookup(tail, p.corpus_cands):
                 c = tuple(c)
                 if c not in seen:
                     seen.add(c)
-                    cands.append(list(c))
+                    cands.append(c)
         return cands, n_ctx
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
