@@ -204,3 +204,21 @@ def test_learnt_kinds_kept_up_to_date_equal_a_rebuild():
     assert np.array_equal(cost.prices(sh, True, memo=("one", 6)),
                           StepCost(cost.table, draft_frac=0.3, drift=cost.drift,
                                    scale=cost.scale).prices(sh, True))
+
+
+def test_gains_are_kept_while_nothing_is_learnt_and_redone_after():
+    """gains_many hands out the same (read-only) array while nothing is learnt, and after a
+    learn or a forget the answer a fresh estimate of the same counts gives."""
+    acc = Acceptance(6, False)
+    acc.learn_many([1, 2], [3, 2], [[0, 1], []], [[0.9, 0.8, 0.1], [0.2, 0.3]])
+    g = acc.gains_many([1, 2], [6, 3])
+    assert acc.gains_many([1, 2], [6, 3]) is g and not g.flags.writeable
+    assert acc.gains_many([1, 2], [6, 2]) is not g   # other caps: computed
+    acc.learn_many([2], [2], [[0, 1]], [[0.9, 0.9]])
+    fresh = Acceptance(6, False)
+    fresh.learn_many([1, 2], [3, 2], [[0, 1], []], [[0.9, 0.8, 0.1], [0.2, 0.3]])
+    fresh.learn_many([2], [2], [[0, 1]], [[0.9, 0.9]])
+    assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))
+    acc.forget(2)
+    fresh.forget(2)
+    assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))

@@ -71,6 +71,7 @@ class Acceptance:
         self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
         self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
         self._pos = np.arange(width)
+        self._gains = None   # (keys, caps) -> gains_many's answer, until the next learn
 
     def _pool_rates(self) -> np.ndarray:
         """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
@@ -104,13 +105,20 @@ class Acceptance:
 
     def gains_many(self, keys, caps) -> np.ndarray:
         """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k, for
-        k <= caps[i] (flat past it)."""
+        k <= caps[i] (flat past it). Read-only: the same array is handed out again while
+        nothing is learnt (a batch the controller keeps at budget 0 learns nothing, and its
+        steps should cost the host next to nothing)."""
+        memo = (tuple(keys), np.asarray(caps).tobytes())
+        if self._gains is not None and self._gains[0] == memo:
+            return self._gains[1]
         r = self.rates_many(keys)[:, :self.K]
         r *= self._pos[:r.shape[1]] < np.asarray(caps)[:, None]
         out = np.empty((len(r), r.shape[1] + 1))
         out[:, 0] = 0.0
         np.cumsum(r if self.tree else np.cumprod(r, axis=1, out=r), axis=1, out=out[:, 1:])
         out += 1.0
+        out.flags.writeable = False
+        self._gains = (memo, out)
         return out
 
     def gains(self, key, cap: int) -> list[float]:
@@ -155,7 +163,7 @@ class Acceptance:
         pick = [i for i, t in enumerate(tried) if t > 0]
         if not pick:
             return
-        self._pooled = None
+        self._pooled = self._gains = None
         rows = np.array([self._row(keys[i]) for i in pick], dtype=np.int64)
         t = np.minimum(np.array([tried[i] for i in pick]), width)
         n_acc = np.array([len(accepted[i]) for i in pick])
@@ -205,6 +213,7 @@ class Acceptance:
         return AcceptStats(self.tried[r, :n].copy(), self.hit[r, :n].copy(), int(self.steps[r]))
 
     def forget(self, key) -> None:
+        self._gains = None
         r = self.rows.pop(key, None)
         if r is not None:
             self.tried[r], self.hit[r], self.steps[r], self.grown[r] = 0, 0, 0, 0
