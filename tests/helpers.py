@@ -146,6 +146,7 @@ class Oracle:
     in the reference texts (plus a wrong candidate first, so verification has to choose)."""
 
     def __init__(self, texts: list[list[int]], g: int = 4):
+        self.gram_len = g   # (as a corpus cache declares: the drafter counts its rows by it)
         self.next: dict[tuple[int, int], list[int]] = {}
         for t in texts:
             for i in range(len(t) - 2 - g + 1):

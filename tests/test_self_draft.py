@@ -14,6 +14,7 @@ from specctl.runtime.runner import Runner
 from specctl.runtime.step import seq_input
 from specctl.runtime.sequence import Request, Sequence
 from specctl.speculative.drafter import DraftLimits, NoDraft, Proposal
+from specctl.speculative.verify import DraftTree
 from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
 from specctl.speculative.verify import Verdict
@@ -104,6 +105,28 @@ def test_step_mask_and_positions_worked_example(model):
     runner.kv.lens[0] = 7
     s = Sequence(Request(0, [[]], 3), [1] * 7, 0)
     s.pending = 40
+    with pytest.raises(RuntimeError, match="past its limits"):
+        runner.planner.plan([s])
+
+
+def test_a_proposal_past_the_reserved_rows_is_an_error(model):
+    """On a paged cache a step may write only the rows reserved for it (step_rows past the
+    sequence's): a drafter proposing more is stopped at the plan with its name and numbers,
+    not by a write into a block nobody reserved."""
+    from helpers import kv_budget
+
+    class Overprobe(NoDraft):   # declares 1 row a step, proposes 40 probe nodes
+        def propose(self, seqs, kv, limits):
+            return [Proposal(DraftTree(), branch_probe([[5] * 40])) for _ in seqs]
+    dr = Overprobe()
+    runner = Runner(model, dr, SamplingParams(), batch_size=2, max_len=256, eos_ids=set(),
+                    render=lambda r: [], decode=str,
+                    kv_budget=kv_budget(model, dr, 256, 1.5))
+    assert runner.kv.paged
+    s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
+    s.pending, s.slot = 40, 0
+    runner.kv.reserve(0, 7 + dr.step_rows)
+    runner.kv.lens[0] = 7
     with pytest.raises(RuntimeError, match="past its limits"):
         runner.planner.plan([s])
 
@@ -303,3 +326,19 @@ def test_light_variant_is_lossless(model, reference):
         assert sum(n * k for k, n in stats.accept_hist.items()) > 0
     with pytest.raises(SpecctlError, match="self-draft:light"):
         split_variant("self-draft:heavy")
+
+
+def test_corpus_continuations_are_cut_to_the_declared_gram_length():
+    """A step's rows are reserved for gram_len tokens per corpus candidate (step_rows): a
+    longer continuation from the corpus object is cut there, never written past them."""
+    class Long:
+        gram_len = 2
+
+        def lookup(self, context, limit=3):
+            return [[1, 2, 3, 4, 5], [6, 7, 8]][:limit]
+    dr = SelfDraftDrafter(SelfDraftParams(context_cache=False, corpus_cands=2, branches=0),
+                          Long())
+    s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
+    s.pending = 9
+    assert dr.candidates(s) == ([(1, 2), (6, 7)], 0)
+    assert dr.price().max_draft == 10 * 4 + 2 * 2

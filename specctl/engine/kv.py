@@ -116,6 +116,10 @@ class KVCache:
             self.check_reserved(slots, [r + 1 for r in rows])   # raises, naming the row
             raise
 
+    def reserved(self, slot: int) -> int:
+        """Rows of slot that may be written (reserve: the blocks taken, at most max_len)."""
+        return min(self.max_len, len(self.tables[slot]) * self.block)
+
     def check_reserved(self, slots: list[int], ends: list[int]) -> None:
         """Every slot's rows [0, end) are reserved (a paged cache would otherwise put a row
         nobody reserved into the null block)."""

@@ -79,7 +79,9 @@ class Planner:
         if ctl is not None:
             budgets = ctl.plan([s.slot for s in seqs], room)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
-        rows = [kv.max_len - kv.lens[s.slot] - 1 for s in seqs]   # for draft and probe nodes
+        # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
+        # them is an error here, not a write into a block nobody reserved)
+        rows = [kv.reserved(s.slot) - kv.lens[s.slot] - 1 for s in seqs]
         limits = DraftLimits(tuple(room), tuple(rows),
                              probes=budgets.probes if budgets is not None else True,
                              stop=ctl.stop_rule(budgets) if budgets is not None else None)

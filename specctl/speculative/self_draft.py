@@ -184,7 +184,8 @@ class SelfDraftDrafter(Drafter):
         self.corpus = corpus if params.corpus_cache else None
         self.corpus_id = corpus_id if self.corpus is not None else None
         self.ctx = ContextCache(params.lru)
-        glen = getattr(self.corpus, "gram_len", params.gram)
+        # a corpus continuation is cut to the length the step's rows were counted with
+        glen = self.glen = getattr(self.corpus, "gram_len", params.gram)
         # (a branch starts at 1-2 tokens and is trimmed back to at least 2: max(L, 2))
         most = (params.branches * max(params.branch_len, 2) + params.context_cands * params.gram
                 + params.corpus_cands * glen)
@@ -197,8 +198,8 @@ class SelfDraftDrafter(Drafter):
     def price(self) -> DraftPrice:
         """Its drafts are a trie of cache candidates; its branches a probe beside them."""
         p = self.prm
-        glen = getattr(self.corpus, "gram_len", p.gram) if self.corpus is not None else p.gram
-        return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * glen, tree=True,
+        return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * self.glen,
+                          tree=True,
                           probe=p.branches * p.branch_len)
 
     def fresh(self) -> "SelfDraftDrafter":
@@ -236,7 +237,7 @@ class SelfDraftDrafter(Drafter):
                 tail = seq.prompt_ids[len(tail) - 8:] + tail
             seen = set(cands)
             for c in self.corpus.lookup(tail, p.corpus_cands):
-                c = tuple(c)
+                c = tuple(c[:self.glen])
                 if c not in seen:
                     seen.add(c)
                     cands.append(c)
