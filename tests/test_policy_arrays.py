@@ -222,3 +222,9 @@ def test_gains_are_kept_while_nothing_is_learnt_and_redone_after():
     acc.forget(2)
     fresh.forget(2)
     assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))
+
+
+def test_a_sequence_without_room_gets_budget_zero():
+    cost = StepCost(_table(lambda b, n: 2 + 0.05 * b * n), draft_frac=0.3)
+    ks = Controller(cost, 6, explore_every=0).plan([0, 1], [-1, 2]).ks
+    assert ks[0] == 0 and 0 <= ks[1] <= 2

@@ -3,8 +3,8 @@ for a worked example, KV commit of an accepted candidate, the context cache's gr
 
 from __future__ import annotations
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids,
@@ -14,10 +14,9 @@ from specctl.runtime.runner import Runner
 from specctl.runtime.step import seq_input
 from specctl.runtime.sequence import Request, Sequence
 from specctl.speculative.drafter import DraftLimits, NoDraft, Proposal
-from specctl.speculative.verify import DraftTree
 from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
-from specctl.speculative.verify import Verdict
+from specctl.speculative.verify import DraftTree, Verdict
 from specctl.speculative.sampling import SamplingParams
 
 

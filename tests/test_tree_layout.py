@@ -39,7 +39,7 @@ def test_layout_of_a_batch_equals_each_trees_own(count):
 @pytest.mark.parametrize("bad", [[0], [-2], [-1, 1], [-1, 0, 5]])
 def test_a_parent_after_its_node_is_refused(bad, others):
     good = [SeqInput(1, [1] * (others + 1), 4, parents=[-1] * others)] if others else []
-    with pytest.raises(ValueError, match="precede"):
+    with pytest.raises(ValueError, match="slot 0: draft tree node .* must precede it"):
         ForwardBatch(good + [SeqInput(0, [1] * (len(bad) + 1), 4, parents=bad)])
 
 

@@ -67,17 +67,25 @@ class SeqInput:
                 raise ValueError("every token must attend to itself (mask diagonal)")
 
 
-ROWS_NODES = 384   # where tree_layout's two ways cost the same (this CPU)
+ROWS_NODES = 384   # where tree_layout's two ways cost about the same (measured on a CPU)
+
+
+class BadTree(ValueError):
+    """Tree `tree` of a layout has a node whose parent does not precede it."""
+
+    def __init__(self, tree: int, node: int, parent: int):
+        super().__init__(f"draft tree node {node}: its parent {parent} must precede it")
+        self.tree = tree
 
 
 def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Trees of at most n tokens each (token 0 the root, parents[b][j] the parent of token
     j + 1 among tokens 1.., -1 = the root), all at once: (ancestors [B, n, n] bool, each token
     seeing itself and its ancestors; depth [B, n], the root's 0). Padding past a tree's end
-    sees itself only. Raises ValueError unless every parent precedes its node.
-    Up to ROWS_NODES nodes in all: a Python bit row per node (~0.25 us a node); more: one
-    pointer step per tree level over the whole batch (~60 us + ~0.08 us a node: at 64
-    Self-Draft trees of 89 tokens 0.5 ms against 1.4)."""
+    sees itself only. Raises BadTree unless every parent precedes its node.
+    Up to ROWS_NODES nodes in all: a Python bit row per node (measured ~0.25 us a node); more:
+    one pointer step per tree level over the whole batch (~60 us + ~0.08 us a node: at 64
+    Self-Draft trees of 89 tokens 0.5 ms against 1.4 by rows)."""
     if sum(len(p) for p in parents) <= ROWS_NODES:
         return _layout_rows(parents, n)
     B = len(parents)
@@ -87,8 +95,11 @@ def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarra
     par = np.broadcast_to(idx, (B, n)).copy()              # the root and padding: itself
     inside = (idx[None, 1:] <= lens[:, None])              # token j + 1 is a node
     node = np.broadcast_to(idx[1:], (B, n - 1))[inside]
-    if ((flat < -1) | (flat >= node - 1)).any():
-        raise ValueError("a draft tree's parent must precede its node")
+    bad = np.flatnonzero((flat < -1) | (flat >= node - 1))
+    if len(bad):
+        i = int(bad[0])
+        b = int(np.searchsorted(np.cumsum(lens), i, side="right"))
+        raise BadTree(b, int(node[i]) - 1, int(flat[i]))
     par[:, 1:][inside] = flat + 1
     anc = np.zeros((B, n, n), dtype=bool)
     anc[:, idx, idx] = True
@@ -113,7 +124,7 @@ def _layout_rows(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarr
         bits, dep = [1], [0]
         for j, p in enumerate(ps, 1):
             if not -1 <= p < j - 1:
-                raise ValueError("a draft tree's parent must precede its node")
+                raise BadTree(b, j - 1, p)
             bits.append(bits[p + 1] | (1 << j))
             dep.append(dep[p + 1] + 1)
         bits += [1 << j for j in range(len(bits), n)]
@@ -178,7 +189,10 @@ class ForwardBatch:
         self.local = None
         self.masked = sorted(trees + hand)
         if trees:
-            anc, depth = tree_layout([seqs[b].parents for b in trees], max(counts))
+            try:
+                anc, depth = tree_layout([seqs[b].parents for b in trees], max(counts))
+            except BadTree as e:
+                raise ValueError(f"slot {seqs[trees[e.tree]].slot}: {e}") from None
             depth += np.asarray([self.prefix_lens[b] for b in trees])[:, None]
             for b, d in zip(trees, depth.tolist()):   # positions at prefix + depth
                 pos[cu[b]:cu[b + 1]] = d[:counts[b]]

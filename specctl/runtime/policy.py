@@ -95,8 +95,11 @@ def _search_one(gains: np.ndarray, cap: int, cost: StepCost, probes: bool) -> in
     if sh is None:
         k = np.arange(cap + 1)
         at_least = (k[:, None] >= k[None, :]).astype(np.int64) if cost.draft_frac else None
-        sh = _ONE[(cap, bool(cost.draft_frac))] = Shapes(1, k, (k > 0).astype(np.int64), k,
-                                                         at_least)
+        sh = Shapes(1, k, (k > 0).astype(np.int64), k, at_least)
+        for a in (sh.tokens, sh.drafting, sh.at_least):
+            if a is not None:
+                a.flags.writeable = False   # (shared by every later step and controller)
+        _ONE[(cap, bool(cost.draft_frac))] = sh
     t = cost.prices(sh, probes, memo=("one", cap))
     good = (1 + gains[:cap + 1] - gains[0]) / np.where(t > 0, t, np.inf)
     return int(np.argmax(good >= good.max() / (1 + 1e-9)))

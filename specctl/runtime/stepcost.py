@@ -139,13 +139,16 @@ class StepCost:
     def prices(self, sh: Shapes, probes: bool = True, memo=None) -> np.ndarray:
         """Predicted ms of every candidate step in sh: the table's, corrected as learnt.
         memo: a key under which sh's table prices are kept (candidates the caller builds the
-        same every step, e.g. one sequence's budgets 0 .. cap): only the correction is redone."""
+        same every step, e.g. one sequence's budgets 0 .. cap): only the correction is redone.
+        The key must name sh, batch size included: the same key, the same candidates."""
         got = self._memo.get((memo, probes)) if memo is not None else None
         if got is None:
             ms, vkey, depth = self.table_prices(sh, probes)
             drafts = sh.top > 0
             got = ms, kind_code(vkey, depth, drafts), drafts
             if memo is not None:
+                for a in got:
+                    a.flags.writeable = False   # (every later step reads them)
                 self._memo[(memo, probes)] = got
         ms, code, drafts = got
         base = np.where(drafts, self._rel((True,)), self._rel((False,))) + self.drift

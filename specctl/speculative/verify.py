@@ -55,6 +55,8 @@ class DraftTree:
                 q: torch.Tensor | None = None) -> "DraftTree":
         """A tree valid by construction (a prefix or extension of valid trees, a trie): no
         per-node check (the step's ForwardBatch checks every tree's parents at once)."""
+        if len(tokens) != len(parents):
+            raise ValueError("tokens and parents differ in length")
         t = cls.__new__(cls)
         t.tokens, t.parents, t.q = tokens, parents, q
         return t
