@@ -1,6 +1,7 @@
 """Tree inputs as arrays: every tree of a step laid out at once (ancestor masks, depths,
-positions) equals the per-tree definitions (DraftTree.mask, depths), bad parents are refused,
-and the attention mask places them the same way on the host and by the device's scatter."""
+positions) equals the per-tree definitions (a node's row is its parent's plus itself;
+DraftTree.depths), bad parents are refused, and the attention mask places them the same way on
+the host and by the device's scatter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ from specctl.engine import batch
 from specctl.engine.attention import _place_local
 from specctl.engine.batch import ForwardBatch, SeqInput, tree_layout
 from specctl.speculative.verify import DraftTree
+
+
+def _mask(t: DraftTree) -> torch.Tensor:
+    """[n+1, n+1] over [root, nodes], node by node: each row sees itself and its ancestors."""
+    m = torch.eye(len(t) + 1, dtype=torch.bool)
+    m[:, 0] = True
+    for j, p in enumerate(t.parents):
+        if p >= 0:
+            m[j + 1] |= m[p + 1]
+    return m
 
 
 def _random_tree(rng: random.Random, n: int) -> DraftTree:
@@ -30,7 +41,7 @@ def test_layout_of_a_batch_equals_each_trees_own(count):
     anc, depth = tree_layout([t.parents for t in trees], n)
     for b, t in enumerate(trees):
         k = len(t) + 1
-        assert np.array_equal(anc[b, :k, :k], t.mask().numpy())
+        assert np.array_equal(anc[b, :k, :k], _mask(t).numpy())
         assert depth[b, :k].tolist() == [0] + t.depths()
         assert np.array_equal(anc[b, k:, :], np.eye(n, dtype=bool)[k:])   # padding: itself
 
@@ -75,7 +86,7 @@ def test_positions_and_mask_of_a_mixed_step():
     _place_local(host, fb, host=True)
     _place_local(dev, fb, host=False)
     assert torch.equal(host, dev)
-    for b, (s, ref) in enumerate(zip(seqs, [None, t1.mask(), None, t2.mask(), hand])):
+    for b, (s, ref) in enumerate(zip(seqs, [None, _mask(t1), None, _mask(t2), hand])):
         k, p = len(s.tokens), s.prefix_len
         want = torch.zeros(k, L, dtype=torch.bool)
         want[:, :p] = True

@@ -9,6 +9,7 @@ import torch
 from specctl.speculative.verify import DraftTree, Verdict, verify_greedy, verify_sampling
 from specctl.speculative.sampling import SamplingParams, sample_rows, warp
 from helpers import chi_square_ok
+from specctl.engine.batch import tree_layout
 
 
 def test_tree_mask_positions_worked_example():
@@ -19,7 +20,9 @@ def test_tree_mask_positions_worked_example():
                              [1, 1, 1, 0, 0],
                              [1, 0, 0, 1, 0],
                              [1, 0, 0, 1, 1]], dtype=torch.bool)
-    assert torch.equal(t.mask(), expected)
+    anc, depth = tree_layout([t.parents], len(t) + 1)   # (the step lays trees out so)
+    assert torch.equal(torch.from_numpy(anc[0]), expected)
+    assert depth[0].tolist() == [0] + t.depths()
     assert DraftTree.chain([1, 2, 3]).is_chain and not t.is_chain
     with pytest.raises(ValueError):
         DraftTree([1, 2], [1, -1])

@@ -212,8 +212,8 @@ class CudaGraphs:
         if n > 1 and (masked or padded or not cap.chains):
             local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
             local[:] = self._tril(n)
-            m = batch.local.shape[1] if masked else 0
             if masked:
+                m = batch.local.shape[1]
                 local[batch.masked, :m, :m] = batch.local[batch.masked]
             for b, k in enumerate(counts):
                 if k < n:   # a padding row sees (the prefix and) itself only

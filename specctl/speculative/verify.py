@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from specctl.speculative.sampling import sample_rows
@@ -86,17 +85,6 @@ class DraftTree:
         for p in self.parents:
             d.append(1 if p < 0 else d[p] + 1)
         return d
-
-    def mask(self) -> torch.Tensor:
-        """[n+1, n+1] bool over [root, nodes]: each row sees itself and its ancestors."""
-        n = len(self.tokens)
-        m = np.zeros((n + 1, n + 1), dtype=bool)
-        m[:, 0] = True
-        for j, p in enumerate(self.parents):
-            if p >= 0:
-                m[j + 1] = m[p + 1]
-            m[j + 1, j + 1] = True
-        return torch.from_numpy(m)
 
     def children(self) -> list[list[int]]:
         """children[r] for r in 0..n: r = 0 is the root, r = j + 1 is node j."""
