@@ -224,6 +224,26 @@ def test_gains_are_kept_while_nothing_is_learnt_and_redone_after():
     assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_capped_gains_are_the_masked_estimate(tree):
+    """A cap is applied to the kept uncapped gains (gain(k) = gain(min(k, cap))): the same
+    numbers as masking the rates past the cap before summing, for any caps (0, past K)."""
+    rng = np.random.default_rng(5)
+    acc = Acceptance(7, tree)
+    keys = list(range(9))
+    for _ in range(30):
+        ks = rng.integers(0, 8, 9).tolist()
+        acc.learn_many(keys, ks, [sorted(rng.choice(7, rng.integers(0, k + 1), replace=False)
+                                         .tolist()) if tree else list(range(rng.integers(0, k + 1)))
+                                  for k in ks], None if tree else [[0.5] * k for k in ks])
+        caps = rng.integers(0, 8, 9)
+        r = acc.rates_many(keys)[:, :7] * (np.arange(7)[None, :] < caps[:, None])
+        want = 1 + np.concatenate((np.zeros((9, 1)), np.cumsum(
+            r if tree else np.cumprod(r, axis=1), axis=1)), axis=1)
+        assert np.allclose(acc.gains_many(keys, caps), want, rtol=1e-12, atol=0)
+        assert np.allclose(acc.gains_many(keys, caps * 0 + 7), acc._uncapped(keys))
+
+
 def test_a_sequence_without_room_gets_budget_zero():
     cost = StepCost(_table(lambda b, n: 2 + 0.05 * b * n), draft_frac=0.3)
     ks = Controller(cost, 6, explore_every=0).plan([0, 1], [-1, 2]).ks

@@ -48,6 +48,7 @@ from specctl.engine.steptable import StepTable
 from specctl.prep.skip_eval import DevEval, ar_per_token, run_cost
 from specctl.speculative.draft_verify import (ExitParams, ExitState, SkipSet, skip_draft_frac,
                                               update_threshold)
+from specctl.speculative.sampling import top1_tensors
 
 
 def greedy_continuations(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:
@@ -180,8 +181,7 @@ class TeacherForcedDev:
         plan = LayerPlan(start=start, skip_attn=skip.attn, skip_mlp=skip.mlp)
         h = self.model.forward(self.batch, self.kv, plan, hidden=self.hidden[start])
         lf = self.model.logits(h)
-        mx, tok = lf.max(-1)
-        conf = torch.exp(mx - torch.logsumexp(lf, -1))
+        tok, conf = top1_tensors(lf)   # (as the drafter reads its drafts)
         agree = (tok.view(n, m) == self.targets).cpu().numpy()
         conf = conf.view(n, m).double().cpu().numpy()
         return list(agree), list(conf)

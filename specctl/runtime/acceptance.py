@@ -70,8 +70,9 @@ class Acceptance:
         self.pool = AcceptStats(np.zeros(width), np.zeros(width))
         self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
         self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
-        self._pos = np.arange(width)
-        self._gains = None   # (keys, caps) -> gains_many's answer, until the next learn
+        self._pos = np.arange(width + 1)
+        # [keys, their uncapped gains, caps, the capped gains]: gains_many's, until a learn
+        self._gains = None
 
     def _pool_rates(self) -> np.ndarray:
         """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
@@ -106,19 +107,28 @@ class Acceptance:
     def gains_many(self, keys, caps) -> np.ndarray:
         """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k, for
         k <= caps[i] (flat past it). Read-only: the same array is handed out again while
-        nothing is learnt (a batch the controller keeps at budget 0 learns nothing, and its
-        steps should cost the host next to nothing)."""
-        memo = (tuple(keys), np.asarray(caps).tobytes())
-        if self._gains is not None and self._gains[0] == memo:
-            return self._gains[1]
+        nothing is learnt and the caps are the same (a batch the controller keeps at budget 0
+        learns nothing, and its steps should cost the host next to nothing)."""
+        caps = np.asarray(caps)
+        memo = self._gains
+        if memo is None or memo[0] != tuple(keys):
+            memo = self._gains = [tuple(keys), self._uncapped(keys), None, None]
+        if memo[2] is None or not np.array_equal(memo[2], caps):
+            # a cap at c: the positions past c count nothing, so gain(k) = gain(min(k, c))
+            full = memo[1]
+            out = full[np.arange(len(full))[:, None],
+                       np.minimum(self._pos[None, :full.shape[1]], caps[:, None])]
+            out.flags.writeable = False
+            memo[2], memo[3] = caps.copy(), out
+        return memo[3]
+
+    def _uncapped(self, keys) -> np.ndarray:
+        """gains_many's array with every cap at K."""
         r = self.rates_many(keys)[:, :self.K]
-        r *= self._pos[:r.shape[1]] < np.asarray(caps)[:, None]
         out = np.empty((len(r), r.shape[1] + 1))
         out[:, 0] = 0.0
         np.cumsum(r if self.tree else np.cumprod(r, axis=1, out=r), axis=1, out=out[:, 1:])
         out += 1.0
-        out.flags.writeable = False
-        self._gains = (memo, out)
         return out
 
     def gains(self, key, cap: int) -> list[float]:

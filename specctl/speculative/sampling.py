@@ -54,13 +54,19 @@ def warp(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
 
 
-def top1(logits: torch.Tensor) -> tuple[list[int], list[float]]:
-    """Greedy drafting's read-back: each row's argmax and its softmax probability (the draft's
-    confidence), computed without materializing the softmax and fetched in one transfer."""
+def top1_tensors(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax of [N, V] logits and its softmax probability (the draft's confidence),
+    as tensors. The probability is the fused softmax's largest (a CPU's logsumexp runs several
+    kernels: 10 us for one row of 2,048 against 2 us); the token is the logits' own argmax."""
     lf = logits.float()
-    m, tok = lf.max(-1)
-    conf = torch.exp(m - torch.logsumexp(lf, -1))
-    toks, confs = torch.stack([tok.double(), conf.double()]).tolist()
+    return lf.argmax(-1), torch.softmax(lf, -1).amax(-1)
+
+
+def top1(logits: torch.Tensor) -> tuple[list[int], list[float]]:
+    """Greedy drafting's read-back: top1_tensors fetched in one transfer (token ids are exact
+    in float32: vocabularies are far below 2^24)."""
+    tok, conf = top1_tensors(logits)
+    toks, confs = torch.stack([tok.float(), conf]).tolist()
     return [int(t) for t in toks], confs
 
 
