@@ -228,3 +228,36 @@ def test_kill_9_then_resume(tmp_path, tiny_llama):
     got = [json.loads(l)["text"] for l in out.read_text().splitlines()]
     whole = (tmp_path / "whole.jsonl").read_text().splitlines()
     assert got == [json.loads(l)["text"] for l in whole]
+
+
+def test_record_writer_fsyncs_off_the_callers_thread(tmp_path, monkeypatch):
+    """A finished line is written and flushed at once (readable while the job runs, the OS's
+    to keep if the process is killed) and fsynced by the writer's own thread, not the step's;
+    close fsyncs whatever is left, and a disk error in the thread reaches the caller."""
+    import threading
+    from specctl.runtime import records
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(records.os, "fsync",
+                        lambda fd: (synced.append(threading.current_thread()), real(fd)))
+    w = records.RecordWriter(tmp_path / "records.jsonl")
+    for i in range(5):
+        w.persist({"index": i})
+        assert json.loads((tmp_path / "records.jsonl").read_text().splitlines()[-1]) == {"index": i}
+    assert all(t is not threading.main_thread() for t in synced)
+    w.close()
+    assert synced and synced[-1] is threading.main_thread()   # (close's own, last)
+    w.close()   # (twice: nothing more)
+
+    def broken(fd):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(records.os, "fsync", broken)
+    w = records.RecordWriter(tmp_path / "records.jsonl")
+    w.persist({"index": 5})
+    w._syncer.join(5)   # (the thread stops at its error)
+    with pytest.raises(OSError, match="Input/output"):
+        w.persist({"index": 6})
+    with pytest.raises(OSError):
+        w.close()
+    assert [json.loads(l)["index"] for l in (tmp_path / "records.jsonl").read_text().splitlines()] \
+        == [0, 1, 2, 3, 4, 5]

@@ -37,8 +37,8 @@ CONF_BINS = 10
 
 
 def conf_bin(conf: float) -> int:
-    """A draft confidence's bin: tenths of [0, 1]."""
-    return min(CONF_BINS - 1, max(0, int(conf * CONF_BINS)))
+    """A draft confidence's bin: tenths of [0, 1] (a NaN from a broken forward: the first)."""
+    return min(CONF_BINS - 1, max(0, int(conf * CONF_BINS))) if conf == conf else 0
 
 
 @dataclass
@@ -174,6 +174,10 @@ class Acceptance:
         if not pick:
             return
         self._pooled = self._gains = None
+        if len(pick) == 1:   # (one sequence: slices, a third of the array calls)
+            i = pick[0]
+            return self._learn_one(self._row(keys[i]), min(tried[i], width), accepted[i],
+                                   confs[i] if confs else None)
         rows = np.array([self._row(keys[i]) for i in pick], dtype=np.int64)
         t = np.minimum(np.array([tried[i] for i in pick]), width)
         n_acc = np.array([len(accepted[i]) for i in pick])
@@ -198,6 +202,26 @@ class Acceptance:
         p.tried += tried_m.sum(0)
         p.hit += hit_m.sum(0)
         p.steps += len(pick)
+
+    def _learn_one(self, r: int, t: int, accepted: list[int], confs) -> None:
+        """learn_many's counts for one sequence (row r, t positions tried)."""
+        p = self.pool
+        if self.tree:
+            top, hits = t, [j for j in accepted if j < t]
+        else:
+            top, hits = min(t, len(accepted) + 1), slice(0, len(accepted))
+            c = self.calib
+            for j, conf in enumerate(confs[:top] if confs else ()):   # (_calibrate's counts)
+                b = conf_bin(conf)
+                c.tried[b] += 1
+                c.hit[b] += j < len(accepted)
+        self.tried[r, :top] += 1
+        self.hit[r, hits] += 1
+        self.steps[r] += 1
+        self.grown[r] = max(self.grown[r], top)
+        p.tried[:top] += 1
+        p.hit[hits] += 1
+        p.steps += 1
 
     def _calibrate(self, confs, top, n_acc) -> None:
         """Tried / hit per confidence bin of the chain drafts that were drafted and tried."""
