@@ -121,3 +121,34 @@ def test_sampling_matches_model_distribution(model):
     counts = torch.bincount(torch.tensor([o[0] for o in outs]), minlength=p.numel()).double()
     assert counts[p == 0].sum() == 0   # nothing outside the nucleus
     assert chi_square_ok(counts, p)
+
+
+@pytest.mark.parametrize("empty", [0, 4])
+def test_a_stop_string_many_tokens_long_ends_the_answer_at_its_last_token(model, empty):
+    """The stop check decodes a window of the stop's length (plus slack) in tokens, not the
+    answer: a stop string spanning 30 tokens, some of which decode to nothing, still ends
+    the answer at the token that completes it, and its text is cut before it."""
+    from specctl.runtime.runner import Runner
+    from specctl.runtime.sequence import Request
+    from specctl.speculative.drafter import NoDraft
+    prompt = random_prompts(1, seed=3)[0]   # (an answer of 26 different tokens)
+    (ref,), _ = run_ids(model, [prompt], max_tokens=60)
+    # tokens that decode to nothing (as skipped special tokens do), at most 8 times in the stop
+    silent: set[int] = set()
+    for t in dict.fromkeys(ref[12:38]):
+        if len(silent) < empty and sum(x in silent or x == t for x in ref[10:40]) <= 8:
+            silent.add(t)
+    assert len(silent) == empty
+
+    def decode(ids):   # one character per token, but the silent ones
+        return "".join(chr(0x41 + t % 50) for t in ids if t not in silent)
+    stop = decode(ref[10:40])
+    assert len(stop) >= 22
+    end = next(i for i in range(1, 61) if stop in decode(ref[:i]))
+    got = {}
+    Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=256, eos_ids=set(),
+           render=lambda r: prompt, decode=decode, stop=(stop,)).run(
+        [Request(0, [[{}]], 60)], lambda r: got.update(ids=r.answer_ids[0], text=r.answers[0],
+                                                      why=r.finish_reasons[0]))
+    assert got["ids"] == ref[:end] and got["why"] == "stop_string"
+    assert got["text"] == decode(ref[:end])[:decode(ref[:end]).find(stop)]

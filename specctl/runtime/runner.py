@@ -63,6 +63,11 @@ class Runner:
         self.model, self.drafter, self.sp = model, drafter, sampling
         self.batch_size, self.max_len = batch_size, max_len
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
+        # the tokens a stop check decodes: a stop string ends in the newest token's text (an
+        # earlier end would have ended the answer there), so its length in tokens (each at
+        # least a character) and a slack for tokens that decode to nothing find it; at most
+        # 64 (decoding 64 tokens per emitted token cost more than a small model's step)
+        self.stop_window = min(64, max(map(len, self.stop), default=0) + 8)
         self.render, self.decode = render, decode
         self.prefill_chunk = prefill_chunk
         self.logprobs = logprobs   # None, or how many alternatives per token to record
@@ -385,9 +390,11 @@ class Runner:
             if t in self.eos_ids:
                 s.finish_reason = "stop"
                 break
-            if self.stop and any(x in self.decode(s.out_ids[-64:]) for x in self.stop):
-                s.finish_reason = "stop_string"
-                break
+            if self.stop:
+                text = self.decode(s.out_ids[-self.stop_window:])
+                if any(x in text for x in self.stop):
+                    s.finish_reason = "stop_string"
+                    break
         if not s.finished and len(s.out_ids) >= s.req.max_tokens:
             s.finish_reason = "length"
         if not s.finished and self.kv.lens[s.slot] + 1 >= self.max_len:
