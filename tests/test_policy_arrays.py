@@ -114,7 +114,7 @@ def test_search_finds_the_best_goodput_of_a_packed_step(tiles):
                 n = int(rng.integers(0, 4))
                 acc.learn(key, 3, list(range(n)))
         caps = rng.integers(0, 4, 3)
-        gains = acc.gains_many(keys, caps)
+        gains = acc.gains_many(keys)
         cost = StepCost(t)
         ks = policy.search(gains, caps, cost, True)
         good = sum(gains[i][k] for i, k in enumerate(ks)) / cost.step_ms(ks)
@@ -138,7 +138,7 @@ def test_learning_a_batch_is_learning_each_sequence():
                 one.forget(keys[0])
                 many.forget(keys[0])
         ks = list(range(20))
-        assert np.array_equal(one.gains_many(ks, [6] * 20), many.gains_many(ks, [6] * 20))
+        assert np.array_equal(one.gains_many(ks), many.gains_many(ks))
         # (one sequence at a time takes learn_many's own path for one: the same counts)
         for name in ("tried", "hit", "steps", "grown"):
             assert np.array_equal(getattr(one, name), getattr(many, name)), name
@@ -216,37 +216,41 @@ def test_gains_are_kept_while_nothing_is_learnt_and_redone_after():
     learn or a forget the answer a fresh estimate of the same counts gives."""
     acc = Acceptance(6, False)
     acc.learn_many([1, 2], [3, 2], [[0, 1], []], [[0.9, 0.8, 0.1], [0.2, 0.3]])
-    g = acc.gains_many([1, 2], [6, 3])
-    assert acc.gains_many([1, 2], [6, 3]) is g and not g.flags.writeable
-    assert acc.gains_many([1, 2], [6, 2]) is not g   # other caps: computed
+    g = acc.gains_many([1, 2])
+    assert acc.gains_many([1, 2]) is g and not g.flags.writeable
+    assert acc.gains_many([2, 1]) is not g   # other keys: computed
     acc.learn_many([2], [2], [[0, 1]], [[0.9, 0.9]])
     fresh = Acceptance(6, False)
     fresh.learn_many([1, 2], [3, 2], [[0, 1], []], [[0.9, 0.8, 0.1], [0.2, 0.3]])
     fresh.learn_many([2], [2], [[0, 1]], [[0.9, 0.9]])
-    assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))
+    assert np.array_equal(acc.gains_many([1, 2]), fresh.gains_many([1, 2]))
     acc.forget(2)
     fresh.forget(2)
-    assert np.array_equal(acc.gains_many([1, 2], [6, 3]), fresh.gains_many([1, 2], [6, 3]))
+    assert np.array_equal(acc.gains_many([1, 2]), fresh.gains_many([1, 2]))
 
 
 @pytest.mark.parametrize("tree", [False, True])
-def test_capped_gains_are_the_masked_estimate(tree):
-    """A cap is applied to the kept uncapped gains (gain(k) = gain(min(k, cap))): the same
-    numbers as masking the rates past the cap before summing, for any caps (0, past K)."""
+def test_gains_past_a_cap_are_never_read(tree):
+    """The controller hands the search each sequence's gains at every budget, its cap apart:
+    the budgets, the hull order and the stop rule's answers are those of the same gains held
+    flat past each cap (what masking the rates there gives)."""
     rng = np.random.default_rng(5)
-    acc = Acceptance(7, tree)
-    keys = list(range(9))
-    for _ in range(30):
-        ks = rng.integers(0, 8, 9).tolist()
-        acc.learn_many(keys, ks, [sorted(rng.choice(7, rng.integers(0, k + 1), replace=False)
-                                         .tolist()) if tree else list(range(rng.integers(0, k + 1)))
-                                  for k in ks], None if tree else [[0.5] * k for k in ks])
-        caps = rng.integers(0, 8, 9)
-        r = acc.rates_many(keys)[:, :7] * (np.arange(7)[None, :] < caps[:, None])
-        want = 1 + np.concatenate((np.zeros((9, 1)), np.cumsum(
-            r if tree else np.cumprod(r, axis=1), axis=1)), axis=1)
-        assert np.allclose(acc.gains_many(keys, caps), want, rtol=1e-12, atol=0)
-        assert np.allclose(acc.gains_many(keys, caps * 0 + 7), acc._uncapped(keys))
+    cost = StepCost(_table(lambda b, n: 2 + 0.05 * b * n ** 0.8), draft_frac=0.0 if tree else 0.3)
+    for trial in range(60):
+        b = int(rng.integers(1, 9))
+        inc = rng.random((b, 7)) * (1 if tree else np.linspace(1, 0.2, 7))   # trees: rises
+        gains = np.concatenate((np.ones((b, 1)), 1 + np.cumsum(inc, axis=1)), axis=1)
+        caps = rng.integers(0, 8, b)
+        flat = gains[np.arange(b)[:, None], np.minimum(np.arange(8)[None, :], caps[:, None])]
+        for probes in (False, True):
+            assert policy.search(gains, caps, cost, probes) == \
+                policy.search(flat, caps, cost, probes), trial
+        got, want = policy.hull_order(gains, caps), policy.hull_order(flat, caps)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want)), trial
+        if not tree:
+            ks = np.minimum(caps, 3).tolist()
+            s1, s2 = (policy.stop_rule(g, ks, cost, True, lambda c: 2 * c) for g in (gains, flat))
+            assert [s1(i, 1, 0.3) for i in range(b)] == [s2(i, 1, 0.3) for i in range(b)]
 
 
 def test_a_sequence_without_room_gets_budget_zero():

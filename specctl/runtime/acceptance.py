@@ -70,9 +70,7 @@ class Acceptance:
         self.pool = AcceptStats(np.zeros(width), np.zeros(width))
         self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
         self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
-        self._pos = np.arange(width + 1)
-        # [keys, their uncapped gains, caps, the capped gains]: gains_many's, until a learn
-        self._gains = None
+        self._gains = None   # (keys, gains_many's answer), until the next learn
 
     def _pool_rates(self) -> np.ndarray:
         """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
@@ -104,36 +102,25 @@ class Acceptance:
             return np.where(inside, (hit + w * prior) / (self.steps[rows][:, None] + w), prior)
         return (hit + w * prior) / (self.tried[rows] + w)
 
-    def gains_many(self, keys, caps) -> np.ndarray:
-        """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k, for
-        k <= caps[i] (flat past it). Read-only: the same array is handed out again while
-        nothing is learnt and the caps are the same (a batch the controller keeps at budget 0
-        learns nothing, and its steps should cost the host next to nothing)."""
-        caps = np.asarray(caps)
-        memo = self._gains
-        if memo is None or memo[0] != tuple(keys):
-            memo = self._gains = [tuple(keys), self._uncapped(keys), None, None]
-        if memo[2] is None or not np.array_equal(memo[2], caps):
-            # a cap at c: the positions past c count nothing, so gain(k) = gain(min(k, c))
-            full = memo[1]
-            out = full[np.arange(len(full))[:, None],
-                       np.minimum(self._pos[None, :full.shape[1]], caps[:, None])]
+    def gains_many(self, keys) -> np.ndarray:
+        """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k. (A
+        cap is the caller's: gain(k) for k up to a cap does not depend on it.) Read-only: the
+        same array is handed out again while nothing is learnt (a batch the controller keeps
+        at budget 0 learns nothing, and its steps should cost the host next to nothing)."""
+        keys = tuple(keys)
+        if self._gains is None or self._gains[0] != keys:
+            r = self.rates_many(keys)[:, :self.K]
+            out = np.empty((len(r), r.shape[1] + 1))
+            out[:, 0] = 0.0
+            np.cumsum(r if self.tree else np.cumprod(r, axis=1, out=r), axis=1, out=out[:, 1:])
+            out += 1.0
             out.flags.writeable = False
-            memo[2], memo[3] = caps.copy(), out
-        return memo[3]
-
-    def _uncapped(self, keys) -> np.ndarray:
-        """gains_many's array with every cap at K."""
-        r = self.rates_many(keys)[:, :self.K]
-        out = np.empty((len(r), r.shape[1] + 1))
-        out[:, 0] = 0.0
-        np.cumsum(r if self.tree else np.cumprod(r, axis=1, out=r), axis=1, out=out[:, 1:])
-        out += 1.0
-        return out
+            self._gains = (keys, out)
+        return self._gains[1]
 
     def gains(self, key, cap: int) -> list[float]:
         """gain(k) for k = 0..cap of one key."""
-        return self.gains_many([key], [cap])[0, :cap + 1].tolist()
+        return self.gains_many([key])[0, :cap + 1].tolist()
 
     def pool_mean(self) -> float:
         """The run's pooled acceptance of a chain draft (any position), with its prior."""

@@ -100,7 +100,7 @@ class Controller:
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
-        gains = self.acc.gains_many(keys, caps)
+        gains = self.acc.gains_many(keys)
         ks = policy.search(gains, caps, c, probes)
         self.steps += 1
         explored, contrast, base = 0, False, None

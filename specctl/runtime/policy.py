@@ -135,7 +135,8 @@ def hull_order(gains: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndar
     caps = np.asarray(caps)
     valid = ks[None, :] <= caps[:, None]
     slope = np.diff(gains, axis=1)
-    if (slope[:, 1:] > slope[:, :-1]).any():   # a rise somewhere (chains never: concave)
+    # a rise somewhere below a cap (chains never: concave; past a cap, gains are not read)
+    if ((slope[:, 1:] > slope[:, :-1]) & valid[:, 1:]).any():
         span = np.arange(1, min(HULL_SPAN, width) + 1)
         z = np.minimum(ks[:, None] - 1 + span[None, :], width)   # [j, m]: j - 1 + m, capped
         mean = (gains[:, z] - gains[:, ks - 1][:, :, None]) / span

@@ -145,29 +145,31 @@ class StepCost:
         if got is None:
             ms, vkey, depth = self.table_prices(sh, probes)
             drafts = sh.top > 0
-            got = ms, kind_code(vkey, depth, drafts), drafts
+            got = [ms, kind_code(vkey, depth, drafts), drafts, None, None]
             if memo is not None:
-                for a in got:
+                for a in got[:3]:
                     a.flags.writeable = False   # (every later step reads them)
                 self._memo[(memo, probes)] = got
-        ms, code, drafts = got
-        base = np.where(drafts, self._rel((True,)), self._rel((False,))) + self.drift
+        ms, code, drafts = got[:3]
         codes, rel = self.kind_rel(sh.b)
-        if len(codes):
-            at = np.minimum(np.searchsorted(codes, code), len(codes) - 1)
-            base = base + np.where(codes[at] == code, rel[at], 0.0)
-        return ms * np.exp(base)
+        if got[3] is not codes:   # each candidate's learnt kind (len(codes): none), by codes
+            at = np.minimum(np.searchsorted(codes, code), max(len(codes) - 1, 0))
+            got[3], got[4] = codes, np.where(codes[at] == code, at, len(codes)) if len(codes) \
+                else np.zeros(len(code), dtype=np.int64)
+        base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
+        return ms * np.exp(base + rel[got[4]])
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """The learnt kinds of batch size b: their codes (sorted) and _rel (kept up to date
-        by learn, kind by kind: re-sorting every kind each step grows with the kinds seen)."""
+        """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
+        last (for the codes not learnt; kept up to date by learn, kind by kind: re-sorting
+        every kind each step grows with the kinds seen)."""
         got = self._kinds.get(b)
         if got is None:
             pairs = sorted((kind_code(*k[1:]), self._rel(k)) for k in self.scale
                            if len(k) == 4 and k[0] == b)
             codes = [c for c, _ in pairs]
             got = self._kinds[b] = (np.array(codes, dtype=np.int64),
-                                    np.array([r for _, r in pairs]),
+                                    np.array([r for _, r in pairs] + [0.0]),
                                     {c: i for i, c in enumerate(codes)})
         return got[:2]
 
