@@ -152,3 +152,31 @@ def test_a_stop_string_many_tokens_long_ends_the_answer_at_its_last_token(model,
                                                       why=r.finish_reasons[0]))
     assert got["ids"] == ref[:end] and got["why"] == "stop_string"
     assert got["text"] == decode(ref[:end])[:decode(ref[:end]).find(stop)]
+
+
+@pytest.mark.parametrize("stop", ["User:", "ขอบคุณครับ", "🤖🤖🤖🤖🤖", "谢谢你的帮助！"])
+def test_a_stop_string_of_many_tokens_a_character_is_found(model, tmp_path, stop):
+    """A byte-level tokenizer spells a Thai, CJK or emoji character as several tokens: the stop
+    check's window (sized in UTF-8 bytes) still sees the whole stop string, and the answer ends
+    at the token that completes it."""
+    from specctl.runtime.runner import Runner
+    from specctl.runtime.sequence import Request, Sequence
+    from specctl.speculative.drafter import NoDraft
+    from tiny import make_tokenizer
+    tok = make_tokenizer(tmp_path)
+    ids = tok.encode("Some answer text here. " + stop + " and more after it",
+                     add_special_tokens=False)
+
+    def decode(x):
+        return tok.decode(x, skip_special_tokens=True)
+    if not stop.isascii():   # (more tokens than a window of its characters and slack)
+        assert len(tok.encode(stop, add_special_tokens=False)) > len(stop) + 8
+    runner = Runner(model, NoDraft(), SamplingParams(), batch_size=1, max_len=256, eos_ids=set(),
+                    render=lambda r: [], decode=decode, stop=(stop,))
+    s = Sequence(Request(0, [[]], 200), [1, 2], 0)
+    for t in ids:
+        runner._emit(s, [t])
+        if s.finished:
+            break
+    assert s.finish_reason == "stop_string"
+    assert len(s.out_ids) == next(i for i in range(1, len(ids) + 1) if stop in decode(ids[:i]))

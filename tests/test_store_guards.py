@@ -261,3 +261,25 @@ def test_record_writer_fsyncs_off_the_callers_thread(tmp_path, monkeypatch):
         w.close()
     assert [json.loads(l)["index"] for l in (tmp_path / "records.jsonl").read_text().splitlines()] \
         == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_disk_error_under_the_fsync_thread_stops_the_job_cleanly(tmp_path, tiny_llama,
+                                                                   monkeypatch):
+    """An fsync that fails in the record writer's thread ends the job with one clear error
+    (through the job's own error path: the writer closed, the run's lock released), and a
+    --resume once the disk is back finishes it."""
+    from specctl.runtime import records
+    real = os.fsync
+    calls = []
+
+    def broken(fd):
+        calls.append(fd)
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(records.os, "fsync", broken)
+    inp, out, store = prompts(tmp_path / "p.jsonl", 3), tmp_path / "o.jsonl", tmp_path / "s"
+    fails(generate(inp, out, store, tiny_llama, "-b", "1"), "Input/output error")
+    assert calls and not out.exists() and not (tmp_path / ".o.jsonl.lock").exists()
+    monkeypatch.setattr(records.os, "fsync", real)
+    r = generate(inp, out, store, tiny_llama, "-b", "1", "--resume")
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == 3

@@ -109,6 +109,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
             drop_if_empty(job.run_dir)
         raise
     finally:
+        if job is not None and job.writer is not None:
+            _close_writer(job, None)   # (a job stopped between its plan and its steps)
         if job is not None and job.lock is not None:
             job.lock.close()   # (releases the run folder)
         if job is not None and job.out_lock is not None:
@@ -287,7 +289,7 @@ def _plan(job: _Job) -> None:
     except Exception as e:
         err = e
         if job.writer is not None:
-            job.writer.close()
+            _close_writer(job, err)
     job.grp.check(err)
     job.plans = job.grp.gather(plan)
     if any(rows + 32 > ctx for _, rows in job.requests):
@@ -304,6 +306,15 @@ def _persist(job: _Job, line: dict) -> None:
     job.writer.persist(line)
     if job.lead:
         job.done[line["index"]] = line
+
+
+def _close_writer(job: _Job, err: BaseException | None) -> BaseException | None:
+    """This process's record file fsynced and closed; the job's error, else the close's."""
+    try:
+        job.writer.close()
+    except OSError as e:
+        return err or e
+    return err
 
 
 def _generate(job: _Job):
@@ -337,7 +348,7 @@ def _generate(job: _Job):
     except Exception as e:
         err = e
     finally:
-        job.writer.close()
+        err = _close_writer(job, err)   # (its error goes to every rank, as any other)
         if peers:
             peers.stop()
         progress.task.close()

@@ -2,10 +2,10 @@
 
 Every finished request is appended to `runs/<id>/records.jsonl` (written and flushed the moment
 it finishes, fsynced by a thread of its own: RecordWriter), so Ctrl-C or a crash loses nothing
-already generated; a resumed run (same input file
-contents and settings) skips the requests it already has. Several processes share one run
-directory: rank r appends to `records.rank<r>.jsonl`. What a run has done is the union of all its
-record files, so --resume works with any number of processes.
+already generated; a resumed run (same input file contents and settings) skips the requests it
+already has. Several processes share one run directory: rank r appends to
+`records.rank<r>.jsonl`. What a run has done is the union of all its record files, so --resume
+works with any number of processes.
 """
 
 from __future__ import annotations
@@ -220,11 +220,13 @@ class RecordWriter:
         self._dirty = threading.Event()
         self._closing = False
         self._error: OSError | None = None
+        self._told = False   # (the error was raised by persist: close does not raise it again)
         self._syncer = threading.Thread(target=self._sync, name="specctl-fsync", daemon=True)
         self._syncer.start()
 
     def persist(self, line: dict) -> None:
         if self._error is not None:   # (the disk failed under the fsync thread)
+            self._told = True
             raise self._error
         self.fh.write(dumps(line) + "\n")
         self.fh.flush()
@@ -247,7 +249,7 @@ class RecordWriter:
         return os.fstat(self.fh.fileno()).st_size
 
     def close(self) -> None:
-        """Every line fsynced, then the file closed."""
+        """Every line fsynced, then the file closed (an fsync error not yet raised: raised)."""
         if self.fh.closed:
             return
         self._closing = True
@@ -258,7 +260,7 @@ class RecordWriter:
             os.fsync(self.fh.fileno())
         finally:
             self.fh.close()
-        if self._error is not None:
+        if self._error is not None and not self._told:
             raise self._error
 
 

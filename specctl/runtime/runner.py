@@ -64,10 +64,12 @@ class Runner:
         self.batch_size, self.max_len = batch_size, max_len
         self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
         # the tokens a stop check decodes: a stop string ends in the newest token's text (an
-        # earlier end would have ended the answer there), so its length in tokens (each at
-        # least a character) and a slack for tokens that decode to nothing find it; at most
-        # 64 (decoding 64 tokens per emitted token cost more than a small model's step)
-        self.stop_window = min(64, max(map(len, self.stop), default=0) + 8)
+        # earlier end would have ended the answer there), so its length in UTF-8 bytes (every
+        # token but a skipped special one is at least a byte: a character may take several
+        # tokens) and a slack for tokens that decode to nothing find it; at most 64 (decoding
+        # 64 tokens per emitted token cost more than a small model's step)
+        self.stop_window = min(64, 8 + max((len(x.encode("utf-8", "surrogatepass"))
+                                            for x in self.stop), default=0))
         self.render, self.decode = render, decode
         self.prefill_chunk = prefill_chunk
         self.logprobs = logprobs   # None, or how many alternatives per token to record

@@ -145,19 +145,19 @@ class StepCost:
         if got is None:
             ms, vkey, depth = self.table_prices(sh, probes)
             drafts = sh.top > 0
+            # (+ the learnt kinds' codes it was matched against, and its kinds' index there)
             got = [ms, kind_code(vkey, depth, drafts), drafts, None, None]
             if memo is not None:
                 for a in got[:3]:
                     a.flags.writeable = False   # (every later step reads them)
                 self._memo[(memo, probes)] = got
-        ms, code, drafts = got[:3]
+        ms, code, drafts, matched, at = got
         codes, rel = self.kind_rel(sh.b)
-        if got[3] is not codes:   # each candidate's learnt kind (len(codes): none), by codes
-            at = np.minimum(np.searchsorted(codes, code), max(len(codes) - 1, 0))
-            got[3], got[4] = codes, np.where(codes[at] == code, at, len(codes)) if len(codes) \
-                else np.zeros(len(code), dtype=np.int64)
+        if matched is not codes:   # (a new kind learnt since: kind_rel's arrays are new)
+            got[3], got[4] = codes, _kind_index(codes, code)
+            at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
-        return ms * np.exp(base + rel[got[4]])
+        return ms * np.exp(base + rel[at])
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
@@ -265,6 +265,14 @@ class StepCost:
             x -= self._rel(key)
         self._relearnt(kind)
         return ms
+
+
+def _kind_index(codes: np.ndarray, code: np.ndarray) -> np.ndarray:
+    """Each of `code`'s index in the sorted `codes`, or len(codes) where it is not there."""
+    if not len(codes):
+        return np.zeros(len(code), dtype=np.int64)
+    at = np.minimum(np.searchsorted(codes, code), len(codes) - 1)
+    return np.where(codes[at] == code, at, len(codes))
 
 
 def kind_code(vkey, depth, drafts):
