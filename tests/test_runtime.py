@@ -180,3 +180,27 @@ def test_a_stop_string_of_many_tokens_a_character_is_found(model, tmp_path, stop
             break
     assert s.finish_reason == "stop_string"
     assert len(s.out_ids) == next(i for i in range(1, len(ids) + 1) if stop in decode(ids[:i]))
+
+
+@pytest.mark.parametrize("cleanup", [False, True])
+def test_decoding_is_the_tokenizers(tiny_llama, tmp_path, cleanup):
+    """Tokenization.decode calls a fast tokenizer's own decoder where the wrapper adds nothing
+    (no space clean-up) and the wrapper otherwise: the tokenizer's text either way, special
+    tokens skipped."""
+    import json
+    import random
+    import shutil
+    from specctl.runtime.tokenization import Tokenization
+    d = tmp_path / "m"
+    shutil.copytree(tiny_llama, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg,
+                                                         "clean_up_tokenization_spaces": cleanup}))
+    tk = Tokenization(d, True)
+    assert (tk._fast is None) == cleanup
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(len(tk.tok)) for _ in range(rng.randrange(0, 30))]
+        assert tk.decode(ids) == tk.tok.decode(ids, skip_special_tokens=True)
+    assert tk.decode(tk.tok.encode("Hi there. Bye.", add_special_tokens=False)
+                     + [tk.tok.eos_token_id]) == "Hi there. Bye."
