@@ -198,23 +198,50 @@ def test_context_cache_lru_and_trim():
     assert cc.get(0, 10) == [(4,)]
 
 
+def test_context_cache_is_an_lru_queue_per_key():
+    """Random pushes (one at a time and a step's at once) and trims against a plain LRU: each
+    key keeps its most recently pushed distinct continuations, newest last, in order."""
+    import random
+    from collections import OrderedDict
+    rng = random.Random(11)
+    cc, ref = ContextCache(lru=4), {}
+    for step in range(300):
+        grams = [(rng.randrange(6), (rng.randrange(5),)) for _ in range(rng.randrange(12))]
+        if step % 2:
+            cc.push_many(grams)
+        else:
+            for k, c in grams:
+                cc.push(k, c)
+        for k, c in grams:
+            q = ref.setdefault(k, OrderedDict())
+            q.pop(c, None)
+            q[c] = None
+            if len(q) > 4:
+                q.popitem(last=False)
+        if step % 37 == 36:
+            keep = rng.randrange(4)
+            cc.trim(keep)
+            for k in list(ref):
+                while len(ref[k]) > keep:
+                    ref[k].popitem(last=False)
+                if not ref[k]:
+                    del ref[k]
+        assert {k: list(q) for k, q in cc.grams.items()} == {k: list(q) for k, q in ref.items()}
+        assert all(cc.get(k, 3) == list(reversed(q))[:3] for k, q in ref.items())
+
+
 def test_context_cache_trim_visits_only_what_changed_and_equals_a_full_trim():
     """A trim after pushes, then trims to more, as many, and fewer: each leaves what trimming
     every key would (the cache's queues compared with a copy trimmed key by key)."""
-    import copy
     import random
     rng = random.Random(5)
     cc = ContextCache(lru=6)
     for keep in [2, 3, 2, 1, 4, 0, 2]:
         cc.push_many((rng.randrange(30), (rng.randrange(8),)) for _ in range(rng.randrange(200)))
-        ref = copy.deepcopy(cc.grams)
-        for k in list(ref):
-            while len(ref[k]) > keep:
-                ref[k].popitem(last=False)
-            if not ref[k]:
-                del ref[k]
+        ref = {k: list(q)[max(0, len(q) - keep):] for k, q in cc.grams.items()}
         cc.trim(keep)
-        assert cc.grams == ref, keep
+        assert {k: list(q) for k, q in cc.grams.items()} == {k: q for k, q in ref.items() if q}
+
 
 
 def test_options_are_validated():

