@@ -1,7 +1,9 @@
-"""The before/after table of host-{old,new}-{1,2}.md (host_profile's raw tables)."""
+"""The before/after table of host-{old,new}-{1,2}.md (host_profile's raw tables) in this
+folder, or in the folder given: python table.py [DIR]"""
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 
 
 def load(f):
