@@ -28,6 +28,7 @@ from specctl.prep.corpus_zip import unsafe_member_name
 from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
 from specctl.models.fingerprint import tokenizer_fingerprint
 from specctl.runtime.artifacts import resolve_corpus_cache
+from specctl.speculative import corpus_cache as cs
 from specctl.speculative.corpus_cache import CorpusCache, brute_force_table, hash_key, hash_keys
 from specctl.store import Store
 from tiny import make_tokenizer
@@ -314,6 +315,44 @@ def test_lookup_equals_reference_on_random_tables(tmp_path):
         ctx = rng.integers(0, 6, size=int(rng.integers(1, 7))).tolist()
         lim = int(rng.integers(1, 12))
         assert c.lookup(ctx, lim) == ref_lookup(bf, ctx, 4, lim), ctx
+
+
+def test_lookup_filter_and_memo(tmp_path):
+    # large token ids (the filter's products wrap in numpy and are exact in Python): every
+    # stored key of every length is found through the filter, most absent keys are turned away
+    # before any search, and the one-token memo hands out copies
+    rng = np.random.default_rng(5)
+    big = 2**31 - 97
+    phrases = big - rng.integers(0, 40, size=(12, 8))   # repeated phrases: keys of every length
+    docs = [np.concatenate(phrases[rng.integers(0, 12, size=5)]).tolist() for _ in range(30)]
+    cfg = CountConfig(max_key_len=4, gram_len=2, top=3, min_count=2, rows_per_part=200)
+    out = tmp_path / "a"
+    out.mkdir()
+    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
+                   {"max_key_len": 4, "gram_len": 2, "top": 3, "min_count": 2,
+                    "tokenizer_fingerprint": "x", "tokenizer": "t"})
+    c = CorpusCache.load(out)
+    bf = brute_force_table(docs, 4, 2, 3, 2)
+    assert {len(k) for k in bf} == {1, 2, 3, 4}
+    for key, conts in bf.items():
+        assert c.lookup([0] * 4 + list(key), 1) == [list(conts[0][0])], key
+        assert c.entries(list(key)) == [(list(x), n) for x, n in conts]
+    searched = []
+    orig = cs._row
+    cs._row = lambda t, key: searched.append(key) or orig(t, key)
+    try:
+        absent = [(big - rng.integers(0, 40, size=4)).tolist() for _ in range(300)]
+        absent = [a for a in absent if tuple(a[-2:]) not in bf]
+        assert len(absent) > 200
+        for ctx in absent:
+            assert c.lookup(ctx, 5) == ref_lookup(bf, ctx, 4, 5)
+        long_searches = [k for k in searched if len(k) >= 2]
+        assert len(long_searches) < 0.3 * 3 * len(absent)
+    finally:
+        cs._row = orig
+    got = c.lookup([big], 3)
+    got[0].append(-1)
+    assert c.lookup([big], 3) == ref_lookup(bf, [big], 4, 3)
 
 
 def test_artifact_checks(tmp_path):

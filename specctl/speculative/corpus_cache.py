@@ -4,8 +4,10 @@ For each key length k in 1..max_key_len the artifact holds a table of keys (k to
 per key, its most frequent continuations (gram_len token ids each) with their corpus counts,
 highest count first (ties: smaller token ids first). `CorpusCache.lookup(context)` tries the
 last max_key_len tokens of the context as a key, then one fewer, ..., down to the last token,
-and returns up to `limit` distinct continuations in that order: O(key length) hashing and one
-binary search per key length, no loop over a table.
+and returns up to `limit` distinct continuations in that order, no loop over a table: per key
+length an in-memory filter bit (built at load from the keys), and a binary search on the key's
+hash only where the filter says the key may be there; a one-token key's continuations are kept
+once read.
 
 The artifact folder (`<store>/ngram-caches/<id>/`) holds:
 
@@ -48,6 +50,11 @@ _SEED = 0x9E3779B97F4A7C15
 _MUL = 0xFF51AFD7ED558CCD
 _F1 = 0xBF58476D1CE4E5B9
 _F2 = 0x94D049BB133111EB
+# the lookup filter's hash (_Table.may_hold): odd multipliers per token from the end, then
+# Fibonacci hashing (the high bits of a product), in exact Python ints and wrapping numpy alike
+_FP = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F) + tuple(
+    (0x165667B1 + 0x1000193 * i) | 1 for i in range(60))
+_FIB = 0x9E3779B97F4A7C15
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,8 +62,7 @@ _F2 = 0x94D049BB133111EB
 
 
 def hash_key(key: list[int]) -> int:
-    """uint64 hash (as a Python int) of one key. Tokens are taken last first, so the hashes of
-    the last 1..k tokens of a context come out of one pass (see `_suffix_hashes`)."""
+    """uint64 hash (as a Python int) of one key, its tokens taken last first."""
     h = _SEED
     for t in reversed(key):
         h = ((h ^ (t & 0xFFFFFFFF)) * _MUL) & _M
@@ -70,16 +76,6 @@ def _finish(h: int) -> int:
     h ^= h >> 27
     h = (h * _F2) & _M
     return h ^ (h >> 31)
-
-
-def _suffix_hashes(context: list[int], kmax: int) -> list[int]:
-    """[hash of context[-1:], hash of context[-2:], ...] up to kmax keys."""
-    out, h = [], _SEED
-    for t in reversed(context[-kmax:]):
-        h = ((h ^ (t & 0xFFFFFFFF)) * _MUL) & _M
-        h ^= h >> 32
-        out.append(_finish(h))
-    return out
 
 
 def hash_keys(keys: np.ndarray) -> np.ndarray:
@@ -159,19 +155,37 @@ def read_safetensors_mmap(path: Path) -> tuple[dict[str, np.ndarray], dict[str, 
 
 
 class _Table:
-    __slots__ = ("hashes", "keys", "offsets", "conts", "counts", "hv", "ov")
+    __slots__ = ("hashes", "keys", "offsets", "conts", "counts", "hv", "ov", "bits", "shift")
 
     def __init__(self, hashes, keys, offsets, conts, counts):
         self.hashes, self.keys, self.offsets, self.conts, self.counts = (
             hashes, keys, offsets, conts, counts)
-        self.hv = self.ov = None
+        self.hv = self.ov = self.bits = None
+        self.shift = 64
 
     def finish(self) -> None:
-        """Unsigned hashes, and memoryviews for the lookup (bisect and indexing on them give
-        Python ints, several times faster than numpy scalars for one key)."""
+        """Unsigned hashes, memoryviews for the lookup (bisect and indexing on them give
+        Python ints, several times faster than numpy scalars for one key), and the filter."""
         self.hashes = self.hashes.view(np.uint64)
         self.hv = memoryview(np.ascontiguousarray(self.hashes))
         self.ov = memoryview(np.ascontiguousarray(self.offsets))
+        n, k = self.keys.shape
+        m = max(6, int(16 * n - 1).bit_length())   # >= 16 bits a key: ~6% false positives
+        s = np.zeros(n, dtype=np.uint64)
+        for i in range(k):   # the key's last token first, as _filter_sums
+            s += ((self.keys[:, k - 1 - i].astype(np.int64).astype(np.uint64)
+                   & np.uint64(0xFFFFFFFF)) * np.uint64(_FP[i]))
+        self.shift = 64 - m
+        on = np.zeros(1 << m, dtype=bool)
+        on[(s * np.uint64(_FIB)) >> np.uint64(self.shift)] = True
+        self.bits = np.packbits(on, bitorder="little").tobytes()
+
+    def may_hold(self, s: int) -> bool:
+        """False when no key of the table has filter sum s (_filter_sums): no search needed.
+        (An in-memory bit per hashed key: most contexts' longer keys are absent, and a
+        bisect over the mmapped hashes costs ~1.5 us a key with the caches cold.)"""
+        i = ((s * _FIB) & _M) >> self.shift
+        return (self.bits[i >> 3] >> (i & 7)) & 1 == 1
 
 
 class CorpusCache:
@@ -185,6 +199,7 @@ class CorpusCache:
         self.gram_len = int(config["gram_len"])
         self.tokenizer_fingerprint = str(config["tokenizer_fingerprint"])
         self.tokenizer = str(config.get("tokenizer", ""))
+        self._first: dict[int, tuple[tuple[int, ...], ...]] = {}   # _conts of one-token keys
 
     # -- loading
 
@@ -227,29 +242,33 @@ class CorpusCache:
         if limit <= 0 or kmax == 0:
             return out
         tail = [int(t) for t in context[-kmax:]]
+        sums, s = [], 0   # the filter sums of the last 1..kmax tokens
+        for i, t in enumerate(reversed(tail)):
+            s += (t & 0xFFFFFFFF) * _FP[i]
+            sums.append(s)
         seen: set[tuple[int, ...]] = set()
-        hashes = _suffix_hashes(tail, kmax)
         for k in range(kmax, 0, -1):
-            t = self.tables[k]
-            hv = t.hv
-            n = len(hv)
-            h = hashes[k - 1]
-            i = bisect_left(hv, h)
-            key = None
-            while i < n and hv[i] == h:
-                if key is None:
-                    key = tail[-k:]
-                if t.keys[i].tolist() == key:
-                    for c in t.conts[t.ov[i]:t.ov[i + 1]].tolist():
-                        tc = tuple(c)
-                        if tc not in seen:
-                            seen.add(tc)
-                            out.append(c)
-                            if len(out) >= limit:
-                                return out
-                    break
-                i += 1
+            for c in self._conts(k, tail, sums[k - 1]):
+                if c not in seen:
+                    seen.add(c)
+                    out.append(list(c))
+                    if len(out) >= limit:
+                        return out
         return out
+
+    def _conts(self, k: int, tail: list[int], s: int) -> tuple[tuple[int, ...], ...]:
+        """The continuations of the key tail[-k:] (none when absent), highest count first. A
+        one-token key's are kept once read (at most one entry a token of the vocabulary)."""
+        if k == 1 and (got := self._first.get(tail[-1])) is not None:
+            return got
+        t, got = self.tables[k], ()
+        if t.may_hold(s):
+            i = _row(t, tail[-k:])
+            if i >= 0:
+                got = tuple(map(tuple, t.conts[t.ov[i]:t.ov[i + 1]].tolist()))
+        if k == 1:
+            self._first[tail[-1]] = got
+        return got
 
     def entries(self, key: list[int]) -> list[tuple[list[int], int]]:
         """(continuation, count) pairs stored for exactly this key (diagnostics and tests)."""
@@ -257,15 +276,11 @@ class CorpusCache:
         if k not in self.tables:
             return []
         t = self.tables[k]
-        key = [int(x) for x in key]
-        h = hash_key(key)
-        i = bisect_left(t.hv, h)
-        while i < len(t.hv) and t.hv[i] == h:
-            if t.keys[i].tolist() == key:
-                a, b = t.ov[i], t.ov[i + 1]
-                return list(zip(t.conts[a:b].tolist(), t.counts[a:b].tolist()))
-            i += 1
-        return []
+        i = _row(t, [int(x) for x in key])
+        if i < 0:
+            return []
+        a, b = t.ov[i], t.ov[i + 1]
+        return list(zip(t.conts[a:b].tolist(), t.counts[a:b].tolist()))
 
     def max_token(self) -> int:
         """The largest token id in any key or continuation (-1 when empty)."""
@@ -283,6 +298,19 @@ class CorpusCache:
     def __repr__(self) -> str:
         return (f"CorpusCache({self.path}, k<={self.max_key_len}, g={self.gram_len}, "
                 f"{self.num_keys()} keys, {self.num_grams()} grams)")
+
+
+def _row(t: _Table, key: list[int]) -> int:
+    """The row of `key` in its table, or -1: a binary search on its hash, then its tokens
+    compared (a hash collision can never match)."""
+    h = hash_key(key)
+    hv = t.hv
+    i = bisect_left(hv, h)
+    while i < len(hv) and hv[i] == h:
+        if t.keys[i].tolist() == key:
+            return i
+        i += 1
+    return -1
 
 
 def _check_table(st: Path, k: int, g: int, t: _Table, full: bool) -> None:
