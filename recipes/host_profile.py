@@ -19,7 +19,9 @@ and the argmax over their logits) and everything else: the host's share (the con
 drafting logic, n-gram lookups, tree and mask assembly, input tensors, verification, KV
 commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
 method must keep small. Prints one markdown table; host us/seq-step is the host's share per
-step divided by the sequences in it.
+step divided by the sequences in it, rows/seq-step the verify forward's rows (tokens) per
+sequence a step: what the model computes for it (a GPU's step time at that many rows per
+sequence, recipes/step_table.py, is the scale to hold the host's against).
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ def main() -> None:
     Adapter.write_rows = timed(Adapter.write_rows)
 
     print("| method | batch | steps | ms/step | model ms/step | host ms/step "
-          "| host us/seq-step | host share | graph replays per step (shapes captured) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| host us/seq-step | host share | graph replays per step (shapes captured) "
+          "| rows/seq-step |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for m in a.methods.split(","):
         for b in [int(x) for x in a.batch_sizes.split(",")]:
             name, opts = split_variant(m)
@@ -110,7 +113,7 @@ def main() -> None:
             try:
                 drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
             except Exception as e:   # a missing artifact: say so and go on
-                print(f"| {m} | {b} | skipped: {e} ||||||")
+                print(f"| {m} | {b} | skipped: {e} |||||||")
                 continue
             def reqs():
                 return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
@@ -141,6 +144,7 @@ def main() -> None:
             step_t.update(t=0.0, n=0, fwd=0.0, seqs=0)
             g = model.graphs
             replays0, shapes0 = (g.replays, len(g.cache)) if g else (0, 0)
+            rows0 = runner.stats.step_tokens
             prof = cProfile.Profile() if a.cprofile else None
             if prof:
                 prof.enable()
@@ -153,8 +157,9 @@ def main() -> None:
             graphs = (f"{(g.replays - replays0) / n:.0%} ({len(g.cache) - shapes0} new)"
                       if g else "-")
             per_seq = (tot - f) * 1e3 * step_t["n"] / max(step_t["seqs"], 1)
+            rows = (runner.stats.step_tokens - rows0) / max(step_t["seqs"], 1)
             print(f"| {m} | {b} | {step_t['n']} | {tot:.2f} | {f:.2f} | {tot - f:.2f} | "
-                  f"{per_seq:.1f} | {(tot - f) / tot:.0%} | {graphs} |", flush=True)
+                  f"{per_seq:.1f} | {(tot - f) / tot:.0%} | {graphs} | {rows:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

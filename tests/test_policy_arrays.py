@@ -181,9 +181,11 @@ def test_host_profile_runs_on_a_tiny_model(tmp_path, tiny_llama):
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| ")]
     assert "host us/seq-step" in [c.strip() for c in rows[0]]
-    got = {(r[0].strip(), r[1].strip()) for r in rows[1:] if r[0].strip() != "---"}
-    assert got == {(m, b) for m in ("ar", "draft-verify", "self-draft:light:fixed")
-                   for b in ("1", "2")}
+    got = {(r[0].strip(), r[1].strip()): float(r[-1]) for r in rows[1:] if r[0].strip() != "---"}
+    assert set(got) == {(m, b) for m in ("ar", "draft-verify", "self-draft:light:fixed")
+                        for b in ("1", "2")}
+    assert got[("ar", "1")] == got[("ar", "2")] == 1.0   # rows/seq-step: ar's one token
+    assert got[("self-draft:light:fixed", "1")] > 1.0
 
 
 def test_learnt_kinds_kept_up_to_date_equal_a_rebuild():
