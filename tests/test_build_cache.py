@@ -320,7 +320,7 @@ def test_lookup_equals_reference_on_random_tables(tmp_path):
 def test_lookup_filter_and_memo(tmp_path):
     # large token ids (the filter's products wrap in numpy and are exact in Python): every
     # stored key of every length is found through the filter, most absent keys are turned away
-    # before any search, and the one-token memo hands out copies
+    # before any search, and what a lookup returns is the caller's own
     rng = np.random.default_rng(5)
     big = 2**31 - 97
     phrases = big - rng.integers(0, 40, size=(12, 8))   # repeated phrases: keys of every length

@@ -6,8 +6,8 @@ highest count first (ties: smaller token ids first). `CorpusCache.lookup(context
 last max_key_len tokens of the context as a key, then one fewer, ..., down to the last token,
 and returns up to `limit` distinct continuations in that order, no loop over a table: per key
 length an in-memory filter bit (built at load from the keys), and a binary search on the key's
-hash only where the filter says the key may be there; a one-token key's continuations are kept
-once read.
+hash only where the filter says the key may be there; a one-token key's row is kept once
+found.
 
 The artifact folder (`<store>/ngram-caches/<id>/`) holds:
 
@@ -199,7 +199,7 @@ class CorpusCache:
         self.gram_len = int(config["gram_len"])
         self.tokenizer_fingerprint = str(config["tokenizer_fingerprint"])
         self.tokenizer = str(config.get("tokenizer", ""))
-        self._first: dict[int, tuple[tuple[int, ...], ...]] = {}   # _conts of one-token keys
+        self._first: dict[int, int] = {}   # _find's rows of one-token keys
 
     # -- loading
 
@@ -248,27 +248,30 @@ class CorpusCache:
             sums.append(s)
         seen: set[tuple[int, ...]] = set()
         for k in range(kmax, 0, -1):
-            for c in self._conts(k, tail, sums[k - 1]):
-                if c not in seen:
-                    seen.add(c)
-                    out.append(list(c))
+            i = self._find(k, tail, sums[k - 1])
+            if i < 0:
+                continue
+            t = self.tables[k]
+            a, b = t.ov[i], t.ov[i + 1]
+            # (more than limit + seen continuations of one key can never be needed)
+            for c in t.conts[a:min(b, a + limit + len(seen))].tolist():
+                tc = tuple(c)
+                if tc not in seen:
+                    seen.add(tc)
+                    out.append(c)
                     if len(out) >= limit:
                         return out
         return out
 
-    def _conts(self, k: int, tail: list[int], s: int) -> tuple[tuple[int, ...], ...]:
-        """The continuations of the key tail[-k:] (none when absent), highest count first. A
-        one-token key's are kept once read (at most one entry a token of the vocabulary)."""
-        if k == 1 and (got := self._first.get(tail[-1])) is not None:
-            return got
-        t, got = self.tables[k], ()
-        if t.may_hold(s):
-            i = _row(t, tail[-k:])
-            if i >= 0:
-                got = tuple(map(tuple, t.conts[t.ov[i]:t.ov[i + 1]].tolist()))
+    def _find(self, k: int, tail: list[int], s: int) -> int:
+        """The row of the key tail[-k:] in its table, or -1; a one-token key's is kept once
+        found (at most one int a token of the vocabulary)."""
+        if k == 1 and (i := self._first.get(tail[-1])) is not None:
+            return i
+        i = _row(self.tables[k], tail[-k:]) if self.tables[k].may_hold(s) else -1
         if k == 1:
-            self._first[tail[-1]] = got
-        return got
+            self._first[tail[-1]] = i
+        return i
 
     def entries(self, key: list[int]) -> list[tuple[list[int], int]]:
         """(continuation, count) pairs stored for exactly this key (diagnostics and tests)."""
