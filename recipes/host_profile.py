@@ -19,8 +19,8 @@ and the argmax over their logits) and everything else: the host's share (the con
 drafting logic, n-gram lookups, tree and mask assembly, input tensors, verification, KV
 commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
 method must keep small. Prints one markdown table; host us/seq-step is the host's share per
-step divided by the sequences in it, rows/seq-step the verify forward's rows (tokens) per
-sequence a step: what the model computes for it (a GPU's step time at that many rows per
+step divided by the sequences in it, rows/seq-step the verify forward's packed rows (tokens)
+per sequence a step: what the model computes for it (a GPU's step time at that many rows per
 sequence, recipes/step_table.py, is the scale to hold the host's against).
 """
 
@@ -113,7 +113,7 @@ def main() -> None:
             try:
                 drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
             except Exception as e:   # a missing artifact: say so and go on
-                print(f"| {m} | {b} | skipped: {e} |||||||")
+                print(f"| {m} | {b} | skipped: {e} ||||||||")
                 continue
             def reqs():
                 return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)

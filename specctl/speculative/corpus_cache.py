@@ -172,16 +172,19 @@ class _Table:
         n, k = self.keys.shape
         m = max(6, int(16 * n - 1).bit_length())   # >= 16 bits a key: ~6% false positives
         s = np.zeros(n, dtype=np.uint64)
-        for i in range(k):   # the key's last token first, as _filter_sums
+        for i in range(k):   # the key's last token first, as lookup's sums
             s += ((self.keys[:, k - 1 - i].astype(np.int64).astype(np.uint64)
                    & np.uint64(0xFFFFFFFF)) * np.uint64(_FP[i]))
         self.shift = 64 - m
-        on = np.zeros(1 << m, dtype=bool)
-        on[(s * np.uint64(_FIB)) >> np.uint64(self.shift)] = True
-        self.bits = np.packbits(on, bitorder="little").tobytes()
+        s *= np.uint64(_FIB)
+        s >>= np.uint64(self.shift)   # each key's bit
+        bits = np.zeros(1 << (m - 3), dtype=np.uint8)
+        for j in range(8):   # (a bit position at a time: ~24 bytes a key at the peak, 2 kept)
+            bits[s[(s & np.uint64(7)) == j] >> np.uint64(3)] |= np.uint8(1 << j)
+        self.bits = bits.tobytes()
 
     def may_hold(self, s: int) -> bool:
-        """False when no key of the table has filter sum s (_filter_sums): no search needed.
+        """False when no key of the table has filter sum s (lookup's): no search needed.
         (An in-memory bit per hashed key: most contexts' longer keys are absent, and a
         bisect over the mmapped hashes costs ~1.5 us a key with the caches cold.)"""
         i = ((s * _FIB) & _M) >> self.shift
@@ -252,9 +255,7 @@ class CorpusCache:
             if i < 0:
                 continue
             t = self.tables[k]
-            a, b = t.ov[i], t.ov[i + 1]
-            # (more than limit + seen continuations of one key can never be needed)
-            for c in t.conts[a:min(b, a + limit + len(seen))].tolist():
+            for c in t.conts[t.ov[i]:t.ov[i + 1]].tolist():
                 tc = tuple(c)
                 if tc not in seen:
                     seen.add(tc)
