@@ -369,6 +369,15 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
     assert count_generated == []
     assert read_jsonl(tmp_path / "again.jsonl") == read_jsonl(out)
     assert (run / "metrics.json").read_text() == metrics
+    # options that cannot change an ar run's answers (another method's; --speculate: ar drafts
+    # nothing) do not make it another run; one that can does
+    r = ok(generate(prompts_file, tmp_path / "inert.jsonl", store, tiny_llama, "--resume",
+                    "--gram", "3", "--eta", "0.5", "--speculate", "fixed"))
+    assert f"{n} of {n} requests already done" in " ".join(r.output.split())
+    assert count_generated == [] and run_dirs(store) == [run]
+    r = ok(generate(prompts_file, tmp_path / "other.jsonl", store, tiny_llama, "--resume",
+                    "--max-tokens", str(MAX_TOKENS + 1)))
+    assert "differs in: max_tokens" in " ".join(r.output.split())
 
 
 def test_resume_tolerates_torn_last_line(prompts_file, tiny_llama, baseline, tmp_path,
@@ -446,6 +455,19 @@ def test_runs_of_older_versions_resume(tmp_path, tiny_llama, monkeypatch, count_
     count_generated.clear()
     r = ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--resume"))
     assert f"resuming {run.name}" in " ".join(r.output.split()) and count_generated == [1]
+
+
+def test_a_runs_key_holds_only_what_can_change_its_answers():
+    from dataclasses import replace
+    from specctl.runtime.depends import options_digest
+    for method, inert, live in (("ar", dict(gram=3, eta=0.5, speculate="fixed"), dict(seed=1)),
+                                ("self-draft", dict(eta=0.5, max_draft=3), dict(gram=3)),
+                                ("kangaroo", dict(gram=3), dict(eta=0.5))):
+        cfg = GenerateConfig(input="x", method=method)
+        for opts, same in ((inert, True), (live, False)):
+            other = replace(cfg, **opts)
+            assert (other.key("e") == cfg.key("e")) == same, (method, opts)
+            assert (options_digest(other) == options_digest(cfg)) == same, (method, opts)
 
 
 def test_output_is_not_the_input(tmp_path, tiny_llama):

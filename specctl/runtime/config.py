@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import unencodable
@@ -236,6 +236,14 @@ class GenerateConfig:
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
+    def inert(self) -> dict:
+        """The options that cannot change this run's answers, each with its default: another
+        method's options, and --speculate for ar (which drafts nothing). Runs that differ only
+        in these are the same run (key, depends.options_digest)."""
+        return {f.name: f.default for f in fields(self)
+                if (f.metadata.get("method") and self.method not in (f.metadata["method"], "auto"))
+                or (f.name == "speculate" and self.method == "ar")}
+
     def key(self, extra: str, legacy: bool = False) -> str:
         """What makes two runs the same run (for --resume): the input's contents (not the
         path it was named by) and the settings that decide the answers, not the ones that only
@@ -243,8 +251,12 @@ class GenerateConfig:
         of memory) or prefill chunk. `extra`: the input's hash, the model, the method's
         artifact, and the device type and dtype the model runs in. legacy: the older form of
         the key (every field but skip_bad and limit, `extra` without the device and dtype),
-        still accepted so that runs recorded under it resume."""
+        still accepted so that runs recorded under it resume. The inert options count at their
+        defaults (a run recorded before they did, with one of them set, does not resume: its
+        recorded options digest holds it too)."""
         d = asdict(self)
+        if not legacy:
+            d.update(self.inert())
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True), ("exact", False),

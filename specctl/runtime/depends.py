@@ -59,8 +59,9 @@ def drafter_depends(drafter, cache: DigestCache) -> dict[str, str]:
 def options_digest(cfg: GenerateConfig) -> str:
     """The settings that decide the tokens (GenerateConfig's fields but UNKEYED), those at their
     default left out: an option a later specctl adds does not change an older run's digest."""
+    inert = cfg.inert()   # (another method's options: they cannot change the answers)
     d = {f.name: getattr(cfg, f.name) for f in fields(cfg)
-         if f.name not in UNKEYED and getattr(cfg, f.name) != f.default}
+         if f.name not in UNKEYED and f.name not in inert and getattr(cfg, f.name) != f.default}
     return _sha(json.dumps(d, sort_keys=True, default=list).encode())
 
 
