@@ -543,7 +543,7 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--skip-set", "nope.json", "--branches", 3, "--prompt-grams"))
     said = " ".join(r.output.split())
-    assert "--skip-set only apply to --method draft-verify; ignored with --method ar" in said
+    assert "--skip-set only applies to --method draft-verify; ignored with --method ar" in said
     assert "--branches, --prompt-grams only apply to --method self-draft" in said
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))

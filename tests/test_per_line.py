@@ -57,7 +57,9 @@ def test_settings_are_read_and_checked():
         ({"body": {**body, "top_logprobs": 30}}, "body.top_logprobs"),
         ({"body": body, "sampling": {"seed": 1}}, "sampling"),
         ({"body": {**body, "sampling": {"n": 2}}}, "body.sampling"),
-        ({"body": {**body, "frequency_penalty": 0.5}}, "body.frequency_penalty"),
+        ({"body": {**body, "frequency_penalty": 0.5}},
+         "body.frequency_penalty: not supported (specctl samples without penalties, biases, "
+         "min_p or best_of): set it to 0 or leave it out"),
         ({"body": {**body, "logit_bias": {"5": 1}}}, "body.logit_bias"),
     ]:
         with pytest.raises(SpecctlError) as e:

@@ -68,10 +68,11 @@ def generate(
     if not lead:
         return
     m = res["metrics"]
-    console.print(f"[green]done[/]: {m['requests'] - m['errors']} requests, "
+    console.print(f"[green]done[/]: {_n(m['requests'] - m['errors'], 'request')}, "
                   f"{m['new_tokens']} new tokens, "
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
-                  f"{m['mean_accepted_tokens']}" + (f", {m['errors']} bad lines" if m["errors"] else "")
+                  f"{m['mean_accepted_tokens']}"
+                  + (f", {_n(m['errors'], 'bad line')}" if m["errors"] else "")
                   + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
     _say_gain(m)
     kvm = m.get("kv_cache", {})
@@ -81,8 +82,12 @@ def generate(
                       f"({kvm['recomputed_tokens']} tokens again)", highlight=False)
     console.print(f"output: {res['out']}\nrun:    {res['run_dir']}", highlight=False, markup=False)
     if m["requests"] and m["errors"] == m["requests"]:
-        raise SpecctlError(f"no line of {input} could be used ({m['errors']} bad lines: see "
+        raise SpecctlError(f"no line of {input} could be used ({_n(m['errors'], 'bad line')}: see "
                            "their errors in the output)", exit_code=1)
+
+
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 def _warn_unused(ctx: typer.Context, cfg) -> None:
@@ -92,8 +97,8 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
     for method, names in METHOD_OPTIONS.items():
         unused = [flag_of(n) for n in names if n in given and cfg.method not in (method, "auto")]
         if unused:
-            _warn(f"{', '.join(unused)} only apply to --method {method}; ignored with "
-                  f"--method {cfg.method}")
+            _warn(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to "
+                  f"--method {method}; ignored with --method {cfg.method}")
     if cfg.method == "self-draft":
         if {"corpus_cache", "no_corpus_cache"} <= given:
             _warn("--corpus-cache is ignored with --no-corpus-cache")

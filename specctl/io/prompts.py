@@ -249,7 +249,7 @@ def _parse(obj) -> dict:
         for key, off in UNSUPPORTED.items():   # would change the answer: not left out quietly
             if body.get(key) is not None and body[key] != off:
                 raise _Bad(f"body.{key}: not supported (specctl samples without penalties, "
-                           f"biases, min_p or best_of); {off!r} or leaving it out is")
+                           f"biases, min_p or best_of): set it to {off!r} or leave it out")
     else:
         qs = obj["turns"]
         if not isinstance(qs, list) or not qs:
