@@ -344,6 +344,13 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
                                        count_generated):
     store, run, kept = _crash(baseline, tmp_path, keep_torn=False)
     n = len(baseline["lines"])
+    # without --resume: a new run, and a word on the unfinished one
+    spare = tmp_path / "spare-store"
+    shutil.copytree(store, spare)
+    r = ok(generate(prompts_file, tmp_path / "new.jsonl", spare, tiny_llama))
+    said = " ".join(r.output.split())
+    assert f"{run.name}, an unfinished run of this job, has 2 of {n} requests done: add " \
+           "--resume to continue it" in said and len(run_dirs(spare)) == 2
     count_generated.clear()
     out = tmp_path / "resumed.jsonl"
     # the same input under another path, at another batch size (after an out-of-memory, say)

@@ -227,6 +227,8 @@ def _open_run(job: _Job, resume: bool) -> None:
             if resume and run_dir is None:
                 job.say(why or "no earlier run with this input and these settings; starting a "
                         "new one" + nearest_run(store, job.input_sha, cfg))
+            if not resume:
+                _hint_unfinished(job)
             if run_dir is not None:
                 job.lock = lock_run(run_dir)
             job.done = read_done(run_dir, job.records) if run_dir else {}
@@ -252,6 +254,20 @@ def _open_run(job: _Job, resume: bool) -> None:
     job.done_ix = set(job.done) if job.lead else unranges(opened["done"])
     if job.model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
+
+def _hint_unfinished(job: _Job) -> None:
+    """Without --resume a job starts a new run; where an unfinished one of the same job would
+    have resumed, say so (its answers are kept either way)."""
+    try:
+        prev, _ = find_resumable(job.store, (job.key, job.legacy), job.depends)
+        done = len(read_done(prev, job.records)) if prev is not None else 0
+    except (OSError, ValueError):   # (a word only: an unreadable old run is --resume's to say)
+        return
+    if 0 < done < len(job.records):
+        job.say(f"{prev.name}, an unfinished run of this job, has {done} of "
+                f"{len(job.records)} requests done: add --resume to continue it; starting a "
+                "new run")
 
 
 def _plan(job: _Job) -> None:
