@@ -31,10 +31,12 @@ def search_skip(
                                   "clock, batch 1, as in the paper)."),
     prompts: int = typer.Option(8, "--prompts", help="Dev prompts used."),
     max_new: int = typer.Option(32, "--max-new", help="New tokens per dev prompt."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the search's random probes "
+                             "(--init-points) and of its Gaussian process."),
     resume: bool = typer.Option(False, "--resume", help="Continue the logged search."),
-    device: str = typer.Option("auto", "--device"),
-    dtype: str = typer.Option("auto", "--dtype"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
+    dtype: str = typer.Option("auto", "--dtype", help="The model's: auto (bf16 on CUDA, fp32 on "
+                              "CPU), fp32, bf16, fp16."),
     store: Optional[Path] = StoreOpt,
 ):
     """Find draft-verify's skip set by Bayesian optimization (saved in the store)."""
@@ -67,8 +69,9 @@ def train_adapter(
                                                  "is scaled down, measured on this machine "
                                                  "(default: a quarter of the rest of the "
                                                  "command, at least 60)."),
-    epochs: int = typer.Option(1, "--epochs"),
-    lr: float = typer.Option(5e-5, "--lr"),
+    epochs: int = typer.Option(1, "--epochs", help="Passes over the training conversations."),
+    lr: float = typer.Option(5e-5, "--lr", help="AdamW's peak learning rate (after a linear "
+                             "warm-up)."),
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Tokens per conversation "
                                           "(truncated; default: 2048, 256 when training on a CPU)."),
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per optimizer step."),
@@ -80,8 +83,9 @@ def train_adapter(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
     estimate: bool = typer.Option(False, "--estimate", help="Only say how long the command "
                                   "would take (timed on this machine) and exit."),
-    seed: int = typer.Option(0, "--seed"),
-    device: str = typer.Option("auto", "--device"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the held-out split and the batches' "
+                             "order."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="Training compute: auto (bf16 autocast on "
                               "CUDA, fp32 elsewhere), fp32, bf16. Weights stay fp32."),
     store: Optional[Path] = StoreOpt,

@@ -98,7 +98,8 @@ class GenerateConfig:
     max_tokens: int = option(256, "New tokens per answer (per turn); a line's own max_tokens "
                              "(OpenAI batch body) wins.", bench=True)
     temperature: float = option(0.0, "0 = greedy.", flag="--temperature,-t")
-    top_p: float = option(1.0)
+    top_p: float = option(1.0, "Nucleus sampling: the smallest set of tokens whose probability "
+                          "reaches p (1.0 = off).")
     top_k: int = option(0, "0 = off.")
     seed: int = option(0, "Sampling seed (per request: the same output at any batch size, "
                        "draft-verify aside).", bench=True)
