@@ -136,6 +136,16 @@ def ref_lookup(bf: dict, context: list[int], kmax: int, limit: int) -> list[list
     return out
 
 
+def write_cache(out: Path, docs, cfg: CountConfig, fingerprint: str = "x") -> Path:
+    """An n-gram cache artifact of token documents in folder `out` (made here), counted with
+    cfg; the path of its safetensors file."""
+    out.mkdir()
+    return write_artifact(out, count_token_docs(docs, cfg, out.parent / f"{out.name}-work"),
+                          {"max_key_len": cfg.max_key_len, "gram_len": cfg.gram_len,
+                           "top": cfg.top, "min_count": cfg.min_count,
+                           "tokenizer_fingerprint": fingerprint, "tokenizer": "t"})
+
+
 # ---------------------------------------------------------------------------------------------
 # reading
 
@@ -282,12 +292,8 @@ def test_lookup_order_dedup_limit(tmp_path):
     # key (5,) -> [2 2 2] x7, [1 1 1] x6, [3 3 3] x6; key (9, 5) -> [1 1 1] x6, [3 3 3] x6;
     # key (8, 9, 5) -> [3 3 3] x6
     docs = [[8, 9, 5, 3, 3, 3]] * 6 + [[9, 5, 1, 1, 1]] * 6 + [[5, 2, 2, 2]] * 7
-    cfg = CountConfig(max_key_len=3, gram_len=3, top=20, min_count=6)
     out = tmp_path / "a"
-    out.mkdir()
-    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                   {"max_key_len": 3, "gram_len": 3, "top": 20, "min_count": 6,
-                    "tokenizer_fingerprint": "x", "tokenizer": "t"})
+    write_cache(out, docs, CountConfig(max_key_len=3, gram_len=3, top=20, min_count=6))
     c = CorpusCache.load(out)
     assert c.entries([5]) == [([2, 2, 2], 7), ([1, 1, 1], 6), ([3, 3, 3], 6)]  # ties: tokens
     # longest key first: (8,9,5) gives [3 3 3], then (9,5) [1 1 1], then (5) [2 2 2]
@@ -303,12 +309,7 @@ def test_lookup_equals_reference_on_random_tables(tmp_path):
     rng = np.random.default_rng(3)
     docs = [rng.integers(0, 5, size=int(rng.integers(5, 80))).tolist() for _ in range(80)]
     cfg = CountConfig(max_key_len=4, gram_len=3, top=4, min_count=3, rows_per_part=300)
-    out = tmp_path / "a"
-    out.mkdir()
-    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                   {"max_key_len": 4, "gram_len": 3, "top": 4, "min_count": 3,
-                    "tokenizer_fingerprint": "x", "tokenizer": "t"})
-    c = CorpusCache.load(out / "ngram.safetensors")          # the bare file works too
+    c = CorpusCache.load(write_cache(tmp_path / "a", docs, cfg))   # the bare file works too
     bf = brute_force_table(docs, 4, 3, 4, 3)
     assert table_dict(c) == bf
     for _ in range(200):
@@ -317,7 +318,7 @@ def test_lookup_equals_reference_on_random_tables(tmp_path):
         assert c.lookup(ctx, lim) == ref_lookup(bf, ctx, 4, lim), ctx
 
 
-def test_lookup_filter_and_memo(tmp_path):
+def test_lookup_filter_and_memo(tmp_path, monkeypatch):
     # large token ids (the filter's products wrap in numpy and are exact in Python): every
     # stored key of every length is found through the filter, most absent keys are turned away
     # before any search, and what a lookup returns is the caller's own
@@ -325,12 +326,9 @@ def test_lookup_filter_and_memo(tmp_path):
     big = 2**31 - 97
     phrases = big - rng.integers(0, 40, size=(12, 8))   # repeated phrases: keys of every length
     docs = [np.concatenate(phrases[rng.integers(0, 12, size=5)]).tolist() for _ in range(30)]
-    cfg = CountConfig(max_key_len=4, gram_len=2, top=3, min_count=2, rows_per_part=200)
     out = tmp_path / "a"
-    out.mkdir()
-    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                   {"max_key_len": 4, "gram_len": 2, "top": 3, "min_count": 2,
-                    "tokenizer_fingerprint": "x", "tokenizer": "t"})
+    write_cache(out, docs, CountConfig(max_key_len=4, gram_len=2, top=3, min_count=2,
+                                       rows_per_part=200))
     c = CorpusCache.load(out)
     bf = brute_force_table(docs, 4, 2, 3, 2)
     assert {len(k) for k in bf} == {1, 2, 3, 4}
@@ -338,30 +336,25 @@ def test_lookup_filter_and_memo(tmp_path):
         assert c.lookup([0] * 4 + list(key), 1) == [list(conts[0][0])], key
         assert c.entries(list(key)) == [(list(x), n) for x, n in conts]
     searched = []
-    orig = cs._row
-    cs._row = lambda t, key: searched.append(key) or orig(t, key)
-    try:
-        absent = [(big - rng.integers(0, 40, size=4)).tolist() for _ in range(300)]
-        absent = [a for a in absent if tuple(a[-2:]) not in bf]
-        assert len(absent) > 200
-        for ctx in absent:
-            assert c.lookup(ctx, 5) == ref_lookup(bf, ctx, 4, 5)
-        long_searches = [k for k in searched if len(k) >= 2]
-        assert len(long_searches) < 0.3 * 3 * len(absent)
-    finally:
-        cs._row = orig
+    row = cs._row
+    monkeypatch.setattr(cs, "_row", lambda t, key: searched.append(key) or row(t, key))
+    absent = [(big - rng.integers(0, 40, size=4)).tolist() for _ in range(300)]
+    absent = [a for a in absent if tuple(a[-2:]) not in bf]
+    assert len(absent) > 200
+    for ctx in absent:
+        assert c.lookup(ctx, 5) == ref_lookup(bf, ctx, 4, 5)
+    long_searches = [k for k in searched if len(k) >= 2]
+    assert len(long_searches) < 0.3 * 3 * len(absent)
+    monkeypatch.undo()
     got = c.lookup([big], 3)
     got[0].append(-1)
     assert c.lookup([big], 3) == ref_lookup(bf, [big], 4, 3)
 
 
 def test_artifact_checks(tmp_path):
-    cfg = CountConfig(max_key_len=2, gram_len=2, top=5, min_count=2)
     out = tmp_path / "a"
-    out.mkdir()
-    path = write_artifact(out, count_token_docs([[1, 2, 3, 4, 5]] * 3, cfg, tmp_path / "w"),
-                          {"max_key_len": 2, "gram_len": 2, "top": 5, "min_count": 2,
-                           "tokenizer_fingerprint": "f", "tokenizer": "t"})
+    path = write_cache(out, [[1, 2, 3, 4, 5]] * 3,
+                       CountConfig(max_key_len=2, gram_len=2, top=5, min_count=2), "f")
     data = path.read_bytes()
     assert json.loads((out / "config.json").read_text())["tokenizer_fingerprint"] == "f"
     for i, bad in enumerate([data[:100], b"\xff" * 8 + data[8:], data[:8] + b"[" + data[9:],
@@ -687,12 +680,9 @@ def test_generate_refuses_a_cache_with_ids_past_the_vocabulary(tmp_path, tiny_ll
     from specctl.models.fingerprint import tokenizer_fingerprint as fp
     vocab = json.loads((Path(tiny_llama) / "config.json").read_text())["vocab_size"]
     docs = [[5, 6, vocab + 7, 8]] * 6
-    cfg = CountConfig(max_key_len=2, gram_len=2, top=20, min_count=6)
     out = tmp_path / "cache"
-    out.mkdir()
-    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                   {"max_key_len": 2, "gram_len": 2, "top": 20, "min_count": 6,
-                    "tokenizer_fingerprint": fp(tiny_llama), "tokenizer": "t"})
+    write_cache(out, docs, CountConfig(max_key_len=2, gram_len=2, top=20, min_count=6),
+                fp(tiny_llama))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "hi"}\n')
     r = runner.invoke(app, ["generate", str(prompts), "--model", str(tiny_llama), "--method",
