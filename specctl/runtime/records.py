@@ -177,9 +177,9 @@ def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     if not runs:
         return ""
     e = max(runs, key=lambda e: str(e.manifest.get("created", "")))
-    old, new = e.manifest.get("config"), asdict(cfg)
+    old, new, inert = e.manifest.get("config"), asdict(cfg), cfg.inert()
     old = old if isinstance(old, dict) else {}
-    diff = [k for k in new if k not in UNKEYED and k not in cfg.inert() and k in old
+    diff = [k for k in new if k not in UNKEYED and k not in inert and k in old
             and json.dumps(old[k]) != json.dumps(new[k])]
     why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else
            "the model, the kind of device or dtype it runs in, or the method's artifact (skip "
