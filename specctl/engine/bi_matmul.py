@@ -20,8 +20,11 @@ import triton
 import triton.language as tl
 
 BM, BN, BK = 64, 64, 64   # the one tile configuration
-# Triton's interpreter multiplies bf16 operands wrongly (3.9): it gets them as fp32, whose
-# products are exact as the tensor cores' are, so the tiling and k order are what it tests
+# Under Triton's interpreter (the CPU tests) a tl.dot is numpy's matmul: it multiplies bf16
+# operands wrongly (3.9), and its BLAS gives a row other bits by the row's place in the block
+# (OpenBLAS's sgemm microtiles do, on an EPYC). So there a block's products are summed over k
+# by one numpy reduction, the same for every row: what the CPU tests is the tiling and the k
+# order, which is what the GPU's fixed tile configuration makes invariant.
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -43,8 +46,8 @@ def _kernel(a, w, c, M, N, K, s_ab, s_am, s_ak, s_wb, s_wn, s_wk, s_cb, s_cm, s_
                     other=0.0)
         y = tl.load(w_ptr + k[:, None] * s_wk, mask=(rn[None, :] < N) & (k[:, None] < K),
                     other=0.0)
-        if UPCAST:
-            acc = tl.dot(x.to(tl.float32), y.to(tl.float32), acc, input_precision="ieee")
+        if UPCAST:   # (the interpreter only: see _INTERPRET)
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * y.to(tl.float32)[None, :, :], axis=1)
         elif IEEE:
             acc = tl.dot(x, y, acc, input_precision="ieee")
         else:
