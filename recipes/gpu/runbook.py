@@ -50,7 +50,7 @@ PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
     Step(1, "step-table-7b", 60, 40, "step-table-7b.json",
          "not timed yet: 13.5 GB of random bf16 weights made on the device, 21 shapes "
-         "captured, 13 runs of each"),
+         "captured, 12 runs of each (10 timed)"),
     Step(1, "gpu-tests", 70, 50, "gpu-tests.log",
          "81 s with the flex tests, which took 33 s of it and are left out"),
     Step(2, "stage2", 60, 30, "model.json", "29 s"),
@@ -72,7 +72,7 @@ PLAN = (
 LEFT_OUT = (
     "train-adapter on the GPU: ~4-7 min at --limit 1000 --max-len 1024 (2026-11-26), more than "
     "call 2 can spare; Kangaroo's rows use the adapter `stage` carries (ADAPTER=DIR, else one it "
-    "trains on the CPU in ~1-3 min; ADAPTER=none: no Kangaroo rows)",
+    "trains on the CPU in 1-3 min; ADAPTER=none: no Kangaroo rows)",
     "kv_scale.py --shape 7b: ~4.5 min, over call 1's 2",
     "the flex tests of `pytest -m gpu` (-k flex, ~35 s): flex is not the default attention",
     "self-draft:fixed rows: the runs owed are `auto`'s",

@@ -139,12 +139,13 @@ ignore_in_git() (   # NAME...: top-level folders of the checkout, in .git/info/e
 # stage (CPU machine)
 
 # The Kangaroo adapter the benches use when ADAPTER is unset: trained here on the CPU for the
-# staged model, since the GPU's own training (4-7 min) does not fit a call. ~1-2 min on the
-# 2-core machine with these options (the top-1 it reaches is low, but the rows exist and show
-# what `auto` makes of a weak adapter). Kept in ADAPTER_STORE under a key of the model, the
-# options and the data, so the next stage reuses it. Prints stage.json's "adapter" (JSON), or
-# null when training failed or ran past ADAPTER_TRAIN_S (then the benches skip Kangaroo).
-ADAPTER_TRAIN_DEFAULT="--limit 128 --max-len 128 --epochs 2 --batch-tokens 1024 --lr 2e-3"
+# staged model, since the GPU's own training (4-7 min) does not fit a call. With these options
+# it takes under a minute on the idle 2-core machine and ~3 with two test runs beside it (128
+# conversations took over 5 then); its held-out top-1 is low (~0.05-0.09), but the rows exist
+# and show what `auto` makes of a weak adapter. Kept in ADAPTER_STORE under a key of the model,
+# the options and the data, so the next stage reuses it. Prints stage.json's "adapter" (JSON),
+# or null when training failed or ran past ADAPTER_TRAIN_S (then the benches skip Kangaroo).
+ADAPTER_TRAIN_DEFAULT="--limit 64 --max-len 128 --epochs 2 --batch-tokens 1024 --lr 2e-3"
 ADAPTER_TRAIN_DEFAULT+=" --exit-layer 2"
 cpu_adapter() {   # MODEL WORK ART
   local model=$1 work=$2 art=$3 opts=${ADAPTER_TRAIN:-$ADAPTER_TRAIN_DEFAULT}
@@ -214,7 +215,7 @@ stage() {
   local adapter=null
   case ${ADAPTER:-} in
     none) echo "ADAPTER=none: no adapter is carried, so the benches have no Kangaroo rows" ;;
-    '') adapter=$(cpu_adapter "$model" "$work" "$art") ;;
+    '') adapter=$(cpu_adapter "$model" "$work" "$art") || exit 1 ;;   # (said why)
     *) cp -r "$ADAPTER" "$art/adapter" || die "ADAPTER=$ADAPTER?"
        adapter=$(printf '{"how": "ADAPTER=", "dir": "%s"}' "$ADAPTER") ;;
   esac
@@ -610,7 +611,9 @@ PY
   name="$(json_get "$work/all/env.json" date)-gpu-$(json_get "$work/all/stage.json" commit)"
   dest=${COLLECT_DEST:-$ROOT/bench-results/$name}
   mkdir -p "$dest"
-  if [ -d "$work/all/adapter" ]; then   # weights stay out of git: the tree travels every call
+  # no step leaves an adapter now, but a GPU train-adapter run by hand into OUT may: weights
+  # stay out of git (the tree travels with every call)
+  if [ -d "$work/all/adapter" ]; then
     local keep=${ADAPTER_DEST:-$ROOT/.gpu-adapter/$name}
     [ -n "${ADAPTER_DEST:-}" ] || ignore_in_git .gpu-adapter
     mkdir -p "$(dirname "$keep")" && rm -rf "$keep" && mv "$work/all/adapter" "$keep"
