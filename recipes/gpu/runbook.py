@@ -60,7 +60,7 @@ PLAN = (
          "scaled to 256 prompts x 64 tokens, 5 methods, the warm-up pass, 1 repeat and ar's "
          "untimed batch-1 reference over every prompt"),
     Step(2, "bench-b1", 150, 120, "bench-b1.md",
-         "121 s with 6 methods run (now 6 again: self-draft:fixed out, kangaroo in)"),
+         "121 s with the 6 methods that ran (:fixed now out, kangaroo in: 6 again)"),
     Step(2, "exact", 90, 75, "exact.md",
          "not done in 120 s over 32 prompts x 64 tokens at b1/8/32 (graphs off); now 8 "
          "prompts x 32 tokens at b1/8, an eighth of its batch-1 work"),
