@@ -6,17 +6,22 @@ decoding step are captured once per shape and replayed. Callers hand `run` an un
 and get unpadded outputs (one row per real token, in packed order); the shapes, padding and
 static buffers are this module's business:
 
-- a captured shape is (batch bucket B_b, tokens per sequence n, KV columns C, layer plan, head).
-  Every sequence is padded to one n (`padded_n`: exact up to 16, then multiples of 16): an `ar`
-  step has n = 1, a draft forward n = 1 with a skip plan, a verify of chains, trees or
-  Self-Draft's candidates + branches a few to ~100. Padding tokens sit past a sequence's real
-  rows, see only its prefix and themselves, and no real token sees them; their KV rows are
-  never committed and their outputs are dropped. Batch rows past the real batch point to a
-  scratch slot (the KV cache has one spare slot), so padding never touches a real sequence.
-  Prefill and anything past `max_n` tokens run eagerly.
-- attention reads C columns of the cache: the batch's longest prefix + n, rounded up to 128 x a
-  power of two (at most the cache length), so a step over 300-token contexts does not read a
-  2,000-row cache. With a batch of 4 or more that fills most slots, attention runs over every
+- a captured shape is (batch bucket B_b, tokens per sequence n, KV columns C, layer plan, head),
+  every coordinate on one fixed grid: B_b a power of two (at most the cache's slots), n a power
+  of two (GRID_NS: 1, 2, 4 .. max_n; the step-cost table measures the same points), C = 128 x
+  a power of 4 (or the cache's length). `warm` captures every shape of the grid that a
+  drafter's forwards (Drafter.graph_forwards) can meet when a runner starts, on the run's own
+  KV cache, so no shape is ever captured inside a timed step (vLLM's CudagraphDispatcher does
+  the same); `captures` and `capture_s` count what was captured, wherever it was. Every
+  sequence is padded to one n: an `ar` step has n = 1, a draft forward n = 1 with a skip plan,
+  a verify of chains, trees or Self-Draft's candidates + branches pads up to the grid. Padding
+  tokens sit past a sequence's real rows, see only its prefix and themselves, and no real
+  token sees them; their KV rows are never committed and their outputs are dropped. Batch
+  rows past the real batch point to a scratch slot (the KV cache has one spare slot), so
+  padding never touches a real sequence. Prefill and anything past `max_n` tokens run eagerly.
+- attention reads C columns of the cache: the batch's longest prefix + n, rounded up onto the
+  grid (at most the cache length), so a step over 300-token contexts does not read a 2,000-row
+  cache. With a batch of 4 or more that fills most slots, attention runs over every
   slot's rows of the cache as a view (queries placed by slot; idle slots compute a row that is
   dropped) rather than gathering the batch's slots first: a gather reads and writes every K/V
   row once more.
@@ -35,13 +40,14 @@ static buffers are this module's business:
 No host synchronization happens inside a replay; the caller reads back only what it decides on.
 
 Off CUDA (`capture=False`, the CPU tests) everything above runs the same (buckets, static
-buffers, scratch slot, device-side masks, padded rows), except that a "replay" runs the captured
-function eagerly and copies its results into the static outputs, so what the graph path does to
-decoding is tested without a GPU.
+buffers, scratch slot, device-side masks, padded rows), except that a "replay" runs the
+captured function eagerly into the static outputs (made by its first replay), so what the graph
+path does to decoding is tested without a GPU.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,7 +56,13 @@ import torch
 from specctl.engine.attention import SdpaMeta
 from specctl.engine.batch import ForwardBatch, LayerPlan
 
-KV_BLOCK = 128   # KV columns are read in multiples of this (and powers of two of it)
+KV_BLOCK = 128   # KV columns are read in KV_BLOCK x a power of KV_GROWTH (or the whole cache)
+KV_GROWTH = 4    # (coarse: every column count is captured when a run starts)
+
+
+def grid_n(n: int) -> int:
+    """The grid point a step of n tokens per sequence is padded to: the next power of two."""
+    return 1 << (max(n, 1) - 1).bit_length()
 
 
 @dataclass
@@ -68,16 +80,21 @@ class _Captured:
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
     chains: bool              # local holds the causal mask of every row (as captured)
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
-    outputs: tuple            # [Bb * n, ...] each: (states,) or the head's outputs
+    outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
 
 
 class _EagerReplay:
-    """Stands in for a CUDA graph off CUDA: a replay reruns the function into the outputs."""
+    """Stands in for a CUDA graph off CUDA: a replay reruns the function into the outputs (a
+    list filled at the first replay: "capturing" runs nothing, so a runner's start-up capture of
+    every shape costs the CPU tests nothing)."""
 
-    def __init__(self, fn, outputs):
-        self.fn, self.outputs = fn, outputs
+    def __init__(self, fn):
+        self.fn, self.outputs = fn, []
 
     def replay(self) -> None:
+        if not self.outputs:
+            self.outputs.extend(self.fn())
+            return
         for o, new in zip(self.outputs, self.fn()):
             o.copy_(new)
 
@@ -91,6 +108,8 @@ class CudaGraphs:
         self.cache: dict[tuple, _Captured] = {}
         self.kept: dict[tuple, object] = {}
         self.replays = 0
+        self.captures = 0        # shapes captured, at start-up or (never, by design) in a run
+        self.capture_s = 0.0     # seconds they took
         self._stage = torch.empty(0, dtype=torch.long)       # host staging (pinned on CUDA)
         self._stage_local = torch.empty(0, dtype=torch.bool)
         self._staged = None                                  # event: the last copy is done
@@ -106,20 +125,67 @@ class CudaGraphs:
         return got[1]
 
     @staticmethod
-    def bucket(b: int) -> int:
-        return 1 << (b - 1).bit_length()
+    def bucket(b: int, slots: int | None = None) -> int:
+        """The batch bucket of b sequences: a power of two, at most the cache's slots (rows past
+        the batch go to the scratch slot, however many)."""
+        p = grid_n(b)
+        return p if slots is None else max(b, min(p, slots))
 
     def padded_n(self, n: int) -> int | None:
-        """Tokens per sequence a step of at most n is padded to: exact up to 16 (chain
-        verifies), then multiples of 16 (trees, Self-Draft), so few shapes get captured.
-        None past max_n (that step runs eagerly)."""
-        m = n if n <= 16 else -(-n // 16) * 16
-        return m if m <= self.max_n else None
+        """Tokens per sequence a step of at most n is padded to (grid_n), or None past max_n
+        (that step runs eagerly)."""
+        return grid_n(n) if n <= self.max_n else None
+
+    def ns(self, most: int) -> list[int]:
+        """The grid's n up to the one a step of `most` tokens per sequence pads to."""
+        top = self.padded_n(min(most, self.max_n))
+        return [1 << i for i in range(top.bit_length())]
 
     @staticmethod
     def kv_columns(need: int, max_len: int) -> int:
-        """KV columns a step attends over: `need` rounded up to KV_BLOCK x a power of two."""
-        return min(max_len, KV_BLOCK * CudaGraphs.bucket(-(-need // KV_BLOCK)))
+        """KV columns a step attends over: `need` rounded up onto the grid (KV_BLOCK x a power of
+        KV_GROWTH), at most the cache's length."""
+        c = KV_BLOCK
+        while c < need:
+            c *= KV_GROWTH
+        return min(max_len, c)
+
+    @staticmethod
+    def columns(max_len: int) -> list[int]:
+        """Every column count kv_columns gives for a cache of max_len rows."""
+        out, c = [], KV_BLOCK
+        while c < max_len:
+            out.append(c)
+            c *= KV_GROWTH
+        return out + [max_len]
+
+    def _use(self, kv) -> None:
+        """Graphs hold raw pointers into one KV cache: a new cache means new graphs (and the old
+        ones must go, or a reused id() could replay into freed memory)."""
+        if any(c.kv is not kv for c in self.cache.values()):
+            self.cache.clear()
+            if self.capture:
+                self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
+
+    def warm(self, kv, forwards) -> int:
+        """Capture, on kv, every grid shape the forwards can meet: forwards is a list of
+        (plan, head or None, most tokens per sequence) (Drafter.graph_forwards); every batch
+        bucket up to kv's slots, every n up to the forward's most, every column count. Returns
+        how many shapes it captured (those already held are kept)."""
+        if kv.scratch is None:   # (a paged cache's steps run eagerly)
+            return 0
+        self._use(kv)
+        before = self.captures
+        buckets = sorted({self.bucket(b, kv.num_slots) for b in range(1, kv.num_slots + 1)})
+        for plan, head, most in forwards:
+            for Bb in buckets:
+                for n in self.ns(most):
+                    for C in self.columns(kv.max_len):
+                        key = (Bb, n, plan, None if head is None else head.key, C)
+                        cap = self.cache.get(key)
+                        if cap is None or cap.head is not head:
+                            self.cache[key] = self._capture(kv, Bb, n, C, plan, head)
+        return self.captures - before
 
     def _shape(self, batch: ForwardBatch, kv) -> int | None:
         """The padded n this batch replays with, or None (it runs eagerly)."""
@@ -144,13 +210,8 @@ class CudaGraphs:
         if kv.paged:   # a real row past its slot's blocks would land in the null block
             kv.check_reserved(batch.seq_slots, [p + k for p, k in zip(batch.prefix_lens,
                                                                        batch.num_new)])
-        if any(c.kv is not kv for c in self.cache.values()):
-            # graphs hold raw pointers into one KV cache: a new cache means new graphs (and the
-            # old ones must go, or a reused id() could replay into freed memory)
-            self.cache.clear()
-            if self.capture:
-                self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
-        Bb = self.bucket(B)
+        self._use(kv)
+        Bb = self.bucket(B, kv.num_slots)
         C = self.kv_columns(max(batch.prefix_lens) + n, kv.max_len)
         key = (Bb, n, plan, None if head is None else head.key, C)
         cap = self.cache.get(key)
@@ -275,6 +336,14 @@ class CudaGraphs:
 
     @torch.inference_mode()
     def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:
+        t0 = time.perf_counter()
+        try:
+            return self._capture_one(kv, Bb, n, C, plan, head)
+        finally:
+            self.captures += 1
+            self.capture_s += time.perf_counter() - t0
+
+    def _capture_one(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head) -> _Captured:
         dev = self.model.device
         nb = -(-C // kv.block) if kv.paged else 0
         ints = torch.zeros(3 * Bb * n + 2 * Bb + Bb * nb, dtype=torch.long, device=dev)
@@ -299,7 +368,7 @@ class CudaGraphs:
                 outputs = self._forward(*args)
             torch._C._cuda_clearCublasWorkspaces()
         else:
-            outputs = self._forward(*args)
-            graph = _EagerReplay(lambda: self._forward(*args), outputs)
+            graph = _EagerReplay(lambda: self._forward(*args))
+            outputs = graph.outputs
         return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, table,
                          local, True, hidden, outputs)

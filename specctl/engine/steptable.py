@@ -119,20 +119,30 @@ def _sync(device: torch.device) -> None:
 @torch.inference_mode()
 def measure_step_table(model, batches=(1, 8, 32, 64), ns=(1, 2, 4, 8, 16, 32, 64, 96),
                        context: int = 256, repeats: int = 10, warmup: int = 2,
-                       progress=None) -> StepTable:
+                       progress=None, kv=None) -> StepTable:
     """Time a greedy step for every (batch, n): the median of `repeats` rounds, each round a
     sweep over the ns after `warmup` runs of each (which also capture the graphs). A shared
     machine's speed changes in spells of seconds: a round takes a fraction of one, so a spell
     lands on all the points of a round alike, and the median over rounds drops a spike that
     hit one point. (The fastest of the rounds let one fast spell price a single point: a
     batch-1 table had 1 token at 25 ms and 2 at 38, where both run the same matmuls.) Each row
-    is then made non-decreasing in n. progress(b, n, ms), if given, is called for each point."""
+    is then made non-decreasing in n. progress(b, n, ms), if given, is called for each point.
+    kv: an idle cache to measure on, of every batch's slots and context + max(ns) + 1 rows (a
+    run's own: a new cache would let go of the run's cache and the graphs captured on it, see
+    Model.new_kv_cache); its slots are left empty."""
     dev = model.device
     g = torch.Generator().manual_seed(0)
     table = []
+    own = kv is None
     for b in batches:
-        kv = model.new_kv_cache(b, context + max(ns) + 1)
+        if own:
+            kv = model.new_kv_cache(b, context + max(ns) + 1)
+        elif b > kv.num_slots or context + max(ns) + 1 > kv.max_len:
+            raise ValueError(f"a cache of {kv.num_slots} x {kv.max_len} rows cannot measure "
+                             f"batch {b} at {context} + {max(ns)} rows")
         for s in range(b):
+            if not kv.reserve(s, context + max(ns) + 1):
+                raise ValueError("the KV cache has too few free blocks to measure on")
             kv.lens[s] = context   # committed rows (their values do not change the cost)
         steps = []
         for n in ns:

@@ -22,17 +22,12 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
-    controller = None
-    if cfg.speculate == "auto" and drafter.price().max_draft > 0:   # (ar drafts nothing)
-        controller = make_controller(drafter, model, slots, store=store,
-                                     fingerprint=fingerprint, log=log)
     budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
     try:
-        return Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
-                      eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
-                      stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
-                      controller=controller, threads=cfg.threads,
-                      kv_budget=budget, logprobs=cfg.logprobs)
+        runner = Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
+                        eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
+                        stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
+                        threads=cfg.threads, kv_budget=budget, logprobs=cfg.logprobs)
     except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
         if "KV cache budget" not in str(e):
             raise
@@ -48,6 +43,11 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
             f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
             f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
+    if cfg.speculate == "auto" and drafter.price().max_draft > 0:   # (ar drafts nothing)
+        # after the runner: a step-cost table measured now runs on its cache and graphs
+        runner.set_controller(make_controller(drafter, model, slots, store=store,
+                                              fingerprint=fingerprint, log=log, kv=runner.kv))
+    return runner
 
 
 def set_exact(model, cfg: GenerateConfig, log=lambda msg: None) -> None:

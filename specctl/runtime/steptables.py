@@ -44,8 +44,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures
+STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures (the graph
+                                     # grid's points: engine/graphs.py)
 STEP_WARMUP, STEP_REPEATS = 1, 5     # runs of each of its points: untimed, then timed
+STEP_CONTEXT = 128                   # committed rows of every sequence it measures
+STEP_TABLE_ROWS = STEP_CONTEXT + max(STEP_NS) + 1   # KV rows a cache needs to measure it on
 
 
 def step_table_id(fingerprint: str, model, batch_size: int) -> str:
@@ -70,14 +73,16 @@ def step_table_seconds(batch_size: int, step_s) -> float:
 
 
 def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | None = None,
-                   log=lambda msg: None, ns=STEP_NS, context: int = 128,
+                   log=lambda msg: None, ns=STEP_NS, context: int = STEP_CONTEXT,
                    repeats: int = STEP_REPEATS, warmup: int = STEP_WARMUP,
-                   fresh: bool = False) -> StepTable:
+                   fresh: bool = False, kv=None) -> StepTable:
     """The step-cost table of `model` for runs of `batch_size` slots (batches {1, batch_size},
     a small grid of tokens per sequence): kept for the process, and with a store and the
     model's fingerprint kept in the store too (profiles/), so it is measured once per model,
     device, dtype, attention backend and batch size; a batch size between two stored ones is
-    interpolated from them instead (`interpolated`). fresh: measure it again."""
+    interpolated from them instead (`interpolated`). fresh: measure it again. kv: the run's
+    idle cache, measured on when it can hold the table's steps (so the run's graphs and cache
+    stay; measure_step_table), else a cache of the table's own."""
     batches = tuple(sorted({1, batch_size}))
     key = (id(model), str(model.device), str(model.dtype), model.exact, batches, tuple(ns))
     t = None if fresh else _TABLES.get(key)
@@ -89,8 +94,11 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
             interpolated(store, fingerprint, model, batch_size, ns, context, log)
     if t is None:
         t0 = time.perf_counter()
+        fits = kv is not None and kv.num_slots >= max(batches) and \
+            kv.max_len >= context + max(ns) + 1 and \
+            (not kv.paged or len(kv.free) * kv.block >= max(batches) * (context + max(ns) + 1))
         t = measure_step_table(model, batches=batches, ns=ns, context=context,
-                               repeats=repeats, warmup=warmup)
+                               repeats=repeats, warmup=warmup, kv=kv if fits else None)
         if kept:
             ident = step_table_id(fingerprint, model, batch_size)
             try:

@@ -200,6 +200,10 @@ class LayerSkipDrafter(Drafter):
                                 forwards=c.forwards, conf=c.conf, stopped_at=c.stopped_at))
         return out
 
+    def graph_forwards(self, kv) -> list[tuple]:
+        """The verify of chains up to K drafts, and the skip plan's one-token draft forward."""
+        return super().graph_forwards(kv) + [(self.plan, None, 1)]
+
     def price(self) -> DraftPrice:
         return DraftPrice(max_draft=self.prm.K, draft_frac=skip_draft_frac(self.model, self.skip))
 

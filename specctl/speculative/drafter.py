@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specctl.engine.batch import FULL
 from specctl.speculative.verify import DraftTree
 
 StopRule = Callable[[int, int, float], bool]   # (sequence i, drafts so far j, last confidence)
@@ -120,6 +121,12 @@ class Drafter:
     def price(self) -> DraftPrice:
         """What its steps cost (DraftPrice); `ar`'s: nothing beyond the verify."""
         return DraftPrice()
+
+    def graph_forwards(self, kv) -> list[tuple]:
+        """The forwards its steps run through Model.run on cache kv, as (layer plan, head or
+        None, most tokens per sequence): a runner captures all their shapes when it starts
+        (engine/graphs.py CudaGraphs.warm). The default: one full verify forward."""
+        return [(FULL, None, self.step_rows)]
 
     def fresh(self) -> "Drafter":
         """A new drafter with the same artifacts and settings and nothing learnt yet."""

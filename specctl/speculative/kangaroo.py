@@ -251,6 +251,13 @@ class KangarooDrafter(Drafter):
         self.head = head
         return head
 
+    def graph_forwards(self, kv) -> list[tuple]:
+        """Its shallow draft forward (with the adapter head, or writing its rows only) and its
+        verify from the exit layer."""
+        head = self._head(kv)
+        return [(LayerPlan(end=self.l), head, 1), (LayerPlan(end=self.l), head.rows_only, 1),
+                (LayerPlan(start=self.l), None, self.step_rows)]
+
     @property
     def prefill_capture(self) -> int:
         return self.l
