@@ -112,15 +112,19 @@ def _say_gain(m: dict) -> None:
     gain, spec = m.get("gain_vs_ar_est"), m.get("speculation", {}).get("mode")
     if gain is not None and m["method"] != "ar":
         console.print(f"vs ar: {gain:.2f}x, estimated (ar: ~{m['ar_tokens_per_s_est']:.1f} "
-                      "tokens/s for the same tokens, by the step-cost table and this run's "
-                      "steps; `specctl bench` measures it)", highlight=False, markup=False)
+                      "tokens/s for the same tokens, priced by the ar steps this run timed; "
+                      "`specctl bench` measures it)", highlight=False, markup=False)
     elif gain is None and spec == "fixed" and m["tokens_per_s"]:
         console.print("vs ar: not estimated under --speculate fixed (no step-cost table); "
                       "`specctl bench` measures it", highlight=False, markup=False)
-    table = m.get("one_off_s", {}).get("step_table", 0.0)
+    one = m.get("one_off_s", {})
+    table, graphs = one.get("step_table", 0.0), one.get("graph_captures", 0.0)
     if table >= 0.5:
         console.print(f"step-cost table measured once: {table:.1f} s (kept in the store, not "
                       "counted in tokens/s)", highlight=False, markup=False)
+    if graphs >= 0.5:
+        console.print(f"CUDA graphs captured at start-up: {graphs:.1f} s (not counted in "
+                      "tokens/s)", highlight=False, markup=False)
 
 
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:

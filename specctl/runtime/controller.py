@@ -6,6 +6,7 @@ learns from each step.
     stop = ctl.stop_rule(b)                # for the chain drafter (or None)
     ... draft within b.ks, verify, commit ...
     ctl.observe(slots, b, proposals, verdicts, measured_ms)
+    ctl.drafted(len(slots), step_ms, progress)   # the guard's account (b.lean: ctl.lean_done)
 
 Three parts, one module each: the acceptance estimates (runtime/acceptance.py: what a budget
 is expected to add), the step cost (runtime/stepcost.py: what it costs, from the step-cost
@@ -19,14 +20,15 @@ repetitive later, a pooled prior that was too low). So every `explore_every` ste
 every sequence with room gets `explore_budget` more drafts (chains 2, trees 4 nodes) than the
 search gave it, in that one step: all of them in the same step, because with padded graphs a
 step costs by its longest sequence, so one exploring sequence would cost as much as all. Its
-price is held to `explore_cost` (2%) of the steps it is spread over: an exploring step whose
+price is held to `explore_cost` (1%) of the steps it is spread over: an exploring step whose
 predicted extra cost is e steps waits at least e / explore_cost steps after the last one (on
 a 2-core CPU at batch 1 two layer-skip draft forwards cost ~2 steps, so it explores every ~100
 steps; on the H100's demo-model table, batch 32, n 1 -> 5 costs ~0.7 of a step, so every 35).
 What an exploring step learns is used by the steps after it, so a batch explores only while
-its sequences have on average at least `explore_every` tokens left to emit (a batch of
-48-token answers near their end, the whole run at batch 16 with 16 prompts, paid for an
-exploring step and budgets it learnt that it had no steps left to use).
+requests wait for its slots (draining, the job ends with sequences already running: a lesson
+comes too late) and while its sequences have on average at least `explore_every` tokens left
+to emit (a batch of 48-token answers near their end, the whole run at batch 16 with 16
+prompts, paid for an exploring step and budgets it learnt that it had no steps left to use).
 An exploring step does not stop chains on confidence: its extra drafts are there to be
 measured. One whose extra drafts get nothing accepted doubles the period to the next (up to
 EXPLORE_BACKOFF times `explore_every`); one that gets something back resets it: a method
@@ -40,6 +42,18 @@ timed, after 2, 4, 8 and 16 drafting steps in a row and then every `explore_ever
 runs without drafts (early ones come sooner: one step's timing is noisy and a short run must
 learn the contrast too). Past the first ~30 steps that costs at most the speculation's gain
 in one step of 32.
+
+Lean steps: a step whose budgets are all 0 is `ar`'s step and costs what `ar`'s does: the
+drafter gets room 0 (no draft, no probe, no stop rule) and the runner learns only the step's
+time (lean_done: the step cost's class without drafts, and the guard's `ar` reference), not
+acceptance (nothing was drafted). While the search keeps giving every sequence 0 it is not
+run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads changes until a draft is accepted);
+an exploring step due comes with the next search. And the measured guard (runtime/guard.py)
+holds the run to lean steps when its drafting steps fall behind what `ar` takes for the same
+progress.
+
+While the batch drains (no request waits) the search prices the job's critical path instead of
+the step's goodput (policy.drain_best).
 """
 
 from __future__ import annotations
@@ -51,12 +65,14 @@ import numpy as np
 
 from specctl.runtime import policy
 from specctl.runtime.acceptance import Acceptance
+from specctl.runtime.guard import Guard
 from specctl.runtime.stepcost import StepCost, cost_for
 from specctl.runtime.steptables import step_table_for
 from specctl.engine.steptable import StepTable
 
 
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
+LEAN_MAX = 64          # the most steps between two searches that gave every budget 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,7 @@ class Budgets:
     contrast: bool = False                # a step run without drafts to time it
     stops: bool = False                   # chains may stop early on a draft's confidence
     base: tuple[int, ...] | None = None   # an exploring step: the budgets it widened
+    lean: bool = False                    # every budget 0: `ar`'s step (nothing to observe)
 
 
 class Controller:
@@ -77,7 +94,7 @@ class Controller:
 
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
-                 explore_budget: int | None = None, explore_cost: float = 0.02,
+                 explore_budget: int | None = None, explore_cost: float = 0.01,
                  probe_share: float = 0.1, correct: bool = True):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
@@ -94,34 +111,86 @@ class Controller:
         self.last_bare = 0       # the last step without drafts
         self.contrasts = 0
         self.profile_s = 0.0     # seconds spent getting the step-cost table
+        self.searches = 0        # steps that ran the policy's search
+        self.timed_steps = 0     # drafting steps observed with their time (contrasts need it)
+        self.idle = 0            # lean steps granted after the last search that gave 0s
+        self.lean_until = 0      # no search before this step
+        self.guard = Guard()
+        self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
 
-    def plan(self, keys: list, room: list[int]) -> Budgets:
-        """This step's budgets for the sequences `keys`, budget i at most room[i]."""
+    def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
+        got = self._lean.get((b, contrast))
+        if got is None:
+            got = self._lean[(b, contrast)] = Budgets((0,) * b, False, None, 0.0,
+                                                      contrast=contrast, lean=True)
+        return got
+
+    def _explore_due(self, room: list[int]) -> bool:
+        return bool(self.explore_every) and self.steps - self.last_explore >= self.period \
+            and sum(room) >= self.explore_every * len(room)   # steps left to use the lesson
+
+    def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
+        """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
+        request waits (the job ends with its slowest sequence: policy.drain_best)."""
+        self.steps += 1
+        if self.guard.holding():
+            self.last_bare = self.steps
+            return self._lean_budgets(len(keys))
+        if self.steps < self.lean_until:   # (an exploring step due waits for the next search)
+            self.last_bare = self.steps
+            return self._lean_budgets(len(keys))
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
         gains = self.acc.gains_many(keys)
-        ks = policy.search(gains, caps, c, probes)
-        self.steps += 1
+        ks = policy.search(gains, caps, c, probes, np.asarray(room) + 1 if drain else None)
+        self.searches += 1
+        if any(ks):
+            self.idle = 0
+        else:   # nothing pays: lean steps until the next search, backing off
+            self.idle = min(2 * self.idle, LEAN_MAX) if self.idle else 1
+            self.lean_until = self.steps + self.idle
         explored, contrast, base = 0, False, None
         since = self.steps - self.last_explore
-        if self.explore_every and since >= self.period and \
-                sum(room) >= self.explore_every * len(room):   # steps left to use the lesson
+        if self._explore_due(room) and not drain:   # (draining, a lesson comes too late)
             wide = np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist()
             ms = c.step_ms(ks, probes)
             if c.step_ms(wide, probes) - ms <= self.explore_cost * since * ms:
                 explored = sum(w > k for w, k in zip(wide, ks))
                 base, ks, self.last_explore = tuple(ks), wide, self.steps
-        if any(ks) and self.explore_every and c.steps and self.last_explore != self.steps \
+        if any(ks) and self.explore_every and self.timed_steps \
+                and self.last_explore != self.steps \
                 and self.steps - self.last_bare > min(self.explore_every,
                                                       2 ** (self.contrasts + 1)):
-            ks, contrast = [0] * len(ks), True
             self.contrasts += 1
+            self.last_bare = self.steps
+            return self._lean_budgets(len(keys), contrast=True)
         if not any(ks):
             self.last_bare = self.steps
+            return self._lean_budgets(len(keys))
         return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
+
+    def lean_done(self, b: int, ms: float | None) -> float:
+        """A lean step of b sequences took ms (None: not to be learnt, a graph was captured in
+        it): learnt as the price of a step without drafts and as the guard's `ar` step.
+        Returns what `ar` takes for the same step: its measured ms, else the estimate."""
+        if ms is None:
+            return self.ar_ms(b)
+        if self.correct:
+            self.cost.learn([0] * b, ms, False)
+        self.guard.lean(self.cost.ar_table_ms(b), ms)
+        return ms
+
+    def drafted(self, b: int, ms: float | None, progress: float) -> float:
+        """A drafting step of b sequences took ms all told (observe included; None: not to be
+        learnt) and made `progress` (runtime/guard.py): the guard's account. Returns what `ar`
+        takes for the same progress (the summary's estimate)."""
+        ar = self.ar_ms(b)   # (before a lean step is timed: the table's, corrected)
+        if ms is not None:
+            self.guard.drafted(ms, progress * ar)
+        return progress * ar
 
     def stop_rule(self, b: Budgets) -> policy.StopRule | None:
         """The confidence stop of this step's chains (policy.stop_rule), or None when there is
@@ -145,6 +214,9 @@ class Controller:
         ms (all of it: planning, drafting, verify, bookkeeping). Returns (the step's table ms
         as run, the tokens it was expected to emit)."""
         ks = self.spent(b, proposals)
+        if any(v.accepted for v in verdicts):   # drafting may pay now: search from next step
+            self.idle = self.lean_until = 0
+        self.timed_steps += measured_ms is not None
         tried = [len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
                  for k, p in zip(ks, proposals)]
         self.acc.learn_many(keys, tried, [v.accepted for v in verdicts],
@@ -160,9 +232,10 @@ class Controller:
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
 
     def ar_ms(self, b: int) -> float:
-        """Predicted ms of an `ar` step of b sequences (every budget 0), as learnt so far: the
-        price of the run's work done without speculation (the gain estimate, metrics.py)."""
-        return self.cost.ar_ms(b)
+        """ms of an `ar` step of b sequences: as this run's lean steps measure it, else the
+        table's corrected price (the gain estimate, metrics.py)."""
+        got = self.guard.ar_ms(self.cost.ar_table_ms(b))
+        return got if got is not None else self.cost.ar_ms(b)
 
     def forget(self, key) -> None:
         self.acc.forget(key)
@@ -170,13 +243,13 @@ class Controller:
 
 def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,
                     store=None, fingerprint: str | None = None, log=lambda msg: None,
-                    **kw) -> Controller:
+                    kv=None, **kw) -> Controller:
     """The controller of a run of `batch_size` slots; its step-cost table `table`, or else
-    step_table_for's (kept in `store` when given with the model's fingerprint). Call it before
-    the run's KV cache exists: a measurement makes its own."""
+    step_table_for's (kept in `store` when given with the model's fingerprint), measured on
+    the run's cache kv where it can be (Runner.set_controller)."""
     t0 = time.perf_counter()
     table = table or step_table_for(model, batch_size, store=store, fingerprint=fingerprint,
-                                    log=log)
+                                    log=log, kv=kv)
     price = drafter.price()
     ctl = Controller(cost_for(drafter, model, table), price.max_draft, tree=price.tree, **kw)
     ctl.profile_s = time.perf_counter() - t0

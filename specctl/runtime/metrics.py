@@ -38,15 +38,18 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
             for w in range(1, 7)}
     zero = round((sum(a == 0 for a in acc) + idle) / verified, 4) if verified else 0.0
     peak = peak_mb(device)
-    if one_off is None:
-        one_off = stats.profile_s if stats else 0.0
+    if one_off is None:   # (the step table's measurement, the graphs' captures at start-up)
+        one_off = stats.profile_s + stats.capture_s if stats else 0.0
     tps = round(stats.generated / (wall - one_off), 3) if stats and wall > one_off else 0.0
     return {
         "method": cfg.method, "batch_size": cfg.batch_size, "requests": len(lines),
         "errors": len(lines) - len(good), "new_tokens": new, "steps": steps,
         # throughput counts only what this invocation generated (a resumed run did less)
         "wall_time_s": round(wall, 3),
-        "one_off_s": {"step_table": round(one_off, 3)},   # left out of tokens/s
+        # left out of tokens/s
+        "one_off_s": {"step_table": round(stats.profile_s if stats else 0.0, 3),
+                      "graph_captures": round(stats.capture_s if stats else 0.0, 3),
+                      "total": round(one_off, 3)},
         "tokens_per_s": tps,
         **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain),
         "mean_accepted_tokens": round(new / steps, 4) if steps else 0.0,
@@ -92,8 +95,10 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
     total = sum_stats(parts) if parts else None
     # (the ranks measured their step tables at once; their decoding adds up)
     m = metrics(cfg, lines, total, wall, device, plain,
-                one_off=max((p.get("profile_s", 0.0) for p in parts), default=0.0),
-                busy=sum(r["wall_time_s"] for r in ranks) - (total.profile_s if total else 0))
+                one_off=max((p.get("profile_s", 0.0) + p.get("capture_s", 0.0) for p in parts),
+                            default=0.0),
+                busy=sum(r["wall_time_s"] for r in ranks)
+                - (total.profile_s + total.capture_s if total else 0))
     m["peak_memory_mb"] = round(max(r["peak_memory_mb"] for r in ranks), 1)
     m["world_size"] = len(ranks)
     m["per_rank"] = []
@@ -118,17 +123,26 @@ def speculation_metrics(cfg, stats) -> dict:
     estimates checked), and the goodput (emitted tokens per second of step time)."""
     out: dict = {"mode": cfg.speculate}
     n = stats.controlled_steps if stats else 0
+    if stats and (stats.captures or stats.captures_in_steps):
+        out["graphs"] = {"captured_at_start": stats.captures,
+                         "capture_s": round(stats.capture_s, 3),
+                         "captured_in_steps": stats.captures_in_steps}
     if n:
+        drafting = n - stats.lean_steps   # (a lean step is predicted as nothing: ar's path)
         out.update({
             "budget_hist": {str(k): v for k, v in sorted(stats.budget_hist.items())},
             "controlled_steps": n,
+            "lean_steps": stats.lean_steps, "searches": stats.searches,
+            "guard_trips": stats.guard_trips, "guard_held_steps": stats.guard_held,
             "explored_sequence_steps": stats.explored,
             "contrast_steps": stats.contrasts,
             "confidence_stops": stats.confidence_stops,
-            "predicted_step_ms": round(stats.predicted_step_ms / n, 3),
+            "predicted_step_ms": round(stats.predicted_step_ms / drafting, 3) if drafting else 0.0,
             "measured_step_ms": round(stats.measured_step_ms / n, 3),
-            "predicted_tokens_per_step": round(stats.predicted_tokens / n, 3),
-            "verified_tokens_per_step": round(stats.verified_tokens / n, 3),
+            "predicted_tokens_per_step": round(stats.predicted_tokens / drafting, 3)
+            if drafting else 0.0,
+            "verified_tokens_per_step": round(stats.verified_tokens / drafting, 3)
+            if drafting else 0.0,
             "goodput_tokens_per_s": round(stats.generated / (stats.measured_step_ms / 1e3), 3)
             if stats.measured_step_ms else 0.0,
             "profile_s": round(stats.profile_s, 3)})

@@ -48,12 +48,14 @@ import numpy as np
 
 from specctl.runtime.stepcost import Shapes, StepCost, budget_counts, moved
 
-def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) -> list[int]:
+def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool,
+           left: np.ndarray | None = None) -> list[int]:
     """The budgets of the best goodput (module docstring). gains [B, K + 1]: gains[i, k] for
-    k <= caps[i]."""
+    k <= caps[i]. left: with no request waiting (the batch drains), the tokens each sequence
+    has left to emit: the budgets of the shortest critical path instead (`drain_best`)."""
     b = len(gains)
-    if b == 1:   # one sequence: its candidates are its budgets 0 .. cap, in order
-        return [_search_one(gains[0], int(caps[0]), cost, probes)]
+    if b == 1:   # one sequence: its candidates are its budgets 0 .. cap, in order (and its
+        return [_search_one(gains[0], int(caps[0]), cost, probes)]   # path is the job's)
     seq, k = hull_order(gains, caps)
     if not len(k):
         return [0] * b
@@ -79,11 +81,32 @@ def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool) ->
                                    (levels[:, :, None] >= d[None, None, :]).sum(axis=0)))
         at_least[:, 0] = b
     t = cost.prices(Shapes(b, tokens, drafting, tops, at_least), probes)
-    good = emitted / np.where(t > 0, t, np.inf)
-    best = int(np.argmax(good >= good.max() / (1 + 1e-9)))   # the first near the best
+    if left is not None:
+        best = drain_best(gains, t, seq, levels, left)
+    else:
+        good = emitted / np.where(t > 0, t, np.inf)
+        best = int(np.argmax(good >= good.max() / (1 + 1e-9)))   # the first near the best
     if best > n:
         return levels[:, best - n - 1].tolist()
     return np.bincount(seq[:best], minlength=b).tolist()   # (a budget k: its units 1 .. k)
+
+
+def drain_best(gains: np.ndarray, t: np.ndarray, seq: np.ndarray, levels: np.ndarray,
+               left: np.ndarray) -> int:
+    """The candidate (search's order: the prefixes of seq, then the levels) whose step makes
+    the job end soonest while the batch drains. Then the job's time is its slowest sequence's:
+    about t x max_i left_i / (1 + gain_i(k_i)) (steps left on the critical path times the
+    step's cost), and the batch's goodput is beside the point: drafts for a sequence that ends
+    early make every step dearer and the job no shorter. (At the H100's batch 32 most steps
+    accepted nothing while each cost 1.4x: goodput per step was the wrong objective there.)"""
+    b = len(gains)
+    hot = np.zeros((len(seq) + 1, b), dtype=np.int64)
+    hot[np.arange(1, len(seq) + 1), seq] = 1
+    ks = np.concatenate((np.cumsum(hot, axis=0), levels.T))           # [candidates, b]
+    per_step = 1 + gains[np.arange(b)[None, :], ks] - gains[:, 0][None, :]
+    steps = (np.asarray(left, dtype=np.float64)[None, :] / per_step).max(axis=1)
+    job = np.where(t > 0, t, np.inf) * steps
+    return int(np.argmax(job <= job.min() * (1 + 1e-9)))   # the first near the best
 
 
 def _search_one(gains: np.ndarray, cap: int, cost: StepCost, probes: bool) -> int:

@@ -45,6 +45,7 @@ from specctl.runtime.logprobs import token_logprobs
 from specctl.runtime.sequence import Request, Sequence, request_rng
 from specctl.runtime.stats import RunStats
 from specctl.runtime.step import Planner, StepOutcome, StepPlan, verify
+from specctl.runtime.steptables import STEP_TABLE_ROWS
 from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
@@ -74,35 +75,66 @@ class Runner:
         self.prefill_chunk = prefill_chunk
         self.logprobs = logprobs   # None, or how many alternatives per token to record
         headroom = drafter.kv_headroom
+        length = max_len
         if model.graphs is not None:
             # one cache shape for every method, so runs of different methods (a bench's
-            # round-robin) keep replaying the same captured graphs instead of re-capturing
+            # round-robin) keep replaying the same captured graphs instead of re-capturing;
+            # long enough for the step-cost table to be measured on it (make_controller)
             headroom = max(headroom, model.graphs.max_n)
+            length = max(max_len + headroom, STEP_TABLE_ROWS)
+        else:
+            length = max_len + headroom
         # kv_budget: bytes for the cache (and a drafter's own, Kangaroo's adapter's, sharing
         # its rows); smaller than every slot at full length -> paged
         if kv_budget is not None and drafter.kv_layers:
             L = model.cfg.num_layers
             kv_budget = kv_budget * L // (L + drafter.kv_layers)
-        self.kv = model.new_kv_cache(batch_size, max_len + headroom, kv_budget)
+        self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         self._admitted = 0
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
-        if self.controller is not None:
-            self.stats.profile_s = self.controller.profile_s
+        self.clock = time.perf_counter   # (a test's simulated clock replaces it)
+        self._warm()
+        if controller is not None:
+            self.set_controller(controller)
         # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
         self.threads = threads
+
+    def _warm(self) -> None:
+        """Capture every graph shape the drafter's steps can meet, now, on the run's own
+        cache (engine/graphs.py): a shape captured inside a step would cost that step 20-40
+        of `ar`'s steps and be learnt as what drafting costs."""
+        g = self.model.graphs
+        if g is None:
+            return
+        t0 = self.clock()
+        self.stats.captures += g.warm(self.kv, self.drafter.graph_forwards(self.kv))
+        self.stats.capture_s += self.clock() - t0
+
+    def set_controller(self, controller: Controller) -> None:
+        """Speculate under `controller` (--speculate auto): made after the runner, so the
+        step-cost table it may measure runs on this runner's cache and graphs."""
+        self.controller = self.planner.controller = controller
+        self.stats.profile_s = controller.profile_s
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests: Iterable[Request], on_done: Callable[[Request], None],
             on_tokens: Callable[[int], None] | None = None) -> RunStats:
         cpu_threads = torch.get_num_threads()
+        ctl = self.controller
+        marks = (ctl.searches, ctl.guard.trips, ctl.guard.held) if ctl is not None else None
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         finally:
             torch.set_num_threads(cpu_threads)
+            if ctl is not None:
+                st = self.stats
+                st.searches += ctl.searches - marks[0]
+                st.guard_trips += ctl.guard.trips - marks[1]
+                st.guard_held += ctl.guard.held - marks[2]
 
     def _tuner(self) -> ThreadTuner | None:
         if self.model.device.type != "cpu":
@@ -146,7 +178,7 @@ class Runner:
                 if tuner:
                     tuner.before()
                     t = time.perf_counter()
-                work = self.step(live)
+                work = self.step(live, drain=not waiting)
                 if tuner:
                     tuner.after(time.perf_counter() - t, work)
                 if on_tokens:
@@ -309,13 +341,16 @@ class Runner:
         return self.sp.seed if req.seed is None else req.seed
 
     # -- one step ---------------------------------------------------------------------------
-    def step(self, seqs: list[Sequence]) -> float:
-        """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences;
-        returns the step's work for the thread tuner (module docstring of runtime/threads.py):
-        its packed tokens, or its step-cost-table ms where a controller prices steps."""
-        t0 = time.perf_counter()
+    def step(self, seqs: list[Sequence], drain: bool = False) -> float:
+        """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences
+        (drain: no request waits); returns the step's work for the thread tuner (module
+        docstring of runtime/threads.py): its packed tokens, or its step-cost-table ms where a
+        controller prices steps."""
+        g = self.model.graphs
+        captures = g.captures if g is not None else 0
+        t0 = self.clock()
         emitted = self.stats.generated
-        plan = self.planner.plan(seqs)
+        plan = self.planner.plan(seqs, drain)
         h = self.planner.execute(plan)
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
@@ -323,14 +358,39 @@ class Runner:
         self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
         work = float(plan.batch.num_tokens)
         if plan.budgets is not None:
-            took = (time.perf_counter() - t0) * 1e3
-            work, expected = self.controller.observe([s.slot for s in seqs], plan.budgets,
-                                                     plan.proposals, out.verdicts, took)
-            self._count_controlled(plan, out, expected, took)
-            self.stats.ar_step_ms += ((self.stats.generated - emitted) / len(seqs)
-                                      * self.controller.ar_ms(len(seqs)))
+            took = (self.clock() - t0) * 1e3
+            new = g.captures - captures if g is not None else 0
+            self.stats.captures_in_steps += new   # (by design none: Runner._warm)
+            work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
+        return work
+
+    def _controlled(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence],
+                    had: list[int], took: float, t0: float | None, drain: bool) -> float:
+        """What the controller learns from a step that took `took` ms (t0 None: a graph was
+        captured in it, so its time is no step's cost), and the run's counts of it. Returns
+        the step's table ms (the thread tuner's work)."""
+        ctl, st, b, n = self.controller, self.stats, plan.budgets, len(seqs)
+        if b.lean:   # ar's path: its time is all there is to learn
+            st.ar_step_ms += ctl.lean_done(n, None if t0 is None else took)
+            st.controlled_steps += 1
+            st.lean_steps += 1
+            st.lean_step_ms += took
+            st.measured_step_ms += took
+            st.budget_hist[0] = st.budget_hist.get(0, 0) + n
+            st.contrasts += b.contrast
+            return ctl.cost.ar_table_ms(n)
+        work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
+                                     None if t0 is None else took)
+        total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
+        if drain:   # the job ends with the sequence that has the most left to emit
+            i = max(range(n), key=lambda j: seqs[j].req.max_tokens - had[j])
+            progress = float(len(seqs[i].out_ids) - had[i])
+        else:
+            progress = sum(len(s.out_ids) - k for s, k in zip(seqs, had)) / n
+        st.ar_step_ms += ctl.drafted(n, total, progress)
+        self._count_controlled(plan, out, expected, took if total is None else total)
         return work
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:

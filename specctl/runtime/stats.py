@@ -30,9 +30,19 @@ class RunStats:
     contrasts: int = 0             # steps the controller ran without drafts to time them
     confidence_stops: int = 0      # chains the controller ended early on a draft's confidence
     profile_s: float = 0.0
-    # the controlled steps' work priced as `ar` steps: per step, its emitted tokens over its
-    # sequences times the learnt ms of an ar step of that many sequences (Controller.ar_ms)
+    # the controlled steps' work priced as `ar` steps: per step, its progress (emitted tokens
+    # over its sequences; draining, the critical sequence's) times `ar`'s step of that many
+    # sequences as the run's lean steps measure it (Controller.drafted), a lean step its own ms
     ar_step_ms: float = 0.0
+    lean_steps: int = 0            # controlled steps without drafts, run on `ar`'s path (in
+    lean_step_ms: float = 0.0      # controlled_steps), and their measured ms (in measured_)
+    searches: int = 0              # steps the controller ran its policy's search for
+    guard_trips: int = 0           # windows the measured guard found behind `ar`
+    guard_held: int = 0            # steps it held to `ar`
+    captures: int = 0              # graph shapes captured when the runner started
+    capture_s: float = 0.0         # the seconds they took (out of every step's time)
+    captures_in_steps: int = 0     # shapes captured inside a step (by design none; such a
+                                   # step's time is not learnt)
     preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
     recomputed: int = 0            # tokens they had generated, generated again
     kv_bytes: int = 0              # the KV cache's storage

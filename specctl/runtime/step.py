@@ -68,7 +68,8 @@ class Planner:
         self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
         self.controller = controller
 
-    def plan(self, seqs: list[Sequence]) -> StepPlan:
+    def plan(self, seqs: list[Sequence], drain: bool = False) -> StepPlan:
+        """drain: no request waits (the controller then prices the job's critical path)."""
         kv, ctl = self.kv, self.controller
         # drafts a sequence may accept: with the bonus token after them, a step emits at most
         # room + 1 tokens, so neither the token budget nor the context (prompt and answer
@@ -77,7 +78,7 @@ class Planner:
                            s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
         budgets = None
         if ctl is not None:
-            budgets = ctl.plan([s.slot for s in seqs], room)
+            budgets = ctl.plan([s.slot for s in seqs], room, drain)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
         # them is an error here, not a write into a block nobody reserved)

@@ -7,8 +7,8 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
     cost(k) = verify_frac * verify_ms + sum_{d=1..D} draft_frac * table.ms(n_d, 1)
 - verify_ms: with n_i = 1 + k_i (+ probe tokens when k_i > 0) the tokens sequence i puts into
   the verify forward,
-    padded (CUDA: the captured graphs pad every sequence to a common bucket n):
-        verify_ms = table.ms(B, max_i n_i)
+    padded (CUDA: the captured graphs pad every sequence to a common n on their grid):
+        verify_ms = table.ms(B, grid(max_i n_i))
     packed (CPU: no padding, cost follows the total packed tokens, the matmuls dominate):
         verify_ms = table.ms(B, sum_i n_i / B)      (the batch-B row at the mean tokens)
   The CPU row is read at a fractional n (linear interpolation), which is the total-token model
@@ -116,8 +116,8 @@ class StepCost:
         """(the table's ms of every candidate step in sh, its verify's table point in us, its
         draft forwards (-1: one plain forward)): the kinds' parts, all candidates at once."""
         b = sh.b
-        if self.padded:   # every sequence padded to the longest
-            rows = b * self.tokens(sh.top, probes)
+        if self.padded:   # every sequence padded to the longest, and that onto the graph grid
+            rows = b * grid_n_many(self.tokens(sh.top, probes))
         else:
             rows = b + sh.tokens + (self.probe * sh.drafting if probes else 0)
         v = self._verify_ms(b, rows)
@@ -216,6 +216,10 @@ class StepCost:
             f = self._factors[kind] = math.exp(self.drift + self._rel(kind[3:]) + self._rel(kind))
         return f
 
+    def ar_table_ms(self, b: int) -> float:
+        """The table's ms of an `ar` step of b sequences (one plain forward)."""
+        return float(self._ms_one(b)[b])
+
     def ar_ms(self, b: int) -> float:
         """Predicted ms of an `ar` step of b sequences (a plain forward, table ms(b, 1)),
         corrected as this run's steps without drafts were (their class and the drift)."""
@@ -265,6 +269,13 @@ class StepCost:
             x -= self._rel(key)
         self._relearnt(kind)
         return ms
+
+
+def grid_n_many(n: np.ndarray) -> np.ndarray:
+    """engine/graphs.py grid_n of every n: the next power of two (a captured step pads onto it,
+    so 17 rows a sequence cost what 32 do)."""
+    n = np.maximum(np.asarray(n, dtype=np.int64), 1)
+    return (1 << np.ceil(np.log2(n)).astype(np.int64)).astype(np.int64)
 
 
 def _kind_index(codes: np.ndarray, code: np.ndarray) -> np.ndarray:
