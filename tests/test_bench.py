@@ -32,7 +32,8 @@ ROWS = [
 ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps", "tokens_per_s",
             "wall_s", "speedup_vs_ar", "speedup_runs", "mean_accepted_tokens", "acceptance_rate", "ctar",
             "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
-            "exact", "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation"}
+            "exact", "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation",
+            "effective_batch", "drain_bound", "captures", "captures_runs"}
 ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
                "zero_accept_share", "padding_ratio")
 
@@ -391,17 +392,20 @@ def test_bench_and_generate_build_the_same_runner(tmp_path, tiny_llama, monkeypa
     prefill chunk and controller (method, budget cap, priced on the same step-cost table)."""
     import specctl.runtime.sizing as sizing
     built = []
-    real = sizing.Runner
 
-    def spy(model, drafter, sampling, **kw):
-        r = real(model, drafter, sampling, **kw)
-        ctl = kw["controller"]
-        built.append({**{k: v for k, v in kw.items() if k not in ("controller", "render",
-                                                                   "decode")},
-                      "drafter": drafter.signature(), "greedy": sampling.greedy,
-                      "controller": None if ctl is None else (ctl.K, ctl.tree, ctl.cost.table)})
-        return r
-    monkeypatch.setattr(sizing, "Runner", spy)
+    class Spy(sizing.Runner):
+        def __init__(self, model, drafter, sampling, **kw):
+            super().__init__(model, drafter, sampling, **kw)
+            self.built = {**{k: v for k, v in kw.items() if k not in ("controller", "render",
+                                                                       "decode")},
+                          "drafter": drafter.signature(), "greedy": sampling.greedy}
+
+        def run(self, *a, **kw):   # (by now the controller is set, however make_runner sets it)
+            ctl = self.controller
+            built.append({**self.built, "controller": None if ctl is None else
+                          (ctl.K, ctl.tree, ctl.cost.table)})
+            return super().run(*a, **kw)
+    monkeypatch.setattr(sizing, "Runner", Spy)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n"
                                for t in ("one two three", "a b a b a b", "x")))

@@ -6,8 +6,13 @@
 
 What is measured, per (method, batch size):
 - specctl methods (`ar`, `draft-verify`, and every later method `runtime.methods.make_drafter` knows)
-  run through the one `Runner`, greedy, EOS stopping as in `generate`. A fresh drafter per run,
-  so adaptive state (draft-verify's gamma) starts the same every time.
+  run through the one `Runner`, greedy, EOS stopping as in `generate`. Every run, warm-up or
+  timed, builds its drafter and controller afresh, as one `generate` run does, so adaptive
+  state (acceptance estimates, draft-verify's gamma, learnt step costs) starts at its prior
+  every time; what carries over is the loaded model, its captured CUDA graphs and KV cache
+  (one cache shape for every method) and the step-cost table, measured at its first use (the
+  first warm-up of the first `auto` method). transformers' peers keep no state between runs
+  beyond the loaded model and hf-static's compiled shapes. Every table says so (`CARRIED`).
 - `hf`: transformers' own `generate` on the same checkpoint, device and dtype: static batches of
   `batch_size` prompts in input order, left padding, do_sample=False, the same EOS ids.
   `hf-prompt-lookup`: the same with `prompt_lookup_num_tokens=10` (batch 1 only in transformers).
@@ -22,6 +27,10 @@ What is measured, per (method, batch size):
   Reported: the median, min, max and IQR of the repeats. Speedup over `ar`: the median over
   rounds of each round's ratio (round k of a method ran next to round k of `ar`, so a slow
   spell of a shared machine lands on both), with the rounds' range in the table.
+- Honesty marks per row (bench/conditions.py): the batch it really ran at (no more than the
+  prompts), drain-bound (fewer than 4 x batch prompts: a warning before the runs, `†` in the
+  table) and the CUDA graph shapes captured inside its timed repeats (`captures`, `!` where any:
+  their capture time is in its tokens/s).
 - Acceptance numbers (mean accepted tokens, CTAR(1..6), share of steps with zero accepted,
   padding ratio a padded batch would have had) come from the first repeat, with the same
   definitions as `generate`'s metrics.json (`runtime.metrics.metrics`); they are deterministic, and
@@ -45,17 +54,17 @@ A bench run is stored as `benches/<id>/` with manifest.json, results.json (see
 `bench.config.RESULTS_SCHEMA`) and table.md.
 
 Modules: config (BenchConfig, the results schema), peers (the timed methods: specctl's and
-transformers'), analysis (spreads, output comparison, divergence gaps), run (the timing loop),
-report (stored runs, tables, plots).
+transformers'), analysis (spreads, output comparison, divergence gaps), conditions (effective
+batch, drain-bound, graph captures), run (the timing loop), report (stored runs, tables, plots).
 """
 
 from specctl.bench.analysis import compare, divergence_gaps, mismatch_error, spread
 from specctl.bench.config import PEERS, RESULTS_SCHEMA, BenchConfig, parse_list
-from specctl.bench.report import (CATEGORY_COLUMNS, TABLE_COLUMNS, category_rows, load_benches,
-                                  markdown, notes, table_rows, title, write_plots)
+from specctl.bench.report import (CARRIED, CATEGORY_COLUMNS, TABLE_COLUMNS, category_rows,
+                                  load_benches, markdown, notes, table_rows, title, write_plots)
 from specctl.bench.run import run_bench
 
-__all__ = ["BenchConfig", "CATEGORY_COLUMNS", "PEERS", "RESULTS_SCHEMA", "TABLE_COLUMNS",
-           "category_rows", "compare", "divergence_gaps", "load_benches", "markdown",
-           "mismatch_error", "notes", "parse_list", "run_bench", "spread", "table_rows", "title",
-           "write_plots"]
+__all__ = ["BenchConfig", "CARRIED", "CATEGORY_COLUMNS", "PEERS", "RESULTS_SCHEMA",
+           "TABLE_COLUMNS", "category_rows", "compare", "divergence_gaps", "load_benches",
+           "markdown", "mismatch_error", "notes", "parse_list", "run_bench", "spread",
+           "table_rows", "title", "write_plots"]

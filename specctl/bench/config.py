@@ -41,6 +41,10 @@ RESULTS_SCHEMA = """
     "matches_ar_b1": bool | null,      # vs ar (or ar:exact) at batch 1
     "mismatch": {"vs", "prompts", "first": {"index", "turn", "token"}} | null,
     "repeats_identical": bool,
+    "effective_batch": int,            # sequences it really ran at once: min(batch_size, prompts)
+    "drain_bound": bool,               # prompts < 4 x batch_size (bench.conditions)
+    "captures": int,                   # CUDA graph shapes captured inside its timed repeats
+    "captures_runs": [int],            # (0 without graphs) ... per repeat
     "divergence": {"vs", "differing", "analyzed", "max_gap", "max_steps",  # where it differs
                    "gaps": [{"index", "token", "gap", "step", "steps"}]}
   }],
@@ -69,6 +73,7 @@ class BenchConfig:
     prefill_chunk: int = 512
     attention: str = "sdpa"
     cuda_graphs: bool = True
+    cudnn_attention: bool = False        # (a model-load setting, as cuda_graphs: bench loads it)
     # GenerateConfig fields every run takes (each method's options, speculate, threads, KV
     # memory): a new option passes through here without changes to the bench
     method_options: dict = field(default_factory=dict)
@@ -106,7 +111,8 @@ class BenchConfig:
                               max_tokens=self.max_tokens, temperature=0.0, seed=self.seed,
                               chat=self.chat, device=self.device, dtype=self.dtype,
                               prefill_chunk=self.prefill_chunk, attention=self.attention,
-                              cuda_graphs=self.cuda_graphs, **opts)
+                              cuda_graphs=self.cuda_graphs,
+                              cudnn_attention=self.cudnn_attention, **opts)
 
 
 def parse_list(text: str, what: str, conv=str) -> tuple:

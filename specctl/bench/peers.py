@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from specctl.bench.conditions import graph_captures
 from specctl.bench.config import PROMPT_LOOKUP_TOKENS, BenchConfig
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
@@ -28,6 +29,7 @@ class RunResult:
     residency: dict[int, float]                  # index -> seconds in a slot / batch
     lines: list[dict] = field(default_factory=list)   # specctl: output lines (accept lengths)
     stats: object | None = None
+    captures: int = 0     # CUDA graph shapes captured inside the timed span (bench.conditions)
 
     @property
     def new_tokens(self) -> int:
@@ -62,8 +64,10 @@ class SpecctlMethod:
             model.set_exact(False)
 
     def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
-        """One timed run, through the runner `generate` builds for the same options
-        (make_runner: slots, KV rows and budget, controller, threads)."""
+        """One run, through the runner `generate` builds for the same options (make_runner:
+        slots, KV rows and budget, controller, threads). The drafter and controller are new
+        each time, warm-up and repeats alike: a row times what one `generate` run does, from
+        the priors (bench.report.CARRIED says so with every table)."""
         gcfg = replace(self.cfg.generate_config(self.name, batch_size), max_tokens=max_tokens)
         drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
         reqs = [to_request(r, max_tokens) for r in recs]
@@ -73,14 +77,19 @@ class SpecctlMethod:
         done: list[Request] = []
         dev = self.model.device
         _sync(dev)
+        # counted over the timed span only: a runner that captures its shapes as it is built
+        # (above) keeps them out of the clock; one that captures while it runs does not
+        shapes = graph_captures(self.model)
         t0 = time.perf_counter()
         stats = runner.run(reqs, done.append)
         _sync(dev)
         wall = time.perf_counter() - t0
+        # (a fallback count by the cache's size shrinks when the cache is let go: never below 0)
+        shapes = max(0, graph_captures(self.model) - shapes)
         done.sort(key=lambda r: r.index)
         return RunResult(wall, {r.index: [list(a) for a in r.answer_ids] for r in done},
                          {r.index: r.wall_time for r in done},
-                         [output_line(r) for r in done], stats)
+                         [output_line(r) for r in done], stats, shapes)
 
 
 class HFMethod:

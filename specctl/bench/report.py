@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from specctl.bench.analysis import NEAR_TIE_STEPS
+from specctl.bench.conditions import DRAIN_FACTOR
 from specctl.bench.config import CTAR_W
 from specctl.errors import SpecctlError
 from specctl.store import Store, atomic_write_bytes, read_json
@@ -72,7 +73,27 @@ def _speedup(r: dict) -> str:
 
 
 TABLE_COLUMNS = ("method", "batch", "tokens/s", "min–max", "speedup", "mean acc.",
-                 "CTAR 1..6", "zero acc.", "padding", "peak MB", "= ar")
+                 "CTAR 1..6", "zero acc.", "padding", "peak MB", "captures", "= ar")
+
+# what carries from one run of a method to the next (bench/peers.py): stated with every table
+CARRIED = ("Each run, warm-up or timed, starts from a fresh drafter and controller (acceptance "
+           "and learnt step costs at their priors, as one `generate` run does); only the loaded "
+           "model, its captured CUDA graphs and KV cache, and the step-cost table carry over; "
+           "warm-up runs are untimed.")
+
+
+def _batch(r: dict) -> str:
+    """The batch size, with the one it really ran at where the prompts were fewer, and † where
+    the row is drain-bound (results stored before these fields say neither). († not *: a note
+    starting with * is a nested list in markdown.)"""
+    bs, eff = r["batch_size"], r.get("effective_batch", r["batch_size"])
+    return f"{bs}" + (f" (ran {eff})" if eff < bs else "") + ("†" if r.get("drain_bound") else "")
+
+
+def _captures(r: dict) -> str:
+    """CUDA graph shapes captured inside the timed repeats; ! where any were."""
+    n = r.get("captures")
+    return "-" if n is None else f"{n} !" if n else "0"
 
 
 def table_rows(res: dict) -> list[list[str]]:
@@ -80,10 +101,10 @@ def table_rows(res: dict) -> list[list[str]]:
     for r in res["rows"]:
         t = r["tokens_per_s"]
         ctar = "/".join(f"{r['ctar'][str(w)]:.2f}" for w in CTAR_W) if r["ctar"] else "-"
-        out.append([r["method"], str(r["batch_size"]), f"{t['median']:.1f}",
+        out.append([r["method"], _batch(r), f"{t['median']:.1f}",
                     f"{t['min']:.1f}–{t['max']:.1f}", _speedup(r), _f(r["mean_accepted_tokens"]), ctar,
                     _f(r["zero_accept_share"], pct=True), _f(r["padding_ratio"], pct=True),
-                    f"{r['peak_memory_mb']:.0f}", _match(r)])
+                    f"{r['peak_memory_mb']:.0f}", _captures(r), _match(r)])
     return out
 
 
@@ -108,7 +129,10 @@ def title(res: dict) -> str:
     model = Path(res["model"]).name
     engine = ""
     if res["device"].startswith("cuda"):
-        engine = (" " + c.get("attention", "sdpa") + " attention"
+        att = c.get("attention", "sdpa")
+        if att == "sdpa":   # (runs stored before the option had cuDNN allowed: torch's default)
+            att += " (cuDNN allowed)" if c.get("cudnn_attention", True) else " (no cuDNN)"
+        engine = (" " + att + " attention"
                   + (", CUDA graphs" if c.get("cuda_graphs", True) else ", no CUDA graphs"))
     return (f"{res['id']}: {model}, {res['device']} {res['dtype']}{engine}, "
             f"{res['prompts']} prompts, "
@@ -121,11 +145,28 @@ def notes(res: dict) -> list[str]:
     for s in res["skipped"]:
         where = f" at batch size {s['batch_size']}" if s["batch_size"] is not None else ""
         out.append(f"skipped {s['method']}{where}: {s['reason']}")
+    out += _row_marks(res)
     mem = ("peak MB: torch.cuda.max_memory_allocated per config (all resident models)"
            if res["peak_memory_kind"] == "cuda_max_allocated"
            else "peak MB: process RSS high-water mark (process-wide, includes earlier rows)")
     out.append(mem + "; tokens/s: median of the repeats, min–max their spread; "
                "CTAR w = share of steps accepting more than w drafts")
+    return out
+
+
+def _row_marks(res: dict) -> list[str]:
+    """The footnotes of the marks _batch and _captures put in rows."""
+    rows, n = res["rows"], res["prompts"]
+    out = []
+    if any(r.get("drain_bound") for r in rows):
+        out.append(f"† drain-bound: {n} prompts < {DRAIN_FACTOR} x batch: much of each run is "
+                   "the batch draining, not its steady state")
+    if any(r.get("effective_batch", r["batch_size"]) < r["batch_size"] for r in rows):
+        out.append(f"(ran {n}): the batch size is more than the {n} prompt{'s' * (n != 1)}, "
+                   f"so the row ran {n} sequence{'s' * (n != 1)} at once")
+    if any(r.get("captures") for r in rows):
+        out.append("captures !: CUDA graph shapes captured inside the row's timed repeats "
+                   "(the capture time is in its tokens/s)")
     return out
 
 
@@ -140,6 +181,7 @@ def markdown(results: list[dict]) -> str:
     parts = []
     for res in results:
         parts.append(f"### {title(res)}\n")
+        parts.append(CARRIED + "\n")
         parts.append(_md_table(TABLE_COLUMNS, table_rows(res)) + "\n")
         if res.get("category_rows"):
             parts.append("Per category:\n")

@@ -17,6 +17,7 @@ import torch
 from specctl import __version__
 from specctl.bench.analysis import (_category_tps, accept_numbers, compare, divergence_gaps,
                                     spread)
+from specctl.bench.conditions import batch_warnings, row_conditions
 from specctl.bench.config import PEERS, WARMUP_TOKENS, BenchConfig
 from specctl.bench.peers import HFMethod, SpecctlMethod, _load_hf
 from specctl.bench.report import markdown
@@ -102,11 +103,13 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
-                       attention=cfg.attention)
+                       attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
     warn_flex_off_cuda(model, log)
     b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
     _check_lengths(b, input_desc)
     _methods(b)
+    for warning in batch_warnings(len(recs), {bs for _, bs in b.plan}):
+        log(warning)
     need_ref = 1 not in cfg.batch_sizes
     progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
                                         + int(need_ref))
@@ -206,17 +209,23 @@ def _time(b: _Bench) -> None:
         for k in range(cfg.repeats):
             for m in here:
                 progress.update(info=f"{m} b{bs}  repeat {k + 1}/{cfg.repeats}")
-                base_mb = 0.0
-                if dev.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(dev)
-                    base_mb = torch.cuda.memory_allocated(dev) / 2**20
-                b.runs_of.setdefault((m, bs), []).append(b.runners[m].run(b.recs, bs,
-                                                                          cfg.max_tokens))
-                p = round(peak_mb(dev), 1)
-                b.peak[(m, bs)] = max(b.peak.get((m, bs), 0.0), p)
-                if dev.type == "cuda":
-                    b.extra[(m, bs)] = max(b.extra.get((m, bs), 0.0), round(p - base_mb, 1))
+                _timed_run(b, m, bs)
                 progress.update(advance=1)
+
+
+def _timed_run(b: _Bench, m: str, bs: int) -> None:
+    """One timed repeat of (m, bs), with its memory peak (the run counts its own captures)."""
+    dev = b.model.device
+    base_mb = 0.0
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        base_mb = torch.cuda.memory_allocated(dev) / 2**20
+    run = b.runners[m].run(b.recs, bs, b.cfg.max_tokens)
+    b.runs_of.setdefault((m, bs), []).append(run)
+    p = round(peak_mb(dev), 1)
+    b.peak[(m, bs)] = max(b.peak.get((m, bs), 0.0), p)
+    if dev.type == "cuda":
+        b.extra[(m, bs)] = max(b.extra.get((m, bs), 0.0), round(p - base_mb, 1))
 
 
 def _row(b: _Bench, m: str, bs: int) -> dict:
@@ -235,7 +244,8 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
            "exact": b.runners[m].engine == "specctl" and b.cfg.generate_config(m, bs).exact,
            "matches_ar": None, "matches_ar_b1": None,
            "mismatch": None,
-           "repeats_identical": all(r.outputs == first.outputs for r in runs[1:])}
+           "repeats_identical": all(r.outputs == first.outputs for r in runs[1:]),
+           **row_conditions(len(b.recs), bs, [r.captures for r in runs])}
     if row["engine"] == "specctl":
         row.update(accept_numbers(b.cfg.generate_config(m, bs), first.lines, first.stats,
                                   b.model.device))
@@ -292,7 +302,9 @@ def _rows(b: _Bench, ref_b1: dict):
         log(f"{label}: {row['tokens_per_s']['median']:.1f} tokens/s"
             + (f", {row['speedup_vs_ar']:.2f}x ar" if row["speedup_vs_ar"] else "")
             + (f", mean accepted tokens {row['mean_accepted_tokens']}"
-               if row["mean_accepted_tokens"] is not None else ""))
+               if row["mean_accepted_tokens"] is not None else "")
+            + (f"; {row['captures']} CUDA graph shapes captured inside its timed repeats"
+               if row["captures"] else ""))
     return rows, cat_rows
 
 

@@ -14,7 +14,7 @@ from specctl.cli.options import BENCH, config_options
 
 # the options that are BenchConfig's own fields (the rest pass to every run's GenerateConfig)
 BENCH_FIELDS = ("model", "max_tokens", "seed", "chat", "device", "dtype", "attention",
-                "cuda_graphs")
+                "cuda_graphs", "cudnn_attention")
 from specctl.errors import SpecctlError
 from specctl.store import Store
 
@@ -23,6 +23,7 @@ def _print_bench(res: dict) -> None:
     from specctl import bench as b
 
     out = _stdout()
+    out.print(b.CARRIED, highlight=False, markup=False)
     t = Table(title=escape(b.title(res)), title_justify="left")
     for col in b.TABLE_COLUMNS:
         t.add_column(col, justify="left" if col in ("method", "= ar") else "right",

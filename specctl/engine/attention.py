@@ -17,6 +17,10 @@ sequence and block of 128 queries, only the 128-row key blocks of its own slot t
 those blocks. Nothing in it synchronizes with the host, so it runs inside captured CUDA graphs.
 On CUDA the flex kernel is compiled (torch.compile, once per shape); elsewhere it runs the
 unfused reference implementation, which is what the CPU tests check against SDPA.
+
+On CUDA, SDPA runs with cuDNN's attention kernel off (`cudnn_attention`): torch's default sends
+it there, and that kernel is not repeatable run to run in bf16 (two identical `ar` runs on an
+H100 differed in 2 of 32 outputs; with it off, in none).
 """
 
 from __future__ import annotations
@@ -29,6 +33,35 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine.batch import ForwardBatch
+
+# device types whose SDPA calls here run with cuDNN's kernel off (cudnn_attention)
+_NO_CUDNN = {"cuda"}
+
+
+def cudnn_attention(allowed: bool) -> None:
+    """Whether specctl's SDPA calls on CUDA may use cuDNN's attention kernel (off by default:
+    not repeatable in bf16; the loader sets it from --cudnn-attention, for the process).
+    Off is applied around each call rather than once through torch's global switch, so code
+    that turns the switch back on (a library, a caller's own model) cannot undo it, and a
+    caller's own SDPA calls keep torch's default."""
+    if allowed:
+        _NO_CUDNN.discard("cuda")
+    else:
+        _NO_CUDNN.add("cuda")
+
+
+def _sdpa_without_cudnn(*args, **kw) -> torch.Tensor:
+    """F.scaled_dot_product_attention with torch's cuDNN switch off for this call only (two
+    flag writes: well under a microsecond; a captured graph keeps the kernel chosen at capture).
+    The switch is process-wide: another thread's SDPA during the call runs without cuDNN too."""
+    cuda = torch.backends.cuda
+    if not cuda.cudnn_sdp_enabled():
+        return F.scaled_dot_product_attention(*args, **kw)
+    cuda.enable_cudnn_sdp(False)
+    try:
+        return F.scaled_dot_product_attention(*args, **kw)
+    finally:
+        cuda.enable_cudnn_sdp(True)
 
 
 @dataclass
@@ -144,8 +177,8 @@ def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         # once per forward: given the boolean mask, SDPA would convert it in every layer
         meta.bias = torch.zeros(meta.mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
             ~meta.mask, float("-inf"))
-    out = F.scaled_dot_product_attention(_per_seq(q, meta), k, v, attn_mask=meta.bias,
-                                         enable_gqa=k.shape[1] != q.shape[1])
+    sdpa = _sdpa_without_cudnn if q.device.type in _NO_CUDNN else F.scaled_dot_product_attention
+    out = sdpa(_per_seq(q, meta), k, v, attn_mask=meta.bias, enable_gqa=k.shape[1] != q.shape[1])
     return _packed(out, meta, q.shape[0])
 
 

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors import SafetensorError
 
+from specctl.engine.attention import cudnn_attention as cudnn_sdpa
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
@@ -97,9 +98,10 @@ def _stored_checksums(path: Path) -> dict[str, str]:
 
 def load_model(path: Path | str, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
-               attention: str = "sdpa") -> Model:
+               attention: str = "sdpa", cudnn_attention: bool = False) -> Model:
     """Load a checkpoint; on CUDA, decoding forwards replay captured graphs unless
-    cuda_graphs=False (engine/graphs.py). attention: sdpa or flex (engine/attention.py)."""
+    cuda_graphs=False (engine/graphs.py). attention: sdpa or flex (engine/attention.py);
+    cudnn_attention: on CUDA, let SDPA use cuDNN's kernel (off: bf16 runs repeat exactly)."""
     path = Path(path)
     cfg, _ = load_config(path)
     dev = device if isinstance(device, torch.device) else resolve_device(device)
@@ -134,7 +136,16 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
     model = Model(cfg, weights)
     model.name = str(path)
     model.set_attention(attention)
-    if dev.type == "cuda" and cuda_graphs:
+    if model.device.type == "cuda":
+        _on_cuda(model, cuda_graphs, cudnn_attention)
+    return model
+
+
+def _on_cuda(model: Model, cuda_graphs: bool, cudnn_attention: bool) -> None:
+    """A CUDA model's set-up: its graphs, and whether SDPA may use cuDNN (for the process:
+    torch's switch is process-wide; only a CUDA load sets it, so a CPU model loaded beside it
+    changes nothing)."""
+    cudnn_sdpa(cudnn_attention)
+    if cuda_graphs:
         from specctl.engine.graphs import CudaGraphs
         model.graphs = CudaGraphs(model)
-    return model

@@ -124,6 +124,11 @@ class GenerateConfig:
     cuda_graphs: bool = option(True, "On CUDA, replay decoding steps from captured CUDA graphs "
                                "(off: every forward runs eagerly).",
                                flag="--cuda-graphs/--no-cuda-graphs", bench=True)
+    cudnn_attention: bool = option(False, "On CUDA, let attention use cuDNN's SDPA kernel "
+                                   "(torch's default). Off by default: in bf16 that kernel "
+                                   "makes two identical runs differ now and then; its speed "
+                                   "cost is not measured yet.",
+                                   flag="--cudnn-attention/--no-cudnn-attention", bench=True)
     limit: int | None = option(None, "Only the first N prompt lines (--resume without it then "
                                "does the rest).")
     speculate: str = option("auto", "auto (default): a goodput controller gives each sequence a "
@@ -261,6 +266,7 @@ class GenerateConfig:
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "sdpa"), ("cuda_graphs", True), ("exact", False),
+                              ("cudnn_attention", False),
                               ("speculate", "fixed"), ("logprobs", None)):
             if d[name] == default:   # at their defaults left out: keys without them still match
                 d.pop(name)

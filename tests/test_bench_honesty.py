@@ -1,0 +1,128 @@
+"""What a bench row stands on (bench/conditions.py): the batch it really ran at, drain-bound rows
+(fewer than 4 x batch prompts) warned about and marked, CUDA graph shapes captured inside the
+timed repeats counted and flagged, and the state a run carries stated with every table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specctl.bench import CARRIED, BenchConfig, markdown, run_bench
+from specctl.bench.conditions import batch_warnings, graph_captures, row_conditions
+from specctl.bench.report import table_rows
+from specctl.store import Store
+
+PROMPTS = ("one two three", "a b a b a b", "x y z")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and lose a lot when other processes hold the CPUs."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _bench(tmp_path: Path, tiny_llama, **kw) -> tuple[dict, list[str]]:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in PROMPTS))
+    cfg = BenchConfig(str(prompts), model=str(tiny_llama), methods=("ar",), max_tokens=4,
+                      device="cpu", dtype="fp32", **{"repeats": 2, "warmup": 0, **kw})
+    said: list[str] = []
+    return run_bench(cfg, Store(tmp_path / "store"), log=said.append), said
+
+
+def test_rows_say_the_batch_they_ran_at_and_warn_when_drain_bound(tmp_path, tiny_llama):
+    res, said = _bench(tmp_path, tiny_llama, batch_sizes=(1, 2, 8), repeats=1)
+    rows = {r["batch_size"]: r for r in res["rows"]}
+    assert {b: (r["effective_batch"], r["drain_bound"]) for b, r in rows.items()} == \
+        {1: (1, False), 2: (2, True), 8: (3, True)}
+    warned = [m for m in said if m.startswith("warning: batch size")]
+    assert len(warned) == 2   # one per batch size, through the reporting protocol
+    assert "batch size 2: 3 prompts < 4 x 2" in warned[0]
+    assert "batch size 8 is more than the 3 prompts: its rows run at batch 3" in warned[1]
+    cells = {r[1] for r in table_rows(res)}
+    assert cells == {"1", "2†", "8 (ran 3)†"}
+    md = markdown([res])
+    assert "† drain-bound: 3 prompts < 4 x batch" in md
+    assert "(ran 3): the batch size is more than the 3 prompts" in md
+
+
+def test_enough_prompts_say_nothing():
+    assert batch_warnings(32, [1, 8]) == [] and batch_warnings(2, [1]) == []
+    assert batch_warnings(32, [16]) and batch_warnings(32, [64])[0].startswith(
+        "warning: batch size 64 is more than the 32 prompts")
+    assert row_conditions(32, 8, [0, 2]) == {"effective_batch": 8, "drain_bound": False,
+                                             "captures": 2, "captures_runs": [0, 2]}
+
+
+def test_captures_inside_timed_repeats_are_counted_and_flagged(tmp_path, tiny_llama,
+                                                               monkeypatch):
+    """Shapes captured while a runner is built (untimed) are not counted; shapes captured
+    while it runs are, per repeat. (The model's capture counter is stood in for, so the test
+    holds whatever the runner's capture policy.)"""
+    import specctl.bench.peers as peers
+    import specctl.runtime.sizing as sizing
+    shapes = [0]
+    monkeypatch.setattr(peers, "graph_captures", lambda model: shapes[0])
+    timed_runs = []
+
+    class Capturing(sizing.Runner):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            shapes[0] += 5                      # at start-up, before the clock
+        def run(self, *a, **kw):
+            timed_runs.append(1)
+            shapes[0] += 3 if len(timed_runs) == 1 else 0   # the first repeat meets new shapes
+            return super().run(*a, **kw)
+    monkeypatch.setattr(sizing, "Runner", Capturing)
+    res, said = _bench(tmp_path, tiny_llama, batch_sizes=(1,))
+    (row,) = res["rows"]
+    assert row["captures_runs"] == [3, 0] and row["captures"] == 3
+    assert table_rows(res)[0][-2] == "3 !"
+    assert "captures !: CUDA graph shapes captured inside the row's timed repeats" in \
+        markdown([res])
+    assert any("3 CUDA graph shapes captured inside its timed repeats" in m for m in said)
+
+
+def test_rows_without_graphs_count_no_captures(tmp_path, tiny_llama):
+    res, _ = _bench(tmp_path, tiny_llama, batch_sizes=(1,))
+    assert res["rows"][0]["captures"] == 0 and res["rows"][0]["captures_runs"] == [0, 0]
+    assert table_rows(res)[0][-2] == "0"
+
+
+def test_graph_captures_counts_the_graphs_exact_sets_aside():
+    """--exact swaps the model's graphs out (Model._graphs) and back: the count must not read
+    the swap as captures, and prefers the graphs' own counter over the size of their cache."""
+    g = SimpleNamespace(captures=7, cache={1: 0, 2: 0})
+    assert graph_captures(SimpleNamespace(graphs=g, _graphs=None)) == 7
+    assert graph_captures(SimpleNamespace(graphs=None, _graphs=g)) == 7
+    assert graph_captures(SimpleNamespace(graphs=SimpleNamespace(cache={1: 0}))) == 1
+    assert graph_captures(SimpleNamespace(graphs=None)) == 0
+
+
+def test_every_table_states_what_carries_across_runs(tmp_path, tiny_llama):
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    res, _ = _bench(tmp_path, tiny_llama, batch_sizes=(1,), repeats=1)
+    md = markdown([res])
+    assert md.splitlines()[2] == CARRIED and "fresh drafter and controller" in CARRIED
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["report", res["id"], "--store",
+                                                       str(tmp_path / "store"), "--no-plots"])
+    assert r.exit_code == 0, r.output
+    assert " ".join(CARRIED.split()[:8]) in " ".join(r.output.split())
+
+
+def test_old_results_without_the_fields_still_render():
+    row = {"method": "ar", "batch_size": 8, "tokens_per_s": {"median": 1.0, "min": 1.0,
+           "max": 1.0}, "speedup_vs_ar": 1.0, "mean_accepted_tokens": None, "ctar": None,
+           "zero_accept_share": None, "padding_ratio": None, "peak_memory_mb": 1.0,
+           "matches_ar": None}
+    (cells,) = table_rows({"rows": [row]})
+    assert cells[1] == "8" and cells[-2] == "-"

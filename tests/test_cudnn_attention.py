@@ -1,0 +1,136 @@
+"""cuDNN's SDPA kernel is off in specctl's attention on CUDA unless asked for (--cudnn-attention):
+in bf16 it made two identical H100 runs differ (2 of 32 outputs; 0 with it off). What the CPU
+can check: the switch around the call (on a device type made to stand for CUDA), that loading a
+CUDA model sets it, and that the option parses and reaches the loader."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+import specctl.engine.attention as attention
+import specctl.engine.loader as loader
+from specctl.cli import app
+from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.runtime.config import GenerateConfig
+
+CUDNN = torch.backends.cuda
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch) -> list[bool]:
+    """Whether torch's cuDNN switch was on at each SDPA call (the switch restored after)."""
+    seen: list[bool] = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):
+        seen.append(CUDNN.cudnn_sdp_enabled())
+        return real(*a, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    was = CUDNN.cudnn_sdp_enabled()
+    yield seen
+    CUDNN.enable_cudnn_sdp(was)
+
+
+def _forward(model) -> torch.Tensor:
+    kv = model.new_kv_cache(2, 32)
+    return model.forward(ForwardBatch([SeqInput(0, [1, 2, 3], 0), SeqInput(1, [4, 5], 0)]), kv)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_sdpa_runs_without_cudnn_on_cuda_unless_allowed(model, sdpa_calls, monkeypatch,
+                                                         allowed):
+    """The CPU stands in for CUDA here: the switch is off in every layer's call (even where
+    other code turned torch's switch on before), on again after; --cudnn-attention leaves it."""
+    eager = _forward(model)
+    sdpa_calls.clear()
+    # (what cudnn_attention(allowed) makes of "cuda", for "cpu")
+    monkeypatch.setattr(attention, "_NO_CUDNN", set() if allowed else {"cpu"})
+    CUDNN.enable_cudnn_sdp(True)
+    out = _forward(model)
+    assert len(sdpa_calls) == model.cfg.num_layers
+    assert sdpa_calls == [allowed] * len(sdpa_calls)
+    assert CUDNN.cudnn_sdp_enabled()   # the caller's process keeps torch's setting
+    assert torch.equal(out, eager)     # (the CPU has no cuDNN: the same kernel either way)
+
+
+def test_cudnn_attention_switch_is_for_cuda_only(monkeypatch):
+    monkeypatch.setattr(attention, "_NO_CUDNN", {"cuda"})
+    attention.cudnn_attention(True)
+    assert "cuda" not in attention._NO_CUDNN
+    attention.cudnn_attention(False)
+    assert attention._NO_CUDNN == {"cuda"}
+
+
+def test_loading_a_cuda_model_sets_the_switch(tiny_llama, monkeypatch):
+    """A model whose weights say cuda (the CPU cannot hold CUDA tensors) sets the switch from
+    cudnn_attention; a CPU model leaves it as it is."""
+    got: list[bool] = []
+    monkeypatch.setattr(loader, "cudnn_sdpa", got.append)   # (the process's switch untouched)
+    loader.load_model(tiny_llama, "cpu", "fp32")
+    assert got == []
+
+    class CudaModel(loader.Model):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.device = torch.device("cuda")
+    monkeypatch.setattr(loader, "Model", CudaModel)
+    for asked in (False, True):
+        m = loader.load_model(tiny_llama, "cpu", "fp32", cuda_graphs=False,
+                              cudnn_attention=asked)
+        assert m.device.type == "cuda"
+    assert got == [False, True]   # (off unless asked)
+
+
+def test_option_parses_and_keys_the_run_only_when_set():
+    assert GenerateConfig(input="x").cudnn_attention is False
+    on = GenerateConfig(input="x", cudnn_attention=True)
+    # at its default the key is what it was before the option existed (runs resume)
+    assert on.key("k") != GenerateConfig(input="x").key("k")
+    assert "cudnn_attention" not in json.dumps(GenerateConfig(input="x").key("k"))
+
+
+@pytest.mark.parametrize("flag,want", [((), False), (("--cudnn-attention",), True),
+                                       (("--no-cudnn-attention",), False)])
+def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag, want):
+    loads: list[dict] = []
+    real = loader.load_model
+
+    def spy(*a, **kw):
+        loads.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(loader, "load_model", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")
+    r = CliRunner().invoke(app, ["bench", str(prompts), "--model", str(tiny_llama), "--store",
+                                 str(tmp_path / "s"), "--methods", "ar", "--batch-sizes", "1",
+                                 "--max-tokens", "2", "--repeats", "1", "--warmup", "0",
+                                 "--device", "cpu", "--dtype", "fp32", "-q", *flag])
+    assert r.exit_code == 0, r.output
+    assert [kw["cudnn_attention"] for kw in loads] == [want]
+
+
+@pytest.mark.xfail(strict=True, reason="runtime/generator.py and runtime/job.py do not pass "
+                   "cfg.cudnn_attention to load_model yet (one keyword each; outside this "
+                   "change's files): remove this mark when they do")
+def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
+    import specctl.runtime.job as job
+    loads: list[dict] = []
+    real = job.load_model
+
+    def spy(*a, **kw):
+        loads.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(job, "load_model", spy)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")
+    r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama),
+                                 "--store", str(tmp_path / "s"), "--max-tokens", "2",
+                                 "--device", "cpu", "--dtype", "fp32", "-q",
+                                 "-o", str(tmp_path / "o.jsonl"), "--cudnn-attention"])
+    assert r.exit_code == 0, r.output
+    assert [kw.get("cudnn_attention") for kw in loads] == [True]
