@@ -33,7 +33,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
                  "temperature": _num, "top_p": _num, "top_k": (int,), "seed": (int,),
                  "chat": (bool,), "stop": (list,), "device": (str,), "dtype": (str,),
                  "prefill_chunk": (int,), "attention": (str,), "cuda_graphs": (bool,),
-                 "exact": (bool,)},
+                 "cudnn_attention": (bool,), "exact": (bool,)},
     "draft-verify": {"skip_set": (str,), "max_draft": (int,), "gamma0": _num, "alpha": _num,
                      "eps": _num, "beta1": _num, "beta2": _num},
     "draft-verify.search": {"iters": (int,), "init_points": (int,), "objective": (str,),

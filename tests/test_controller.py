@@ -321,7 +321,8 @@ from helpers import method_drafters, run_ids  # noqa: E402
 
 def _ctl(drafter, model, tab, draft_frac=None, timing=True, **kw):
     # timing False: priced by the synthetic table alone, not by the tiny model's step times
-    ctl = make_controller(drafter, model, 1, tab, correct=timing, **kw)
+    # (nor held to ar by the measured guard)
+    ctl = make_controller(drafter, model, 1, tab, correct=timing, guard=timing, **kw)
     if draft_frac is not None and ctl.cost.draft_frac:
         ctl.cost.draft_frac = draft_frac
     return ctl

@@ -114,9 +114,6 @@ def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag
     assert [kw["cudnn_attention"] for kw in loads] == [want]
 
 
-@pytest.mark.xfail(strict=True, reason="runtime/generator.py and runtime/job.py do not pass "
-                   "cfg.cudnn_attention to load_model yet (one keyword each; outside this "
-                   "change's files): remove this mark when they do")
 def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
     import specctl.runtime.job as job
     loads: list[dict] = []

@@ -42,7 +42,7 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
     cfg = GenerateConfig("", **recipe.generate_options())
     fp = model_fingerprint(model_dir)
     model = load_model(model_dir, cfg.device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
-                       attention=cfg.attention)
+                       attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
     set_exact(model, cfg)
     status, where = "skipped", []
     for b in sorted({1, cfg.batch_size}):

@@ -20,7 +20,7 @@ repetitive later, a pooled prior that was too low). So every `explore_every` ste
 every sequence with room gets `explore_budget` more drafts (chains 2, trees 4 nodes) than the
 search gave it, in that one step: all of them in the same step, because with padded graphs a
 step costs by its longest sequence, so one exploring sequence would cost as much as all. Its
-price is held to `explore_cost` (1%) of the steps it is spread over: an exploring step whose
+price is held to `explore_cost` (2%) of the steps it is spread over: an exploring step whose
 predicted extra cost is e steps waits at least e / explore_cost steps after the last one (on
 a 2-core CPU at batch 1 two layer-skip draft forwards cost ~2 steps, so it explores every ~100
 steps; on the H100's demo-model table, batch 32, n 1 -> 5 costs ~0.7 of a step, so every 35).
@@ -47,8 +47,8 @@ Lean steps: a step whose budgets are all 0 is `ar`'s step and costs what `ar`'s 
 drafter gets room 0 (no draft, no probe, no stop rule) and the runner learns only the step's
 time (lean_done: the step cost's class without drafts, and the guard's `ar` reference), not
 acceptance (nothing was drafted). While the search keeps giving every sequence 0 it is not
-run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads changes until a draft is accepted);
-an exploring step due comes with the next search. And the measured guard (runtime/guard.py)
+run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads changes until a draft is accepted),
+but for an exploring step when it is due and its price paid for. And the measured guard (runtime/guard.py)
 holds the run to lean steps when its drafting steps fall behind what `ar` takes for the same
 progress.
 
@@ -58,6 +58,7 @@ the step's goodput (policy.drain_best).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -72,7 +73,7 @@ from specctl.engine.steptable import StepTable
 
 
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
-LEAN_MAX = 64          # the most steps between two searches that gave every budget 0
+LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,8 @@ class Controller:
 
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
-                 explore_budget: int | None = None, explore_cost: float = 0.01,
-                 probe_share: float = 0.1, correct: bool = True):
+                 explore_budget: int | None = None, explore_cost: float = 0.02,
+                 probe_share: float = 0.1, correct: bool = True, guard: bool = True):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
@@ -114,8 +115,9 @@ class Controller:
         self.searches = 0        # steps that ran the policy's search
         self.timed_steps = 0     # drafting steps observed with their time (contrasts need it)
         self.idle = 0            # lean steps granted after the last search that gave 0s
-        self.lean_until = 0      # no search before this step
-        self.guard = Guard()
+        self.lean_until = 0      # no search before this step (but an exploring step's)
+        self.next_try = 0        # the first step an exploring step due may pay for itself
+        self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
@@ -136,8 +138,9 @@ class Controller:
         if self.guard.holding():
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
-        if self.steps < self.lean_until:   # (an exploring step due waits for the next search)
-            self.last_bare = self.steps
+        due = self._explore_due(room) and not drain   # (draining, a lesson comes too late)
+        if self.steps < self.lean_until and not (due and self.steps >= self.next_try):
+            self.last_bare = self.steps   # (an exploring step due and affordable searches)
             return self._lean_budgets(len(keys))
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
@@ -152,12 +155,16 @@ class Controller:
             self.lean_until = self.steps + self.idle
         explored, contrast, base = 0, False, None
         since = self.steps - self.last_explore
-        if self._explore_due(room) and not drain:   # (draining, a lesson comes too late)
+        if due:
             wide = np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist()
             ms = c.step_ms(ks, probes)
-            if c.step_ms(wide, probes) - ms <= self.explore_cost * since * ms:
+            extra = c.step_ms(wide, probes) - ms
+            if extra <= self.explore_cost * since * ms:
                 explored = sum(w > k for w, k in zip(wide, ks))
                 base, ks, self.last_explore = tuple(ks), wide, self.steps
+                self.next_try = 0
+            else:   # the step at which its price is paid for (lean steps end for it then)
+                self.next_try = self.last_explore + math.ceil(extra / (self.explore_cost * ms))
         if any(ks) and self.explore_every and self.timed_steps \
                 and self.last_explore != self.steps \
                 and self.steps - self.last_bare > min(self.explore_every,
@@ -214,8 +221,8 @@ class Controller:
         ms (all of it: planning, drafting, verify, bookkeeping). Returns (the step's table ms
         as run, the tokens it was expected to emit)."""
         ks = self.spent(b, proposals)
-        if any(v.accepted for v in verdicts):   # drafting may pay now: search from next step
-            self.idle = self.lean_until = 0
+        if any(v.accepted for v in verdicts):   # drafting may pay now: search the next step
+            self.lean_until = 0                  # (backing off as before if it still does not)
         self.timed_steps += measured_ms is not None
         tried = [len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
                  for k, p in zip(ks, proposals)]

@@ -99,7 +99,8 @@ class Generator:
             model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
             tk = Tokenization(model_dir, cfg.chat)
             model = load_model(model_dir, cfg.device, cfg.model_dtype(),
-                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention)
+                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
+                               cudnn_attention=cfg.cudnn_attention)
             warn_flex_off_cuda(model, self.report.log)
             self._loaded = model_dir, tk, model, model_fingerprint(model_dir)
         return self._loaded

@@ -33,8 +33,9 @@ AR_MEMORY = 16         # lean steps the ar ratio averages over
 
 class Guard:
     def __init__(self, window: int = GUARD_WINDOW, eps: float = GUARD_EPS,
-                 hold: int = GUARD_HOLD, max_hold: int = GUARD_MAX_HOLD):
+                 hold: int = GUARD_HOLD, max_hold: int = GUARD_MAX_HOLD, active: bool = True):
         self.window, self.eps, self.base, self.max_hold = window, eps, hold, max_hold
+        self.active = active   # (off: it still measures ar's step, and never holds a run)
         self.ar_log: float | None = None   # log(measured / table ms) of the lean steps
         self.ar_steps = 0
         self.spent = self.ar_equiv = 0.0   # the open window's sums
@@ -59,7 +60,7 @@ class Guard:
 
     def drafted(self, ms: float, ar_ms: float | None) -> None:
         """A drafting step took ms where `ar` would have taken ar_ms for its progress."""
-        if ar_ms is None or not ms > 0:
+        if ar_ms is None or not ms > 0 or not self.active:
             return
         self.spent += ms
         self.ar_equiv += ar_ms

@@ -179,7 +179,8 @@ def _load(job: _Job, resume: bool = False) -> None:
         if env.active and device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
         job.model = load_model(job.model_dir, device, cfg.model_dtype(),
-                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention)
+                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
+                               cudnn_attention=cfg.cudnn_attention)
         warn_flex_off_cuda(job.model, job.say)
         if cfg.method == "auto":
             drafters, said, skipped = auto.candidates(cfg, job.model, job.model_dir, job.store)

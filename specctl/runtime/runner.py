@@ -81,7 +81,8 @@ class Runner:
             # round-robin) keep replaying the same captured graphs instead of re-capturing;
             # long enough for the step-cost table to be measured on it (make_controller)
             headroom = max(headroom, model.graphs.max_n)
-            length = max(max_len + headroom, STEP_TABLE_ROWS)
+            length = max_len + headroom if kv_budget is not None else \
+                max(max_len + headroom, STEP_TABLE_ROWS)   # (a paged pool: a budget's rows)
         else:
             length = max_len + headroom
         # kv_budget: bytes for the cache (and a drafter's own, Kangaroo's adapter's, sharing
@@ -384,9 +385,10 @@ class Runner:
         work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
                                      None if t0 is None else took)
         total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
-        if drain:   # the job ends with the sequence that has the most left to emit
-            i = max(range(n), key=lambda j: seqs[j].req.max_tokens - had[j])
-            progress = float(len(seqs[i].out_ids) - had[i])
+        if drain:   # the job ends with its longest sequence: ar needs a step a token of it
+            progress = float(max(s.req.max_tokens - k for s, k in zip(seqs, had)) -
+                             max(0 if s.finished else s.req.max_tokens - len(s.out_ids)
+                                 for s in seqs))
         else:
             progress = sum(len(s.out_ids) - k for s, k in zip(seqs, had)) / n
         st.ar_step_ms += ctl.drafted(n, total, progress)
