@@ -74,6 +74,7 @@ from specctl.engine.steptable import StepTable
 
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
+LEAN_LEARN = 4         # lean steps of one batch size learnt as one, by their mean time
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Controller:
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
+        self._unlearnt: dict[int, tuple] = {}   # batch -> (lean steps, their ms) not learnt
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         got = self._lean.get((b, contrast))
@@ -185,8 +187,13 @@ class Controller:
         Returns what `ar` takes for the same step: its measured ms, else the estimate."""
         if ms is None:
             return self.ar_ms(b)
-        if self.correct:
-            self.cost.learn([0] * b, ms, False)
+        if self.correct:   # (by LEAN_LEARN steps of one batch size: StepCost.learn costs a
+            n, total = self._unlearnt.get(b, (0, 0.0))   # lean step ~20 us, a third of its
+            n, total = n + 1, total + ms                  # host work on a 2-layer model)
+            if n >= LEAN_LEARN or not self.cost.steps:
+                self.cost.learn([0] * b, total / n, False)
+                n, total = 0, 0.0
+            self._unlearnt[b] = (n, total)
         self.guard.lean(self.cost.ar_table_ms(b), ms)
         return ms
 
