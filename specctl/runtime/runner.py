@@ -358,10 +358,10 @@ class Runner:
         self._commit(plan, out)
         self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
         work = float(plan.batch.num_tokens)
+        new = g.captures - captures if g is not None else 0
+        self.stats.captures_in_steps += new   # (by design none: Runner._warm)
         if plan.budgets is not None:
             took = (self.clock() - t0) * 1e3
-            new = g.captures - captures if g is not None else 0
-            self.stats.captures_in_steps += new   # (by design none: Runner._warm)
             work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
@@ -386,9 +386,12 @@ class Runner:
                                      None if t0 is None else took)
         total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
         if drain:   # the job ends with its longest sequence: ar needs a step a token of it
-            progress = float(max(s.req.max_tokens - k for s, k in zip(seqs, had)) -
-                             max(0 if s.finished else s.req.max_tokens - len(s.out_ids)
-                                 for s in seqs))
+            # (what it emitted, at most what the longest remaining fell by: an EOS is no
+            # progress of ar's, nor a new longest sequence taking over)
+            i = max(range(n), key=lambda j: seqs[j].req.max_tokens - had[j])
+            drop = max(s.req.max_tokens - k for s, k in zip(seqs, had)) - \
+                max(0 if s.finished else s.req.max_tokens - len(s.out_ids) for s in seqs)
+            progress = float(min(len(seqs[i].out_ids) - had[i], max(drop, 1)))
         else:
             progress = sum(len(s.out_ids) - k for s, k in zip(seqs, had)) / n
         st.ar_step_ms += ctl.drafted(n, total, progress)

@@ -96,7 +96,7 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
         t0 = time.perf_counter()
         fits = kv is not None and kv.num_slots >= max(batches) and \
             kv.max_len >= context + max(ns) + 1 and \
-            (not kv.paged or len(kv.free) * kv.block >= max(batches) * (context + max(ns) + 1))
+            (not kv.paged or len(kv.free) >= max(batches) * -(-(context + max(ns) + 1) // kv.block))
         t = measure_step_table(model, batches=batches, ns=ns, context=context,
                                repeats=repeats, warmup=warmup, kv=kv if fits else None)
         if kept:
