@@ -150,3 +150,20 @@ class OracleChains(Drafter):
 
     def fresh(self) -> "OracleChains":
         return OracleChains(self.ref, self.p, self.K)
+
+
+def against_ar(model, prompts, drafters: dict, table: StepTable, monkeypatch, *,
+               batch_size: int, max_tokens: int, ref=None):
+    """ar, then every drafter under auto, on one simulated clock over `table`: (ar's seconds,
+    its RunStats, {name: (x ar, RunStats)}); each output is checked against ref (ar's)."""
+    clock = SimClock(table, batch_size)
+    timed_model(model, clock, monkeypatch)
+    out, ar = sim_run(model, prompts, None, clock, batch_size=batch_size, max_tokens=max_tokens)
+    ar_s, ref, seen = clock.t, ref or out, {}
+    for name, dr in drafters.items():
+        clock.t = 0.0
+        got, st = sim_run(model, prompts, dr, clock, batch_size=batch_size,
+                          max_tokens=max_tokens, controller=sim_controller(dr, table))
+        assert got == ref, name
+        seen[name] = (ar_s / clock.t, st)
+    return ar_s, ar, seen

@@ -94,16 +94,22 @@ def test_option_parses_and_keys_the_run_only_when_set():
     assert "cudnn_attention" not in json.dumps(GenerateConfig(input="x").key("k"))
 
 
-@pytest.mark.parametrize("flag,want", [((), False), (("--cudnn-attention",), True),
-                                       (("--no-cudnn-attention",), False)])
-def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag, want):
+def _spy_loads(monkeypatch, module) -> list[dict]:
+    """The keyword arguments of every module.load_model call (the call still happens)."""
     loads: list[dict] = []
-    real = loader.load_model
+    real = module.load_model
 
     def spy(*a, **kw):
         loads.append(kw)
         return real(*a, **kw)
-    monkeypatch.setattr(loader, "load_model", spy)
+    monkeypatch.setattr(module, "load_model", spy)
+    return loads
+
+
+@pytest.mark.parametrize("flag,want", [((), False), (("--cudnn-attention",), True),
+                                       (("--no-cudnn-attention",), False)])
+def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag, want):
+    loads = _spy_loads(monkeypatch, loader)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")
     r = CliRunner().invoke(app, ["bench", str(prompts), "--model", str(tiny_llama), "--store",
@@ -116,13 +122,7 @@ def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag
 
 def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
     import specctl.runtime.job as job
-    loads: list[dict] = []
-    real = job.load_model
-
-    def spy(*a, **kw):
-        loads.append(kw)
-        return real(*a, **kw)
-    monkeypatch.setattr(job, "load_model", spy)
+    loads = _spy_loads(monkeypatch, job)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")
     r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama),

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from helpers import method_drafters, run_ids
-from sim import OracleChains, SimClock, h100_table, sim_controller, sim_run, timed_model
+from sim import (OracleChains, SimClock, against_ar, h100_table, sim_controller, sim_run,
+                 timed_model)
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.loader import load_model
 from specctl.engine.steptable import StepTable
@@ -137,20 +138,12 @@ def test_every_auto_method_keeps_up_with_ar_on_the_h100_table(model, monkeypatch
     chains whose critical sequences accept nothing within 4% (the guard's first window), and
     one that drafts well gains; the summary's ar estimate is within 10% of ar's real time.
     (On b066835 Self-Draft ran 0.51x ar at this batch on the H100.)"""
-    table = h100_table()
     prompts = _prompts(32, seed=7)
     ref, _ = run_ids(model, prompts, batch_size=32, max_tokens=128)
-    clock = SimClock(table, 32)
-    timed_model(model, clock, monkeypatch)
-    _, ar = sim_run(model, prompts, None, clock, batch_size=32, max_tokens=128)
-    ar_s = clock.t
-    seen = {}
-    for name, dr in _sim_methods(model, prompts, ref).items():
-        clock.t = 0.0
-        got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=128,
-                          controller=sim_controller(dr, table))
-        assert got == ref, name
-        seen[name] = round(ar_s / clock.t, 3)
+    ar_s, _, runs = against_ar(model, prompts, _sim_methods(model, prompts, ref), h100_table(),
+                               monkeypatch, batch_size=32, max_tokens=128, ref=ref)
+    seen = {name: round(x, 3) for name, (x, _) in runs.items()}
+    for name, (_, st) in runs.items():
         assert st.ar_step_ms / 1e3 == pytest.approx(ar_s, rel=0.1), (name, st.ar_step_ms)
     assert all(v >= 0.98 for k, v in seen.items() if k != "oracle-uneven"), seen
     assert seen["oracle-uneven"] >= 0.96, seen
@@ -161,20 +154,11 @@ def test_uneven_acceptance_gains_where_requests_wait(model, monkeypatch):
     """64 requests at batch 8 (requests wait, then the batch drains): oracle chains with
     acceptance 0 to 0.95 by sequence, Self-Draft and the methods that accept nothing, on the
     H100's table: none slower than ar by more than 2%, and the uneven one gains."""
-    table = h100_table()
     prompts = _prompts(64, seed=9)
     ref, _ = run_ids(model, prompts, batch_size=8, max_tokens=64)
-    clock = SimClock(table, 8)
-    timed_model(model, clock, monkeypatch)
-    sim_run(model, prompts, None, clock, batch_size=8, max_tokens=64)
-    ar_s = clock.t
-    seen = {}
-    for name, dr in _sim_methods(model, prompts, ref).items():
-        clock.t = 0.0
-        got, _ = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=64,
-                         controller=sim_controller(dr, table))
-        assert got == ref, name
-        seen[name] = round(ar_s / clock.t, 3)
+    _, _, runs = against_ar(model, prompts, _sim_methods(model, prompts, ref), h100_table(),
+                            monkeypatch, batch_size=8, max_tokens=64, ref=ref)
+    seen = {name: round(x, 3) for name, (x, _) in runs.items()}
     assert min(seen.values()) >= 0.98 and seen["oracle-uneven"] > 1.1, seen
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from helpers import run_ids  # noqa: E402
-from sim import SimClock, h100_table, sim_controller, sim_run, timed_model  # noqa: E402
+from sim import against_ar, h100_table  # noqa: E402
 from test_never_slower import _prompts, _sim_methods  # noqa: E402
 from tiny import make_tiny_model  # noqa: E402
 
@@ -43,20 +43,13 @@ def main() -> None:
     for n, b, tokens in rows:
         prompts = _prompts(n, seed=n + b)
         ref, _ = run_ids(model, prompts, batch_size=b, max_tokens=tokens, max_len=320)
-        clock = SimClock(table, b)
-        timed_model(model, clock, Patch())
-        _, ar = sim_run(model, prompts, None, clock, batch_size=b, max_tokens=tokens)
-        ar_s = clock.t
-        for name, dr in _sim_methods(model, prompts, ref).items():
-            clock.t = 0.0
-            got, st = sim_run(model, prompts, dr, clock, batch_size=b, max_tokens=tokens,
-                              controller=sim_controller(dr, table))
-            assert got == ref, name
-            print(f"| {n} x {tokens} | {b} | {name} | {ar_s / clock.t:.3f} | {st.steps} "
+        ar_s, ar, runs = against_ar(model, prompts, _sim_methods(model, prompts, ref), table,
+                                    Patch(), batch_size=b, max_tokens=tokens, ref=ref)
+        for name, (x, st) in runs.items():
+            print(f"| {n} x {tokens} | {b} | {name} | {x:.3f} | {st.steps} "
                   f"({ar.steps}) | {st.lean_steps} | {st.guard_trips} | {st.guard_held} | "
                   f"{st.ar_step_ms / 1e3 / ar_s:.3f} |", flush=True)
         del model.run, model.forward   # (the clock's wrappers: the next row brings its own)
-
 
 if __name__ == "__main__":
     main()
