@@ -131,3 +131,45 @@ def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
                                  "-o", str(tmp_path / "o.jsonl"), "--cudnn-attention"])
     assert r.exit_code == 0, r.output
     assert [kw.get("cudnn_attention") for kw in loads] == [True]
+
+
+def _reference(q, k, v, mask):
+    """Attention with K/V expanded per query head (GQA as repeat_interleave), in float64."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1).double(), v.repeat_interleave(g, 1).double()
+    s = (q.double() @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    return torch.softmax(s.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("counts", [[1, 1, 1], [3, 1, 5]])
+def test_grouped_queries_fold_into_rows(model, sdpa_calls, monkeypatch, counts):
+    """Each KV head's g query heads attend as g x N rows of one head: what SDPA is handed has
+    as many query heads as K/V and no enable_gqa (so on CUDA without cuDNN it may take the
+    memory-efficient kernel), and every token's output is GQA attention's."""
+    c = model.cfg
+    assert c.num_heads > c.num_kv_heads   # (the fixture model groups its queries)
+    kv = model.new_kv_cache(3, 32)
+    prefix = [4, 0, 7]
+    batch = ForwardBatch([SeqInput(s, list(range(1, n + 1)), p)
+                          for s, (n, p) in enumerate(zip(counts, prefix))])
+    kv.lens[:3] = [p + n for p, n in zip(prefix, counts)]
+    meta = attention.sdpa_meta(batch, kv)
+    gen = torch.Generator().manual_seed(0)
+    T, H, KV, hd = batch.num_tokens, c.num_heads, c.num_kv_heads, c.head_dim
+    q = torch.randn(T, H, hd, generator=gen)
+    kc, vc = (torch.randn(kv.k[0].shape, generator=gen) for _ in range(2))
+    handed = []
+    real = F.scaled_dot_product_attention
+
+    def spy(qf, k, v, **kw):
+        handed.append((qf.shape, k.shape, sorted(kw)))
+        return real(qf, k, v, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    out = attention.sdpa_attention(q, kc, vc, meta)
+    [(qs, ks, kws)] = handed
+    assert qs[1] == ks[1] == KV and qs[2] == (H // KV) * meta.n_max and kws == ["attn_mask"]
+    rows = attention._rows
+    ref = _reference(attention._per_seq(q, meta), rows(kc, meta), rows(vc, meta), meta.mask)
+    ref = attention._packed(ref.float(), meta, T)
+    assert out.shape == (T, H, hd)
+    assert torch.allclose(out, ref, atol=1e-5)

@@ -148,3 +148,17 @@ def test_exact_in_bf16_on_cuda_is_ar_at_batch_1(tiny_llama):
             assert got == ref, (name, b)
     m.set_exact(False)
     assert m.graphs is not None
+
+
+@pytest.mark.parametrize("n", [1, 16])
+def test_folded_attention_may_take_the_memory_efficient_kernel(n):
+    """What sdpa_attention hands SDPA on CUDA in bf16 (the demo model's 9 query heads on 3 KV
+    heads folded into rows, a float mask, 512 columns) is one the memory-efficient kernel
+    takes: with cuDNN off nothing falls to the math backend."""
+    from torch.backends.cuda import SDPAParams, can_use_efficient_attention
+    B, KV, g, hd, C = 8, 3, 3, 64, 512
+    q = torch.randn(B, n, KV * g, hd, device="cuda", dtype=torch.bfloat16)
+    q = q.transpose(1, 2).reshape(B, KV, g * n, hd)
+    k = torch.randn(B, C, KV, hd, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    bias = torch.zeros(B, 1, g * n, C, device="cuda", dtype=torch.bfloat16)
+    assert can_use_efficient_attention(SDPAParams(q, k, k, bias, 0.0, False, False), True)

@@ -79,7 +79,7 @@ class SdpaMeta:
     block_mask: tuple | None = None  # ((slots, max_len), FlexAttention BlockMask), made on first use
     tables: list | None = None       # the block tables it addresses (a batch keeps one meta)
     static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
-    bias: torch.Tensor | None = None  # mask as 0 / -inf in the queries' dtype, made on first use
+    bias: torch.Tensor | None = None  # [B, 1, g * N_max, L] 0 / -inf in q.dtype (first use)
     exact: object = None             # engine.exact.ExactMeta, made on first use under --exact
 
 
@@ -171,15 +171,25 @@ def _rows(cache: torch.Tensor, meta: SdpaMeta) -> torch.Tensor:
 
 def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    meta: SdpaMeta) -> torch.Tensor:
-    """q: [T, H, hd]; k_cache, v_cache: a layer's cache [rows, KV, hd] -> [T, H, hd]."""
+    """q: [T, H, hd]; k_cache, v_cache: a layer's cache [rows, KV, hd] -> [T, H, hd].
+
+    Grouped queries are folded into the query dimension: the g = H / KV heads sharing a KV head
+    attend as g * N_max query rows of one head ([B, KV, g * N_max, hd], the mask's rows repeated
+    per head). No backend then has to support GQA (`enable_gqa`), so on CUDA without cuDNN SDPA
+    takes the memory-efficient kernel (masks, bf16, repeatable), not the math fallback's
+    expanded K/V and separate softmax, and K/V are read once per KV head."""
     k, v = _rows(k_cache, meta), _rows(v_cache, meta)
+    T, H, hd = q.shape
+    B, KV, N = meta.mask.shape[0], k.shape[1], meta.n_max
+    g = H // KV
     if meta.bias is None or meta.bias.dtype != q.dtype:
         # once per forward: given the boolean mask, SDPA would convert it in every layer
         meta.bias = torch.zeros(meta.mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
-            ~meta.mask, float("-inf"))
+            ~meta.mask, float("-inf")).repeat(1, 1, g, 1)              # [B, 1, g * N, L]
+    qf = _per_seq(q, meta).reshape(B, KV, g * N, hd)   # head h = kv * g + j (GQA's grouping)
     sdpa = _sdpa_without_cudnn if q.device.type in _NO_CUDNN else F.scaled_dot_product_attention
-    out = sdpa(_per_seq(q, meta), k, v, attn_mask=meta.bias, enable_gqa=k.shape[1] != q.shape[1])
-    return _packed(out, meta, q.shape[0])
+    out = sdpa(qf, k, v, attn_mask=meta.bias).reshape(B, H, N, hd)
+    return _packed(out, meta, T)
 
 
 FLEX_BLOCK = 128   # rows of a FlexAttention block, queries and keys alike
