@@ -201,7 +201,7 @@ class CudaGraphs:
             head=None):
         """The forward's outputs from a replay, one row per real token of the batch (see
         Model.run), or None where no graph fits (the caller runs it eagerly)."""
-        if plan.capture is not None or (plan.start > 0) != (hidden is not None):
+        if (plan.start > 0) != (hidden is not None):
             return None
         n = self._shape(batch, kv)
         if n is None:
@@ -230,7 +230,7 @@ class CudaGraphs:
             outs = tuple(o.index_select(0, cap.real[:T]) for o in cap.outputs)
         else:
             outs = tuple(o[:T] for o in cap.outputs)
-        return outs[0] if head is None else outs
+        return outs[0] if head is None and plan.capture is None else outs
 
     def _host_buffer(self, name: str, numel: int, dtype) -> np.ndarray:
         buf = getattr(self, name)
@@ -331,8 +331,10 @@ class CudaGraphs:
         meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
         x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
-        h = m._layers(x, positions, meta, kv, plan, end)
-        return (h,) if head is None else tuple(head(h, positions, meta))
+        h = m._layers(x, positions, meta, kv, plan, end)   # (h, captured) with plan.capture
+        if head is not None:
+            return tuple(head(h, positions, meta))
+        return h if plan.capture is not None else (h,)
 
     @torch.inference_mode()
     def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:

@@ -310,8 +310,9 @@ class Model:
         what head(h, positions, attention meta) returns from them (a tuple of
         [T, ...] tensors; Kangaroo's adapter is one). A head has a hashable `key` naming its
         computation and must keep the tensors it reads in place across calls (a graph replays
-        them by address). Outputs of a replay are static buffers the next replay overwrites:
-        a caller that keeps them past its next forward clones them."""
+        them by address). With plan.capture, what the head gets (or run returns) is
+        (states, captured states), as from forward. Outputs of a replay are static buffers the
+        next replay overwrites: a caller that keeps them past its next forward clones them."""
         if self.graphs is not None:
             out = self.graphs.run(batch, kv, plan, hidden, head)
             if out is not None:
