@@ -125,14 +125,21 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
 class OracleChains(Drafter):
     """Chains that know the answer: each draft is the reference's next token with its
     sequence's probability p[index] (else a wrong token, and the chain's rest with it), so
-    acceptance is whatever a test sets, sequence by sequence. Drafting costs no forward."""
+    acceptance is whatever a test sets, sequence by sequence. Drafting costs no forward.
+    period > 0: bursty acceptance, p[index] over `period` output positions, then none over the
+    next `period` (text that a drafter knows, then text it does not)."""
     name = "oracle"
 
-    def __init__(self, ref: list[list[int]], p: list[float], K: int = 8, seed: int = 0):
+    def __init__(self, ref: list[list[int]], p: list[float], K: int = 8, seed: int = 0,
+                 period: int = 0):
         import random
-        self.ref, self.p, self.K = ref, p, K
+        self.ref, self.p, self.K, self.period = ref, p, K, period
         self.rng = random.Random(seed)
         self.step_rows = 1 + K
+
+    def _p(self, index: int, at: int) -> float:
+        off = self.period and (at // self.period) % 2
+        return 0.0 if off else self.p[index]
 
     def propose(self, seqs, kv, limits: DraftLimits) -> list[Proposal]:
         out = []
@@ -140,7 +147,7 @@ class OracleChains(Drafter):
             want, at = self.ref[s.req.index], len(s.out_ids)
             toks = []
             for j in range(min(max(r, 0), self.K)):
-                right = at + j < len(want) and self.rng.random() < self.p[s.req.index]
+                right = at + j < len(want) and self.rng.random() < self._p(s.req.index, at + j)
                 toks.append(want[at + j] if right else (want[min(at + j, len(want) - 1)] + 1) % 7)
             out.append(Proposal(DraftTree.chain(toks), forwards=0, conf=[1.0] * len(toks)))
         return out
@@ -149,7 +156,7 @@ class OracleChains(Drafter):
         return DraftPrice(max_draft=self.K)
 
     def fresh(self) -> "OracleChains":
-        return OracleChains(self.ref, self.p, self.K)
+        return OracleChains(self.ref, self.p, self.K, period=self.period)
 
 
 def against_ar(model, prompts, drafters: dict, table: StepTable, monkeypatch, *,

@@ -37,7 +37,7 @@ class RunStats:
     lean_steps: int = 0            # controlled steps without drafts, run on `ar`'s path (in
     lean_step_ms: float = 0.0      # controlled_steps), and their measured ms (in measured_)
     searches: int = 0              # steps the controller ran its policy's search for
-    guard_trips: int = 0           # windows the measured guard found behind `ar`
+    guard_trips: int = 0           # times the measured guard found the run behind `ar`
     guard_held: int = 0            # steps it held to `ar`
     captures: int = 0              # graph shapes captured when the runner started
     capture_s: float = 0.0         # the seconds they took (out of every step's time)
