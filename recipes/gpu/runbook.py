@@ -56,9 +56,10 @@ PLAN = (
     Step(2, "stage2", 60, 30, "model.json", "29 s"),
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
     Step(2, "bench-batch", 330, 190, "bench-batch.md",
-         "79 s for 32 prompts x 128 tokens, 4 methods, 2 repeats (~40 s of it generating); "
-         "scaled to 256 prompts x 64 tokens, 5 methods, the warm-up pass, 1 repeat and ar's "
-         "untimed batch-1 reference over every prompt"),
+         "killed at its 330 s at 237d5df before its table: ar's untimed batch-1 reference "
+         "over the 256 prompts (~50 s at 310 tokens/s), then per method and batch a warm-up "
+         "of the whole workload (now 16 tokens of the first batch) and the runner's capture "
+         "of every graph shape (not yet timed on the GPU); 1 repeat"),
     Step(2, "bench-b1", 150, 120, "bench-b1.md",
          "121 s with the 6 methods that ran (:fixed now out, kangaroo in: 6 again)"),
     Step(2, "exact", 90, 75, "exact.md",

@@ -20,8 +20,9 @@ What is measured, per (method, batch size):
   path that compiles the forward; its warm-up runs the timed prompts in full (it compiles per
   shape).
 - Warm-up: `warmup` untimed runs over the first `batch_size` prompts (16 new tokens at most);
-  on CUDA (and always for hf-static) the first warm-up is the whole timed workload, so captured
-  graphs and compiled shapes exist before the clock starts.
+  for hf-static the first is the whole timed workload, so its compiled shapes exist before the
+  clock starts. specctl's runners capture every CUDA graph shape as they are built, which is
+  before the clock starts too (each row's `captures` counts any captured inside it).
 - Timing: `repeats` runs over all prompts, round-robin over the methods of a batch size; tokens/s = generated tokens / wall seconds of the whole
   run (prefill included; the KV cache allocation is not), the GPU synchronized before and after.
   Reported: the median, min, max and IQR of the repeats. Speedup over `ar`: the median over
