@@ -222,6 +222,11 @@ def _timed_run(b: _Bench, m: str, bs: int) -> None:
         torch.cuda.reset_peak_memory_stats(dev)
         base_mb = torch.cuda.memory_allocated(dev) / 2**20
     run = b.runners[m].run(b.recs, bs, b.cfg.max_tokens)
+    st = run.stats
+    if (m, bs) not in b.runs_of and getattr(st, "captures", 0):
+        # (the one-off cost a `generate` run pays before its first step: shown, not timed)
+        b.log(f"{m} b{bs}: its runner captured {st.captures} CUDA graph shapes as it started, "
+              f"in {st.capture_s:.1f} s (before the clock)")
     b.runs_of.setdefault((m, bs), []).append(run)
     p = round(peak_mb(dev), 1)
     b.peak[(m, bs)] = max(b.peak.get((m, bs), 0.0), p)
