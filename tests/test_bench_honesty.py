@@ -31,8 +31,8 @@ def one_thread():
 def _bench(tmp_path: Path, tiny_llama, **kw) -> tuple[dict, list[str]]:
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in PROMPTS))
-    cfg = BenchConfig(str(prompts), model=str(tiny_llama), methods=("ar",), max_tokens=4,
-                      device="cpu", dtype="fp32", **{"repeats": 2, "warmup": 0, **kw})
+    cfg = BenchConfig(str(prompts), model=str(tiny_llama), device="cpu", dtype="fp32",
+                      **{"methods": ("ar",), "max_tokens": 4, "repeats": 2, "warmup": 0, **kw})
     said: list[str] = []
     return run_bench(cfg, Store(tmp_path / "store"), log=said.append), said
 
@@ -126,3 +126,29 @@ def test_old_results_without_the_fields_still_render():
            "matches_ar": None}
     (cells,) = table_rows({"rows": [row]})
     assert cells[1] == "8" and cells[-2] == "-"
+
+
+@pytest.mark.parametrize("warmup", [0, 1])
+def test_a_warm_up_captures_the_timed_runs_graphs(tmp_path, tiny_llama, monkeypatch, warmup):
+    """With graphs (a CPU stand-in that captures nothing), the warm-up's runner is sized as the
+    timed runs' are: it keeps the model's KV cache, and with it every shape its runner captured
+    at start, for the timed runs, whose runners then capture nothing (without a warm-up the
+    first timed run's runner captures them, and the bench says how many, in what time)."""
+    import specctl.engine.loader as loader
+    from specctl.engine.graphs import CudaGraphs
+    real = loader.load_model
+
+    def with_graphs(*a, **kw):
+        m = real(*a, **kw)
+        m.graphs = CudaGraphs(m, capture=False)
+        return m
+    monkeypatch.setattr(loader, "load_model", with_graphs)
+    # (120 tokens: the timed runs' cache is longer than the 16-token warm-up's would be)
+    res, said = _bench(tmp_path, tiny_llama, batch_sizes=(2,), warmup=warmup, repeats=1,
+                       methods=("ar", "self-draft"), max_tokens=120)
+    started = [m for m in said if "CUDA graph shapes as it started" in m]
+    if warmup:
+        assert started == [], started
+    else:
+        assert [m.split(":")[0] for m in started] == ["ar b2", "self-draft b2"], started
+    assert all(r["captures"] == 0 for r in res["rows"])

@@ -63,16 +63,21 @@ class SpecctlMethod:
             set_exact(model, gcfg)
             model.set_exact(False)
 
-    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
+    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int,
+            size_like: tuple[list[PromptRecord], int] | None = None) -> RunResult:
         """One run, through the runner `generate` builds for the same options (make_runner:
         slots, KV rows and budget, controller, threads). The drafter and controller are new
         each time, warm-up and repeats alike: a row times what one `generate` run does, from
-        the priors (bench.report.CARRIED says so with every table)."""
+        the priors (bench.report.CARRIED says so with every table). size_like: (records, max
+        tokens) to size the runner for instead (a warm-up sized as the timed runs are keeps
+        the model's KV cache, and so the graphs captured on it, for them)."""
         gcfg = replace(self.cfg.generate_config(self.name, batch_size), max_tokens=max_tokens)
         drafter = make_drafter(gcfg, self.model, self.model_dir, self.store, self.log)
         reqs = [to_request(r, max_tokens) for r in recs]
+        sizing = reqs if size_like is None else [to_request(r, size_like[1])
+                                                 for r in size_like[0]]
         runner = make_runner(gcfg, self.model, drafter, self.tk,
-                             [kv_rows(self.tk, r)[1] for r in reqs], store=self.store,
+                             [kv_rows(self.tk, r)[1] for r in sizing], store=self.store,
                              fingerprint=model_fingerprint(self.model_dir), log=self.log)
         done: list[Request] = []
         dev = self.model.device
@@ -124,7 +129,8 @@ class HFMethod:
                                    attention_mask=mask.to(self.device), generation_config=gc)
         return out[:, width:].tolist()
 
-    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int) -> RunResult:
+    def run(self, recs: list[PromptRecord], batch_size: int, max_tokens: int,
+            size_like=None) -> RunResult:   # (size_like: specctl's runners only)
         reqs = [to_request(r, max_tokens) for r in recs]
         resid = {r.index: 0.0 for r in reqs}
         _sync(self.device)

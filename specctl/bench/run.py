@@ -205,7 +205,8 @@ def _time(b: _Bench) -> None:
                     # built, before the clock starts: a short warm-up does for them.)
                     b.runners[m].run(b.recs, bs, cfg.max_tokens)
                 else:
-                    b.runners[m].run(b.recs[:bs], bs, min(cfg.max_tokens, WARMUP_TOKENS))
+                    b.runners[m].run(b.recs[:bs], bs, min(cfg.max_tokens, WARMUP_TOKENS),
+                                     size_like=(b.recs, cfg.max_tokens))
                 progress.update(advance=1)
         for k in range(cfg.repeats):
             for m in here:
