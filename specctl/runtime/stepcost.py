@@ -70,7 +70,7 @@ class StepCost:
     tail_frac: float | None = None   # a draft forward in which no sequence drafts (Kangaroo's
                                      # last, shallow layers only); None: draft_frac
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
-    idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo, eager)
+    idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo)
     drift: float = 0.0         # log(measured / table ms) common to every step now (learn)
     steps: int = 0             # steps learnt from
     scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it

@@ -76,7 +76,7 @@ class DraftPrice:
     tail_frac: float | None = None   # a draft forward in which no sequence drafts (Kangaroo's
                                      # last: its shallow layers only); None: draft_frac
     probe: int = 0              # probe tokens a speculating sequence adds (Self-Draft's branches)
-    idle_whole: bool = False    # a step with no drafts is one plain forward (Kangaroo, eager)
+    idle_whole: bool = False    # a step with no drafts is one plain forward (Kangaroo)
 
 
 class Drafter:

@@ -158,7 +158,7 @@ def kangaroo_price(model, adapter: Adapter, max_draft: int = 0) -> DraftPrice:
     own = sum(t.numel() for t in adapter.w.values())
     return DraftPrice(max_draft=max_draft, verify_frac=(total - shallow) / total,
                       draft_frac=(shallow + own + head) / total, draft_extra=1,
-                      tail_frac=shallow / total, idle_whole=model.graphs is None)
+                      tail_frac=shallow / total, idle_whole=True)
 
 
 class AdapterHead:
