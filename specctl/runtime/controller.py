@@ -44,9 +44,10 @@ learn the contrast too). Past the first ~30 steps that costs at most the specula
 in one step of 32.
 
 Lean steps: a step whose budgets are all 0 is `ar`'s step and costs what `ar`'s does: the
-drafter gets room 0 (no draft, no probe, no stop rule) and the runner learns only the step's
-time (lean_done: the step cost's class without drafts, and the guard's `ar` reference), not
-acceptance (nothing was drafted). While the search keeps giving every sequence 0 it is not
+drafter gives its idle proposals (Drafter.idle: no draft, no probe, no stop rule), plan_lean
+decides it without looking at the sequences, and the runner learns only the steps' time, the
+mean of up to LEAN_LEARN of them at once (lean_done: the step cost's class without drafts,
+and the guard's `ar` reference), not acceptance (nothing was drafted). While the search keeps giving every sequence 0 it is not
 run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads changes until a draft is accepted),
 but for an exploring step when it is due and its price paid for. And the measured guard (runtime/guard.py)
 holds the run to lean steps when its drafting steps fall behind what `ar` takes for the same
@@ -74,7 +75,7 @@ from specctl.engine.steptable import StepTable
 
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
-LEAN_LEARN = 4         # lean steps of one batch size learnt as one, by their mean time
+LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,6 @@ class Controller:
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
-        self._unlearnt: dict[int, tuple] = {}   # batch -> (lean steps, their ms) not learnt
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         got = self._lean.get((b, contrast))
@@ -133,6 +133,19 @@ class Controller:
         return bool(self.explore_every) and self.steps - self.last_explore >= self.period \
             and sum(room) >= self.explore_every * len(room)   # steps left to use the lesson
 
+    def plan_lean(self, b: int) -> Budgets | None:
+        """This step's budgets when they are a lean step's without looking at the sequences
+        (the guard holds, or a lean stretch goes on and no exploring step can be due): plan's
+        decision, at a lean step's cost. None: ask plan."""
+        s = self.steps + 1
+        if not self.guard.hold and (s >= self.lean_until or (
+                self.explore_every and s - self.last_explore >= self.period
+                and s >= self.next_try)):
+            return None
+        self.steps = self.last_bare = s
+        self.guard.holding()   # (counts a held step)
+        return self._lean_budgets(b)
+
     def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
         request waits (the job ends with its slowest sequence: policy.drain_best)."""
@@ -140,10 +153,14 @@ class Controller:
         if self.guard.holding():
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
-        due = self._explore_due(room) and not drain   # (draining, a lesson comes too late)
-        if self.steps < self.lean_until and not (due and self.steps >= self.next_try):
-            self.last_bare = self.steps   # (an exploring step due and affordable searches)
-            return self._lean_budgets(len(keys))
+        due = None
+        if self.steps < self.lean_until:   # (an exploring step due and affordable searches)
+            due = self.steps >= self.next_try and not drain and self._explore_due(room)
+            if not due:
+                self.last_bare = self.steps
+                return self._lean_budgets(len(keys))
+        if due is None:
+            due = self._explore_due(room) and not drain   # (draining, a lesson comes too late)
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
@@ -181,21 +198,23 @@ class Controller:
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
 
-    def lean_done(self, b: int, ms: float | None) -> float:
-        """A lean step of b sequences took ms (None: not to be learnt, a graph was captured in
-        it): learnt as the price of a step without drafts and as the guard's `ar` step.
-        Returns what `ar` takes for the same step: its measured ms, else the estimate."""
+    def lean_batch(self) -> int:
+        """How many lean steps of one batch size the runner may learn as one, by their mean
+        time (learning costs ~3 us, a tenth of a lean step's host work on a small model);
+        one until the guard has `ar`'s step to judge drafting steps by."""
+        return LEAN_LEARN if self.guard.ar_log is not None else 1
+
+    def lean_done(self, b: int, ms: float | None, steps: int = 1) -> float:
+        """`steps` lean steps of b sequences took ms each on average (None: not to be learnt,
+        a graph was captured in it): learnt as the price of a step without drafts and as the
+        guard's `ar` step. Returns what `ar` takes for them: their measured ms, else the
+        estimate."""
         if ms is None:
-            return self.ar_ms(b)
-        if self.correct:   # (by LEAN_LEARN steps of one batch size: StepCost.learn costs a
-            n, total = self._unlearnt.get(b, (0, 0.0))   # lean step ~20 us, a third of its
-            n, total = n + 1, total + ms                  # host work on a 2-layer model)
-            if n >= LEAN_LEARN or not self.cost.steps:
-                self.cost.learn([0] * b, total / n, False)
-                n, total = 0, 0.0
-            self._unlearnt[b] = (n, total)
+            return self.ar_ms(b) * steps
+        if self.correct:
+            self.cost.learn([0] * b, ms, False)
         self.guard.lean(self.cost.ar_table_ms(b), ms)
-        return ms
+        return ms * steps
 
     def drafted(self, b: int, ms: float | None, progress: float) -> float:
         """A drafting step of b sequences took ms all told (observe included; None: not to be

@@ -37,7 +37,7 @@ GUARD_CREDIT = 16      # drafting steps' time that savings may bank against late
 GUARD_EPS = 0.02       # how far behind ar a step may be (timing noise; no real loss)
 GUARD_HOLD = 64        # ar steps held to after a first trip (doubling)
 GUARD_MAX_HOLD = 4096
-AR_MEMORY = 16         # lean steps the ar ratio averages over
+AR_MEMORY = 4          # lean timings the ar ratio averages over (each a mean of up to 32 steps)
 
 
 class Guard:
@@ -54,7 +54,7 @@ class Guard:
         self.held = 0                      # steps held to ar
 
     def lean(self, table_ms: float, ms: float) -> None:
-        """A lean step (no drafts, `ar`'s path) of table price table_ms took ms."""
+        """Lean steps (no drafts, `ar`'s path) of table price table_ms took ms each."""
         if not (table_ms > 0 and ms > 0):
             return
         x = math.log(ms / table_ms)

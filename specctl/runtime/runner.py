@@ -50,6 +50,8 @@ from specctl.runtime.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
 
+NO_TALLY = (0, 0, 0, 0.0, 0.0, False)   # Runner._tally when no lean step waits to be learnt
+
 
 class Runner:
     def __init__(self, model: Model, drafter: Drafter, sampling: SamplingParams, *,
@@ -98,6 +100,9 @@ class Runner:
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
+        # lean steps not yet learnt: [sequences, steps, the most to tally, their ms, ar's
+        # table ms of one (the thread tuner's work), whether the first was a contrast step]
+        self._tally = NO_TALLY
         self._warm()
         if controller is not None:
             self.set_controller(controller)
@@ -132,6 +137,7 @@ class Runner:
         finally:
             torch.set_num_threads(cpu_threads)
             if ctl is not None:
+                self._learn_lean()
                 st = self.stats
                 st.searches += ctl.searches - marks[0]
                 st.guard_trips += ctl.guard.trips - marks[1]
@@ -360,9 +366,16 @@ class Runner:
         work = float(plan.batch.num_tokens)
         new = g.captures - captures if g is not None else 0
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
-        if plan.budgets is not None:
+        b = plan.budgets
+        if b is not None:
             took = (self.clock() - t0) * 1e3
-            work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
+            t = self._tally
+            if b.lean and not new and not b.contrast and t[0] == len(seqs) and t[1] < t[2]:
+                t[1] += 1   # (lean steps are learnt in bulk: their bookkeeping is ar's cost)
+                t[3] += took
+                work = t[4]
+            else:
+                work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
         return work
@@ -373,14 +386,13 @@ class Runner:
         captured in it, so its time is no step's cost), and the run's counts of it. Returns
         the step's table ms (the thread tuner's work)."""
         ctl, st, b, n = self.controller, self.stats, plan.budgets, len(seqs)
-        if b.lean:   # ar's path: its time is all there is to learn
-            st.ar_step_ms += ctl.lean_done(n, None if t0 is None else took)
-            st.controlled_steps += 1
-            st.lean_steps += 1
-            st.lean_step_ms += took
-            st.measured_step_ms += took
-            st.budget_hist[0] = st.budget_hist.get(0, 0) + n
-            st.contrasts += b.contrast
+        self._learn_lean()
+        if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
+            if t0 is None:
+                st.lean(n, 1, took, ctl.lean_done(n, None), b.contrast)
+            else:    # the first of a tally of lean steps of n sequences (_learn_lean)
+                self._tally = [n, 1, ctl.lean_batch(), took, ctl.cost.ar_table_ms(n),
+                               b.contrast]
             return ctl.cost.ar_table_ms(n)
         work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
                                      None if t0 is None else took)
@@ -397,6 +409,15 @@ class Runner:
         st.ar_step_ms += ctl.drafted(n, total, progress)
         self._count_controlled(plan, out, expected, took if total is None else total)
         return work
+
+    def _learn_lean(self) -> None:
+        """The tally of lean steps so far into the controller and the stats: learnt as their
+        mean, a tally of LEAN_LEARN steps at a time (learning one costs more than a lean
+        step's own host work on a small model)."""
+        n, k, _, ms, _, contrast = self._tally
+        if k:
+            self.stats.lean(n, k, ms, self.controller.lean_done(n, ms / k, k), contrast)
+        self._tally = NO_TALLY
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
         """The accepted rows into the KV cache, the emitted tokens into the sequences."""

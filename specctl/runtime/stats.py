@@ -48,6 +48,17 @@ class RunStats:
     kv_bytes: int = 0              # the KV cache's storage
     kv_blocks: int = 0             # blocks of its pool when paged (0: contiguous)
 
+    def lean(self, b: int, steps: int, ms: float, ar_ms: float, contrast: bool) -> None:
+        """Controlled steps of b sequences without drafts (`ar`'s path) took ms in all, where
+        `ar` takes ar_ms; contrast: one of them was a contrast step."""
+        self.controlled_steps += steps
+        self.lean_steps += steps
+        self.lean_step_ms += ms
+        self.measured_step_ms += ms
+        self.ar_step_ms += ar_ms
+        self.budget_hist[0] = self.budget_hist.get(0, 0) + b * steps
+        self.contrasts += contrast
+
     @property
     def padding_ratio(self) -> float:
         return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0

@@ -71,6 +71,10 @@ class Planner:
     def plan(self, seqs: list[Sequence], drain: bool = False) -> StepPlan:
         """drain: no request waits (the controller then prices the job's critical path)."""
         kv, ctl = self.kv, self.controller
+        if ctl is not None:
+            budgets = ctl.plan_lean(len(seqs))
+            if budgets is not None:   # ar's step: no room, limits nor checks to work out
+                return self._planned(seqs, budgets, self.drafter.idle(seqs, kv))
         # drafts a sequence may accept: with the bonus token after them, a step emits at most
         # room + 1 tokens, so neither the token budget nor the context (prompt and answer
         # together at most max_len tokens, where ar stops) is passed
@@ -91,7 +95,12 @@ class Planner:
             if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
-        inputs = [seq_input(s, p, kv.lens[s.slot]) for s, p in zip(seqs, props)]
+        return self._planned(seqs, budgets, props)
+
+    def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
+                 props: list[Proposal]) -> StepPlan:
+        lens = self.kv.lens
+        inputs = [seq_input(s, p, lens[s.slot]) for s, p in zip(seqs, props)]
         return StepPlan(tuple(seqs), budgets, tuple(props),
                         ForwardBatch(inputs, self.model.device),
                         tuple(1 + len(p.draft) for p in props), tuple(len(p.probe) for p in props))

@@ -80,6 +80,7 @@ class StepCost:
     # by batch size the learnt kinds as sorted codes and their _rel (kind_rel)
     _tables: dict = field(default_factory=dict, repr=False)
     _ones: dict = field(default_factory=dict, repr=False)
+    _ar: dict = field(default_factory=dict, repr=False)   # b -> ar_table_ms(b)
     _verify: dict = field(default_factory=dict, repr=False)
     _factors: dict = field(default_factory=dict, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)
@@ -218,7 +219,10 @@ class StepCost:
 
     def ar_table_ms(self, b: int) -> float:
         """The table's ms of an `ar` step of b sequences (one plain forward)."""
-        return float(self._ms_one(b)[b])
+        got = self._ar.get(b)
+        if got is None:
+            got = self._ar[b] = float(self._ms_one(b)[b])
+        return got
 
     def ar_ms(self, b: int) -> float:
         """Predicted ms of an `ar` step of b sequences (a plain forward, table ms(b, 1)),

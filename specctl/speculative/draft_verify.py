@@ -168,7 +168,6 @@ class LayerSkipDrafter(Drafter):
         self.step_rows = 1 + params.K
         self.state = ExitState(params.gamma0)
         self.draft_forwards = 0
-        self.gamma_trace: list[float] = []
 
     def admit(self, seq) -> None:
         seq.state = LayerSkipState()
@@ -200,6 +199,12 @@ class LayerSkipDrafter(Drafter):
                                 forwards=c.forwards, conf=c.conf, stopped_at=c.stopped_at))
         return out
 
+    def idle(self, seqs, kv) -> list[Proposal]:
+        for s in seqs:   # (an ar step counts toward a sequence's rest, as in propose)
+            if s.state.rest > 0:
+                s.state.rest -= 1
+        return [NO_DRAFT] * len(seqs)
+
     def graph_forwards(self, kv) -> list[tuple]:
         """The verify of chains up to K drafts, and the skip plan's one-token draft forward."""
         return super().graph_forwards(kv) + [(self.plan, None, 1)]
@@ -219,6 +224,8 @@ class LayerSkipDrafter(Drafter):
         return f"{self.name}:{''.join(map(str, self.skip.bits()))}"
 
     def observe(self, seqs, proposals, verdicts, probe_out) -> None:
+        if not any(p.forwards for p in proposals):   # an ar step: nothing to learn (lean)
+            return
         for s, p, v in zip(seqs, proposals, verdicts):
             if not p.forwards:   # rested (or had no room) this step
                 continue
@@ -232,4 +239,3 @@ class LayerSkipDrafter(Drafter):
         accepted = sum(len(v.accepted) for v in verdicts)
         full_k = any(len(p.draft) >= self.prm.K for p in proposals)
         self.state = update_threshold(self.state, accepted, drafted, full_k, self.prm)
-        self.gamma_trace.append(self.state.gamma)

@@ -99,6 +99,12 @@ class Drafter:
     def propose(self, seqs: list, kv, limits: DraftLimits) -> list[Proposal]:
         raise NotImplementedError
 
+    def idle(self, seqs: list, kv) -> list[Proposal]:
+        """The proposals of a step in which no sequence may draft (the controller's lean
+        step, `ar`'s): propose's with room 0 everywhere, which a drafter may give without
+        propose's per-step work (a lean step is to cost what `ar`'s does)."""
+        return self.propose(seqs, kv, DraftLimits((0,) * len(seqs)))
+
     def observe(self, seqs: list, proposals: list[Proposal], verdicts: list,
                 probe_out: list) -> None:
         pass
