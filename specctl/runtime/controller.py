@@ -47,11 +47,11 @@ Lean steps: a step whose budgets are all 0 is `ar`'s step and costs what `ar`'s 
 drafter gives its idle proposals (Drafter.idle: no draft, no probe, no stop rule), plan_lean
 decides it without looking at the sequences, and the runner learns only the steps' time, the
 mean of up to LEAN_LEARN of them at once (lean_done: the step cost's class without drafts,
-and the guard's `ar` reference), not acceptance (nothing was drafted). While the search keeps giving every sequence 0 it is not
-run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads changes until a draft is accepted),
-but for an exploring step when it is due and its price paid for. And the measured guard (runtime/guard.py)
-holds the run to lean steps when its drafting steps fall behind what `ar` takes for the same
-progress.
+and the guard's `ar` reference), not acceptance (nothing was drafted). While the search keeps
+giving every sequence 0 it is not run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads
+changes until a draft is accepted), but for an exploring step when it is due and its price
+paid for. And the measured guard (runtime/guard.py) holds the run to lean steps when its
+drafting steps fall behind what `ar` takes for the same progress.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best).
