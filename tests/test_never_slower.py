@@ -135,11 +135,12 @@ def _sim_methods(model, prompts, ref):
 
 def test_every_auto_method_keeps_up_with_ar_on_the_h100_table(model, monkeypatch):
     """32 sequences x 127 tokens at batch 32 on the H100's step table (padded steps, the demo
-    model's prices): a job that only drains. Every method under auto stays within 2% of ar
-    (what it pays to learn that drafting does not pay: ~1 step of drafts at the prior), oracle
-    chains whose critical sequences accept nothing within 4% (the guard's first window), and
-    one that drafts well gains; the summary's ar estimate is within 10% of ar's real time.
-    (On b066835 Self-Draft ran 0.51x ar at this batch on the H100.)"""
+    model's prices): a job that only drains, with acceptance uneven by sequence (oracle chains
+    0 to 0.95, Self-Draft's cache). No method under auto takes longer than ar (a draining
+    batch drafts for a sequence only as far as its own drafts were accepted: the slowest of
+    32 unknown ones is taken to accept nothing); the summary's ar estimate is within 10% of
+    ar's real time. (On b066835 Self-Draft ran 0.51x ar at this batch on the H100; before the
+    drain counted own acceptance only, 0.967x on this table.)"""
     prompts = _prompts(32, seed=7)
     ref, _ = run_ids(model, prompts, batch_size=32, max_tokens=128)
     ar_s, _, runs = against_ar(model, prompts, _sim_methods(model, prompts, ref), h100_table(),
@@ -147,9 +148,7 @@ def test_every_auto_method_keeps_up_with_ar_on_the_h100_table(model, monkeypatch
     seen = {name: round(x, 3) for name, (x, _) in runs.items()}
     for name, (_, st) in runs.items():
         assert st.ar_step_ms / 1e3 == pytest.approx(ar_s, rel=0.1), (name, st.ar_step_ms)
-    assert all(v >= 0.98 for k, v in seen.items() if k != "oracle-uneven"), seen
-    assert seen["oracle-uneven"] >= 0.96, seen
-    assert seen["draft-verify"] >= 0.995, seen   # (never accepted: lean from the first step)
+    assert all(x >= 1 - 1e-9 for x, _ in runs.values()), seen
 
 
 def test_uneven_acceptance_gains_where_requests_wait(model, monkeypatch):

@@ -54,7 +54,8 @@ paid for. And the measured guard (runtime/guard.py) holds the run to lean steps 
 drafting steps fall behind what `ar` takes for the same progress.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
-the step's goodput (policy.drain_best).
+the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
+slowest of the batch's sequences may be (Acceptance.gains_many's `slowest`).
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class Controller:
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
-        gains = self.acc.gains_many(keys)
+        gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
         ks = policy.search(gains, caps, c, probes, np.asarray(room) + 1 if drain else None)
         self.searches += 1
         if any(ks):
