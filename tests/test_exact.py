@@ -175,3 +175,81 @@ def test_the_same_command_twice_gives_the_same_answers(tiny_llama, tmp_path):
     assert answers("x1", "--exact", *sd) == answers("x2", "--exact", *sd) == ref
     fixed = sd + ["--speculate", "fixed"]
     assert answers("f1", *fixed) == answers("f2", *fixed)
+
+
+def _peaked(g, *shape):
+    """Softmax-like weights spanning 2^0 .. 2^-20, in bf16 (uniform ones sum exactly in fp32,
+    so a reduction's order never shows on them)."""
+    return torch.exp2(-20 * torch.rand(*shape, generator=g)).bfloat16()
+
+
+def test_attentions_weighted_sum_ignores_the_longest_key_group():
+    """The repro of issue 44 (no specctl needed to see it there: on an Intel Xeon with AMX,
+    bmm(p, v) over 38 keys and the same padded with zero weights to 40-60 keys differ in 2-7
+    elements of 512 x 6 x 65): exact's weighted sum of 512 x 6 rows over n keys has the same
+    bits whatever length the keys are padded to, however many groups are in the call and
+    wherever the row sits, at every thread count. Passes trivially where the BLAS happens to
+    be invariant (this AMD EPYC); on an AMX CPU it fails if the sum over keys stops being
+    blocked."""
+    g = torch.Generator().manual_seed(0)
+    for n in (38, 60, 100, 200):
+        p, v = _peaked(g, 512, 6, n), torch.randn(512, n, 65, generator=g).bfloat16()
+
+        def ws(pp, vv, L):
+            L = -(-L // exact.KEY_BLOCK) * exact.KEY_BLOCK
+            return exact.weighted_sum(torch.nn.functional.pad(pp, (0, L - n)),
+                                      torch.nn.functional.pad(vv, (0, 0, 0, L - n)))
+        ref = ws(p, v, n)
+        # bf16 blocks added in fp32: as close to the fp32 product as one bf16 bmm is (error
+        # relative to the weights' sum, the softmax's normalizer)
+        full, scale = torch.bmm(p.float(), v.float()), p.float().sum(-1, keepdim=True)
+        err = ((ref - full).abs() / scale).max()
+        assert err <= 1.5 * ((torch.bmm(p, v).float() - full).abs() / scale).max() + 1e-4, n
+        for L in (n, n + 2, n + 30, n + 64, 4 * n + 7):
+            for t in exact._threads():
+                torch.set_num_threads(t)
+                assert torch.equal(ws(p, v, L), ref), (n, L, t)
+                assert torch.equal(ws(p[:3], v[:3], L), ref[:3]), (n, L, t)
+                rows = _peaked(g, 3, 40, n)
+                rows[:, 17] = p[:3, 0]
+                assert torch.equal(ws(rows, v[:3], L)[:, 17], ref[:3, 0]), (n, L, t)
+
+
+def test_the_self_check_names_a_kernel_that_varies_with_the_batch(tiny_llama):
+    """A linear whose rounding follows the row count (what oneDNN's AMX kernel did to a bf16
+    row) passes the probe's random weights by construction here, and the model's own
+    self-check refuses --exact, naming the operation; the real kernels pass it."""
+    from specctl.engine import selfcheck
+    m = load_model(tiny_llama, "cpu", "bf16")
+    m.set_exact(True)
+    assert selfcheck.self_check(m) is None and "self-checked" in m.exact_check
+    inner = m.linear
+
+    def drifts(x, w, b=None):   # one bf16 step off where the call has over 64 rows
+        y = inner(x, w, b)
+        return y * (1 + 2 ** -7) if x.shape[0] > 64 and w.shape[0] == m.cfg.intermediate_size * 2 \
+            else y
+    m.linear = drifts
+    where = selfcheck.self_check(m)
+    assert where is not None and where.startswith("layer 0's gate/up projection"), where
+    assert "among 16 prompts" in where
+    m.linear = inner
+
+    def late(x, w, b=None):   # varies only in a decode step of many sequences
+        y = inner(x, w, b)
+        return y + 1 if 40 < x.shape[0] < 120 and w.shape[0] == m.cfg.vocab_size else y
+    m.linear = late
+    where = selfcheck.self_check(m)
+    assert where is not None and where.startswith("the LM head") and "chain" in where, where
+
+
+def test_exact_is_refused_naming_what_varied(tiny_llama, monkeypatch):
+    """Where every linear the probe accepts fails the self-check, set_exact refuses with one
+    line that names the operation and says --exact cannot hold."""
+    from specctl.engine import selfcheck
+    m = load_model(tiny_llama, "cpu", "bf16")
+    monkeypatch.setattr(selfcheck, "self_check",
+                        lambda model: "layer 3's attention, a prompt's row alone vs among 16")
+    with pytest.raises(ValueError, match=r"layer 3's attention.*cannot hold here"):
+        m.set_exact(True)
+    assert not m.exact

@@ -7,9 +7,13 @@ What varies with the batch in the plain path, and what this module does instead:
 - Attention (SDPA's kernel splits keys and queries by the step's shapes; a tree's keys sit
   between other drafts'): each query attends over its own keys laid out by position, exactly
   as in a plain decode of that token (committed rows, then its ancestors in depth order), in
-  groups that share a layout (a chain, or one root-to-leaf path of a tree). Scores and the
-  weighted sum are batched matmuls whose reduction is over the head dimension and over keys in
-  position order with zero weights past the query's own position; the softmax runs in fp32.
+  groups that share a layout (a chain, or one root-to-leaf path of a tree). The scores are
+  batched matmuls reducing over the head dimension; the weighted sum runs over keys in
+  position order (zero weights past the query's own position) in blocks of KEY_BLOCK keys,
+  each block one matmul of that fixed reduction length, the blocks added in fp32 in key
+  order: the sum's order is specctl's, not the library's (oneDNN's AMX kernel cut a
+  reduction by its length, so the longest key group in the forward changed a row's bits);
+  the softmax runs in fp32.
 - Transcendental elementwise ops (exp in softmax and SiLU, RoPE's sin/cos): CPU kernels take a
   vectorized path for most elements and a scalar one for a remainder whose place depends on the
   tensor's size, and the two round differently. Here exp is built from IEEE basic operations
@@ -20,7 +24,8 @@ What varies with the batch in the plain path, and what this module does instead:
   but one (oneDNN's bf16 on AVX512-BF16 CPUs: a single row runs as a matrix-vector product),
   F.linear on at least 2 rows; else rows in fixed tiles of TILE (one shape, one kernel); else
   --exact is refused (MKL's fp32 GEMM changes kernels with the row count, and its batched
-  GEMM too, which attention needs). Attention's matmuls get at least 2 query rows too.
+  GEMM too, which attention needs). Attention's matmuls get at least 2 query rows too. The
+  probe's choice is then checked on the model itself (engine/selfcheck.py).
 RMSNorm, embedding, argmax and the residual adds are per row already.
 """
 
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 TILE = 8                    # rows per matmul call where the BLAS is not row-invariant
+KEY_BLOCK = 64              # keys per block of attention's weighted sum (weighted_sum)
 ROPE_CHUNK = 4096           # positions per piece of the RoPE table (each built in one call)
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4   # Cody-Waite split of ln 2 (n * HI exact)
 _EXP_COEF = [1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]   # Taylor, |r| <= ln2 / 2
@@ -142,11 +148,12 @@ PREFILL_ROWS = 512   # a prefill chunk's rows (GenerateConfig.prefill_chunk)
 
 
 def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
-    """The linear to use under --exact on this machine for the layers' weights (a prefill's row
-    count is probed on them too) and the LM head: on the CPU linear2 where it is row-invariant,
-    else tiled_linear where that is; on CUDA the Triton kernel
-    (checked all the same); None if none is, or if attention's batched matmuls in this dtype
-    are not invariant. 1-2 s for the demo model."""
+    """The linears to use under --exact on this machine for the layers' weights (a prefill's
+    row count is probed on them too) and the LM head, in order of preference (a generator):
+    on the CPU linear2 where it is row-invariant, then tiled_linear where that is; on CUDA the
+    Triton kernel (checked all the same); none if attention's batched matmuls in this dtype
+    are not invariant. 1-2 s for the demo model. The model's own self-check
+    (engine/selfcheck.py) has the last word."""
     # each shape's weights of the first, middle and last layer (whether a rounding difference
     # shows depends on the values); a prefill's rows at the run's thread count only
     shapes: dict = {}
@@ -165,12 +172,11 @@ def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
         candidates = (linear2, tiled_linear)
     with torch.inference_mode():
         if not _attention_invariant(head.dtype, head.device, head_dim):
-            return None
+            return
         for f in candidates:
             if _invariant(f, by_shape, PROBE_ROWS + (PREFILL_ROWS,)) \
                     and _invariant(f, [head], PROBE_ROWS):
-                return f
-    return None
+                yield f
 
 
 class ExactMeta:
@@ -187,7 +193,8 @@ class ExactMeta:
         for b, n in enumerate(counts):
             for cols, members, rank in _paths(mask[b, :n]):
                 groups.append((_storage(meta, b, cols), cu[b] + members, rank))
-        G, L = len(groups), max(len(g[0]) for g in groups)
+        G = len(groups)
+        L = -(-max(len(g[0]) for g in groups) // KEY_BLOCK) * KEY_BLOCK   # (weighted_sum)
         N = max(2, max(len(g[1]) for g in groups))   # (at least 2 rows: see the docstring)
         keys, toks = np.empty((G, L), np.int64), np.zeros((G, N), np.int64)
         limit, out = np.zeros((G, N), np.int64), np.empty(num_tokens, np.int64)
@@ -253,9 +260,27 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     s = bmm(qg.reshape(G * KV, -1, hd), k.reshape(G * KV, L, hd).transpose(1, 2))
     s = (s.float() * hd ** -0.5).view(G, KV, N, H // KV, L).masked_fill(e.hidden, float("-inf"))
     p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(e.hidden, 0.0).to(q.dtype)
-    o = bmm(p.view(G * KV, -1, L), v1).float()                       # weighted sum and total
+    o = weighted_sum(p.view(G * KV, -1, L), v1)                      # weighted sum and total
     o = (o[..., :hd] / o[..., hd:]).view(G, KV, N, H // KV, hd).transpose(1, 2)
     return o.reshape(G * N, H, hd).index_select(0, e.out).to(q.dtype)
+
+
+def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [B, N, L] @ v [B, L, D] in fp32, L a multiple of KEY_BLOCK: each block of KEY_BLOCK
+    keys one batched matmul of that one reduction length, the blocks' products added in fp32
+    in key order. The order of the sum over keys is fixed here, not by the library: a BLAS
+    may cut a reduction of L by L (oneDNN's AMX kernel does: a bf16 row's bits changed with
+    the longest key group in the forward, so with whatever else was in the batch)."""
+    B, N, L = p.shape
+    nb = L // KEY_BLOCK
+    if nb == 1:
+        return bmm(p, v).float()
+    pb = p.view(B, N, nb, KEY_BLOCK).transpose(1, 2).reshape(B * nb, N, KEY_BLOCK)
+    part = bmm(pb, v.reshape(B * nb, KEY_BLOCK, -1)).view(B, nb, N, -1)
+    out = part[:, 0].float()
+    for j in range(1, nb):
+        out += part[:, j]   # (elementwise: each element's own adds, in key order)
+    return out
 
 
 def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -267,15 +292,15 @@ def bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
-    """Whether batched matmuls of attention's shapes in `dtype` give a row the same bits at
-    any batch, row and key count (keys past a row's own weighted 0) and thread count."""
+    """Whether attention's batched matmuls in `dtype` give a row the same bits at any batch,
+    row and key count and thread count: the scores (a reduction over hd), and the weighted sum
+    as weighted_sum runs it, on softmax-like weights spanning 2^0 .. 2^-20 (uniform weights
+    sum exactly in fp32, so no order shows on them; ~1 output in 20,000 flips on peaked ones)
+    over 512 x 6 rows, each key length from n to n + 64 against n."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(8, 64, hd, generator=g).to(device, dtype)
     k = torch.randn(8, hd, 2048, generator=g).to(device, dtype)
-    p = torch.rand(8, 64, 2048, generator=g)
-    p[:, :, 50:] = 0
-    p, v = p.to(device, dtype), torch.randn(8, 2048, hd + 1, generator=g).to(device, dtype)
-    ref_s, ref_o = bmm(q[:1, :2], k[:1, :, :50])[0, 0], bmm(p[:1, :2, :50], v[:1, :50])[0, 0]
+    ref_s = bmm(q[:1, :2], k[:1, :, :50])[0, 0]
     n0 = torch.get_num_threads()
     try:
         for t in _threads():
@@ -283,11 +308,33 @@ def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
             for x, m, n in ((1, 2, 50), (3, 5, 64), (8, 40, 300), (2, 13, 201), (8, 3, 51),
                             (4, 64, 2048)):
                 for at in (0, m - 1):
-                    qq, pp = q[:x, :m].clone(), p[:x, :m, :n].clone()
-                    qq[0, at], pp[0, at] = q[0, 0], p[0, 0, :n]
-                    if not (torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s)
-                            and torch.equal(bmm(pp, v[:x, :n])[0, at], ref_o)):
+                    qq = q[:x, :m].clone()
+                    qq[0, at] = q[0, 0]
+                    if not torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s):
                         return False
+            for n in (38, 100):
+                if not _weighted_sum_invariant(g, dtype, device, hd, n):
+                    return False
     finally:
         torch.set_num_threads(n0)
+    return True
+
+
+def _weighted_sum_invariant(g, dtype, device, hd: int, n: int) -> bool:
+    """weighted_sum of 512 x 6 rows over n keys: the same bits with the keys padded to any
+    length up to n + 64, for the first 3 of the batch alone, and for a row among 40 others."""
+    p = torch.exp2(-20 * torch.rand(512, 6, n, generator=g)).to(device, dtype)
+    v = torch.randn(512, n, hd + 1, generator=g).to(device, dtype)
+
+    def run(pp, vv, L):
+        L = -(-L // KEY_BLOCK) * KEY_BLOCK
+        return weighted_sum(F.pad(pp, (0, L - n)), F.pad(vv, (0, 0, 0, L - n)))
+    ref = run(p, v, n)
+    many = torch.randn(3, 40, n, generator=g).abs().to(device, dtype)
+    many[:, -1] = p[:3, 0]
+    padded = sorted({-(-L // KEY_BLOCK) for L in range(n, n + 65)})   # (the lengths it runs)
+    for L in (b * KEY_BLOCK for b in padded):
+        if not (torch.equal(run(p, v, L), ref) and torch.equal(run(p[:3], v[:3], L), ref[:3])
+                and torch.equal(run(many, v[:3], L)[:, -1], ref[:3, 0])):
+            return False
     return True

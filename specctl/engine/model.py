@@ -12,6 +12,7 @@ for attention and two for the MLP.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -161,6 +162,7 @@ class Model:
         self.exact = False        # batch-invariant numerics (set_exact)
         self.linear, self.silu, self.apply_rope = linear, F.silu, apply_rope
         self._exact_linear = self._rope_table = None
+        self.exact_check = ""      # what --exact chose on this machine and its check's cost
 
     def set_attention(self, backend: str) -> None:
         if backend not in BACKENDS:
@@ -173,27 +175,50 @@ class Model:
 
     def set_exact(self, on: bool) -> None:
         """--exact: every op on the decoding path gives a row the same bits whatever else is in
-        the forward (engine/exact.py). Raises ValueError where this machine's matmuls are not
-        row-invariant even in fixed tiles."""
+        the forward (engine/exact.py), checked on this model at the first call (the probe's
+        linears in order, each self-checked: engine/selfcheck.py; exact_check says what was
+        chosen and what it cost). Raises ValueError where none holds, naming what varied."""
         if on and self._exact_linear is None:
             if self.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"--exact runs on the CPU and CUDA, not {self.device.type}")
-            weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
-            self._exact_linear = exact.probe(weights, self.lm_head, self.cfg.head_dim)
-            if self._exact_linear is None:
-                dt = {torch.float32: "fp32", torch.bfloat16: "bf16",
-                      torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
-                raise ValueError(f"--exact: this machine's {dt} matmuls give a row different "
-                                 "bits at different row counts (try --dtype bf16)")
-            self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+            self._choose_exact()
         if on != self.exact and self.device.type == "cuda":
             # eager under --exact: its attention groups are built on the host per forward
             self._graphs, self.graphs = self.graphs, self._graphs
+        self._use_exact(on)
+
+    def _use_exact(self, on: bool) -> None:
         self.exact = on
         self.attend = exact.exact_attention if on else BACKENDS[self.attention]
         self.linear = self._exact_linear if on else linear
         self.silu = exact.silu if on else F.silu
         self.apply_rope = exact.apply_rope if on else apply_rope
+
+    def _choose_exact(self) -> None:
+        from specctl.engine.selfcheck import self_check
+        t0 = time.perf_counter()
+        dt = {torch.float32: "fp32", torch.bfloat16: "bf16",
+              torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
+        weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+        self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+        varied = None
+        for f in exact.probe(weights, self.lm_head, self.cfg.head_dim):
+            self._exact_linear = f
+            self._use_exact(True)
+            try:   # (eager forwards: no graph replays)
+                varied = self_check(self)
+            finally:
+                self._use_exact(False)
+            if varied is None:
+                self.exact_check = f"{f.__name__}, probed and self-checked on this model " \
+                                   f"in {time.perf_counter() - t0:.1f} s"
+                return
+        self._exact_linear = None
+        if varied is None:
+            raise ValueError(f"--exact: this machine's {dt} matmuls give a row different "
+                             "bits at different row counts (try --dtype bf16)")
+        raise ValueError(f"--exact: on this machine in {dt}, {varied} gave different bits; "
+                         "--exact cannot hold here")
 
     def new_kv_cache(self, num_slots: int, max_len: int, budget: int | None = None) -> KVCache:
         """A KV cache for num_slots sequences of up to max_len rows: contiguous, or paged when
