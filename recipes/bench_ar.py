@@ -39,8 +39,8 @@ import torch
 
 from specctl.io.sharegpt import first_human_turns
 from specctl.models.checkpoint import resolve_model
-from specctl.runtime.tokenization import Tokenization
-from specctl.runtime.sequence import Request
+from specctl.runtime.jobs.tokenization import Tokenization
+from specctl.runtime.step.sequence import Request
 from specctl.store import Store, atomic_write_json
 
 MARK = "BENCH_RESULT "
@@ -63,7 +63,7 @@ def peak_rss_mb() -> float:   # ru_maxrss is in KiB on Linux
 
 def ar_generate(model_dir: Path, tk: Tokenization, batch: int):
     from specctl.engine.loader import load_model
-    from specctl.runtime.runner import Runner
+    from specctl.runtime.step.runner import Runner
     from specctl.speculative.drafter import NoDraft
     from specctl.speculative.sampling import SamplingParams
 

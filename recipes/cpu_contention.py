@@ -4,7 +4,7 @@
 
 Runs the same greedy `ar` decode (demo model by default, fp32) four ways in one script: on a
 quiet machine and with one other CPU-bound process running (a busy loop started by this
-script), each with the thread tuner (runtime/threads.py, the default) and with every core's
+script), each with the thread tuner (runtime/step/threads.py, the default) and with every core's
 thread fixed (torch's default, what specctl did before the tuner). Prints tokens/s per case and
 the busy/quiet ratio; the machine must be otherwise idle for the quiet numbers to mean anything.
 """
@@ -20,8 +20,8 @@ import torch
 
 
 def decode(model, prompts, max_tokens: int, threads: int | None) -> float:
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.drafter import NoDraft
     from specctl.speculative.sampling import SamplingParams
     reqs = [Request(i, [[]], max_tokens) for i in range(len(prompts))]

@@ -31,9 +31,9 @@ import specctl
 assert specctl.__file__.startswith(sys.path[0] or __import__("os").getcwd()), specctl.__file__
 from pathlib import Path
 from specctl.engine.loader import load_model
-from specctl.runtime.tokenization import Tokenization
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request
+from specctl.runtime.jobs.tokenization import Tokenization
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request
 from specctl.speculative.drafter import NoDraft
 from specctl.speculative.sampling import SamplingParams
 model_dir, batch, n, tokens, threads, paged = sys.argv[1:7]
@@ -75,11 +75,11 @@ from pathlib import Path
 from specctl.engine.loader import load_model
 from specctl.io.prompts import read_prompts
 from specctl.models.fingerprint import model_fingerprint
-from specctl.runtime.config import GenerateConfig, split_variant
-from specctl.runtime.methods import make_drafter
-from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner
-from specctl.runtime.tokenization import Tokenization, kv_rows
+from specctl.runtime.jobs.config import GenerateConfig, split_variant
+from specctl.runtime.jobs.methods import make_drafter
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.sizing import make_runner
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows
 from specctl.store import Store
 method, model_dir, batch, n, tokens, threads, prompts, store, skip = sys.argv[1:10]
 batch, n, tokens, threads = int(batch), int(n), int(tokens), int(threads)

@@ -33,11 +33,11 @@ import time
 import torch
 
 from specctl.models.fingerprint import model_fingerprint
-from specctl.runtime.config import GenerateConfig, split_variant
-from specctl.runtime.methods import make_drafter
-from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner
-from specctl.runtime.tokenization import Tokenization, kv_rows
+from specctl.runtime.jobs.config import GenerateConfig, split_variant
+from specctl.runtime.jobs.methods import make_drafter
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.sizing import make_runner
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows
 from specctl.store import Store
 
 

@@ -12,6 +12,6 @@ __all__ = ["GenerationOutput", "Generator", "__version__"]
 def __getattr__(name: str):
     # lazily: `import specctl.errors` & co. must not load torch and the whole runtime
     if name in ("Generator", "GenerationOutput"):
-        from specctl.runtime import generator
+        from specctl.runtime.jobs import generator
         return getattr(generator, name)
     raise AttributeError(f"module 'specctl' has no attribute {name!r}")

@@ -154,7 +154,7 @@ def load_recipe(path: Path | str) -> Recipe:
                            f"(known: {', '.join(STEPS)})")
     m = r.data.get("generate", {}).get("method")
     if m is not None:
-        from specctl.runtime.config import METHODS
+        from specctl.runtime.jobs.config import METHODS
         if m not in METHODS:
             raise SpecctlError(f"{where}: [generate] method {m!r} is not one of "
                                f"{', '.join(METHODS)}")

@@ -27,7 +27,7 @@ def model(tiny_llama):
 @pytest.fixture
 def count_generated(monkeypatch) -> list[int]:
     """Record the indices of the requests handed to the Runner (what a job generated)."""
-    from specctl.runtime.runner import Runner
+    from specctl.runtime.step.runner import Runner
     seen: list[int] = []
     real = Runner.run
 

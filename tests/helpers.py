@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from specctl.runtime.controller import make_controller
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request
+from specctl.runtime.control.controller import make_controller
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request
 from specctl.speculative.drafter import NoDraft
 from specctl.speculative.sampling import SamplingParams
 

@@ -19,10 +19,10 @@ from pathlib import Path
 from specctl.engine.batch import FULL
 from specctl.engine.graphs import CudaGraphs, grid_n
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import Controller
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request
-from specctl.runtime.stepcost import StepCost
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import DraftLimits, DraftPrice, Drafter, NoDraft, Proposal
 from specctl.speculative.sampling import SamplingParams
 from specctl.speculative.verify import DraftTree

@@ -81,7 +81,7 @@ def test_a_bad_skip_set_file_is_named(tmp_path, tiny_llama):
     (["exit_layer"], "expected a JSON adapter config"),
 ])
 def test_adapter_config_schema(tmp_path, model, config, needle):
-    from specctl.runtime.artifacts import load_adapter
+    from specctl.runtime.jobs.artifacts import load_adapter
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpecctlError) as e:
         load_adapter(tmp_path, model)
@@ -130,8 +130,8 @@ def test_step_table_schema():
 
 
 def test_run_records_and_manifests_are_not_coerced(tmp_path):
-    from specctl.runtime.records import _valid, nearest_run
-    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.jobs.records import _valid, nearest_run
+    from specctl.runtime.jobs.config import GenerateConfig
     from specctl.store import Store
     rec = {"index": 1, "text": "x", "new_tokens": 1, "steps": 1, "prompt_tokens": 2,
            "accept_lengths": [], "draft_lengths": [], "wall_time_s": 0.1}

@@ -1,4 +1,5 @@
-"""--method auto: the fastest method on a pilot of the job's own prompts (runtime/auto.py)."""
+"""--method auto: the fastest method on a pilot of the job's own prompts
+(runtime/control/auto.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specctl.cli import app
-from specctl.runtime import auto
-from specctl.runtime.auto import Pilot, choose, explain
+from specctl.runtime.control import auto
+from specctl.runtime.control.auto import Pilot, choose, explain
 from specctl.speculative.draft_verify import SkipSet
 
 TEXTS = ("one two three", "a b a b a b a b", "x", "the cat sat on the mat and the cat")
@@ -110,8 +111,8 @@ def test_pilots_leave_the_jobs_drafter_untouched(tiny_llama, tmp_path):
     """Each pilot pass runs a fresh drafter: Self-Draft's context cache, filled with the
     pilot's own answers, would otherwise draft those answers perfectly in the job."""
     from specctl.engine.loader import load_model
-    from specctl.runtime.config import GenerateConfig
-    from specctl.runtime.tokenization import Tokenization
+    from specctl.runtime.jobs.config import GenerateConfig
+    from specctl.runtime.jobs.tokenization import Tokenization
     from specctl.io.prompts import prompt_record
     from specctl.store import Store
 

@@ -18,7 +18,7 @@ from specctl.bench import compare, spread
 from specctl.cli import app
 from specctl.speculative.draft_verify import SkipSet
 from specctl.speculative.drafter import NoDraft
-from specctl.runtime.sequence import Request
+from specctl.runtime.step.sequence import Request
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -258,7 +258,7 @@ def test_divergence_gap_is_the_models_logit_gap_at_the_first_difference(tiny_lla
 
     from specctl.bench import divergence_gaps
     from specctl.io.prompts import read_prompts
-    from specctl.runtime.tokenization import Tokenization
+    from specctl.runtime.jobs.tokenization import Tokenization
 
     tk = Tokenization(tiny_llama, True)
     p = Path(tiny_llama) / "div.jsonl"
@@ -390,7 +390,7 @@ def test_bench_and_generate_build_the_same_runner(tmp_path, tiny_llama, monkeypa
     """A bench row times what `generate` runs: for the same options both build their runner
     through make_runner, with the same slots, KV rows and budget, threads, stop strings,
     prefill chunk and controller (method, budget cap, priced on the same step-cost table)."""
-    import specctl.runtime.sizing as sizing
+    import specctl.runtime.jobs.sizing as sizing
     built = []
 
     class Spy(sizing.Runner):

@@ -67,7 +67,7 @@ def test_captures_inside_timed_repeats_are_counted_and_flagged(tmp_path, tiny_ll
     while it runs are, per repeat. (The model's capture counter is stood in for, so the test
     holds whatever the runner's capture policy.)"""
     import specctl.bench.peers as peers
-    import specctl.runtime.sizing as sizing
+    import specctl.runtime.jobs.sizing as sizing
     shapes = [0]
     monkeypatch.setattr(peers, "graph_captures", lambda model: shapes[0])
     timed_runs = []

@@ -27,7 +27,7 @@ from specctl.prep.corpus_files import decode
 from specctl.prep.corpus_zip import unsafe_member_name
 from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
 from specctl.models.fingerprint import tokenizer_fingerprint
-from specctl.runtime.artifacts import resolve_corpus_cache
+from specctl.runtime.jobs.artifacts import resolve_corpus_cache
 from specctl.speculative import corpus_cache as cs
 from specctl.speculative.corpus_cache import CorpusCache, brute_force_table, hash_key, hash_keys
 from specctl.store import Store

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specctl.runtime.config import GenerateConfig
+from specctl.runtime.jobs.config import GenerateConfig
 from helpers import fails
 from specctl.cli import app
 
@@ -466,7 +466,7 @@ def test_runs_of_older_versions_resume(tmp_path, tiny_llama, monkeypatch, count_
 
 def test_a_runs_key_holds_only_what_can_change_its_answers():
     from dataclasses import replace
-    from specctl.runtime.depends import options_digest
+    from specctl.runtime.jobs.depends import options_digest
     for method, inert, live in (("ar", dict(gram=3, eta=0.5, speculate="fixed"), dict(seed=1)),
                                 ("self-draft", dict(eta=0.5, max_draft=3), dict(gram=3)),
                                 ("kangaroo", dict(gram=3), dict(eta=0.5))):
@@ -724,7 +724,7 @@ def test_options_are_declared_once():
     from typer.main import get_command
 
     from specctl.cli.options import BENCH, METHOD_OPTIONS
-    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.jobs.config import GenerateConfig
     cmd = get_command(app)
     gen = {p.name: p for p in cmd.commands["generate"].params}
     bench = {p.name for p in cmd.commands["bench"].params}

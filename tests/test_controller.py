@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import Budgets, Controller, make_controller
-from specctl.runtime.stepcost import StepCost
+from specctl.runtime.control.controller import Budgets, Controller, make_controller
+from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
 
@@ -377,7 +377,7 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
 def test_thread_trials_weigh_steps_by_their_table_cost(model, monkeypatch):
     """Under --speculate auto the CPU thread tuner compares its trials per step-cost-table ms,
     not per token: per token a trial whose steps drafted more would win whatever its threads."""
-    from specctl.runtime.threads import ThreadTuner
+    from specctl.runtime.step.threads import ThreadTuner
     seen = []
     monkeypatch.setattr(ThreadTuner, "after", lambda self, s, work: seen.append(work))
     prompts = _prompts(4, seed=1)
@@ -440,7 +440,7 @@ def test_cli_speculate_auto(tmp_path, tiny_llama):
     from typer.testing import CliRunner
 
     from specctl.cli import app
-    from specctl.runtime.config import split_variant
+    from specctl.runtime.jobs.config import split_variant
     assert split_variant("self-draft:light:auto")[1]["speculate"] == "auto"
     assert split_variant("draft-verify:fixed") == ("draft-verify", {"speculate": "fixed"})
     prompts = tmp_path / "p.jsonl"
@@ -499,7 +499,7 @@ def test_generate_says_the_gain_and_a_smaller_job_measures_no_table(tmp_path, ti
     from typer.testing import CliRunner
 
     from specctl.cli import app
-    from specctl.runtime import steptables
+    from specctl.runtime.control import steptables
     monkeypatch.setattr(steptables, "_TABLES", {})
     store = tmp_path / "store"
 
@@ -527,7 +527,7 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     unreadable file is measured again, with a message naming it."""
     import json
 
-    from specctl.runtime import steptables as C
+    from specctl.runtime.control import steptables as C
     from specctl.store import Store
     store = Store(tmp_path / "store")
     monkeypatch.setattr(C, "_TABLES", {})
@@ -566,7 +566,7 @@ def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monke
     """Tables stored for batch 2 and 8: batch 5 is read off the line between their rows, not
     measured (a file of 5 prompts after runs of 2 and 8), batch 1 is their row; batch 9, past
     them, is measured."""
-    from specctl.runtime import steptables as C
+    from specctl.runtime.control import steptables as C
     from specctl.store import Store
     store = Store(tmp_path / "store")
     monkeypatch.setattr(C, "_TABLES", {})
@@ -592,7 +592,8 @@ def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monke
 
 
 def test_step_table_seconds_counts_the_measured_steps():
-    from specctl.runtime.steptables import STEP_NS, STEP_REPEATS, STEP_WARMUP, step_table_seconds
+    from specctl.runtime.control.steptables import (STEP_NS, STEP_REPEATS, STEP_WARMUP,
+                                                    step_table_seconds)
     runs = STEP_WARMUP + STEP_REPEATS   # each point: warm-up, then timed repeats
     # batches 1 and 8, and each round's first point once more (untimed, to warm it)
     assert step_table_seconds(8, lambda b, n: b * n) == \
@@ -674,8 +675,8 @@ def test_a_drafter_that_exits_at_once_loses_its_budget():
 def test_gain_vs_ar_replaces_the_step_time_by_its_ar_price():
     """10 s of decoding, 8 of them steps whose tokens ar would have taken 12 s for: ar runs
     14 s, the gain is 1.4x; an ar run is its own estimate; without the controller, none."""
-    from specctl.runtime.metrics import gain_vs_ar
-    from specctl.runtime.stats import RunStats
+    from specctl.runtime.jobs.metrics import gain_vs_ar
+    from specctl.runtime.step.stats import RunStats
     st = RunStats(controlled_steps=10, measured_step_ms=8000.0, ar_step_ms=12000.0)
     got = gain_vs_ar(st, 50.0, 10.0, plain=False)
     assert got["gain_vs_ar_est"] == pytest.approx(1.4)

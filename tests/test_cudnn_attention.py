@@ -16,7 +16,7 @@ import specctl.engine.attention as attention
 import specctl.engine.loader as loader
 from specctl.cli import app
 from specctl.engine.batch import ForwardBatch, SeqInput
-from specctl.runtime.config import GenerateConfig
+from specctl.runtime.jobs.config import GenerateConfig
 
 CUDNN = torch.backends.cuda
 
@@ -121,7 +121,7 @@ def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag
 
 
 def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
-    import specctl.runtime.job as job
+    import specctl.runtime.jobs.job as job
     loads = _spy_loads(monkeypatch, job)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")

@@ -15,9 +15,9 @@ from sim import (OracleChains, SimClock, against_ar, h100_table, sim_controller,
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.loader import load_model
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import make_controller
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request
+from specctl.runtime.control.controller import make_controller
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.speculative.sampling import SamplingParams
 

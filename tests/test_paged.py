@@ -157,8 +157,8 @@ def test_more_requests_than_fit_all_finish(model):
     """40 requests, 16 slots, a pool of three full-length sequences: every request finishes,
     equal to ar; sequences waited for blocks and some were preempted and restarted, their
     requests' counters undone (steps count each emitted token's step once)."""
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     prompts = random_prompts(40, seed=11, max_len=60)
     ref, _ = run_ids(model, prompts, max_tokens=40, max_len=128)
     reqs = [Request(i, [[{}]], 40) for i in range(40)]

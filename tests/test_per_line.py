@@ -1,5 +1,5 @@
-"""A line's own sampling settings and --logprobs (io/prompts.py, runtime/groups.py,
-runtime/logprobs.py): checked like every other field, applied to their own line only, and
+"""A line's own sampling settings and --logprobs (io/prompts.py, runtime/jobs/groups.py,
+runtime/step/logprobs.py): checked like every other field, applied to their own line only, and
 every method stays token-identical to ar under them."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from helpers import method_drafters
 from specctl.errors import SpecctlError
 from specctl.io.prompts import prompt_record
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.groups import run_groups
-from specctl.runtime.sequence import Request
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.step.sequence import Request
 
 
 def test_settings_are_read_and_checked():
@@ -146,8 +146,8 @@ def test_seeds_share_a_runner_and_n_answers_are_seeds_in_a_row(model, monkeypatc
     """Lines that differ only in their seed run in one group (the seed is the request's); a
     line asking for n answers gets n, answer j drawn with seed + j (as a line of that seed
     run alone), counted together."""
-    from specctl.runtime import groups
-    from specctl.runtime.records import output_line
+    from specctl.runtime.jobs import groups
+    from specctl.runtime.jobs.records import output_line
     from specctl.speculative.drafter import NoDraft
     made = []
     real = groups.make_runner
@@ -229,7 +229,7 @@ def test_runs_of_files_with_per_line_settings_key_apart(tmp_path):
     resumed, so their key gains a mark; settings anywhere in the file count (a --limit run of
     the first lines resumes to the rest)."""
     from specctl.io.prompts import read_prompts
-    from specctl.runtime.records import per_line
+    from specctl.runtime.jobs.records import per_line
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "a"}) + "\n" +
                  json.dumps({"prompt": "b", "sampling": {"seed": 1}}) + "\n")

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime import policy
-from specctl.runtime.acceptance import Acceptance
-from specctl.runtime.controller import Controller
-from specctl.runtime.stepcost import StepCost
+from specctl.runtime.control import policy
+from specctl.runtime.control.acceptance import Acceptance
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.control.stepcost import StepCost
 
 NS = (1, 2, 4, 8, 16, 32, 64)
 ROOT = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ def test_shipped_recipe_validates(path):
     r = load_recipe(path)
     assert r.model and r.steps and r.data.get("sources")
     opts = r.generate_options()
-    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.jobs.config import GenerateConfig
     GenerateConfig(input="x.jsonl", **opts)   # every setting is a valid generate setting
 
 

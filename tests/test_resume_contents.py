@@ -1,5 +1,5 @@
 """--resume continues a run only when everything its answers depend on is unchanged, by content
-(runtime/depends.py, models/contents.py): weights replaced under the same path past the first
+(runtime/jobs/depends.py, models/contents.py): weights replaced under the same path past the first
 MiB (which the artifact key, model_fingerprint, does not read), a corpus cache rewritten under
 the same id, a run recorded without contents. The digest cache: a start costs a stat, a changed
 file (a rewrite with its mtime set back included) is hashed again."""

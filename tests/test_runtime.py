@@ -37,8 +37,8 @@ def test_batched_equals_batch_one_and_is_unpadded(model, batch_size):
 def test_slot_is_reused_when_a_sequence_finishes(model):
     # different budgets per request: short ones finish early and their slots get new prompts
     prompts = _prompts(6, seed=2)
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.drafter import NoDraft
 
     reqs = [Request(i, [[]], 2 if i % 2 == 0 else 9) for i in range(6)]
@@ -54,8 +54,8 @@ def test_slot_is_reused_when_a_sequence_finishes(model):
 def test_chunked_prefill_equals_one_shot(model):
     prompts = _prompts(4, seed=3)
     ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=6)
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.drafter import NoDraft
     got = {}
     r = Runner(model, NoDraft(), SamplingParams(), batch_size=4, max_len=128, eos_ids=set(),
@@ -128,8 +128,8 @@ def test_a_stop_string_many_tokens_long_ends_the_answer_at_its_last_token(model,
     """The stop check decodes a window of the stop's length (plus slack) in tokens, not the
     answer: a stop string spanning 30 tokens, some of which decode to nothing, still ends
     the answer at the token that completes it, and its text is cut before it."""
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.drafter import NoDraft
     prompt = random_prompts(1, seed=3)[0]   # (an answer of 26 different tokens)
     (ref,), _ = run_ids(model, [prompt], max_tokens=60)
@@ -159,8 +159,8 @@ def test_a_stop_string_of_many_tokens_a_character_is_found(model, tmp_path, stop
     """A byte-level tokenizer spells a Thai, CJK or emoji character as several tokens: the stop
     check's window (sized in UTF-8 bytes) still sees the whole stop string, and the answer ends
     at the token that completes it."""
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request, Sequence
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request, Sequence
     from specctl.speculative.drafter import NoDraft
     from tiny import make_tokenizer
     tok = make_tokenizer(tmp_path)
@@ -190,7 +190,7 @@ def test_decoding_is_the_tokenizers(tiny_llama, tmp_path, cleanup):
     import json
     import random
     import shutil
-    from specctl.runtime.tokenization import Tokenization
+    from specctl.runtime.jobs.tokenization import Tokenization
     d = tmp_path / "m"
     shutil.copytree(tiny_llama, d)
     cfg = json.loads((d / "tokenizer_config.json").read_text())

@@ -17,13 +17,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.dist import shard
-from specctl.runtime.metrics import merged_metrics, metrics
-from specctl.runtime.stats import sum_stats
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.dist import shard
+from specctl.runtime.jobs.metrics import merged_metrics, metrics
+from specctl.runtime.step.stats import sum_stats
 from specctl.cli import app
 from specctl.errors import SpecctlError
-from specctl.runtime.dist import DistEnv, Group, dist_env
+from specctl.runtime.jobs.dist import DistEnv, Group, dist_env
 
 runner = CliRunner(env={"COLUMNS": "200"})
 PROMPTS = ["The quick brown fox", "To be or not to be", "A journey of a thousand miles",
@@ -297,7 +297,7 @@ def test_shards_cover_everything_once():
 
 
 def test_merged_metrics_pool_acceptance_over_ranks():
-    from specctl.runtime.stats import RunStats
+    from specctl.runtime.step.stats import RunStats
     cfg = GenerateConfig("x.jsonl")
     lines = [{"index": 0, "new_tokens": 6, "steps": 2, "accept_lengths": [3, 1],
               "draft_lengths": [4, 4]},

@@ -33,7 +33,7 @@ def b1_table(ms_of_n) -> StepTable:
 def test_run_cost_prices_like_the_controller(model):
     """Verify steps from the table's batch-1 row, draft forwards at the share of the weights
     they run: the same prices --speculate auto's StepCost gives draft-verify."""
-    from specctl.runtime.stepcost import StepCost, cost_for
+    from specctl.runtime.control.stepcost import StepCost, cost_for
     from specctl.speculative.draft_verify import LayerSkipDrafter, skip_draft_frac
     from specctl.speculative.sampling import SamplingParams
     t = b1_table(lambda n: 10.0 + n)               # ms: 11, 12, 14, 18 at n = 1, 2, 4, 8
@@ -109,7 +109,7 @@ def test_a_skip_set_that_does_not_pay_is_never_the_default(tmp_path):
     """search-skip keeps a set estimated at <= 1x ar (pays: false); the default is the best set
     that pays, and with none, the error names the one that does not and how to use it."""
     from specctl.errors import SpecctlError
-    from specctl.runtime.artifacts import resolve_skip_set
+    from specctl.runtime.jobs.artifacts import resolve_skip_set
     from specctl.speculative.draft_verify import SkipSet
     from specctl.store import Store, atomic_write_json, make_manifest
     store = Store(tmp_path / "store")
@@ -146,7 +146,7 @@ def test_generate_draft_verify_without_skip_set_says_what_to_run(tiny_llama, dev
 def test_model_objective_ranks_like_wall_clock(demo_model_dir):
     """On the demo model: skip sets of clearly different quality are ordered the same way by
     the cost model as by the clock (batch-1 decoding, as the paper times it)."""
-    from specctl.runtime.steptables import step_table_for
+    from specctl.runtime.control.steptables import step_table_for
     model = load_model(demo_model_dir, "cpu", "fp32")
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(demo_model_dir)
@@ -173,8 +173,8 @@ def test_model_objective_ranks_like_wall_clock(demo_model_dir):
 
 def _real_batch1(model, prompts, skip, prm, max_new):
     """Real greedy draft-verify runs, one prompt at a time (batch 1), gamma carried over."""
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.draft_verify import LayerSkipDrafter
     from specctl.speculative.sampling import SamplingParams
     drafter = LayerSkipDrafter(model, skip, SamplingParams(), prm)
@@ -286,7 +286,7 @@ def test_profile_is_recorded_and_generate_warns_on_another_device(tiny_llama, de
                                  "--out", str(tmp_path / "o.jsonl")])
     assert r.exit_code == 0, r.output
     assert "warning" in r.output and "cuda" in r.output and "does not carry over" in r.output
-    from specctl.runtime.artifacts import profile_mismatch
+    from specctl.runtime.jobs.artifacts import profile_mismatch
     assert profile_mismatch({"device": "cpu", "dtype": "float32"}, "cpu", "torch.float32") is None
     assert profile_mismatch(None, "cuda") is None
     assert profile_mismatch(res["profile"], "cpu", "torch.float32") is None
@@ -321,7 +321,7 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
 
     from specctl.prep.search_skip import confirm, run_search, run_search_legacy
     from specctl.prep.skip_eval import DevSet
-    from specctl.runtime.steptables import step_table_for
+    from specctl.runtime.control.steptables import step_table_for
     from specctl.prep.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer
     model = load_model(demo_model_dir, "cpu", "fp32")

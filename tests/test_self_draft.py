@@ -10,9 +10,9 @@ import torch
 from helpers import (Oracle, check_three_token_sampling, prefill_slots, random_prompts, run_ids,
                      tree_input)
 from specctl.engine.batch import ForwardBatch, SeqInput
-from specctl.runtime.runner import Runner
-from specctl.runtime.step import seq_input
-from specctl.runtime.sequence import Request, Sequence
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.step import seq_input
+from specctl.runtime.step.sequence import Request, Sequence
 from specctl.speculative.drafter import DraftLimits, NoDraft, Proposal
 from specctl.speculative.self_draft import (ContextCache, SelfDraftDrafter, SelfDraftParams,
                                      branch_probe, build_trie)
@@ -327,7 +327,7 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
 def test_prompt_grams_default_follows_speculate():
     """The prompt's grams seed the context cache under auto (the default), not under fixed
     (the paper's settings); --prompt-grams / --no-prompt-grams win either way."""
-    from specctl.runtime.config import GenerateConfig
+    from specctl.runtime.jobs.config import GenerateConfig
     grams = lambda **kw: GenerateConfig(input="x", method="self-draft",  # noqa: E731
                                         **kw).self_draft_params().prompt_grams
     assert grams() and grams(speculate="auto")
@@ -339,7 +339,7 @@ def test_prompt_grams_default_follows_speculate():
 def test_light_variant_is_lossless(model, reference):
     """bench's self-draft:light (the CPU-friendly settings): what it sets, and greedy = ar."""
     from specctl.errors import SpecctlError
-    from specctl.runtime.config import GenerateConfig, split_variant
+    from specctl.runtime.jobs.config import GenerateConfig, split_variant
     method, opts = split_variant("self-draft:light")
     prm = GenerateConfig(input="x", method=method, **opts).self_draft_params()
     assert (prm.branches, prm.context_cands, prm.corpus_cands, prm.prompt_grams) == (0, 4, 1, True)

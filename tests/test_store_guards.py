@@ -124,7 +124,7 @@ def test_a_second_process_on_the_same_out_stops_at_once(tmp_path, tiny_llama):
 
 
 def test_out_lock_in_one_process(tmp_path, tiny_llama):
-    from specctl.runtime.locks import OutLock
+    from specctl.runtime.jobs.locks import OutLock
     inp, out = prompts(tmp_path / "p.jsonl"), tmp_path / "o.jsonl"
     held = OutLock(out)
     try:
@@ -235,7 +235,7 @@ def test_record_writer_fsyncs_off_the_callers_thread(tmp_path, monkeypatch):
     to keep if the process is killed) and fsynced by the writer's own thread, not the step's;
     close fsyncs whatever is left, and a disk error in the thread reaches the caller."""
     import threading
-    from specctl.runtime import records
+    from specctl.runtime.jobs import records
     synced = []
     real = os.fsync
     monkeypatch.setattr(records.os, "fsync",
@@ -268,7 +268,7 @@ def test_a_disk_error_under_the_fsync_thread_stops_the_job_cleanly(tmp_path, tin
     """An fsync that fails in the record writer's thread ends the job with one clear error
     (through the job's own error path: the writer closed, the run's lock released), and a
     --resume once the disk is back finishes it."""
-    from specctl.runtime import records
+    from specctl.runtime.jobs import records
     real = os.fsync
     calls = []
 

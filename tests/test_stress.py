@@ -17,8 +17,8 @@ import pytest
 from helpers import Oracle, kv_budget, run_ids
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.loader import load_model
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request
 from specctl.speculative.drafter import NoDraft
 from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
 from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams

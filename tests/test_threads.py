@@ -1,10 +1,10 @@
-"""The CPU thread tuner (runtime/threads.py): it keeps the fastest thread count it measures."""
+"""The CPU thread tuner (runtime/step/threads.py): it keeps the fastest thread count it measures."""
 
 from __future__ import annotations
 
 import torch
 
-from specctl.runtime.threads import ThreadTuner
+from specctl.runtime.step.threads import ThreadTuner
 
 
 def drive(tuner: ThreadTuner, cost, steps: int) -> list[int]:

@@ -166,7 +166,7 @@ def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tm
 def test_expected_speedup_prices_acceptance_and_depth(model):
     from specctl.engine.steptable import StepTable
     from specctl.prep.adapter_sweep import exit_layer_candidates, expected_speedup
-    from specctl.runtime.stepcost import StepCost
+    from specctl.runtime.control.stepcost import StepCost
     from specctl.speculative.kangaroo import Adapter, kangaroo_price
     ns = (1, 2, 4, 8)
     flat = StepTable("cpu", "float32", "sdpa", 128, (1,), ns, ((30.0,) * 4,))

@@ -3,8 +3,8 @@
 import random, json, sys
 import numpy as np
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import Controller
-from specctl.runtime.stepcost import StepCost
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.control.stepcost import StepCost
 NS = (1, 2, 4, 8, 16, 32, 64)
 out = []
 for tree, probe, dfrac, b in ((True, 0, 0.0, 1), (True, 36, 0.0, 1), (False, 0, 0.3, 1), (True, 0, 0.0, 8), (False, 0, 0.3, 8)):

@@ -3,8 +3,8 @@ synthetic timings and acceptance (a learn almost every step), no model. Run unde
 checkout: PYTHONPATH=<checkout> python controller_loop.py tree|chain"""
 import random, time, sys
 from specctl.engine.steptable import StepTable
-from specctl.runtime.controller import Controller
-from specctl.runtime.stepcost import StepCost
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.control.stepcost import StepCost
 NS = (1, 2, 4, 8, 16, 32, 64)
 batches = (1, 2, 8, 64)
 t = StepTable("cpu", "float32", "sdpa", 128, batches, NS,

@@ -8,7 +8,7 @@ Requests: prompt and answer lengths drawn (seeded) from lognormals with ShareGPT
 (--prompt-median 220, --answer-median 260 tokens, each cut to --cut), random token ids (a
 step's cost does not depend on the values); every answer runs to its length (no EOS).
 The KV cache gets what --gpu-memory (0.9) leaves after the weights and the step's working
-memory, the same sizing `specctl generate` uses (runtime/job.py kv_budget); at each batch size
+memory, the same sizing `specctl generate` uses (runtime/jobs/job.py kv_budget); at each batch size
 the paged cache (admission by free blocks, preemption when short) runs all requests. Beside it
 the contiguous cache (every slot preallocated at --max-len rows) runs at the largest batch that
 the same budget holds. At batch 1 the result is set against the weight-bandwidth floor: bytes
@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_model, weight_bytes  # noqa: E402
 
 from specctl.engine.kv import BLOCK, row_bytes  # noqa: E402
-from specctl.runtime.config import GenerateConfig  # noqa: E402
-from specctl.runtime.sizing import kv_budget  # noqa: E402
-from specctl.runtime.runner import Runner  # noqa: E402
-from specctl.runtime.sequence import Request  # noqa: E402
+from specctl.runtime.jobs.config import GenerateConfig  # noqa: E402
+from specctl.runtime.jobs.sizing import kv_budget  # noqa: E402
+from specctl.runtime.step.runner import Runner  # noqa: E402
+from specctl.runtime.step.sequence import Request  # noqa: E402
 from specctl.speculative.drafter import NoDraft  # noqa: E402
 from specctl.speculative.sampling import SamplingParams  # noqa: E402
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_model  # noqa: E402
 
 from specctl.engine.graphs import CudaGraphs  # noqa: E402
-from specctl.runtime.runner import Runner  # noqa: E402
-from specctl.runtime.sequence import Request  # noqa: E402
+from specctl.runtime.step.runner import Runner  # noqa: E402
+from specctl.runtime.step.sequence import Request  # noqa: E402
 from specctl.speculative.drafter import NoDraft  # noqa: E402
 from specctl.speculative.sampling import SamplingParams  # noqa: E402
 

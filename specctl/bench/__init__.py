@@ -5,8 +5,9 @@
     write_plots(res, out_dir)               # speedup vs batch size, tokens/s per category
 
 What is measured, per (method, batch size):
-- specctl methods (`ar`, `draft-verify`, and every later method `runtime.methods.make_drafter` knows)
-  run through the one `Runner`, greedy, EOS stopping as in `generate`. Every run, warm-up or
+- specctl methods (`ar`, `draft-verify`, and every later method
+  `runtime.jobs.methods.make_drafter` knows) run through the one `Runner`, greedy, EOS
+  stopping as in `generate`. Every run, warm-up or
   timed, builds its drafter and controller afresh, as one `generate` run does, so adaptive
   state (acceptance estimates, draft-verify's gamma, learnt step costs) starts at its prior
   every time; what carries over is the loaded model, its captured CUDA graphs and KV cache
@@ -34,7 +35,8 @@ What is measured, per (method, batch size):
   their capture time is in its tokens/s).
 - Acceptance numbers (mean accepted tokens, CTAR(1..6), share of steps with zero accepted,
   padding ratio a padded batch would have had) come from the first repeat, with the same
-  definitions as `generate`'s metrics.json (`runtime.metrics.metrics`); they are deterministic, and
+  definitions as `generate`'s metrics.json (`runtime.jobs.metrics.metrics`); they are
+  deterministic, and
   later repeats must reproduce the first one's tokens exactly (`repeats_identical`).
 - Outputs are compared token for token with `ar` of the same batch size and with `ar` at batch 1
   (run untimed once if batch 1 is not benchmarked). Every specctl method must match; `hf` rows

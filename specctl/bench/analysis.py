@@ -12,8 +12,8 @@ from specctl.bench.config import CTAR_W
 from specctl.bench.peers import RunResult
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
-from specctl.runtime.metrics import metrics
-from specctl.runtime.sequence import Request
+from specctl.runtime.jobs.metrics import metrics
+from specctl.runtime.step.sequence import Request
 
 NEAR_TIE_STEPS = 2   # a gap within this many rounding steps of the top logit is a near-tie
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specctl.errors import SpecctlError
-from specctl.runtime.config import METHODS, GenerateConfig, check_attention, split_variant
+from specctl.runtime.jobs.config import METHODS, GenerateConfig, check_attention, split_variant
 
 PEERS = ("hf", "hf-prompt-lookup", "hf-static")
 PROMPT_LOOKUP_TOKENS = 10

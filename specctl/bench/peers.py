@@ -14,11 +14,11 @@ from specctl.bench.config import PROMPT_LOOKUP_TOKENS, BenchConfig
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.fingerprint import model_fingerprint
-from specctl.runtime.methods import make_drafter
-from specctl.runtime.records import output_line
-from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner, set_exact
-from specctl.runtime.tokenization import kv_rows, to_request
+from specctl.runtime.jobs.methods import make_drafter
+from specctl.runtime.jobs.records import output_line
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.sizing import make_runner, set_exact
+from specctl.runtime.jobs.tokenization import kv_rows, to_request
 from specctl.store import Store
 
 

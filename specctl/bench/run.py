@@ -24,9 +24,9 @@ from specctl.bench.report import markdown
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, read_prompts
 from specctl.reporting import Reporter, Task, reporter
-from specctl.runtime.methods import warn_flex_off_cuda
-from specctl.runtime.metrics import peak_mb
-from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.runtime.jobs.methods import warn_flex_off_cuda
+from specctl.runtime.jobs.metrics import peak_mb
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
 

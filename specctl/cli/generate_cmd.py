@@ -1,4 +1,4 @@
-"""`specctl generate`: a prompt file through the Python API (runtime/generator.py)."""
+"""`specctl generate`: a prompt file through the Python API (runtime/jobs/generator.py)."""
 
 from __future__ import annotations
 
@@ -41,14 +41,14 @@ def generate(
     options: dict = None,
 ):
     """Generate answers for every line of a JSONL prompt file, in input order."""
-    from specctl.runtime.generator import Generator
+    from specctl.runtime.jobs.generator import Generator
 
     p = dict(options)
     extra = _apply_recipe(ctx, recipe, p) if recipe is not None else {}
     if p.pop("no_corpus_cache"):
         p["corpus_cache"] = "none"
     # under torchrun & co. (RANK/WORLD_SIZE) only rank 0 talks: progress, summary, the error
-    from specctl.runtime.dist import RankStopped, dist_env
+    from specctl.runtime.jobs.dist import RankStopped, dist_env
     lead = dist_env().rank == 0
     rep = RichReporter(bars=not quiet and lead, talk=lead)
     gen = Generator(p.pop("model"), p.pop("method"), store=store, report=rep, **p, **extra)

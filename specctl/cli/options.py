@@ -1,4 +1,4 @@
-"""Command-line options derived from GenerateConfig's fields (runtime/config.py `option`): an
+"""Command-line options derived from GenerateConfig's fields (runtime/jobs/config.py `option`): an
 option is declared once, as a field with its help, and `generate` and `bench` take it from
 there, with the method it belongs to as its help panel.
 
@@ -18,7 +18,7 @@ from typing import Optional
 
 import typer
 
-from specctl.runtime.config import GenerateConfig
+from specctl.runtime.jobs.config import GenerateConfig
 
 _FIELDS = {f.name: f for f in fields(GenerateConfig) if f.metadata.get("option")}
 GENERATE = tuple(_FIELDS)                                             # every option

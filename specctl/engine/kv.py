@@ -13,7 +13,7 @@ Two layouts of the same structure:
   block: unallocated table entries point at it, so rows that nobody keeps (a captured graph's
   padding) write there and reads of it are always masked. The scheduler admits a sequence only
   when the blocks it needs are free, and preempts one when a running sequence cannot grow
-  (runtime/runner.py), so the pool never overflows mid-step.
+  (runtime/step/runner.py), so the pool never overflows mid-step.
 
 `lens[slot]` is a slot's number of *committed* rows. A forward over new tokens writes their rows
 at `lens[slot] + i` (i = the token's index among the sequence's new tokens, whatever its

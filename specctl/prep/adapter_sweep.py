@@ -12,7 +12,7 @@ from typing import Callable
 from specctl.prep.adapter_fit import fit
 from specctl.prep.train_adapter import Prepared, TrainConfig
 from specctl.reporting import quiet
-from specctl.runtime.stepcost import StepCost, padded_steps
+from specctl.runtime.control.stepcost import StepCost, padded_steps
 from specctl.speculative.kangaroo import kangaroo_price
 
 

@@ -35,9 +35,9 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
     """Measure the step-cost tables that are not in the store yet (all of them with force);
     returns the status and where they are."""
     from specctl.engine.loader import load_model
-    from specctl.runtime.config import GenerateConfig
-    from specctl.runtime.sizing import set_exact
-    from specctl.runtime.steptables import step_table_for, step_table_path
+    from specctl.runtime.jobs.config import GenerateConfig
+    from specctl.runtime.jobs.sizing import set_exact
+    from specctl.runtime.control.steptables import step_table_for, step_table_path
 
     cfg = GenerateConfig("", **recipe.generate_options())
     fp = model_fingerprint(model_dir)
@@ -60,7 +60,7 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     """The stored artifact that makes `step` unnecessary, or None."""
     fp = model_fingerprint(model_dir)
     if step == "build-cache":
-        from specctl.runtime.artifacts import resolve_corpus_cache
+        from specctl.runtime.jobs.artifacts import resolve_corpus_cache
         try:
             p = resolve_corpus_cache(store, model_dir, None, lambda *_: None)
         except SpecctlError:

@@ -17,10 +17,10 @@ from specctl.prep.search_skip import confirm, plot_search, run_search
 from specctl.prep.skip_eval import DevSet, ar_per_token
 from specctl.prep.skipsets import save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
-from specctl.runtime.artifacts import describe_skip_set
-from specctl.runtime.steptables import step_table_for, step_table_id
-from specctl.runtime.tokenization import Tokenization
-from specctl.runtime.sequence import Request
+from specctl.runtime.jobs.artifacts import describe_skip_set
+from specctl.runtime.control.steptables import step_table_for, step_table_id
+from specctl.runtime.jobs.tokenization import Tokenization
+from specctl.runtime.step.sequence import Request
 from specctl.speculative.draft_verify import SkipSet
 from specctl.store import Store
 

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime.runner import Runner
-from specctl.runtime.sequence import Request, Sequence
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.sequence import Request, Sequence
 from specctl.speculative.draft_verify import (ExitParams, LayerSkipDrafter, SkipSet,
                                               skip_draft_frac)
 from specctl.speculative.sampling import SamplingParams

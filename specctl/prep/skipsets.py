@@ -3,7 +3,7 @@
     skipsets/<model-fp>-<objective>/   skipset.json, probes.jsonl, search.png, manifest.json
     work/search-<model-fp>-<objective>/probes.jsonl   the live log of a running search
 
-runtime/artifacts.py finds them again.
+runtime/jobs/artifacts.py finds them again.
 """
 
 from __future__ import annotations

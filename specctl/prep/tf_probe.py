@@ -53,8 +53,8 @@ from specctl.speculative.sampling import top1_tensors
 
 def greedy_continuations(model, prompts: list[list[int]], max_new: int) -> list[list[int]]:
     """The full model's greedy answers (max_new tokens each), decoded as `ar` decodes them."""
-    from specctl.runtime.runner import Runner
-    from specctl.runtime.sequence import Request
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
     from specctl.speculative.drafter import NoDraft
     from specctl.speculative.sampling import SamplingParams
 

@@ -33,7 +33,7 @@ from specctl.prep.eta import Eta, duration, poly
 from specctl.prep.train_adapter import (Prepared, TrainConfig, encode, prepare_data, save_adapter,
                                         split, with_device_defaults)
 from specctl.reporting import Reporter, Task, reporter
-from specctl.runtime.steptables import step_table_for, step_table_path, step_table_seconds
+from specctl.runtime.control.steptables import step_table_for, step_table_path, step_table_seconds
 from specctl.store import Store, atomic_write_json
 
 ENCODE_SAMPLE = 32     # conversations encoded before anything is priced

@@ -23,7 +23,7 @@ The artifact folder (`<store>/ngram-caches/<id>/`) holds:
     manifest.json       the store's manifest (corpus, counts, build time)
 
 The cache depends on the tokenizer only: `models.fingerprint.tokenizer_fingerprint` names it, and
-`runtime.artifacts.resolve_corpus_cache` refuses a cache made with another tokenizer.
+`runtime.jobs.artifacts.resolve_corpus_cache` refuses a cache made with another tokenizer.
 """
 
 from __future__ import annotations

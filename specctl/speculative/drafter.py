@@ -16,7 +16,7 @@ draft (their own masks and positions) but never verifies (Self-Draft's branches)
 KV rows are discarded with the rejected drafts.
 `admit(seq)` / `retire(seq)` bracket a sequence's life in a slot; `admit` sets `seq.state`, the
 drafter's own per-sequence state (a dataclass of its own). Sequences are duck-typed
-(runtime.sequence.Sequence): the spec layer does not import the runtime.
+(runtime.step.sequence.Sequence): the spec layer does not import the runtime.
 `price()` states what its steps cost (DraftPrice), so the speculation controller prices any
 drafter without knowing which method it is.
 """
@@ -66,8 +66,8 @@ NO_DRAFT = Proposal()   # a sequence's proposal when it drafts nothing (shared: 
 @dataclass(frozen=True)
 class DraftPrice:
     """What a step of this drafter costs beyond `ar`'s, in shares of one plain step of the
-    target (the controller prices budgets with it, runtime/stepcost.py): the drafter states it,
-    so nothing above it needs to know which method it is."""
+    target (the controller prices budgets with it, runtime/control/stepcost.py): the drafter
+    states it, so nothing above it needs to know which method it is."""
     max_draft: int = 0          # the largest useful draft (nodes) of one sequence in one step
     tree: bool = False          # drafts are tries cut by node order (else chains)
     verify_frac: float = 1.0    # the verify forward, as a share of a full step (Kangaroo < 1)

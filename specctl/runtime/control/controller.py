@@ -8,10 +8,10 @@ learns from each step.
     ctl.observe(slots, b, proposals, verdicts, measured_ms)
     ctl.drafted(len(slots), step_ms, progress)   # the guard's account (b.lean: ctl.lean_done)
 
-Three parts, one module each: the acceptance estimates (runtime/acceptance.py: what a budget
-is expected to add), the step cost (runtime/stepcost.py: what it costs, from the step-cost
+Three parts, one module each: the acceptance estimates (runtime/control/acceptance.py: what a budget
+is expected to add), the step cost (runtime/control/stepcost.py: what it costs, from the step-cost
 table and the drafter's own DraftPrice, corrected by measured steps) and the policy
-(runtime/policy.py: pure functions from those numbers to budgets). The controller adds the
+(runtime/control/policy.py: pure functions from those numbers to budgets). The controller adds the
 schedule of the steps whose point is to learn, and feeds each step's outcome back.
 
 Exploration: a sequence at budget 0 drafts nothing, so nothing new is learnt about it, and an
@@ -50,7 +50,7 @@ mean of up to LEAN_LEARN of them at once (lean_done: the step cost's class witho
 and the guard's `ar` reference), not acceptance (nothing was drafted). While the search keeps
 giving every sequence 0 it is not run again for 1, 2, 4 .. LEAN_MAX steps (nothing it reads
 changes until a draft is accepted), but for an exploring step when it is due and its price
-paid for. And the measured guard (runtime/guard.py) holds the run to lean steps when its
+paid for. And the measured guard (runtime/control/guard.py) holds the run to lean steps when its
 drafting steps fall behind what `ar` takes for the same progress.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
@@ -66,11 +66,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specctl.runtime import policy
-from specctl.runtime.acceptance import Acceptance
-from specctl.runtime.guard import Guard
-from specctl.runtime.stepcost import StepCost, cost_for
-from specctl.runtime.steptables import step_table_for
+from specctl.runtime.control import policy
+from specctl.runtime.control.acceptance import Acceptance
+from specctl.runtime.control.guard import Guard
+from specctl.runtime.control.stepcost import StepCost, cost_for
+from specctl.runtime.control.steptables import step_table_for
 from specctl.engine.steptable import StepTable
 
 
@@ -219,8 +219,8 @@ class Controller:
 
     def drafted(self, b: int, ms: float | None, progress: float) -> float:
         """A drafting step of b sequences took ms all told (observe included; None: not to be
-        learnt) and made `progress` (runtime/guard.py): the guard's account. Returns what `ar`
-        takes for the same progress (the summary's estimate)."""
+        learnt) and made `progress` (runtime/control/guard.py): the guard's account. Returns
+        what `ar` takes for the same progress (the summary's estimate)."""
         ar = self.ar_ms(b)   # (before a lean step is timed: the table's, corrected)
         if ms is not None:
             self.guard.drafted(ms, progress * ar)

@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from specctl.models.contents import DigestCache
-from specctl.runtime.config import UNKEYED, GenerateConfig
+from specctl.runtime.jobs.config import UNKEYED, GenerateConfig
 from specctl.speculative.draft_verify import LayerSkipDrafter
 from specctl.speculative.kangaroo import KangarooDrafter
 from specctl.speculative.self_draft import SelfDraftDrafter

@@ -1,7 +1,7 @@
 """The measured guard of `--speculate auto`: a run that speculates is never behind `ar` for long.
 
 The controller's prices come from a table measured once and a correction learnt as the run
-goes (runtime/stepcost.py); both can be wrong (a drafter's host work the table never saw, a
+goes (runtime/control/stepcost.py); both can be wrong (a drafter's host work the table never saw, a
 GPU whose kernels cost unlike the table's, a neighbour on the machine). The guard does not
 predict: it keeps a balance of what the run's drafting steps saved against `ar` for the same
 progress, both measured in this run:

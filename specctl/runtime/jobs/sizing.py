@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from specctl.errors import SpecctlError
-from specctl.runtime.config import GenerateConfig, parse_size
-from specctl.runtime.controller import make_controller
-from specctl.runtime.runner import Runner
-from specctl.runtime.tokenization import Tokenization
+from specctl.runtime.jobs.config import GenerateConfig, parse_size
+from specctl.runtime.control.controller import make_controller
+from specctl.runtime.step.runner import Runner
+from specctl.runtime.jobs.tokenization import Tokenization
 
 
 def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,

@@ -2,8 +2,8 @@
 
 The job reads as its phases: read the input, load the model and the method's drafter, open the
 run (new, or the one --resume finds), plan this process's requests, generate them, merge.
-Record files and resume are in runtime/records.py; several processes (torchrun, Slurm: RANK /
-WORLD_SIZE) in runtime/dist.py: rank r appends to its own record file, rank 0 merges.
+Record files and resume are in runtime/jobs/records.py; several processes (torchrun, Slurm: RANK /
+WORLD_SIZE) in runtime/jobs/dist.py: rank r appends to its own record file, rank 0 merges.
 """
 
 from __future__ import annotations
@@ -24,20 +24,20 @@ from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter, TokenProgress
-from specctl.runtime import auto
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.depends import run_depends
-from specctl.runtime.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
+from specctl.runtime.control import auto
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.depends import run_depends
+from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
-from specctl.runtime.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
-from specctl.runtime.locks import OutLock, lock_run
-from specctl.runtime.metrics import merged_metrics, metrics, peak_mb
-from specctl.runtime.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
+from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
+from specctl.runtime.jobs.locks import OutLock, lock_run
+from specctl.runtime.jobs.metrics import merged_metrics, metrics, peak_mb
+from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
                                      read_input, record_file, runs_of)
-from specctl.runtime.sequence import Request
-from specctl.runtime.groups import run_groups
-from specctl.runtime.tokenization import Tokenization, kv_rows, record_meta, to_request
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, record_meta, to_request
 from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
 
 
@@ -67,7 +67,7 @@ class _Job:
     lock: object = None                  # rank 0: the open lock file of the run folder
     out_lock: OutLock | None = None      # rank 0: the lock on --out
     created: bool = False                # rank 0: this job made the run folder (not --resume)
-    depends: dict | None = None          # rank 0: what the answers depend on (runtime/depends.py)
+    depends: dict | None = None          # rank 0: what the answers depend on (jobs/depends.py)
     auto: dict | None = None             # --method auto: the pilots and the choice
 
     @property
@@ -81,7 +81,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
 
     report: messages, and a progress bar over the prompts with the tokens/s (rank 0 only).
 
-    Under a launcher that sets RANK / WORLD_SIZE (torchrun, Slurm; see runtime/dist.py) every
+    Under a launcher that sets RANK / WORLD_SIZE (torchrun, Slurm; see runtime/jobs/dist.py) every
     process calls this with the same arguments and the processes make one job: rank 0 opens the
     run (new, or the one --resume finds) and tells the others its id and which requests are
     done; each rank generates its `shard` of the rest on its own device and appends to its own
@@ -120,7 +120,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
 
 def _read(job: _Job, out: Path | None) -> None:
     """Rank 0 first, so that a model download or a bad input line happens and is reported once.
-    Before anything: the store is usable, and --out is this job's alone (runtime/locks.py)."""
+    Before anything: the store is usable, and --out is this job's alone (runtime/jobs/locks.py)."""
     cfg, in_path = job.cfg, Path(job.cfg.input)
     err = None
     try:
@@ -151,7 +151,7 @@ def _profiles(job: _Job) -> dict:
 
 def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> str:
     """--method auto, on rank 0: the method of this job's run that --resume finds, or else the
-    fastest in a pilot of every method there are artifacts for (runtime/auto.py)."""
+    fastest in a pilot of every method there are artifacts for (runtime/control/auto.py)."""
     cfg = job.cfg
     if resume:   # the newest run of this job, whichever method it ran
         keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}

@@ -15,10 +15,10 @@ from dataclasses import replace
 from typing import Callable
 
 from specctl.errors import SpecctlError
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.sequence import Request
-from specctl.runtime.sizing import make_runner
-from specctl.runtime.stats import RunStats, merged
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.sizing import make_runner
+from specctl.runtime.step.stats import RunStats, merged
 
 
 def settings(cfg: GenerateConfig, req: Request) -> GenerateConfig:

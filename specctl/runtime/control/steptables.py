@@ -1,7 +1,7 @@
 """The step-cost table of a run: measured on first use (a small grid, a few seconds) or ahead
 by `specctl prepare`, kept for the process and in the store (profiles/), per model, device,
 dtype, attention backend and batch size. It is the one cost profile: the controller prices
-steps on it (runtime/stepcost.py), search-skip and train-adapter's exit-layer sweep on its
+steps on it (runtime/control/stepcost.py), search-skip and train-adapter's exit-layer sweep on its
 batch-1 table.
 """
 

@@ -7,8 +7,8 @@ import resource
 
 import torch
 
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.stats import RunStats, sum_stats
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.step.stats import RunStats, sum_stats
 
 
 def peak_mb(device: torch.device) -> float:
@@ -117,7 +117,7 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
 
 
 def speculation_metrics(cfg, stats) -> dict:
-    """--speculate auto's record (runtime/controller.py): the budgets chosen (budget ->
+    """--speculate auto's record (runtime/control/controller.py): the budgets chosen (budget ->
     sequence-steps), the predicted and measured mean step ms, the expected and verified tokens
     per step (the bonus token and accepted drafts of every sequence: the controller's two
     estimates checked), and the goodput (emitted tokens per second of step time)."""

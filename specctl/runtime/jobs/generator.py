@@ -9,7 +9,7 @@
 
     g.generate_file("prompts.jsonl", out="answers.jsonl", resume=True)   # what the CLI runs
 
-`Generator(**options)` takes GenerateConfig's fields (runtime/config.py): the model, the method
+`Generator(**options)` takes GenerateConfig's fields (runtime/jobs/config.py): the model, the method
 and its options (skip_set, adapter, corpus_cache, ...), device, dtype, batch_size, and the
 sampling defaults. The model loads once, on first use; every `generate` call builds a fresh
 drafter, so its outputs do not depend on earlier calls. `generate_file` is the `specctl
@@ -27,14 +27,14 @@ from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter
-from specctl.runtime import auto
-from specctl.runtime.config import GenerateConfig
-from specctl.runtime.job import run_generate
-from specctl.runtime.records import step_lengths
-from specctl.runtime.methods import make_drafter, warn_flex_off_cuda
-from specctl.runtime.groups import run_groups
-from specctl.runtime.sequence import Request
-from specctl.runtime.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.runtime.control import auto
+from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.job import run_generate
+from specctl.runtime.jobs.records import step_lengths
+from specctl.runtime.jobs.methods import make_drafter, warn_flex_off_cuda
+from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store
 
 _FIELDS = {f.name for f in fields(GenerateConfig)} - {"input"}

@@ -8,7 +8,7 @@ the tokens it is expected to add. Each running sequence gets a draft budget k_i 
     goodput(k) = E[emitted tokens of the step] / predicted step ms
                = sum_i gain_i(k_i) / cost(k_1 .. k_B)
 
-with gain_i from runtime/acceptance.py and cost from runtime/stepcost.py.
+with gain_i from runtime/control/acceptance.py and cost from runtime/control/stepcost.py.
 
 Search (`search`), over every sequence at once (numpy: no per-sequence or per-candidate
 Python on the hot path, and linear in the batch): every draft token of every sequence is put
@@ -46,7 +46,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from specctl.runtime.stepcost import Shapes, StepCost, budget_counts, moved
+from specctl.runtime.control.stepcost import Shapes, StepCost, budget_counts, moved
 
 def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool,
            left: np.ndarray | None = None) -> list[int]:

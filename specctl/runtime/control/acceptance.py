@@ -23,7 +23,7 @@ Expected emitted tokens of a step with draft budget k (gain):
 - Confidence (chains): acceptance given the drafter's probability of its token, learnt over
   the run per bin of tenths (`calibrated`), each bin shrunk toward the pooled acceptance with
   `prior_weight` pseudo-trials, so it says nothing until the run has evidence. The policy's
-  stop rule reads it (runtime/policy.py).
+  stop rule reads it (runtime/control/policy.py).
 """
 
 from __future__ import annotations

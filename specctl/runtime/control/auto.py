@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from specctl.errors import SpecctlError
-from specctl.runtime.config import METHODS, GenerateConfig
-from specctl.runtime.methods import make_drafter
-from specctl.runtime.sizing import make_runner
-from specctl.runtime.tokenization import Tokenization, kv_rows, to_request
+from specctl.runtime.jobs.config import METHODS, GenerateConfig
+from specctl.runtime.jobs.methods import make_drafter
+from specctl.runtime.jobs.sizing import make_runner
+from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, to_request
 from specctl.speculative.drafter import NoDraft
 
 PILOT_TOKENS = 32     # new tokens per pilot answer

@@ -9,7 +9,7 @@ from pathlib import Path
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.models.checkpoint import load_tokenizer
-from specctl.runtime.sequence import Request
+from specctl.runtime.step.sequence import Request
 
 
 class Tokenization:

@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
-from specctl.runtime.controller import Budgets, Controller
-from specctl.runtime.sequence import Sequence
+from specctl.runtime.control.controller import Budgets, Controller
+from specctl.runtime.step.sequence import Sequence
 from specctl.speculative.drafter import Drafter, DraftLimits, Proposal
 from specctl.speculative.sampling import SamplingParams, warp
 from specctl.speculative.verify import Verdict, verify_greedy, verify_sampling_batch

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.models.fingerprint import model_fingerprint
-from specctl.runtime.artifacts import (describe_skip_set, resolve_adapter, resolve_corpus_cache,
-                                       resolve_skip_set)
-from specctl.runtime.config import GenerateConfig
+from specctl.runtime.jobs.artifacts import (describe_skip_set, resolve_adapter,
+                                            resolve_corpus_cache, resolve_skip_set)
+from specctl.runtime.jobs.config import GenerateConfig
 from specctl.speculative.drafter import NoDraft
 from specctl.store import Store
 

@@ -1,6 +1,6 @@
 """What a step costs: the step-cost table of a run, priced for a drafter, corrected online.
 
-The speculation policy (runtime/policy.py) needs the ms of a step with draft budgets
+The speculation policy (runtime/control/policy.py) needs the ms of a step with draft budgets
 k_1 .. k_B before it runs. `StepCost` predicts it from the step-cost table (engine/steptable.py:
 StepTable.ms(b, n) = ms of one verify step of b sequences with n new tokens each) and what the
 drafter says its steps cost (DraftPrice, speculative/drafter.py):
@@ -39,10 +39,10 @@ stair of drafts that turns out dearer than the table says is priced at what it c
 drafted less. (A uniform drift changes no decision: only ratios between kinds do.) Classes
 and kinds are learnt only from steps that run: a run that drafts in every step never times a
 step without drafts, the one it must beat, so the controller runs contrast steps
-(runtime/controller.py).
+(runtime/control/controller.py).
 
 The table is measured on first use or by `specctl prepare` and kept in the store
-(runtime/steptables.py); search-skip and train-adapter's sweep price on its batch-1 table
+(runtime/control/steptables.py); search-skip and train-adapter's sweep price on its batch-1 table
 with the same drafter prices (StepCost.of).
 """
 

@@ -19,11 +19,11 @@ import shutil
 from pathlib import Path
 
 from specctl.io.prompts import PromptRecord, read_prompts
-from specctl.runtime.config import UNKEYED, GenerateConfig
-from specctl.runtime.depends import changed
-from specctl.runtime.dist import DistEnv
-from specctl.runtime.sequence import Request
-from specctl.runtime.tokenization import require_raw_prompts
+from specctl.runtime.jobs.config import UNKEYED, GenerateConfig
+from specctl.runtime.jobs.depends import changed
+from specctl.runtime.jobs.dist import DistEnv
+from specctl.runtime.step.sequence import Request
+from specctl.runtime.jobs.tokenization import require_raw_prompts
 from specctl.store import Store
 
 
@@ -150,7 +150,7 @@ def _torn_tail(path: Path) -> bool:
 
 def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Path | None, str]:
     """The run --resume continues: the newest run under one of `keys` (the run key, and its
-    older form) that depends on exactly `depends` (runtime/depends.py: the model's files, the
+    older form) that depends on exactly `depends` (runtime/jobs/depends.py: the model's files, the
     method's artifact, ... by content). (None, why) when runs of this job exist but every one
     depended on something that has changed since: why names what, for the user."""
     runs = runs_of(store, keys)

@@ -23,10 +23,10 @@ flat (no padding: the tokens computed equal the sum of real tokens), the verifie
 accepted path and bonus token per sequence, and the KV cache keeps exactly the accepted rows.
 
 Speculation: without a controller each drafter drafts its own amount (`--speculate fixed`, the
-papers' settings); with one (`--speculate auto`, runtime/controller.py) every step gives each
-sequence a draft budget before the drafter proposes: the budget caps the sequence's room, so
+papers' settings); with one (`--speculate auto`, runtime/control/controller.py) every step
+gives each sequence a draft budget before the drafter proposes: the budget caps the sequence's room, so
 budget 0 is an `ar` step for it (no draft forward, no probe). The step itself is in
-runtime/step.py: plan -> forward -> verify, then commit here.
+runtime/step/step.py: plan -> forward -> verify, then commit here.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ import torch
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
-from specctl.runtime.controller import Controller
-from specctl.runtime.logprobs import token_logprobs
-from specctl.runtime.sequence import Request, Sequence, request_rng
-from specctl.runtime.stats import RunStats
-from specctl.runtime.step import Planner, StepOutcome, StepPlan, verify
-from specctl.runtime.steptables import STEP_TABLE_ROWS
-from specctl.runtime.threads import ThreadTuner
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.step.logprobs import token_logprobs
+from specctl.runtime.step.sequence import Request, Sequence, request_rng
+from specctl.runtime.step.stats import RunStats
+from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, verify
+from specctl.runtime.control.steptables import STEP_TABLE_ROWS
+from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
 
@@ -106,7 +106,7 @@ class Runner:
         self._warm()
         if controller is not None:
             self.set_controller(controller)
-        # CPU threads: a fixed count, or (None) measured as the run goes (runtime/threads.py)
+        # CPU threads: a fixed count, or (None) measured as the run goes (runtime/step/threads.py)
         self.threads = threads
 
     def _warm(self) -> None:
@@ -351,7 +351,7 @@ class Runner:
     def step(self, seqs: list[Sequence], drain: bool = False) -> float:
         """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences
         (drain: no request waits); returns the step's work for the thread tuner (module
-        docstring of runtime/threads.py): its packed tokens, or its step-cost-table ms where a
+        docstring of runtime/step/threads.py): its packed tokens, or its step-cost-table ms where a
         controller prices steps."""
         g = self.model.graphs
         captures = g.captures if g is not None else 0
