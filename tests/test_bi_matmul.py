@@ -68,3 +68,22 @@ def test_the_cuda_exact_path_keeps_a_rows_bits_in_any_batch(tiny_llama, monkeypa
     m.linear = bi.linear
     monkeypatch.setattr(exact, "bmm", bi.bmm)
     test_exact.check_rows(m, True, (3, 33))
+
+
+def test_exacts_blocked_weighted_sum_on_this_kernel(monkeypatch):
+    """--exact's attention sum over keys (engine/exact.py weighted_sum: blocks of 64 keys, each
+    one matmul, added in fp32 in key order) as CUDA runs it, on this kernel: a row's bits do
+    not depend on how far its keys are padded, nor on the batch beside it."""
+    from specctl.engine import exact
+    monkeypatch.setattr(exact, "bmm", bi.bmm)
+    g = torch.Generator().manual_seed(2)
+    n = 70
+    p = torch.exp2(-20 * torch.rand(4, 3, n, generator=g)).to(DEV, torch.bfloat16)
+    v = torch.randn(4, n, 17, generator=g).to(DEV, torch.bfloat16)
+
+    def ws(pp, vv, L):
+        return exact.weighted_sum(torch.nn.functional.pad(pp, (0, L - n)),
+                                  torch.nn.functional.pad(vv, (0, 0, 0, L - n)))
+    ref = ws(p, v, 128)
+    assert torch.allclose(ref.cpu(), torch.bmm(p.float(), v.float()).cpu(), rtol=3e-2, atol=3e-2)
+    assert torch.equal(ws(p, v, 192), ref) and torch.equal(ws(p[:1], v[:1], 256), ref[:1])
