@@ -71,9 +71,9 @@ def test_the_cuda_exact_path_keeps_a_rows_bits_in_any_batch(tiny_llama, monkeypa
 
 
 def test_exacts_blocked_weighted_sum_on_this_kernel(monkeypatch):
-    """--exact's attention sum over keys (engine/exact.py weighted_sum: blocks of 64 keys, each
-    one matmul, added in fp32 in key order) as CUDA runs it, on this kernel: a row's bits do
-    not depend on how far its keys are padded, nor on the batch beside it."""
+    """--exact's attention sum over keys (engine/exact.py weighted_sum) on this kernel: a row's
+    bits do not depend on how far its keys are padded, nor on the batch beside it (on CUDA one
+    call, the kernel summing k in fixed blocks from 0 up; here its blocks of 64 keys)."""
     from specctl.engine import exact
     monkeypatch.setattr(exact, "bmm", bi.bmm)
     g = torch.Generator().manual_seed(2)

@@ -97,8 +97,9 @@ def test_demo_under_exact_in_bf16(demo_model_dir, demo):
 def test_the_exact_self_check_covers_every_operation_of_the_demo_model(demo_model_dir):
     """At the demo model's real shapes (hidden 576, 9 query and 3 KV heads, a 49k vocabulary,
     30 layers) the self-check compares a row's every operation alone, among 16 prompts, in a
-    chain and in a tree: each layer's 4 linears, RoPE, attention and SiLU and the LM head, all
-    the same bits on this machine (where a kernel varies it names it: test_exact.py)."""
+    chain and in a tree (two rows of each): each layer's 4 linears, RoPE, attention and SiLU
+    and the LM head, all the same bits on this machine (where a kernel varies it names it:
+    test_exact.py)."""
     from specctl.engine import selfcheck
     m = load_model(demo_model_dir, "cpu", "bf16")
     m.set_exact(True)
@@ -114,7 +115,7 @@ def test_the_exact_self_check_covers_every_operation_of_the_demo_model(demo_mode
     finally:
         selfcheck.first_difference = inner
     L = m.cfg.num_layers
-    assert len(seen) == 3   # among 16 prompts, in a chain, in a tree
+    assert len(seen) == 5   # among 16 prompts; a chain's and a tree's root and second node
     for a, b in seen:
         assert a == b and a.count("linear") == 4 * L + 1, a.count("linear")
         assert a.count("attention") == a.count("rope") == a.count("silu") == L

@@ -253,3 +253,29 @@ def test_exact_is_refused_naming_what_varied(tiny_llama, monkeypatch):
     with pytest.raises(ValueError, match=r"layer 3's attention.*cannot hold here"):
         m.set_exact(True)
     assert not m.exact
+
+
+def test_the_self_check_runs_on_the_models_device_and_leaves_nothing_unchecked(tiny_llama,
+                                                                               monkeypatch):
+    """Every batch of the self-check is built on the model's device (on CUDA a CPU batch would
+    fail at the embedding), and a check that raises leaves no unchecked linear behind for a
+    later set_exact to take without checking."""
+    from specctl.engine import selfcheck
+    m = load_model(tiny_llama, "cpu", "bf16")
+    made = []
+
+    class Batch(ForwardBatch):
+        def __init__(self, seqs, device="cpu"):
+            made.append(device)
+            super().__init__(seqs, device)
+    monkeypatch.setattr(selfcheck, "ForwardBatch", Batch)
+    m.set_exact(True)
+    assert made and all(d == m.device for d in made), made
+    m2 = load_model(tiny_llama, "cpu", "bf16")
+
+    def broken(model):
+        raise RuntimeError("out of memory")
+    monkeypatch.setattr(selfcheck, "self_check", broken)
+    with pytest.raises(RuntimeError):
+        m2.set_exact(True)
+    assert m2._exact_linear is None and not m2.exact

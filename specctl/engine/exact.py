@@ -173,10 +173,12 @@ def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
     with torch.inference_mode():
         if not _attention_invariant(head.dtype, head.device, head_dim):
             return
-        for f in candidates:
-            if _invariant(f, by_shape, PROBE_ROWS + (PREFILL_ROWS,)) \
-                    and _invariant(f, [head], PROBE_ROWS):
-                yield f
+    for f in candidates:
+        with torch.inference_mode():   # (not held while the caller has the candidate)
+            ok = _invariant(f, by_shape, PROBE_ROWS + (PREFILL_ROWS,)) \
+                and _invariant(f, [head], PROBE_ROWS)
+        if ok:
+            yield f
 
 
 class ExactMeta:
@@ -273,7 +275,7 @@ def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     the longest key group in the forward, so with whatever else was in the batch)."""
     B, N, L = p.shape
     nb = L // KEY_BLOCK
-    if nb == 1:
+    if nb == 1 or p.is_cuda:   # (bi_matmul sums k in fixed blocks from 0 up already)
         return bmm(p, v).float()
     pb = p.view(B, N, nb, KEY_BLOCK).transpose(1, 2).reshape(B * nb, N, KEY_BLOCK)
     part = bmm(pb, v.reshape(B * nb, KEY_BLOCK, -1)).view(B, nb, N, -1)
@@ -301,6 +303,7 @@ def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
     q = torch.randn(8, 64, hd, generator=g).to(device, dtype)
     k = torch.randn(8, hd, 2048, generator=g).to(device, dtype)
     ref_s = bmm(q[:1, :2], k[:1, :, :50])[0, 0]
+    sums = [_weighted_sum_case(g, dtype, device, hd, n) for n in (38, 100)]
     n0 = torch.get_num_threads()
     try:
         for t in _threads():
@@ -312,29 +315,37 @@ def _attention_invariant(dtype: torch.dtype, device, hd: int) -> bool:
                     qq[0, at] = q[0, 0]
                     if not torch.equal(bmm(qq, k[:x, :, :n])[0, at, :50], ref_s):
                         return False
-            for n in (38, 100):
-                if not _weighted_sum_invariant(g, dtype, device, hd, n):
-                    return False
+            if not all(_weighted_sum_invariant(*case) for case in sums):
+                return False
     finally:
         torch.set_num_threads(n0)
     return True
 
 
-def _weighted_sum_invariant(g, dtype, device, hd: int, n: int) -> bool:
-    """weighted_sum of 512 x 6 rows over n keys: the same bits with the keys padded to any
-    length up to n + 64, for the first 3 of the batch alone, and for a row among 40 others."""
+def _weighted_sum_case(g, dtype, device, hd: int, n: int) -> tuple:
+    """512 x 6 rows of softmax-like weights over n keys, their values, 3 x 40 rows whose last
+    is the first row of the first 3, and weighted_sum's reference at the run's thread count."""
     p = torch.exp2(-20 * torch.rand(512, 6, n, generator=g)).to(device, dtype)
     v = torch.randn(512, n, hd + 1, generator=g).to(device, dtype)
-
-    def run(pp, vv, L):
-        L = -(-L // KEY_BLOCK) * KEY_BLOCK
-        return weighted_sum(F.pad(pp, (0, L - n)), F.pad(vv, (0, 0, 0, L - n)))
-    ref = run(p, v, n)
     many = torch.randn(3, 40, n, generator=g).abs().to(device, dtype)
     many[:, -1] = p[:3, 0]
-    padded = sorted({-(-L // KEY_BLOCK) for L in range(n, n + 65)})   # (the lengths it runs)
-    for L in (b * KEY_BLOCK for b in padded):
-        if not (torch.equal(run(p, v, L), ref) and torch.equal(run(p[:3], v[:3], L), ref[:3])
-                and torch.equal(run(many, v[:3], L)[:, -1], ref[:3, 0])):
+    return p, v, many, _padded_sum(p, v, n)
+
+
+def _padded_sum(p: torch.Tensor, v: torch.Tensor, L: int) -> torch.Tensor:
+    """weighted_sum with the keys padded (zero weights) to L rounded up to KEY_BLOCK."""
+    n = p.shape[-1]
+    L = -(-L // KEY_BLOCK) * KEY_BLOCK
+    return weighted_sum(F.pad(p, (0, L - n)), F.pad(v, (0, 0, 0, L - n)))
+
+
+def _weighted_sum_invariant(p, v, many, ref) -> bool:
+    """weighted_sum's rows the same bits as ref with the keys padded to any length from n to
+    n + 64, for the first 3 of the batch alone, and for a row among 40 others."""
+    n = p.shape[-1]
+    for L in sorted({-(-L // KEY_BLOCK) * KEY_BLOCK for L in range(n, n + 65)}):
+        if not (torch.equal(_padded_sum(p, v, L), ref)
+                and torch.equal(_padded_sum(p[:3], v[:3], L), ref[:3])
+                and torch.equal(_padded_sum(many, v[:3], L)[:, -1], ref[:3, 0])):
             return False
     return True

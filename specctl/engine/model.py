@@ -205,10 +205,15 @@ class Model:
         for f in exact.probe(weights, self.lm_head, self.cfg.head_dim):
             self._exact_linear = f
             self._use_exact(True)
-            try:   # (eager forwards: no graph replays)
+            graphs, self.graphs = self.graphs, None   # (its caches must not evict theirs)
+            try:
                 varied = self_check(self)
+            except BaseException:   # (no unchecked linear left for a later set_exact)
+                self._exact_linear = None
+                raise
             finally:
                 self._use_exact(False)
+                self.graphs = graphs
             if varied is None:
                 self.exact_check = f"{f.__name__}, probed and self-checked on this model " \
                                    f"in {time.perf_counter() - t0:.1f} s"

@@ -7,7 +7,7 @@ kernel may pick another path for another weight shape or value range. So before 
 runs, one token's row is computed alone and then inside a prefill of 16 prompts, inside a
 chain and inside a tree among other sequences' drafts, every operation's output for that row
 recorded (each linear, RoPE, attention, SiLU, the LM head): all bits equal, or the first
-operation that differed is named and `--exact` refused. ~1 s on the demo model on 2 cores.
+operation that differed is named and `--exact` refused. ~1.5 s on the demo model on 2 cores.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from specctl.engine.batch import ForwardBatch, SeqInput
 LINEARS = ("QKV projection", "output projection", "gate/up projection", "down projection")
 PROMPT = 37            # the checked prompt's tokens
 OTHERS = 15            # other prompts beside it in the batched prefill
+LONG = 100             # one of them this long
 
 
 class Recorder:
@@ -78,15 +79,19 @@ def self_check(model) -> str | None:
     rec = Recorder(model)
     try:
         kv = model.new_kv_cache(1, 64)
-        kv.reserve(0, 64)
-        fwd = (lambda kv_, seqs: model.logits(model.forward(ForwardBatch(seqs), kv_)))
+        kv.reserve(0, 64)   # (the prompt's keys in one block of 64: exact.KEY_BLOCK)
+        fwd = (lambda kv_, seqs: model.logits(model.forward(ForwardBatch(seqs, model.device),
+                                                            kv_)))
         alone = rec.take(PROMPT - 1, lambda: fwd(kv, [SeqInput(0, prompt, 0)]))
         kv.lens[0] = PROMPT
         decode = rec.take(0, lambda: fwd(kv, [SeqInput(0, step[:1], PROMPT)]))
-        # the same prompt among 15 others (of 1 to 40 tokens), in the middle of the batch
+        second = rec.take(1, lambda: fwd(kv, [SeqInput(0, step[:2], PROMPT)]))
+        # the same prompt among 15 others (of 1 to 40 tokens, and one of LONG: the forward's
+        # longest key group is then longer than the prompt's, the variance of issue 44)
         others = [[rng.randrange(V) for _ in range(rng.randint(1, 40))] for _ in range(OTHERS)]
+        others[3] = [rng.randrange(V) for _ in range(LONG)]
         prompts = others[:7] + [prompt] + others[7:]
-        kv = model.new_kv_cache(len(prompts), 64)
+        kv = model.new_kv_cache(len(prompts), LONG + 16)
         for s, p in enumerate(prompts):
             kv.reserve(s, len(p) + 6)
         at = sum(len(p) for p in prompts[:8]) - 1
@@ -107,11 +112,12 @@ def self_check(model) -> str | None:
                              kv.lens[s]) for s in range(len(prompts)) if s != 7]
             seqs.insert(5, seq)
             row = sum(len(q.tokens) for q in seqs[:5])
-            got = rec.take(row, lambda: fwd(kv, seqs))
-            where = first_difference(decode, got, L)
-            if where:
-                return f"{where}, a decoded token's row alone vs in a {kind} among " \
-                       f"{len(seqs)} sequences"
+            for at, ref in ((0, decode), (1, second)):   # (the root, and a node after it)
+                got = rec.take(row + at, lambda: fwd(kv, seqs))
+                where = first_difference(ref, got, L)
+                if where:
+                    return f"{where}, a decoded token's row alone vs in a {kind} among " \
+                           f"{len(seqs)} sequences"
         return None
     finally:
         rec.restore()

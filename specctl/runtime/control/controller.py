@@ -165,6 +165,8 @@ class Controller:
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
+        # (draining, the slowest's gains: the stop rule and the expected tokens read them too,
+        # so a drain's predicted tokens are its critical path's, not the batch's mean)
         gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
         ks = policy.search(gains, caps, c, probes, np.asarray(room) + 1 if drain else None)
         self.searches += 1
@@ -214,7 +216,7 @@ class Controller:
             return self.ar_ms(b) * steps
         if self.correct:
             self.cost.learn([0] * b, ms, False)
-        self.guard.lean(self.cost.ar_table_ms(b), ms)
+        self.guard.lean(self.cost.ar_table_ms(b), ms, steps)
         return ms * steps
 
     def drafted(self, b: int, ms: float | None, progress: float) -> float:

@@ -37,7 +37,7 @@ GUARD_CREDIT = 16      # drafting steps' time that savings may bank against late
 GUARD_EPS = 0.02       # how far behind ar a step may be (timing noise; no real loss)
 GUARD_HOLD = 64        # ar steps held to after a first trip (doubling)
 GUARD_MAX_HOLD = 4096
-AR_MEMORY = 4          # lean timings the ar ratio averages over (each a mean of up to 32 steps)
+AR_MEMORY = 16         # lean steps the ar ratio averages over
 
 
 class Guard:
@@ -53,14 +53,15 @@ class Guard:
         self.trips = 0                     # times the balance fell behind
         self.held = 0                      # steps held to ar
 
-    def lean(self, table_ms: float, ms: float) -> None:
-        """Lean steps (no drafts, `ar`'s path) of table price table_ms took ms each."""
+    def lean(self, table_ms: float, ms: float, steps: int = 1) -> None:
+        """`steps` lean steps (no drafts, `ar`'s path) of table price table_ms took ms each on
+        average: weighed as that many steps (one contrast step moves the average as one)."""
         if not (table_ms > 0 and ms > 0):
             return
         x = math.log(ms / table_ms)
-        self.ar_steps += 1
+        self.ar_steps += steps
         self.ar_log = x if self.ar_log is None else \
-            self.ar_log + (x - self.ar_log) / min(self.ar_steps, AR_MEMORY)
+            self.ar_log + (x - self.ar_log) * min(1.0, steps / min(self.ar_steps, AR_MEMORY))
 
     def ar_ms(self, table_ms: float) -> float | None:
         """`ar`'s lean step of that table price, as this run measures it (None: not yet)."""
