@@ -130,6 +130,28 @@ def test_probe_refuses_a_matmul_that_is_not_row_invariant():
     assert exact._invariant(exact.tiled_linear, [torch.randn(8, 4)], exact.PROBE_ROWS)
 
 
+def test_the_two_shape_tiles_are_a_linear_and_probed_before_the_small_tiles(monkeypatch):
+    """tiled_linear_8_64 (a step's rows in one 8-row call, a prefill's in 64-row tiles) is
+    x @ w.T + b at every row count, and the probe tries it between linear2 and 8-row tiles (it
+    is taken only where both shapes give a row the same bits: _invariant compares rows 1 to
+    512 across them)."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    for m in (1, 7, 8, 9, 63, 64, 65, 130):
+        x = torch.randn(m, 16, generator=g)
+        assert torch.allclose(exact.tiled_linear_8_64(x, w, b), x @ w.T + b, atol=1e-5), m
+
+    def shaped(x, w, b=None):   # bits that follow the call's shape: refused
+        return torch.nn.functional.linear(x, w) * (1 + 0.25 * (x.shape[0] == exact.BIG_TILE))
+    assert not exact._invariant(lambda x, w, b=None: shaped(x, w) if x.shape[0] > 8 else
+                                exact.tiled_linear(x, w), [w], exact.PROBE_ROWS)
+    # where linear2 varies (an AMX CPU's bf16 GEMM), the next candidate the probe gives is the
+    # two-shape tiling (on this machine it is invariant), before the 8-row tiles
+    monkeypatch.setattr(exact, "linear2", lambda x, w, b=None: shaped(x, w))
+    got = list(exact.probe([w.bfloat16()], w.bfloat16(), 8))
+    assert got[0] is exact.tiled_linear_8_64 and got[-1] is exact.tiled_linear, got
+
+
 @pytest.mark.parametrize("speculate", ["fixed", "auto"])
 def test_every_method_under_exact_in_bf16_is_ar_at_batch_1(tiny_llama, speculate):
     from helpers import method_drafters, random_prompts, run_ids
