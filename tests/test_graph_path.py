@@ -121,6 +121,18 @@ def test_host_reads_catches_what_a_capture_cannot_hold(bad):
     assert clean.found == []
 
 
+def _graphs_and_twin(kind, m, eager, adapter, prompts, ref):
+    """A Kangaroo drafter of `kind` on the graph model (its own copy of the adapter) decodes as
+    its eager twin does: ar's tokens and the same acceptance. Returns (it, its RunStats)."""
+    dr = kind(m, Adapter(m, 1, {k: t.clone() for k, t in adapter.w.items()}),
+              SamplingParams(), KangarooParams(eta=0.3))
+    got, stats = run_ids(m, prompts, batch_size=4, max_tokens=20, drafter=dr)
+    twin = kind(eager, adapter, SamplingParams(), KangarooParams(eta=0.3))
+    _, want = run_ids(eager, prompts, batch_size=4, max_tokens=20, drafter=twin)
+    assert got == ref and stats.accept_hist == want.accept_hist
+    return dr, stats
+
+
 def test_kangaroo_graphs_follow_a_new_adapter(tiny_llama, eager, reference):
     """A second drafter with other adapter weights replays the same graphs (the kept head is
     loaded with its weights) and drafts exactly as its eager twin does."""
@@ -131,12 +143,7 @@ def test_kangaroo_graphs_follow_a_new_adapter(tiny_llama, eager, reference):
     for t in noisy.w.values():
         t.add_(0.05 * torch.randn(t.shape, generator=g))
     for adapter in (Adapter.init_from_model(eager, 1), noisy):
-        dr = KangarooDrafter(m, Adapter(m, 1, {k: t.clone() for k, t in adapter.w.items()}),
-                             SamplingParams(), KangarooParams(eta=0.3))
-        got, stats = run_ids(m, prompts, batch_size=4, max_tokens=20, drafter=dr)
-        twin = KangarooDrafter(eager, adapter, SamplingParams(), KangarooParams(eta=0.3))
-        _, want = run_ids(eager, prompts, batch_size=4, max_tokens=20, drafter=twin)
-        assert got == ref and stats.accept_hist == want.accept_hist
+        _graphs_and_twin(KangarooDrafter, m, eager, adapter, prompts, ref)
     assert len([k for k in m.graphs.kept if k[0] == "kangaroo"]) == 1
 
 
@@ -275,13 +282,8 @@ def test_kangaroo_step_without_drafts_is_one_replay(tiny_llama, eager, reference
     as on the H100 at 237d5df), and decoding stays what the eager path does."""
     prompts, ref = reference
     m = graph_model(tiny_llama)
-    adapter = Adapter.init_from_model(eager, 1)
-    dr = _LeanEvery2(m, Adapter(m, 1, {k: t.clone() for k, t in adapter.w.items()}),
-                     SamplingParams(), KangarooParams(eta=0.3))
-    got, stats = run_ids(m, prompts, batch_size=4, max_tokens=20, drafter=dr)
-    twin = _LeanEvery2(eager, adapter, SamplingParams(), KangarooParams(eta=0.3))
-    _, want = run_ids(eager, prompts, batch_size=4, max_tokens=20, drafter=twin)
-    assert got == ref and stats.accept_hist == want.accept_hist
+    dr, stats = _graphs_and_twin(_LeanEvery2, m, eager, Adapter.init_from_model(eager, 1),
+                                 prompts, ref)
     assert sum(k * n for k, n in stats.accept_hist.items()) > 0   # (the other steps draft)
     assert dr.lean_replays and set(dr.lean_replays) == {1}
     assert ("kangaroo-whole", 1) in {key[3] for key in m.graphs.cache}
