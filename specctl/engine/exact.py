@@ -214,8 +214,7 @@ class ExactMeta:
         for b, n in enumerate(counts):
             for cols, members, rank in _paths(mask[b, :n]):
                 groups.append((_storage(meta, b, cols), cu[b] + members, rank))
-        G = len(groups)
-        L = -(-max(len(g[0]) for g in groups) // KEY_BLOCK) * KEY_BLOCK   # (weighted_sum)
+        G, L = len(groups), key_length(max(len(g[0]) for g in groups))
         N = max(2, max(len(g[1]) for g in groups))   # (at least 2 rows: see the docstring)
         keys, toks = np.empty((G, L), np.int64), np.zeros((G, N), np.int64)
         limit, out = np.zeros((G, N), np.int64), np.empty(num_tokens, np.int64)
@@ -286,6 +285,11 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return o.reshape(G * N, H, hd).index_select(0, e.out).to(q.dtype)
 
 
+def key_length(n: int) -> int:
+    """The key length a group of n keys is padded to (zero weights): whole KEY_BLOCKs."""
+    return -(-n // KEY_BLOCK) * KEY_BLOCK
+
+
 def weighted_sum(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """p [B, N, L] @ v [B, L, D] in fp32, L a multiple of KEY_BLOCK: each block of KEY_BLOCK
     keys one batched matmul of that one reduction length, the blocks' products added in fp32
@@ -353,8 +357,7 @@ def _weighted_sum_case(g, dtype, device, hd: int, n: int) -> tuple:
 
 def _padded_sum(p: torch.Tensor, v: torch.Tensor, L: int) -> torch.Tensor:
     """weighted_sum with the keys padded (zero weights) to L rounded up to KEY_BLOCK."""
-    n = p.shape[-1]
-    L = -(-L // KEY_BLOCK) * KEY_BLOCK
+    n, L = p.shape[-1], key_length(L)
     return weighted_sum(F.pad(p, (0, L - n)), F.pad(v, (0, 0, 0, L - n)))
 
 
@@ -362,7 +365,7 @@ def _weighted_sum_invariant(p, v, many, ref) -> bool:
     """weighted_sum's rows the same bits as ref with the keys padded to any length from n to
     n + 64, for the first 3 of the batch alone, and for a row among 40 others."""
     n = p.shape[-1]
-    for L in sorted({-(-L // KEY_BLOCK) * KEY_BLOCK for L in range(n, n + 65)}):
+    for L in sorted({key_length(L) for L in range(n, n + 65)}):
         if not (torch.equal(_padded_sum(p, v, L), ref)
                 and torch.equal(_padded_sum(p[:3], v[:3], L), ref[:3])
                 and torch.equal(_padded_sum(many, v[:3], L)[:, -1], ref[:3, 0])):
