@@ -214,13 +214,9 @@ def test_attentions_weighted_sum_ignores_the_longest_key_group():
     be invariant (this AMD EPYC); on an AMX CPU it fails if the sum over keys stops being
     blocked."""
     g = torch.Generator().manual_seed(0)
+    ws = exact._padded_sum   # (keys padded to whole blocks, as ExactMeta pads them)
     for n in (38, 60, 100, 200):
         p, v = _peaked(g, 512, 6, n), torch.randn(512, n, 65, generator=g).bfloat16()
-
-        def ws(pp, vv, L):
-            L = exact.key_length(L)
-            return exact.weighted_sum(torch.nn.functional.pad(pp, (0, L - n)),
-                                      torch.nn.functional.pad(vv, (0, 0, 0, L - n)))
         ref = ws(p, v, n)
         # bf16 blocks added in fp32: as close to the fp32 product as one bf16 bmm is (error
         # relative to the weights' sum, the softmax's normalizer)

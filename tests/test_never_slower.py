@@ -207,14 +207,14 @@ def test_a_capture_inside_a_step_is_counted_not_learnt(graph_model, monkeypatch)
         monkeypatch.setattr(CudaGraphs, "_capture_one", timed_capture)
         dr = OracleChains(ref, [0.9, 0.5, 0.0, 0.7, 0.9, 0.2])
         ctl = sim_controller(dr, table)
-        plan, calls = ctl.plan, []
+        decide, calls = ctl.decide, []   # (the steps plan_lean leaves to it)
 
         def planned(keys, room, drain=False):
             calls.append(1)
             if len(calls) == 6:   # this step's forwards meet shapes the cache no longer holds
                 m.graphs.cache.clear()
-            return plan(keys, room, drain)
-        monkeypatch.setattr(ctl, "plan", planned)
+            return decide(keys, room, drain)
+        monkeypatch.setattr(ctl, "decide", planned)
         got, st = sim_run(m, prompts, dr, clock, batch_size=4, max_tokens=24, controller=ctl)
         assert got == ref
         runs.append((st, ctl))

@@ -150,18 +150,16 @@ class Controller:
     def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
         request waits (the job ends with its slowest sequence: policy.drain_best)."""
+        got = self.plan_lean(len(keys))
+        return got if got is not None else self.decide(keys, room, drain)
+
+    def decide(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
+        """plan's decision where plan_lean gave none (its caller asked it first)."""
         self.steps += 1
-        if self.guard.holding():
-            self.last_bare = self.steps
+        due = not drain and self._explore_due(room)   # (draining, a lesson comes too late)
+        if self.steps < self.lean_until and not due:   # (in a lean stretch only an exploring
+            self.last_bare = self.steps                # step due, and paid for, searches)
             return self._lean_budgets(len(keys))
-        due = None
-        if self.steps < self.lean_until:   # (an exploring step due and affordable searches)
-            due = self.steps >= self.next_try and not drain and self._explore_due(room)
-            if not due:
-                self.last_bare = self.steps
-                return self._lean_budgets(len(keys))
-        if due is None:
-            due = self._explore_due(room) and not drain   # (draining, a lesson comes too late)
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)

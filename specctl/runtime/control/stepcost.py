@@ -227,7 +227,7 @@ class StepCost:
     def ar_ms(self, b: int) -> float:
         """Predicted ms of an `ar` step of b sequences (a plain forward, table ms(b, 1)),
         corrected as this run's steps without drafts were (their class and the drift)."""
-        return float(self._ms_one(b)[b]) * math.exp(self.drift + self._rel((False,)))
+        return self.ar_table_ms(b) * math.exp(self.drift + self._rel((False,)))
 
     def step_ms(self, ks, probes: bool = True) -> float:
         """Predicted ms of a step with budgets ks."""

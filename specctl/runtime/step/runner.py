@@ -24,8 +24,8 @@ accepted path and bonus token per sequence, and the KV cache keeps exactly the a
 
 Speculation: without a controller each drafter drafts its own amount (`--speculate fixed`, the
 papers' settings); with one (`--speculate auto`, runtime/control/controller.py) every step
-gives each sequence a draft budget before the drafter proposes: the budget caps the sequence's room, so
-budget 0 is an `ar` step for it (no draft forward, no probe). The step itself is in
+gives each sequence a draft budget before the drafter proposes: the budget caps the sequence's
+room, so budget 0 is an `ar` step for it (no draft forward, no probe). The step itself is in
 runtime/step/step.py: plan -> forward -> verify, then commit here.
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -50,7 +51,18 @@ from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
 
-NO_TALLY = (0, 0, 0, 0.0, 0.0, False)   # Runner._tally when no lean step waits to be learnt
+
+@dataclass(slots=True)
+class LeanTally:
+    """Lean steps not learnt yet (Runner._learn_lean): `steps` steps of `b` sequences, up to
+    `most`, that took `ms` in all; `work`: ar's table ms of one (the thread tuner's work);
+    `contrast`: the first was a contrast step. b = 0: none."""
+    b: int = 0
+    steps: int = 0
+    most: int = 0
+    ms: float = 0.0
+    work: float = 0.0
+    contrast: bool = False
 
 
 class Runner:
@@ -100,9 +112,7 @@ class Runner:
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
-        # lean steps not yet learnt: [sequences, steps, the most to tally, their ms, ar's
-        # table ms of one (the thread tuner's work), whether the first was a contrast step]
-        self._tally = NO_TALLY
+        self._tally = LeanTally()
         self._warm()
         if controller is not None:
             self.set_controller(controller)
@@ -370,10 +380,10 @@ class Runner:
         if b is not None:
             took = (self.clock() - t0) * 1e3
             t = self._tally
-            if b.lean and not new and not b.contrast and t[0] == len(seqs) and t[1] < t[2]:
-                t[1] += 1   # (lean steps are learnt in bulk: their bookkeeping is ar's cost)
-                t[3] += took
-                work = t[4]
+            if b.lean and not new and not b.contrast and t.b == len(seqs) and t.steps < t.most:
+                t.steps += 1   # (lean steps are learnt in bulk: their bookkeeping is ar's cost)
+                t.ms += took
+                work = t.work
             else:
                 work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
@@ -388,12 +398,12 @@ class Runner:
         ctl, st, b, n = self.controller, self.stats, plan.budgets, len(seqs)
         self._learn_lean()
         if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
+            work = ctl.cost.ar_table_ms(n)
             if t0 is None:
                 st.lean(n, 1, took, ctl.lean_done(n, None), b.contrast)
             else:    # the first of a tally of lean steps of n sequences (_learn_lean)
-                self._tally = [n, 1, ctl.lean_batch(), took, ctl.cost.ar_table_ms(n),
-                               b.contrast]
-            return ctl.cost.ar_table_ms(n)
+                self._tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast)
+            return work
         work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
                                      None if t0 is None else took)
         total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
@@ -414,10 +424,11 @@ class Runner:
         """The tally of lean steps so far into the controller and the stats: learnt as their
         mean, a tally of LEAN_LEARN steps at a time (learning one costs more than a lean
         step's own host work on a small model)."""
-        n, k, _, ms, _, contrast = self._tally
-        if k:
-            self.stats.lean(n, k, ms, self.controller.lean_done(n, ms / k, k), contrast)
-        self._tally = NO_TALLY
+        t = self._tally
+        if t.steps:
+            self.stats.lean(t.b, t.steps, t.ms, self.controller.lean_done(t.b, t.ms / t.steps,
+                                                                          t.steps), t.contrast)
+            self._tally = LeanTally()
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
         """The accepted rows into the KV cache, the emitted tokens into the sequences."""

@@ -82,7 +82,7 @@ class Planner:
                            s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
         budgets = None
         if ctl is not None:
-            budgets = ctl.plan([s.slot for s in seqs], room, drain)
+            budgets = ctl.decide([s.slot for s in seqs], room, drain)   # (plan_lean gave none)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
         # them is an error here, not a write into a block nobody reserved)
