@@ -33,7 +33,7 @@ ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps",
             "wall_s", "speedup_vs_ar", "speedup_runs", "mean_accepted_tokens", "acceptance_rate", "ctar",
             "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
             "exact", "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation",
-            "effective_batch", "drain_bound", "captures", "captures_runs"}
+            "effective_batch", "drain_bound", "captures", "captures_runs", "time_split"}
 ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
                "zero_accept_share", "padding_ratio")
 
@@ -129,6 +129,9 @@ def test_bench_writes_the_expected_fields(full):
             assert set(r["ctar"]) == {str(w) for w in range(1, 7)}
             assert 0 <= r["zero_accept_share"] <= 1 and 0 <= r["padding_ratio"] < 1
             assert r["steps"] > 0
+            ts = r["time_split"]   # (decode steps and prefill: within the first repeat's wall)
+            assert ts["steps_s"] > 0 and ts["prefill_s"] > 0 and ts["prefill_forwards"] > 0
+            assert ts["steps_s"] + ts["prefill_s"] <= r["wall_s"]["runs"][0] + 0.002   # (rounded)
         else:
             assert r["engine"] == "transformers" and r["method"].startswith("hf")
             assert r["mean_accepted_tokens"] is None and r["ctar"] is None

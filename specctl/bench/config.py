@@ -32,6 +32,9 @@ RESULTS_SCHEMA = """
     "speedup_runs": [float] | null,    # those per-round ratios
     "mean_accepted_tokens", "acceptance_rate", "ctar": {"1".."6"}, "zero_accept_share",
     "padding_ratio",                   # the five above: null for transformers rows
+    "speculation": {...} | null,       # --speculate auto's record (metrics.speculation_metrics)
+    "time_split": {"steps_s", "prefill_s", "prefill_forwards", "search_s"} | null,
+                                       # the first repeat's decode steps and prefill
     "peak_memory_mb",                  # see peak_memory_kind
     "run_memory_mb": float | null,     # CUDA: peak minus what was allocated before the run
                                        # (KV cache + activations); null on CPU

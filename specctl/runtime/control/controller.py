@@ -41,7 +41,11 @@ table had a draft token for each sequence at +10%, and every step drafted). So, 
 timed, after 2, 4, 8 and 16 drafting steps in a row and then every `explore_every`, one step
 runs without drafts (early ones come sooner: one step's timing is noisy and a short run must
 learn the contrast too). Past the first ~30 steps that costs at most the speculation's gain
-in one step of 32.
+in one step of 32. A contrast step is a lean step (plan_lean decides it, before any search):
+timed with the search and the drafter's planning in it, it priced `ar` at ~1.4x its step on
+the H100 at batch 32, and drafting that lost 30% won every comparison. For the same reason a
+step whose search gave no drafts is learnt without the search's time (the runner subtracts
+StepPlan.search_ms): that is the controller's overhead, which its backoff bounds, not `ar`'s.
 
 Lean steps: a step whose budgets are all 0 is `ar`'s step and costs what `ar`'s does: the
 drafter gives its idle proposals (Drafter.idle: no draft, no probe, no stop rule), plan_lean
@@ -139,6 +143,10 @@ class Controller:
         (the guard holds, or a lean stretch goes on and no exploring step can be due): plan's
         decision, at a lean step's cost. None: ask plan."""
         s = self.steps + 1
+        if self._contrast_due(s):
+            self.contrasts += 1
+            self.steps = self.last_bare = s
+            return self._lean_budgets(b, contrast=True)
         if not self.guard.hold and (s >= self.lean_until or (
                 self.explore_every and s - self.last_explore >= self.period
                 and s >= self.next_try)):
@@ -146,6 +154,13 @@ class Controller:
         self.steps = self.last_bare = s
         self.guard.holding()   # (counts a held step)
         return self._lean_budgets(b)
+
+    def _contrast_due(self, s: int) -> bool:
+        """Whether step s is a contrast step: drafting steps have been timed and the steps
+        since the last one without drafts all drafted, 2, 4, 8, 16, then explore_every of
+        them (module docstring)."""
+        return bool(self.explore_every) and self.timed_steps > 0 and not self.guard.hold \
+            and s - self.last_bare > min(self.explore_every, 2 ** (self.contrasts + 1))
 
     def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
@@ -185,13 +200,6 @@ class Controller:
                 self.next_try = 0
             else:   # the step at which its price is paid for (lean steps end for it then)
                 self.next_try = self.last_explore + math.ceil(extra / (self.explore_cost * ms))
-        if any(ks) and self.explore_every and self.timed_steps \
-                and self.last_explore != self.steps \
-                and self.steps - self.last_bare > min(self.explore_every,
-                                                      2 ** (self.contrasts + 1)):
-            self.contrasts += 1
-            self.last_bare = self.steps
-            return self._lean_budgets(len(keys), contrast=True)
         if not any(ks):
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))

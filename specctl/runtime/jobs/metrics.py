@@ -59,6 +59,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "step_tokens": stats.step_tokens if stats else 0,
         "prefill_tokens": stats.prefill_tokens if stats else 0,
         "peak_memory_mb": round(peak, 1), "device": str(device),
+        "time_split": time_split(stats),
         "speculation": speculation_metrics(cfg, stats),
         "kv_cache": kv_metrics(stats),
         "per_sample": [{k: l.get(k) for k in ("index", "new_tokens", "steps", "wall_time_s")}
@@ -116,6 +117,17 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
     return m
 
 
+def time_split(stats) -> dict:
+    """Where a run's time went: its decode steps and its prefill (every method, ar too: a
+    method that ends sequences at other steps than ar admits and prefills them in other
+    groups), the controller's search within the steps, and the rest (admission, retiring,
+    output) is the wall time less these."""
+    if stats is None:
+        return {}
+    return {"steps_s": round(stats.step_s, 3), "prefill_s": round(stats.prefill_s, 3),
+            "prefill_forwards": stats.prefill_forwards, "search_s": round(stats.search_ms / 1e3, 3)}
+
+
 def speculation_metrics(cfg, stats) -> dict:
     """--speculate auto's record (runtime/control/controller.py): the budgets chosen (budget ->
     sequence-steps), the predicted and measured mean step ms, the expected and verified tokens
@@ -139,6 +151,10 @@ def speculation_metrics(cfg, stats) -> dict:
             "confidence_stops": stats.confidence_stops,
             "predicted_step_ms": round(stats.predicted_step_ms / drafting, 3) if drafting else 0.0,
             "measured_step_ms": round(stats.measured_step_ms / n, 3),
+            "lean_step_ms": round(stats.lean_step_ms / stats.lean_steps, 3)
+            if stats.lean_steps else 0.0,
+            "drafting_step_ms": round((stats.measured_step_ms - stats.lean_step_ms) / drafting,
+                                      3) if drafting else 0.0,
             "predicted_tokens_per_step": round(stats.predicted_tokens / drafting, 3)
             if drafting else 0.0,
             "verified_tokens_per_step": round(stats.verified_tokens / drafting, 3)

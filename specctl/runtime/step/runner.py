@@ -186,7 +186,9 @@ class Runner:
                     continue
                 fresh.append(seq)
             if fresh:
+                t = self.clock()
                 self._prefill(fresh)
+                self.stats.prefill_s += self.clock() - t
                 running.extend(fresh)
             running.sort(key=lambda s: s.slot)
             live = [s for s in running if not s.finished]
@@ -195,7 +197,9 @@ class Runner:
                 if tuner:
                     tuner.before()
                     t = time.perf_counter()
+                t0 = self.clock()
                 work = self.step(live, drain=not waiting)
+                self.stats.step_s += self.clock() - t0
                 if tuner:
                     tuner.after(time.perf_counter() - t, work)
                 if on_tokens:
@@ -367,7 +371,7 @@ class Runner:
         captures = g.captures if g is not None else 0
         t0 = self.clock()
         emitted = self.stats.generated
-        plan = self.planner.plan(seqs, drain)
+        plan = self.planner.plan(seqs, drain, self.clock)
         h = self.planner.execute(plan)
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
@@ -379,6 +383,9 @@ class Runner:
         b = plan.budgets
         if b is not None:
             took = (self.clock() - t0) * 1e3
+            self.stats.search_ms += plan.search_ms
+            if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
+                took -= plan.search_ms   # for by its backoff: ar's step has none)
             t = self._tally
             if b.lean and not new and not b.contrast and t.b == len(seqs) and t.steps < t.most:
                 t.steps += 1   # (lean steps are learnt in bulk: their bookkeeping is ar's cost)

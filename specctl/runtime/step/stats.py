@@ -11,6 +11,8 @@ class RunStats:
     steps: int = 0                 # verification forwards (decode steps; prefill not counted)
     prefill_forwards: int = 0
     prefill_tokens: int = 0
+    prefill_s: float = 0.0         # seconds in prefill (it ends in a host read: on CUDA, its
+    step_s: float = 0.0            # kernels' time too), and in decode steps
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
     padded_tokens: int = 0         # what a padded batch would have computed for the same steps
     generated: int = 0
@@ -37,6 +39,7 @@ class RunStats:
     lean_steps: int = 0            # controlled steps without drafts, run on `ar`'s path (in
     lean_step_ms: float = 0.0      # controlled_steps), and their measured ms (in measured_)
     searches: int = 0              # steps the controller ran its policy's search for
+    search_ms: float = 0.0         # and the time it took (not in a lean step's ms)
     guard_trips: int = 0           # times the measured guard found the run behind `ar`
     guard_held: int = 0            # steps it held to `ar`
     captures: int = 0              # graph shapes captured when the runner started

@@ -39,6 +39,7 @@ class StepPlan:
     batch: ForwardBatch              # [pending + draft + probe] of every sequence, packed
     verified: tuple[int, ...]        # rows verified per sequence: 1 + its draft nodes
     probed: tuple[int, ...]          # probe rows after them
+    search_ms: float = 0.0           # the controller's search (Controller.decide), if it ran
 
     @property
     def confidence_stops(self) -> int:
@@ -68,8 +69,9 @@ class Planner:
         self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
         self.controller = controller
 
-    def plan(self, seqs: list[Sequence], drain: bool = False) -> StepPlan:
-        """drain: no request waits (the controller then prices the job's critical path)."""
+    def plan(self, seqs: list[Sequence], drain: bool = False, clock=None) -> StepPlan:
+        """drain: no request waits (the controller then prices the job's critical path);
+        clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
         kv, ctl = self.kv, self.controller
         if ctl is not None:
             budgets = ctl.plan_lean(len(seqs))
@@ -80,9 +82,13 @@ class Planner:
         # together at most max_len tokens, where ar stops) is passed
         room = [max(0, min(self.max_len - kv.lens[s.slot] - 2,
                            s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
-        budgets = None
+        budgets, search_ms = None, 0.0
         if ctl is not None:
+            t = clock() if clock else 0.0
             budgets = ctl.decide([s.slot for s in seqs], room, drain)   # (plan_lean gave none)
+            search_ms = (clock() - t) * 1e3 if clock else 0.0
+            if budgets.lean:
+                return self._planned(seqs, budgets, self.drafter.idle(seqs, kv), search_ms)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
         # them is an error here, not a write into a block nobody reserved)
@@ -95,15 +101,16 @@ class Planner:
             if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
-        return self._planned(seqs, budgets, props)
+        return self._planned(seqs, budgets, props, search_ms)
 
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
-                 props: list[Proposal]) -> StepPlan:
+                 props: list[Proposal], search_ms: float = 0.0) -> StepPlan:
         lens = self.kv.lens
         inputs = [seq_input(s, p, lens[s.slot]) for s, p in zip(seqs, props)]
         return StepPlan(tuple(seqs), budgets, tuple(props),
                         ForwardBatch(inputs, self.model.device),
-                        tuple(1 + len(p.draft) for p in props), tuple(len(p.probe) for p in props))
+                        tuple(1 + len(p.draft) for p in props), tuple(len(p.probe) for p in props),
+                        search_ms)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """The verify forward's last-layer states [T, D]."""
