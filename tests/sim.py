@@ -37,10 +37,13 @@ def h100_table() -> StepTable:
 
 class SimClock:
     """Seconds of simulated device time. dear(plan, n): a factor on a forward's table price
-    (a device slower than its table for some forwards)."""
+    (a device slower than its table for some forwards). A prefill forward (no table prices
+    it: eager on a GPU) costs prefill_ms plus token_us a prompt token (default nothing)."""
 
-    def __init__(self, table: StepTable, slots: int, dear=None):
+    def __init__(self, table: StepTable, slots: int, dear=None, prefill_ms: float = 0.0,
+                 token_us: float = 0.0):
         self.table, self.slots, self.dear = table, slots, dear
+        self.prefill_ms, self.token_us = prefill_ms, token_us
         self.t = 0.0
         self.price = DraftPrice()
         self.paused = False   # (prefill: its forwards are not what a step table prices)
@@ -50,6 +53,7 @@ class SimClock:
 
     def forward(self, batch, plan) -> None:
         if self.paused:
+            self.t += (self.prefill_ms + self.token_us * batch.num_tokens / 1e3) / 1e3
             return
         b, n = len(batch.seqs), grid_n(max(batch.num_new))
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)

@@ -6,8 +6,10 @@
 
 Scheduling (nano-vllm style): up to `batch_size` sequences hold a KV slot each; whenever one
 finishes (EOS, its token budget, a stop string, the context end) its slot is freed and the next
-waiting prompt is admitted at once, so a long answer never holds a batch back. A multi-turn
-request re-enters the queue (at its front) for its next stage.
+waiting prompt is admitted at once, so a long answer never holds a batch back; under a
+controller, once a prefill forward's fixed cost is measured to be worth more than a few idle
+slots, a few freed slots are filled together (runtime/step/admission.py). A multi-turn request
+re-enters the queue (at its front) for its next stage.
 
 With a paged KV cache (a memory budget smaller than every slot at full length, engine/kv.py) a
 prompt is admitted only when the blocks for it and one step are free, and before each step every
@@ -42,6 +44,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.control.controller import Controller
+from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.logprobs import token_logprobs
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
@@ -113,6 +116,7 @@ class Runner:
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
         self._tally = LeanTally()
+        self.admission = Admission(batch_size)   # (groups only under a controller)
         self._warm()
         if controller is not None:
             self.set_controller(controller)
@@ -173,7 +177,10 @@ class Runner:
             preempted = self.stats.preemptions
             self._reserve(running, free, waiting)
             fresh = []
-            while free and waiting and self.stats.preemptions == preempted:
+            # (under a controller, a few free slots are filled in one prefill: admission.py)
+            hold = bool(running) and self.controller is not None and \
+                len(free) < min(self.admission.group(), len(waiting))
+            while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
                 if seq is None:   # too few free KV blocks: wait for a sequence to finish
                     if not running and not fresh:
@@ -186,9 +193,13 @@ class Runner:
                     continue
                 fresh.append(seq)
             if fresh:
-                t = self.clock()
+                t, st = self.clock(), self.stats
+                forwards, tokens = st.prefill_forwards, st.prefill_tokens
                 self._prefill(fresh)
-                self.stats.prefill_s += self.clock() - t
+                took = self.clock() - t
+                st.prefill_s += took
+                self.admission.prefilled(st.prefill_forwards - forwards,
+                                         st.prefill_tokens - tokens, took * 1e3)
                 running.extend(fresh)
             running.sort(key=lambda s: s.slot)
             live = [s for s in running if not s.finished]
@@ -199,7 +210,9 @@ class Runner:
                     t = time.perf_counter()
                 t0 = self.clock()
                 work = self.step(live, drain=not waiting)
-                self.stats.step_s += self.clock() - t0
+                took = self.clock() - t0
+                self.stats.step_s += took
+                self.admission.stepped(took * 1e3, sum(s.finished for s in live))
                 if tuner:
                     tuner.after(time.perf_counter() - t, work)
                 if on_tokens:

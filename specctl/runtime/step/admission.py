@@ -1,0 +1,77 @@
+"""When waiting requests are admitted into free slots: at once, or a few together.
+
+A prefill forward pays a fixed cost whatever its tokens (on a CPU the weights' read: the demo
+model's forward of 8 or 32 tokens takes ~22 ms, of 512 ~290; on a GPU the launches of an eager
+forward, where steps replay graphs but prefill does not) on top of its tokens' work. `ar` at a
+fixed answer length finishes its sequences together and admits them in one forward;
+speculation finishes them at different steps and admits them one by one (a host-inclusive
+simulation of the H100 at batch 32 and 64: 60-100 prefill forwards against ar's 5). Holding a
+free slot for a step costs the batch 1/B of a step, and with r slots freed a step the first
+of g waits (g - 1) / r steps for the last; admitting them together saves g - 1 fixed costs F.
+Per admission that is
+
+    (g - 1) / (2 r) * step_ms / B + F / g,   least at   g* = sqrt(2 F B r / step_ms),
+
+so with F = 5 ms, a 3 ms step, B = 32 and a slot freed every other step, g* ~ 7; where F is
+small against a step (a CPU prefilling long prompts) g* = 1: admit at once. F and the cost of a
+token are fit by least squares over the run's recent prefills (ms = F x forwards + s x tokens);
+step_ms and r are the means of the recent steps. Until all are known (prefills of at least two
+sizes), g = 1.
+
+The runner asks for a group only under a controller (--speculate auto), whose run is decided
+by its timings anyway: `ar`'s and `fixed`'s schedules stay a function of their inputs, so a
+bf16 run of theirs repeats byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+PREFILLS = 32       # recent prefills the fixed cost is fit over
+STEP_MEMORY = 16    # steps the step time and the slots freed average over (x 4)
+
+
+class Admission:
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.prefills: deque[tuple[int, int, float]] = deque(maxlen=PREFILLS)
+        self.step_ms: float | None = None
+        self.freed = 0.0   # slots freed a step
+        self.steps = 0
+
+    def prefilled(self, forwards: int, tokens: int, ms: float) -> None:
+        """One prefill call: `forwards` forwards over `tokens` prompt tokens took ms."""
+        if forwards > 0 and ms > 0:
+            self.prefills.append((forwards, tokens, ms))
+
+    def stepped(self, ms: float, freed: int) -> None:
+        """A step took ms, and `freed` sequences finished in it."""
+        if ms > 0:
+            self.steps += 1
+            a = 1.0 / min(self.steps, STEP_MEMORY * 4)
+            self.step_ms = ms if self.step_ms is None else self.step_ms + a * (ms - self.step_ms)
+            self.freed += a * (freed - self.freed)
+
+    def fixed_ms(self) -> float | None:
+        """F, the ms a prefill forward costs beyond its tokens' (None: not measurable yet)."""
+        if len(self.prefills) < 4:
+            return None
+        ff = ft = tt = fy = ty = 0.0
+        for f, t, y in self.prefills:
+            ff, ft, tt, fy, ty = ff + f * f, ft + f * t, tt + t * t, fy + f * y, ty + t * y
+        det = ff * tt - ft * ft
+        if det <= 1e-9 * ff * tt:   # (every prefill of one size: F and s are not apart)
+            return None
+        s = (ff * ty - ft * fy) / det
+        if s < 0:   # (more tokens took less: noise; all of it is then per forward)
+            return fy / ff
+        return max(0.0, (tt * fy - ft * ty) / det)
+
+    def group(self) -> int:
+        """How many free slots to wait for before admitting (1: at once)."""
+        F = self.fixed_ms()
+        if not F or not self.step_ms or not self.freed:
+            return 1
+        g = round(math.sqrt(2.0 * F * self.slots * self.freed / self.step_ms))
+        return max(1, min(self.slots // 2, g))

@@ -1,0 +1,84 @@
+"""Admission in groups (runtime/step/admission.py): under a controller, free slots wait for a few
+more before one prefill fills them, when a prefill forward's fixed cost is worth more than the
+idle slots; never without one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import run_ids
+from sim import OracleChains, SimClock, h100_table, sim_controller, sim_run, timed_model
+from specctl.runtime.step.admission import Admission
+
+
+def test_the_fixed_cost_of_a_prefill_is_fit_from_prefills_of_different_sizes():
+    a = Admission(32)
+    for f, t in ((1, 40), (1, 300), (2, 900), (1, 120)):
+        a.prefilled(f, t, 5.0 * f + 0.01 * t)
+    assert a.fixed_ms() == pytest.approx(5.0)
+    same = Admission(32)
+    for _ in range(6):
+        same.prefilled(1, 50, 7.0)
+    assert same.fixed_ms() is None   # (one size: the fixed part and the tokens' not apart)
+    assert Admission(32).fixed_ms() is None and Admission(32).group() == 1
+
+
+def test_the_group_balances_idle_slots_against_prefill_forwards():
+    """g* = sqrt(2 F B r / step_ms): F = 5 ms, B = 32, a slot freed every other step, 3 ms
+    steps: 7; a fixed cost small against the step (a CPU on long prompts): 1; never more than
+    half the slots."""
+    a = Admission(32)
+    for f, t in ((1, 40), (1, 300), (2, 900), (1, 120)):
+        a.prefilled(f, t, 5.0 * f + 0.01 * t)
+    for i in range(64):
+        a.stepped(3.0, i % 2)
+    assert a.group() == 7
+    small = Admission(8)
+    for f, t in ((1, 100), (1, 400), (1, 250), (2, 600)):
+        small.prefilled(f, t, 0.5 * f + 0.5 * t)
+    for i in range(64):
+        small.stepped(30.0, i % 8 == 0)
+    assert small.group() == 1
+    dear = Admission(4)
+    for f, t in ((1, 40), (1, 300), (2, 900), (1, 120)):
+        dear.prefilled(f, t, 50.0 * f)
+    for _ in range(64):
+        dear.stepped(1.0, 1)
+    assert dear.group() == 2
+
+
+def _prompts(n, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(n)]
+
+
+def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, monkeypatch):
+    """96 requests at batch 32 on the H100's step table, each prefill forward 5 ms (~2 of its
+    steps; eager there, where steps replay graphs): oracle chains of uneven acceptance end
+    sequences at different steps. Admitting as slots free up took 3x the prefill forwards
+    and longer than admitting a few at once; outputs are ar's either way. ar (no controller)
+    admits at once: its prefills are the same with grouping on or off."""
+    table = h100_table()
+    prompts = _prompts(96, seed=21)
+    ref, _ = run_ids(model, prompts, batch_size=32, max_tokens=64)
+    clock = SimClock(table, 32, prefill_ms=5.0, token_us=5.0)
+    timed_model(model, clock, monkeypatch)
+    ps = [0.95 * (i % 5) / 4 for i in range(len(prompts))]
+    runs = {}
+    for grouped in (True, False):
+        if not grouped:
+            monkeypatch.setattr(Admission, "group", lambda self: 1)
+        clock.t = 0.0
+        _, ar = sim_run(model, prompts, None, clock, batch_size=32, max_tokens=64)
+        clock.t = 0.0
+        dr = OracleChains(ref, ps)
+        got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64,
+                          controller=sim_controller(dr, table))
+        assert got == ref
+        runs[grouped] = (clock.t, st.prefill_forwards, ar.prefill_forwards)
+    (t_on, pf_on, ar_on), (t_off, pf_off, ar_off) = runs[True], runs[False]
+    assert ar_on == ar_off
+    assert pf_on * 3 <= pf_off, runs
+    assert t_on < t_off, runs
