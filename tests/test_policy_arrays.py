@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -259,3 +260,31 @@ def test_a_sequence_without_room_gets_budget_zero():
     cost = StepCost(_table(lambda b, n: 2 + 0.05 * b * n), draft_frac=0.3)
     ks = Controller(cost, 6, explore_every=0).plan([0, 1], [-1, 2]).ks
     assert ks[0] == 0 and 0 <= ks[1] <= 2
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_a_fresh_sequence_is_priced_by_how_far_apart_the_finished_ones_were(tree):
+    """The drain's slowest-of-32 quantile for a sequence with no trials of its own: the
+    prior's (0.7 with 4 pseudo-trials: ~0.33) until 8 sequences have finished; then near the
+    pool's rate when they all accepted ~0.8 (the last one admitted drafts as they did), and as
+    low as before when they spread from 0 to 0.95."""
+    rng = np.random.default_rng(0)
+
+    def run(rates):
+        acc = Acceptance(4, tree)
+        for key, p in enumerate(rates):
+            for _ in range(40):
+                hits = rng.random(4) < p   # (a chain, or a trie that is one: the same path)
+                acc.learn_many([key], [4], [list(itertools.takewhile(lambda j: hits[j],
+                                                                     range(4)))])
+            acc.forget(key)
+        return acc
+
+    fresh = Acceptance(4, tree)
+    alike, apart = run([0.8] * 16), run([0.95 * (i % 5) / 4 for i in range(16)])
+    assert fresh.spread_weight() == 5.0 and apart.spread_weight() == 5.0
+    assert alike.spread_weight() > 50
+    q = {name: a.rates_many(["new"], NormalDist().inv_cdf(1 / 33))[0, 0]
+         for name, a in (("fresh", fresh), ("alike", alike), ("apart", apart))}
+    mean = alike.rates_many(["new"])[0, 0]
+    assert q["alike"] > mean - 0.1 and q["apart"] < mean - 0.2 and q["fresh"] < 0.45, q

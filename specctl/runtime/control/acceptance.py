@@ -35,6 +35,9 @@ from statistics import NormalDist
 import numpy as np
 
 CONF_BINS = 10
+SPREAD_MIN = 8       # finished sequences before their spread prices a fresh one
+SPREAD_TRIALS = 4    # first-position trials a finished sequence needs to count
+SPREAD_MAX = 256.0   # the most pseudo-trials the spread may stand for
 
 
 def conf_bin(conf: float) -> int:
@@ -72,6 +75,9 @@ class Acceptance:
         self.calib = AcceptStats(np.zeros(CONF_BINS), np.zeros(CONF_BINS))   # chains
         self._pooled: np.ndarray | None = None   # the pool's rates until the next learn
         self._gains = None   # (keys, gains_many's answer), until the next learn
+        # finished sequences' first-position rates (count, sum, sum of squares, sum of their
+        # binomial variances): how far apart the run's sequences are (spread_weight)
+        self.done = np.zeros(4)
 
     def _pool_rates(self) -> np.ndarray:
         """The pool's rate of each position: its counts with prior_accept's pseudo-trials;
@@ -107,8 +113,26 @@ class Acceptance:
             n = self.tried[rows]
         r = (hit + w * prior) / (n + w)
         if z is not None:
-            r = np.clip(r + z * np.sqrt(r * (1 - r) / (n + w + 1)), 0.0, 1.0)
+            r = np.clip(r + z * np.sqrt(r * (1 - r) / (n + self.spread_weight())), 0.0, 1.0)
         return r
+
+    def spread_weight(self) -> float:
+        """The trials a sequence's acceptance is known by before any of its own: the prior's
+        prior_weight + 1, or, once SPREAD_MIN sequences have finished with SPREAD_TRIALS
+        first-position trials each, m(1 - m) / tau^2, tau^2 the variance of their rates less
+        what their own counts explain (empirical Bayes). Sequences of a run that accept alike
+        (one task, one drafter) make a fresh one's quantile near the pool's; a run whose
+        sequences spread from 0 to 0.95 keeps it far below (the drain's slowest: a fresh
+        sequence admitted last is priced like those before it, not like nothing known)."""
+        k, sx, sxx, noise = self.done
+        floor = self.prior_weight + 1
+        if k < SPREAD_MIN:
+            return floor
+        m = sx / k
+        tau2 = sxx / k - m * m - noise / k
+        if tau2 <= 0:
+            return SPREAD_MAX
+        return float(min(SPREAD_MAX, max(floor, m * (1 - m) / tau2)))
 
     def gains_many(self, keys, slowest: int = 1) -> np.ndarray:
         """[B, K + 1]: gains[i, k] = expected emitted tokens of key i with a budget of k. (A
@@ -120,7 +144,8 @@ class Acceptance:
         it rather than its mean: the pool's mean is no one's floor. With nothing known, the
         prior's quantile (0.7, 4 pseudo-trials) is ~0.56 for m = 3, ~0.32 for m = 32 (where
         drafting at the mean cost 3% on the H100's table, batch 32, acceptance spread 0 to
-        0.95, while the slowest gained nothing); a sequence's own evidence narrows it."""
+        0.95, while the slowest gained nothing); a sequence's own evidence narrows it, and so
+        do finished sequences that accepted alike (spread_weight)."""
         keys = tuple(keys)
         if self._gains is None or self._gains[0] != (keys, slowest):
             z = NormalDist().inv_cdf(1 / (slowest + 1)) if slowest > 1 else None
@@ -252,5 +277,9 @@ class Acceptance:
         self._gains = None
         r = self.rows.pop(key, None)
         if r is not None:
+            n = self.steps[r] if self.tree else self.tried[r, 0]
+            if n >= SPREAD_TRIALS:
+                x = self.hit[r, 0] / n
+                self.done += (1.0, x, x * x, x * (1 - x) / n)
             self.tried[r], self.hit[r], self.steps[r], self.grown[r] = 0, 0, 0, 0
             self.free.append(r)
