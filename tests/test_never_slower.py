@@ -275,8 +275,24 @@ def test_lean_steps_are_timed_without_the_search(model, monkeypatch):
     clock.t = 0.0
     dr = OracleChains(ref, [0.8] * len(prompts))
     ctl = sim_controller(dr, table)
+    decided = []
+    decide = ctl.decide
+
+    def deciding(keys, room, drain=False):
+        decided.append(decide(keys, room, drain))
+        return decided[-1]
+    monkeypatch.setattr(ctl, "decide", deciding)
     got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64, controller=ctl)
     assert got == ref
-    assert st.contrasts > 0 and st.search_ms == pytest.approx(1.5 * st.searches)
+    assert st.contrasts > 0 and not any(b.contrast for b in decided)   # (plan_lean's, all)
     assert ctl.ar_ms(32) == pytest.approx(table.ms(32, 1), rel=0.01), ctl.ar_ms(32)
     assert clock.t < ar_s / 1.1, (ar_s, clock.t)
+    # drafts never accepted (32 prompts: every step of 32): steps whose search gave no drafts
+    # are learnt at the table's price, the search's 1.5 ms left out
+    prompts = prompts[:32]
+    dr = OracleChains(ref[:32], [0.0] * 32)
+    ctl = sim_controller(dr, table)
+    got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64, controller=ctl)
+    assert got == ref[:32] and st.searches > 3
+    assert st.search_ms == pytest.approx(1.5 * st.searches)
+    assert st.lean_step_ms == pytest.approx(st.lean_steps * table.ms(32, 1)), st.lean_steps

@@ -188,6 +188,31 @@ def test_branch_growth_and_harvested_grams():
     assert s.state.branches == [[2, 3, 4, 5, 60], [7, 61]]
 
 
+def test_lean_steps_index_their_text_when_a_step_next_drafts():
+    """The controller's lean steps (Drafter.idle) leave their text unindexed; the next step
+    that drafts indexes it before proposing, as a step of `fixed` (room 0 included) indexes its
+    own text at once."""
+    p = SelfDraftParams(branches=0, gram=2, lru=10)
+    lean, fixed = SelfDraftDrafter(p, None), SelfDraftDrafter(p, None)
+    seqs = {}
+    for name, dr in (("lean", lean), ("fixed", fixed)):
+        s = seqs[name] = Sequence(Request(0, [[]], 50), [3, 4], 0)
+        dr.admit(s)
+    for tok in (9, 8, 7):   # three steps without drafts, each emitting one token
+        for name, dr in (("lean", lean), ("fixed", fixed)):
+            s = seqs[name]
+            props = dr.idle([s], None) if name == "lean" else \
+                dr.propose([s], None, DraftLimits((0,)))
+            s.out_ids.append(tok)
+            s.pending = tok
+            dr.observe([s], props, [Verdict([], tok)], [None])
+    assert fixed.ctx.get(9, 10) == [(8, 7)] and fixed.ctx.get(3, 10) == [(4, 9)]
+    assert lean.ctx.get(9, 10) == [] and len(lean.ctx) == 0
+    lean.propose([seqs["lean"]], None, DraftLimits((4,)))   # a step that drafts
+    assert {k: lean.ctx.get(k, 10) for k in (3, 4, 9)} == \
+        {k: fixed.ctx.get(k, 10) for k in (3, 4, 9)}
+
+
 def test_context_cache_lru_and_trim():
     cc = ContextCache(lru=3)
     for cont in [(1,), (2,), (3,), (1,), (4,)]:

@@ -175,9 +175,12 @@ class SelfDraftProposal(Proposal):
     ctx_nodes: int = 0   # the draft's first nodes, made by context-cache candidates
 
 
-# a sequence's `ar` step (budget 0): its text is indexed into the context cache only when a
-# step next drafts (propose), not after each such step: in a lean stretch the grams cost a lean
-# step ~10% over ar's at batch 64 (the simulated H100), for drafts nobody may make
+# a sequence's proposal in the controller's lean step (Drafter.idle; shared: never edited):
+# the text of such steps is indexed into the context cache when a later step drafts (propose),
+# not after each (in a lean stretch the grams cost a lean step ~10% over ar's at batch 64 on
+# the simulated H100, for drafts nobody may make). So the grams come later and in another
+# order, and the tail of a sequence that ends inside a lean stretch is not indexed; `fixed`
+# never makes a lean step and indexes every step's text as it comes.
 IDLE = SelfDraftProposal()
 
 
@@ -256,8 +259,8 @@ class SelfDraftDrafter(Drafter):
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if self.prm.context_cache and any(r > 0 for r in limits.room):
-            grams: list = []   # (the text of the steps without drafts since: the cache as if
-            for s in seqs:     # every step had indexed it)
+            grams: list = []   # (the text of lean steps since: IDLE)
+            for s in seqs:
                 self._text_grams(s, grams)
             if grams:
                 self.ctx.push_many(grams)
@@ -265,7 +268,7 @@ class SelfDraftDrafter(Drafter):
         for i, s in enumerate(seqs):
             r = limits.room[i]
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
-                out.append(IDLE)
+                out.append(SelfDraftProposal())
                 continue
             cands, n_ctx = self.candidates(s)
             sizes: list[int] = []

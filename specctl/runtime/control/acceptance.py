@@ -111,10 +111,11 @@ class Acceptance:
             hit, n = np.where(inside, hit, 0.0), np.where(inside, n, 0.0)
         else:
             n = self.tried[rows]
-        r = (hit + w * prior) / (n + w)
-        if z is not None:
-            r = np.clip(r + z * np.sqrt(r * (1 - r) / (n + self.spread_weight())), 0.0, 1.0)
-        return r
+        if z is None:
+            return (hit + w * prior) / (n + w)
+        W = self.spread_weight()   # (the centre shrunk as far as the width: a lucky short
+        r = (hit + (W - 1) * prior) / (n + W - 1)   # history is no surer than the pool)
+        return np.clip(r + z * np.sqrt(r * (1 - r) / (n + W)), 0.0, 1.0)
 
     def spread_weight(self) -> float:
         """The trials a sequence's acceptance is known by before any of its own: the prior's

@@ -140,8 +140,8 @@ class Controller:
 
     def plan_lean(self, b: int) -> Budgets | None:
         """This step's budgets when they are a lean step's without looking at the sequences
-        (the guard holds, or a lean stretch goes on and no exploring step can be due): plan's
-        decision, at a lean step's cost. None: ask plan."""
+        (a contrast step is due, the guard holds, or a lean stretch goes on and no exploring
+        step can be due): plan's decision, at a lean step's cost. None: ask decide."""
         s = self.steps + 1
         if self._contrast_due(s):
             self.contrasts += 1

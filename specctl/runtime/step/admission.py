@@ -15,8 +15,8 @@ Per admission that is
 so with F = 5 ms, a 3 ms step, B = 32 and a slot freed every other step, g* ~ 7; where F is
 small against a step (a CPU prefilling long prompts) g* = 1: admit at once. F and the cost of a
 token are fit by least squares over the run's recent prefills (ms = F x forwards + s x tokens);
-step_ms and r are the means of the recent steps. Until all are known (prefills of at least two
-sizes), g = 1.
+step_ms and r are the means of the recent steps. Until all are known (4 prefills of sizes far
+enough apart to tell F from a token's cost), g = 1.
 
 The runner asks for a group only under a controller (--speculate auto), whose run is decided
 by its timings anyway: `ar`'s and `fixed`'s schedules stay a function of their inputs, so a
@@ -30,6 +30,7 @@ from collections import deque
 
 PREFILLS = 32       # recent prefills the fixed cost is fit over
 STEP_MEMORY = 16    # steps the step time and the slots freed average over (x 4)
+SPREAD = 0.3        # the least coefficient of variation of tokens a forward that fits F
 
 
 class Admission:
@@ -39,11 +40,13 @@ class Admission:
         self.step_ms: float | None = None
         self.freed = 0.0   # slots freed a step
         self.steps = 0
+        self._fixed: tuple[float | None] | None = None   # fixed_ms until the next prefill
 
     def prefilled(self, forwards: int, tokens: int, ms: float) -> None:
         """One prefill call: `forwards` forwards over `tokens` prompt tokens took ms."""
         if forwards > 0 and ms > 0:
             self.prefills.append((forwards, tokens, ms))
+            self._fixed = None
 
     def stepped(self, ms: float, freed: int) -> None:
         """A step took ms, and `freed` sequences finished in it."""
@@ -55,18 +58,29 @@ class Admission:
 
     def fixed_ms(self) -> float | None:
         """F, the ms a prefill forward costs beyond its tokens' (None: not measurable yet)."""
+        if self._fixed is None:
+            self._fixed = (self._fit(),)
+        return self._fixed[0]
+
+    def _fit(self) -> float | None:
+        """Least squares of ms = F x forwards + s x tokens over the recent prefills, where
+        their tokens a forward spread enough to tell F from s (a coefficient of variation of
+        at least SPREAD: prompts of 50 and 51 tokens would split noise), s >= 0, and F no more
+        than the cheapest prefill's ms a forward."""
         if len(self.prefills) < 4:
+            return None
+        per = [t / f for f, t, _ in self.prefills]
+        mean = sum(per) / len(per)
+        if mean <= 0 or math.sqrt(sum((x - mean) ** 2 for x in per) / len(per)) < SPREAD * mean:
             return None
         ff = ft = tt = fy = ty = 0.0
         for f, t, y in self.prefills:
             ff, ft, tt, fy, ty = ff + f * f, ft + f * t, tt + t * t, fy + f * y, ty + t * y
         det = ff * tt - ft * ft
-        if det <= 1e-9 * ff * tt:   # (every prefill of one size: F and s are not apart)
+        if det <= 0 or (ff * ty - ft * fy) / det < 0:   # (more tokens took less: noise)
             return None
-        s = (ff * ty - ft * fy) / det
-        if s < 0:   # (more tokens took less: noise; all of it is then per forward)
-            return fy / ff
-        return max(0.0, (tt * fy - ft * ty) / det)
+        F = (tt * fy - ft * ty) / det
+        return max(0.0, min(F, min(y / f for f, _, y in self.prefills)))
 
     def group(self) -> int:
         """How many free slots to wait for before admitting (1: at once)."""

@@ -178,7 +178,7 @@ class Runner:
             self._reserve(running, free, waiting)
             fresh = []
             # (under a controller, a few free slots are filled in one prefill: admission.py)
-            hold = bool(running) and self.controller is not None and \
+            hold = bool(running and free and waiting) and self.controller is not None and \
                 len(free) < min(self.admission.group(), len(waiting))
             while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
