@@ -78,6 +78,21 @@ def test_plan_fits_the_device_budget():
     assert "train-adapter on the GPU" in p.stdout   # (said to be left out, and why)
 
 
+def test_prefill_cost_fits_the_fixed_part_of_a_forward(tmp_path):
+    """recipes/gpu/prefill_cost.py on the CPU (the mini shape): a row per prompts x tokens, and
+    F and the ms a token by least squares over the one-prompt rows."""
+    out = tmp_path / "prefill.json"
+    p = subprocess.run([sys.executable, "recipes/gpu/prefill_cost.py", "--shape", "mini",
+                        "--tokens", "1,8,64", "--prompts", "1,2", "--repeats", "2",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, check=True)
+    res = json.loads(out.read_text())
+    assert [(r["prompts"], r["tokens"]) for r in res["rows"]] == \
+        [(1, 1), (1, 8), (1, 64), (2, 1), (2, 8), (2, 64)]
+    assert all(r["ms"] > 0 for r in res["rows"]) and res["fixed_ms"] > 0
+    assert "F = " in p.stdout and res["device"] == "cpu"
+
+
 def test_plan_fails_when_a_call_is_over_its_cap(monkeypatch):
     sys.path.insert(0, str(RUNBOOK.parent))
     try:

@@ -48,25 +48,19 @@ class Step:
 # step once less than MIN_STEP_S of its cap is left, so what runs out of time is the least owed.
 PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
-    Step(1, "step-table-7b", 60, 40, "step-table-7b.json",
-         "not timed yet: 13.5 GB of random bf16 weights made on the device, 21 shapes "
-         "captured, 12 runs of each (10 timed)"),
-    Step(1, "gpu-tests", 70, 50, "gpu-tests.log",
-         "81 s with the flex tests, which took 33 s of it and are left out"),
-    Step(2, "stage2", 60, 30, "model.json", "29 s"),
+    Step(1, "step-table-7b", 30, 15, "step-table-7b.json", "10 s at 65c1f6b"),
+    Step(1, "gpu-tests", 65, 55, "gpu-tests.log",
+         "53 s at 65c1f6b (the flex tests, ~33 s more, are left out)"),
+    Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
+         "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs"),
+    Step(2, "stage2", 60, 40, "model.json", "36 s at 65c1f6b"),
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
-    Step(2, "bench-batch", 330, 190, "bench-batch.md",
-         "killed at its 330 s at 237d5df before its table: ar's untimed batch-1 reference "
-         "over the 256 prompts (~50 s at 310 tokens/s), then per method and batch a warm-up "
-         "of the whole workload (now 16 tokens of the first batch) and the runner's capture "
-         "of every graph shape (not yet timed on the GPU); 1 repeat"),
-    Step(2, "bench-b1", 150, 120, "bench-b1.md",
-         "121 s with the 6 methods that ran (:fixed now out, kangaroo in: 6 again)"),
-    Step(2, "exact", 90, 75, "exact.md",
-         "not done in 120 s over 32 prompts x 64 tokens at b1/8/32 (graphs off); now 8 "
-         "prompts x 32 tokens at b1/8, an eighth of its batch-1 work"),
-    Step(2, "repeat", 75, 60, "repeat.md", "58 s"),
-    Step(2, "host-profile", 60, 45, "host-profile.md", "42 s"),
+    Step(2, "bench-batch", 330, 180, "bench-batch.md",
+         "174 s at 65c1f6b (256 prompts, 5 methods at batch 8/32/64, 1 repeat)"),
+    Step(2, "bench-b1", 150, 126, "bench-b1.md", "126 s at 65c1f6b"),
+    Step(2, "exact", 90, 80, "exact.md", "80 s at 65c1f6b (eager: 0.06x ar)"),
+    Step(2, "repeat", 75, 72, "repeat.md", "72 s at 65c1f6b"),
+    Step(2, "host-profile", 60, 42, "host-profile.md", "42 s at 65c1f6b"),
 )
 
 # What the GPU owes that no call runs, and why (printed by `plan`)
@@ -254,7 +248,9 @@ def write_readme(d: Path) -> None:
     L += ["", "Bench tables: `bench-*.md`, `exact.md`; the stored runs under `store/benches/` "
           f"render with `specctl report --store bench-results/{name}/store --all --no-plots`.",
           "`step-table-7b.json`: the 7B shape's step costs (`StepTable.from_json`), for "
-          "simulating real-size steps on the CPU.", "",
+          "simulating real-size steps on the CPU.",
+          "`prefill-cost.json`: an eager prefill forward's ms by its tokens and prompts (the "
+          "demo shape), with F, its fixed part (runtime/step/admission.py).", "",
           "## Commands (commands.sh)", "", "```"]
     try:
         L.append((d / "commands.sh").read_text().rstrip())

@@ -25,7 +25,8 @@
 # included, on a bare machine each start, so the calls are capped at 2 and 9 minutes:
 #   call 1, carry .gpu1 (model part 1): stage1 | step-table-7b (the Llama-2-7B shape, random
 #     bf16 weights made on the device: a step's cost does not depend on the weights' values) |
-#     gpu-tests (`pytest -m gpu`, its flex tests left out)
+#     gpu-tests (`pytest -m gpu`, its flex tests left out) | prefill-cost (an eager prefill
+#     forward's ms by its tokens: the fixed cost admission groups save)
 #   call 2, carry .gpu2 (model part 2, wheels, art.tgz): stage2 | bench-batch (>= 256 prompts) |
 #     bench-b1 | exact (sized to fit) | repeat | host-profile
 # Not in the calls (they do not fit; `plan` says so): train-adapter on the GPU, kv_scale.py at
@@ -330,6 +331,17 @@ step_step_table_7b() {   # ar's step cost at Llama-2-7B's shapes (recipes/gpu/sh
   else
     x "$PY" recipes/step_table.py --random 7b --batches 1,8,32 --ns 1,2,4,8,16,32,64 \
       --context 256 --repeats 10 --out "$OUT/step-table-7b.json"
+  fi
+}
+
+step_prefill_cost() {   # an eager prefill forward's ms by its tokens (the demo shape, random
+                        # bf16 weights): the fixed cost F that admitting requests in groups saves
+  if (( REHEARSE )); then
+    x "$PY" recipes/gpu/prefill_cost.py --shape mini --tokens 1,8,32 --prompts 1,2 --repeats 2 \
+      --out "$OUT/prefill-cost.json"
+  else
+    x "$PY" recipes/gpu/prefill_cost.py --shape demo --tokens 1,8,32,128,512 --prompts 1,4,16 \
+      --repeats 10 --out "$OUT/prefill-cost.json"
   fi
 }
 
