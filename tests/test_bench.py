@@ -306,6 +306,10 @@ def test_report_tables_and_markdown(full, tmp_path):
     text = md.read_text()
     assert text.startswith(f"### {ident}") and "| method | batch | tokens/s |" in text
     assert "| draft-verify | 3 |" in text and "Per category:" in text
+    # where each specctl row's time went; transformers rows have no split
+    assert "Where the time went" in text and "| method | batch | wall s | decode steps s |" in text
+    split = text.split("Where the time went")[1]
+    assert "| ar | 1 |" in split and "| draft-verify | 3 |" in split and "| hf |" not in split
     assert text == (full["dir"] / "table.md").read_text()   # what bench stored
     r = ok(invoke("store", "ls", "--kind", "benches", "--store", store))
     assert ident in r.output

@@ -124,6 +124,29 @@ def category_rows(res: dict) -> list[list[str]]:
     return out
 
 
+TIME_COLUMNS = ("method", "batch", "wall s", "decode steps s", "prefill s (forwards)",
+                "search s", "rest s", "lean / drafting ms a step")
+
+
+def time_rows(res: dict) -> list[list[str]]:
+    """Where each specctl row's first repeat spent its wall time (its `time_split`): decode
+    steps, prefill, the controller's search within the steps, and the rest (admission,
+    retiring, output); under auto, its lean and drafting steps' mean ms."""
+    out = []
+    for r in res["rows"]:
+        ts = r.get("time_split")
+        if not ts:
+            continue
+        wall = r["wall_s"]["runs"][0]
+        spec = r.get("speculation") or {}
+        lean, drafting = spec.get("lean_step_ms"), spec.get("drafting_step_ms")
+        out.append([r["method"], str(r["batch_size"]), f"{wall:.2f}", f"{ts['steps_s']:.2f}",
+                    f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']})", f"{ts['search_s']:.2f}",
+                    f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
+                    f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])
+    return out
+
+
 def title(res: dict) -> str:
     c = res["config"]
     model = Path(res["model"]).name
@@ -187,6 +210,10 @@ def markdown(results: list[dict]) -> str:
             parts.append("Per category:\n")
             parts.append(_md_table(CATEGORY_COLUMNS, category_rows(res)) + "\n")
         parts.append("\n".join(f"- {n}" for n in notes(res)) + "\n")
+        times = time_rows(res)
+        if times:
+            parts.append("Where the time went (each row's first repeat):\n")
+            parts.append(_md_table(TIME_COLUMNS, times) + "\n")
     return "\n".join(parts)
 
 
