@@ -120,7 +120,7 @@ def test_bare_controlled_steps_take_ars_path(model, monkeypatch):
     assert st.steps == ar.steps and st.lean_steps >= 0.95 * st.steps
     assert st.searches <= 0.05 * st.steps, (st.searches, st.steps)
     assert dr.draft_forwards <= 4 * (st.controlled_steps - st.lean_steps)
-    # and lean steps are learnt in bulk (a tally of up to LEAN_LEARN as one: Runner._tally)
+    # and lean steps are learnt in bulk (a tally of up to LEAN_LEARN as one: Accounting)
     assert ctl.cost.steps <= st.controlled_steps - st.lean_steps + st.lean_steps / 4
 
 

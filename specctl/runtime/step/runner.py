@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -44,6 +43,7 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
 from specctl.errors import SpecctlError
 from specctl.runtime.control.controller import Controller
+from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.logprobs import token_logprobs
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
@@ -53,19 +53,6 @@ from specctl.runtime.control.steptables import STEP_TABLE_ROWS
 from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
-
-
-@dataclass(slots=True)
-class LeanTally:
-    """Lean steps not learnt yet (Runner._learn_lean): `steps` steps of `b` sequences, up to
-    `most`, that took `ms` in all; `work`: ar's table ms of one (the thread tuner's work);
-    `contrast`: the first was a contrast step. b = 0: none."""
-    b: int = 0
-    steps: int = 0
-    most: int = 0
-    ms: float = 0.0
-    work: float = 0.0
-    contrast: bool = False
 
 
 class Runner:
@@ -115,7 +102,7 @@ class Runner:
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
-        self._tally = LeanTally()
+        self.accounting: Accounting | None = None   # (set_controller)
         self.admission = Admission(batch_size)   # (groups only under a controller)
         self._warm()
         if controller is not None:
@@ -139,6 +126,7 @@ class Runner:
         step-cost table it may measure runs on this runner's cache and graphs."""
         self.controller = self.planner.controller = controller
         self.stats.profile_s = controller.profile_s
+        self.accounting = Accounting(controller, self.stats, lambda: self.clock())
 
     # -- the loop ---------------------------------------------------------------------------
     def run(self, requests: Iterable[Request], on_done: Callable[[Request], None],
@@ -151,7 +139,7 @@ class Runner:
         finally:
             torch.set_num_threads(cpu_threads)
             if ctl is not None:
-                self._learn_lean()
+                self.accounting.flush()
                 st = self.stats
                 st.searches += ctl.searches - marks[0]
                 st.guard_trips += ctl.guard.trips - marks[1]
@@ -399,56 +387,10 @@ class Runner:
             self.stats.search_ms += plan.search_ms
             if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
                 took -= plan.search_ms   # for by its backoff: ar's step has none)
-            t = self._tally
-            if b.lean and not new and not b.contrast and t.b == len(seqs) and t.steps < t.most:
-                t.steps += 1   # (lean steps are learnt in bulk: their bookkeeping is ar's cost)
-                t.ms += took
-                work = t.work
-            else:
-                work = self._controlled(plan, out, seqs, had, took, None if new else t0, drain)
+            work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
         return work
-
-    def _controlled(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence],
-                    had: list[int], took: float, t0: float | None, drain: bool) -> float:
-        """What the controller learns from a step that took `took` ms (t0 None: a graph was
-        captured in it, so its time is no step's cost), and the run's counts of it. Returns
-        the step's table ms (the thread tuner's work)."""
-        ctl, st, b, n = self.controller, self.stats, plan.budgets, len(seqs)
-        self._learn_lean()
-        if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
-            work = ctl.cost.ar_table_ms(n)
-            if t0 is None:
-                st.lean(n, 1, took, ctl.lean_done(n, None), b.contrast)
-            else:    # the first of a tally of lean steps of n sequences (_learn_lean)
-                self._tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast)
-            return work
-        work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
-                                     None if t0 is None else took)
-        total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
-        if drain:   # the job ends with its longest sequence: ar needs a step a token of it
-            # (what it emitted, at most what the longest remaining fell by: an EOS is no
-            # progress of ar's, nor a new longest sequence taking over)
-            i = max(range(n), key=lambda j: seqs[j].req.max_tokens - had[j])
-            drop = max(s.req.max_tokens - k for s, k in zip(seqs, had)) - \
-                max(0 if s.finished else s.req.max_tokens - len(s.out_ids) for s in seqs)
-            progress = float(min(len(seqs[i].out_ids) - had[i], max(drop, 1)))
-        else:
-            progress = sum(len(s.out_ids) - k for s, k in zip(seqs, had)) / n
-        st.ar_step_ms += ctl.drafted(n, total, progress)
-        self._count_controlled(plan, out, expected, took if total is None else total)
-        return work
-
-    def _learn_lean(self) -> None:
-        """The tally of lean steps so far into the controller and the stats: learnt as their
-        mean, a tally of LEAN_LEARN steps at a time (learning one costs more than a lean
-        step's own host work on a small model)."""
-        t = self._tally
-        if t.steps:
-            self.stats.lean(t.b, t.steps, t.ms, self.controller.lean_done(t.b, t.ms / t.steps,
-                                                                          t.steps), t.contrast)
-            self._tally = LeanTally()
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
         """The accepted rows into the KV cache, the emitted tokens into the sequences."""
@@ -481,20 +423,6 @@ class Runner:
         recs = iter(token_logprobs(self.model, h[rows], toks, self.logprobs))
         for s, n0 in zip(seqs, had):
             s.logprobs.extend(next(recs) for _ in range(len(s.out_ids) - n0))
-
-    def _count_controlled(self, plan: StepPlan, out: StepOutcome, expected: float,
-                          took: float) -> None:
-        st, b = self.stats, plan.budgets
-        for k in b.ks:
-            st.budget_hist[k] = st.budget_hist.get(k, 0) + 1
-        st.explored += b.explored
-        st.contrasts += b.contrast
-        st.confidence_stops += plan.confidence_stops
-        st.controlled_steps += 1
-        st.predicted_step_ms += b.predicted_ms
-        st.predicted_tokens += expected
-        st.verified_tokens += sum(1 + len(v.accepted) for v in out.verdicts)
-        st.measured_step_ms += took
 
     def _emit(self, s: Sequence, tokens: list[int]) -> None:
         """Append a step's tokens, each checked as ar checks its one token per step: the

@@ -1,0 +1,103 @@
+"""What a controlled step teaches the controller, and the run's counts of it (--speculate auto).
+
+    acct = Accounting(controller, stats, clock)
+    work = acct.step(plan, out, seqs, had, took, t0, drain)   # after the step's commit
+    acct.flush()                                               # at the run's end
+
+A drafting step is learnt at once: acceptance and its measured ms (Controller.observe), then
+the guard's account of it against what `ar` takes for the same progress (Controller.drafted).
+A lean step (every budget 0: `ar`'s path) teaches only its time, and learning one costs more
+than a lean step's own host work on a small model, so lean steps of one batch size are tallied
+and learnt as their mean, up to LEAN_LEARN of them at once (Controller.lean_batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.step.sequence import Sequence
+from specctl.runtime.step.stats import RunStats
+from specctl.runtime.step.step import StepOutcome, StepPlan
+
+
+@dataclass(slots=True)
+class LeanTally:
+    """Lean steps not learnt yet: `steps` steps of `b` sequences, up to `most`, that took `ms`
+    in all; `work`: ar's table ms of one (the thread tuner's work); `contrast`: the first was a
+    contrast step. b = 0: none."""
+    b: int = 0
+    steps: int = 0
+    most: int = 0
+    ms: float = 0.0
+    work: float = 0.0
+    contrast: bool = False
+
+
+class Accounting:
+    def __init__(self, controller: Controller, stats: RunStats, clock: Callable[[], float]):
+        self.ctl, self.stats, self.clock = controller, stats, clock
+        self.tally = LeanTally()
+
+    def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence], had: list[int],
+             took: float, t0: float | None, drain: bool) -> float:
+        """A controlled step that took `took` ms (t0: its start on the clock; None: a graph
+        was captured in it, so its time is no step's cost), its sequences' output lengths
+        before it `had`; drain: no request waited. Returns its work for the thread tuner
+        (its table ms)."""
+        b, t = plan.budgets, self.tally
+        if b.lean and t0 is not None and not b.contrast and t.b == len(seqs) \
+                and t.steps < t.most:
+            t.steps += 1
+            t.ms += took
+            return t.work
+        self.flush()
+        ctl, st, n = self.ctl, self.stats, len(seqs)
+        if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
+            work = ctl.cost.ar_table_ms(n)
+            if t0 is None:
+                st.lean(n, 1, took, ctl.lean_done(n, None), b.contrast)
+            else:    # the first of a tally of lean steps of n sequences
+                self.tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast)
+            return work
+        work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
+                                     None if t0 is None else took)
+        total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
+        st.ar_step_ms += ctl.drafted(n, total, _progress(seqs, had, drain))
+        self._count(plan, out, expected, took if total is None else total)
+        return work
+
+    def flush(self) -> None:
+        """The tally of lean steps so far into the controller and the stats, as their mean."""
+        t = self.tally
+        if t.steps:
+            self.stats.lean(t.b, t.steps, t.ms, self.ctl.lean_done(t.b, t.ms / t.steps, t.steps),
+                            t.contrast)
+            self.tally = LeanTally()
+
+    def _count(self, plan: StepPlan, out: StepOutcome, expected: float, took: float) -> None:
+        st, b = self.stats, plan.budgets
+        for k in b.ks:
+            st.budget_hist[k] = st.budget_hist.get(k, 0) + 1
+        st.explored += b.explored
+        st.contrasts += b.contrast
+        st.confidence_stops += plan.confidence_stops
+        st.controlled_steps += 1
+        st.predicted_step_ms += b.predicted_ms
+        st.predicted_tokens += expected
+        st.verified_tokens += sum(1 + len(v.accepted) for v in out.verdicts)
+        st.measured_step_ms += took
+
+
+def _progress(seqs: list[Sequence], had: list[int], drain: bool) -> float:
+    """A drafting step's progress in `ar` steps: the tokens it emitted per sequence, or while
+    the batch drains its longest sequence's (the job ends with it: what it emitted, at most
+    what the longest remaining fell by; an EOS is no progress of ar's, nor a new longest
+    sequence taking over)."""
+    if not drain:
+        return sum(len(s.out_ids) - k for s, k in zip(seqs, had)) / len(seqs)
+    i = max(range(len(seqs)), key=lambda j: seqs[j].req.max_tokens - had[j])
+    drop = max(s.req.max_tokens - k for s, k in zip(seqs, had)) - \
+        max(0 if s.finished else s.req.max_tokens - len(s.out_ids) for s in seqs)
+    return float(min(len(seqs[i].out_ids) - had[i], max(drop, 1)))
