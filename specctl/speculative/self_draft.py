@@ -203,6 +203,7 @@ class SelfDraftDrafter(Drafter):
         self.kv_headroom = -(-most // 16) * 16 + 16
         self.step_rows = 1 + most   # the pending token, candidates and branches
         self.finished_prompts = 0
+        self.unindexed = False   # a lean step's text waits for the next drafting step (IDLE)
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"context": 0, "corpus": 0}
 
@@ -255,15 +256,17 @@ class SelfDraftDrafter(Drafter):
         return cands, n_ctx
 
     def idle(self, seqs, kv) -> list[SelfDraftProposal]:
+        self.unindexed = True
         return [IDLE] * len(seqs)
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
-        if self.prm.context_cache and any(r > 0 for r in limits.room):
+        if self.unindexed and self.prm.context_cache and any(r > 0 for r in limits.room):
             grams: list = []   # (the text of lean steps since: IDLE)
             for s in seqs:
                 self._text_grams(s, grams)
             if grams:
                 self.ctx.push_many(grams)
+            self.unindexed = False
         out = []
         for i, s in enumerate(seqs):
             r = limits.room[i]

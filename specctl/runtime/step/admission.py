@@ -29,7 +29,7 @@ import math
 from collections import deque
 
 PREFILLS = 32       # recent prefills the fixed cost is fit over
-STEP_MEMORY = 16    # steps the step time and the slots freed average over (x 4)
+STEP_MEMORY = 64    # steps the step time and the slots freed average over
 SPREAD = 0.3        # the least coefficient of variation of tokens a forward that fits F
 
 
@@ -37,36 +37,35 @@ class Admission:
     def __init__(self, slots: int):
         self.slots = slots
         self.prefills: deque[tuple[int, int, float]] = deque(maxlen=PREFILLS)
+        self._fixed: float | None = None   # F (_fit), redone at each prefill
         self.step_ms: float | None = None
         self.freed = 0.0   # slots freed a step
         self.steps = 0
-        self._fixed: tuple[float | None] | None = None   # fixed_ms until the next prefill
 
     def prefilled(self, forwards: int, tokens: int, ms: float) -> None:
-        """One prefill call: `forwards` forwards over `tokens` prompt tokens took ms."""
+        """One prefill call: `forwards` forwards over `tokens` prompt tokens took ms (the fit
+        is redone here, not where group() is asked every loop)."""
         if forwards > 0 and ms > 0:
             self.prefills.append((forwards, tokens, ms))
-            self._fixed = None
+            self._fixed = self._fit()
 
     def stepped(self, ms: float, freed: int) -> None:
         """A step took ms, and `freed` sequences finished in it."""
         if ms > 0:
             self.steps += 1
-            a = 1.0 / min(self.steps, STEP_MEMORY * 4)
+            a = 1.0 / min(self.steps, STEP_MEMORY)
             self.step_ms = ms if self.step_ms is None else self.step_ms + a * (ms - self.step_ms)
             self.freed += a * (freed - self.freed)
 
     def fixed_ms(self) -> float | None:
         """F, the ms a prefill forward costs beyond its tokens' (None: not measurable yet)."""
-        if self._fixed is None:
-            self._fixed = (self._fit(),)
-        return self._fixed[0]
+        return self._fixed
 
     def _fit(self) -> float | None:
-        """Least squares of ms = F x forwards + s x tokens over the recent prefills, where
-        their tokens a forward spread enough to tell F from s (a coefficient of variation of
-        at least SPREAD: prompts of 50 and 51 tokens would split noise), s >= 0, and F no more
-        than the cheapest prefill's ms a forward."""
+        """F by least squares of ms = F x forwards + s x tokens over the recent prefills,
+        where their tokens a forward spread enough to tell F from s (a coefficient of variation
+        of at least SPREAD: prompts of 50 and 51 tokens would split noise), s >= 0, and F no
+        more than the cheapest prefill's ms a forward. None where it cannot be told."""
         if len(self.prefills) < 4:
             return None
         per = [t / f for f, t, _ in self.prefills]

@@ -195,14 +195,13 @@ class Runner:
                 before = self.stats.generated
                 if tuner:
                     tuner.before()
-                    t = time.perf_counter()
                 t0 = self.clock()
                 work = self.step(live, drain=not waiting)
                 took = self.clock() - t0
                 self.stats.step_s += took
                 self.admission.stepped(took * 1e3, sum(s.finished for s in live))
                 if tuner:
-                    tuner.after(time.perf_counter() - t, work)
+                    tuner.after(took, work)
                 if on_tokens:
                     on_tokens(self.stats.generated - before)
             for s in [s for s in running if s.finished]:
