@@ -18,6 +18,7 @@ RESULTS_SCHEMA = """
   "config": {BenchConfig fields}, "input": str, "input_sha256": str, "prompts": int,
   "categories": [str],                 # empty when no prompt has a category
   "model": str, "model_fingerprint": str, "device": str, "dtype": str,
+  "attention": str,                    # the backend that ran (config's auto resolved)
   "env": {"specctl", "torch", "transformers", "python", "machine", "cpus", "threads", "gpu"},
   "peak_memory_kind": "cuda_max_allocated" | "process_rss_high_water",
   "reference": str,                    # where the ar batch-1 outputs came from
@@ -74,7 +75,7 @@ class BenchConfig:
     device: str = "auto"
     dtype: str = "auto"
     prefill_chunk: int = 512
-    attention: str = "sdpa"
+    attention: str = "auto"
     cuda_graphs: bool = True
     cudnn_attention: bool = False        # (a model-load setting, as cuda_graphs: bench loads it)
     # GenerateConfig fields every run takes (each method's options, speculate, threads, KV

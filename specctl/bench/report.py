@@ -152,7 +152,7 @@ def title(res: dict) -> str:
     model = Path(res["model"]).name
     engine = ""
     if res["device"].startswith("cuda"):
-        att = c.get("attention", "sdpa")
+        att = res.get("attention") or c.get("attention", "sdpa")
         if att == "sdpa":   # (runs stored before the option had cuDNN allowed: torch's default)
             att += " (cuDNN allowed)" if c.get("cudnn_attention", True) else " (no cuDNN)"
         engine = (" " + att + " attention"

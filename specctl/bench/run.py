@@ -389,6 +389,7 @@ def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha
            "categories": sorted(set(b.cats.values())) if b.has_cats else [],
            "model": str(b.model_dir), "model_fingerprint": model_fingerprint(b.model_dir),
            "device": str(dev), "dtype": str(model.dtype).replace("torch.", ""), "env": _env(dev),
+           "attention": model.attention,   # (config's auto as resolved on this machine)
            "peak_memory_kind": "cuda_max_allocated" if dev.type == "cuda"
            else "process_rss_high_water", "reference": reference,
            "skipped": b.skipped, "rows": rows, "category_rows": cat_rows, "ok": ok}

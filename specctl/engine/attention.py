@@ -81,6 +81,22 @@ class SdpaMeta:
     static: bool = False             # shapes fixed (a captured graph's forward): see _flex_kernel
     bias: torch.Tensor | None = None  # [B, 1, g * N_max, L] 0 / -inf in q.dtype (first use)
     exact: object = None             # engine.exact.ExactMeta, made on first use under --exact
+    # per sequence, for the fused layer's attention (engine/fused.py)
+    prefix: torch.Tensor | None = None   # [B] committed rows
+    starts: torch.Tensor | None = None   # [B] its first packed token
+    counts: torch.Tensor | None = None   # [B] its new tokens (query rows)
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        """[B, blocks] the cache blocks of each sequence's rows in order (a contiguous cache:
+        one block a slot), as the fused attention reads them (made once per forward)."""
+        b = self.__dict__.get("_blocks")
+        if b is None:
+            t = self.table
+            if isinstance(t, slice):
+                t = torch.arange(t.start, t.stop, device=self.index.device)
+            b = self.__dict__["_blocks"] = t if t.dim() == 2 else t[:, None]
+        return b
 
 
 def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
@@ -111,7 +127,8 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
         table = slice(0, B) if slots == list(range(B)) else torch.tensor(slots, device=dev)
         index = batch.slots * kv.block + batch.rows
     meta = SdpaMeta(table, kv.block, index, L, n_max, all(n == n_max for n in batch.num_new),
-                    q_seq, q_idx, mask[:, None], tables=kv.tables)
+                    q_seq, q_idx, mask[:, None], tables=kv.tables, prefix=prefix,
+                    starts=starts, counts=counts)
     batch._attn_meta = meta
     return meta
 
@@ -269,3 +286,6 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 
 BACKENDS = {"sdpa": sdpa_attention, "flex": flex_attention}
+# what --attention takes: fused is the fused layer (engine/fused.py, its prefill on sdpa);
+# auto is fused on CUDA where Triton is installed, else sdpa (Model.set_attention)
+ATTENTION = ("auto", "sdpa", "flex", "fused")

@@ -310,7 +310,8 @@ class CudaGraphs:
             index = (table.gather(1, rows // kv.block) * kv.block + rows % kv.block).reshape(-1)
         else:
             index = (slots[:, None] * kv.block + rows).reshape(-1)
-        if table is None and Bb >= 4 and 3 * Bb > S:   # (gathering 1-2 slots: fewer launches)
+        fused = self.model.attention == "fused"   # (reads each sequence's rows in place)
+        if table is None and Bb >= 4 and 3 * Bb > S and not fused:   # (1-2 slots: a gather)
             pre = torch.zeros(S, dtype=prefix.dtype, device=dev).index_copy_(0, slots, prefix)
             loc = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(S, n, n) \
                 .clone().index_copy_(0, slots, local)
@@ -323,7 +324,9 @@ class CudaGraphs:
         new = loc.gather(2, rel.clamp(0, n - 1).expand(loc.shape[0], n, C))
         mask = (rel < 0) | ((rel < n) & new)                             # [S or Bb, n, C]
         return SdpaMeta(att_slots, kv.block, index, C, n, uniform, rows_of, idx.repeat(Bb),
-                        mask[:, None], static=True)
+                        mask[:, None], static=True, prefix=prefix,
+                        starts=torch.arange(0, Bb * n, n, device=dev) if fused else None,
+                        counts=torch.full((Bb,), n, device=dev) if fused else None)
 
     def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, positions, slots,
                  prefix, local, table, hidden=None, head=None) -> tuple:

@@ -98,7 +98,7 @@ def _stored_checksums(path: Path) -> dict[str, str]:
 
 def load_model(path: Path | str, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
-               attention: str = "sdpa", cudnn_attention: bool = False) -> Model:
+               attention: str = "auto", cudnn_attention: bool = False) -> Model:
     """Load a checkpoint; on CUDA, decoding forwards replay captured graphs unless
     cuda_graphs=False (engine/graphs.py). attention: sdpa or flex (engine/attention.py);
     cudnn_attention: on CUDA, let SDPA use cuDNN's kernel (off: bf16 runs repeat exactly)."""

@@ -11,14 +11,17 @@ for attention and two for the MLP.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specctl.engine.attention import BACKENDS, FLEX_BLOCK, sdpa_meta
+from specctl.engine.attention import (ATTENTION, BACKENDS, FLEX_BLOCK, sdpa_attention,
+                                      sdpa_meta)
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine import exact
 from specctl.engine.config import ModelConfig
@@ -69,7 +72,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     (recipes/cpu_matmul.py). Past a few hundred rows (a prefill) F.linear is a few percent
     faster again."""
     m = x.shape[0] if x.dim() == 2 else 0
-    if x.device.type != "cpu" or not m or m > GEMM_ROWS:
+    if x.device.type != "cpu" or CUDA_PATH[0] or not m or m > GEMM_ROWS:
         return F.linear(x, w, b)
     p = gemm_rows(m)
     xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
@@ -107,13 +110,16 @@ def tile_rows(m: np.ndarray) -> np.ndarray:
 
 
 GEMM_ROWS = 256
+# the CPU takes the branches CUDA takes in linear and _residual (engine/launches.py counts the
+# CUDA path's kernels on the CPU this way)
+CUDA_PATH = [False]
 
 
 def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
               lin=linear):
     """x + a @ w.T (+ b): on CUDA the residual add done by the matmul's epilogue (one launch,
     not two; a small model's step is bound by launches)."""
-    if b is not None or x.device.type == "cpu" or lin is not linear:
+    if b is not None or (x.device.type == "cpu" and not CUDA_PATH[0]) or lin is not linear:
         return x + lin(a, w, b)
     return torch.addmm(x, a, w.t())
 
@@ -157,7 +163,8 @@ class Model:
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
         self._graphs = None       # the graphs set aside while --exact runs eagerly
-        self.attention = "sdpa"   # attention backend: a key of engine.attention.BACKENDS
+        self.attention = "sdpa"   # attention backend: one of ATTENTION but auto
+        self._fused = None        # engine.fused, where the fused layer runs
         self.attend = BACKENDS["sdpa"]
         self.exact = False        # batch-invariant numerics (set_exact)
         self.linear, self.silu, self.apply_rope = linear, F.silu, apply_rope
@@ -165,9 +172,18 @@ class Model:
         self.exact_check = ""      # what --exact chose on this machine and its check's cost
 
     def set_attention(self, backend: str) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown attention backend {backend!r} (one of {sorted(BACKENDS)})")
-        self.attention, self.attend = backend, BACKENDS[backend]
+        """sdpa, flex (engine/attention.py), fused (the fused layer, engine/fused.py: CUDA,
+        or the CPU under Triton's interpreter for tests) or auto: fused on CUDA where Triton
+        is installed, else sdpa."""
+        if backend == "auto":
+            backend = "fused" if self.device.type == "cuda" and \
+                importlib.util.find_spec("triton") is not None else "sdpa"
+        if backend == "fused":
+            self._fused = _import_fused(self.device)
+        elif backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r} (one of "
+                             f"{', '.join(ATTENTION)})")
+        self.attention, self.attend = backend, BACKENDS.get(backend, sdpa_attention)
         if self.exact:
             self.attend = exact.exact_attention
         if self.graphs is not None:   # captured with the other backend
@@ -189,7 +205,8 @@ class Model:
 
     def _use_exact(self, on: bool) -> None:
         self.exact = on
-        self.attend = exact.exact_attention if on else BACKENDS[self.attention]
+        self.attend = exact.exact_attention if on else BACKENDS.get(self.attention,
+                                                                     sdpa_attention)
         self.linear = self._exact_linear if on else linear
         self.silu = exact.silu if on else F.silu
         self.apply_rope = exact.apply_rope if on else apply_rope
@@ -304,6 +321,8 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
+        if self.attention == "fused" and not self.exact and meta.n_max <= self._fused.FUSED_N:
+            return self._fused.layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
         cos, sin = self._rope(positions)
         T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
@@ -366,3 +385,16 @@ class Model:
         """[T, D] -> [T] greedy tokens, from logits in the model's dtype: the argmax of the fp32
         logits (an upcast is exact), without writing and reading a [T, V] fp32 tensor."""
         return self._head(hidden).argmax(-1)
+
+
+def _import_fused(device: torch.device):
+    """engine.fused, where it can run: on CUDA, or on the CPU under Triton's interpreter."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not (device.type == "cpu" and interpreted):
+        raise ValueError(f"--attention fused runs on CUDA, not {device.type} (on the CPU "
+                         "only under Triton's interpreter, TRITON_INTERPRET=1, for tests)")
+    try:
+        from specctl.engine import fused
+    except ImportError as e:
+        raise ValueError(f"--attention fused needs Triton ({e})") from None
+    return fused

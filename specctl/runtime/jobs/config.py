@@ -46,9 +46,9 @@ def split_variant(spec: str) -> tuple[str, dict]:
 
 
 def check_attention(name: str) -> None:
-    from specctl.engine.attention import BACKENDS
-    if name not in BACKENDS:
-        raise SpecctlError(f"--attention must be one of {', '.join(BACKENDS)}, got {name!r}")
+    from specctl.engine.attention import ATTENTION
+    if name not in ATTENTION:
+        raise SpecctlError(f"--attention must be one of {', '.join(ATTENTION)}, got {name!r}")
 
 
 # GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
@@ -113,9 +113,12 @@ class GenerateConfig:
     dtype: str = option("auto", "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16.", bench=True)
     skip_bad: bool = option(False, "Record bad lines in the output instead of stopping.")
     prefill_chunk: int = 512          # prompt tokens per prefill forward (a recipe may set it)
-    attention: str = option("sdpa", "Attention backend: sdpa (default) or flex (FlexAttention "
-                            "with block masks read in place from the KV cache, compiled on "
-                            "CUDA; on a CPU only the slow reference).", bench=True)
+    attention: str = option("auto", "Attention backend: auto (default: fused on CUDA where "
+                            "Triton is installed, else sdpa), sdpa, fused (each decoder layer "
+                            "of a decoding step in 9 kernel launches, Triton; CUDA only) or "
+                            "flex (FlexAttention with block masks read in place from the KV "
+                            "cache, compiled on CUDA; on a CPU only the slow reference).",
+                            bench=True)
     exact: bool = option(False, "Batch-invariant numerics: every method's output is ar's at "
                          "batch 1 token for token, at any batch size, in bf16 too (plain bf16 "
                          "flips near-ties with the batch's shape). With --dtype auto it runs "
@@ -265,7 +268,7 @@ class GenerateConfig:
             d.update(self.inert())
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
-        for name, default in (("attention", "sdpa"), ("cuda_graphs", True), ("exact", False),
+        for name, default in (("attention", "auto"), ("cuda_graphs", True), ("exact", False),
                               ("cudnn_attention", False),
                               ("speculate", "fixed"), ("logprobs", None)):
             if d[name] == default:   # at their defaults left out: keys without them still match
