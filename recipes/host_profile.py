@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from specctl.engine.launches import on_cuda
 from specctl.models.fingerprint import model_fingerprint
 from specctl.runtime.jobs.config import GenerateConfig, split_variant
 from specctl.runtime.jobs.methods import make_drafter
@@ -62,6 +63,7 @@ def main() -> None:
     from specctl.engine.loader import load_model
     model_dir = resolve_model(a.model, store)
     model = load_model(model_dir, a.device)
+    launches = on_cuda(model)   # (before the timing wrappers below go on)
     tk = Tokenization(model_dir, chat=True)
     if a.input:
         from specctl.io.prompts import read_prompts
@@ -101,6 +103,9 @@ def main() -> None:
     Adapter.decode = timed(Adapter.decode)
     Adapter.write_rows = timed(Adapter.write_rows)
 
+    if launches:
+        print(f"{model.attention} attention: {launches['step']} kernel launches an ar step at "
+              f"batch 1, {launches['layer']} a layer (engine/launches.py)\n")
     print("| method | batch | steps | ms/step | model ms/step | host ms/step "
           "| host us/seq-step | host share | graph replays per step (shapes captured) "
           "| rows/seq-step |")

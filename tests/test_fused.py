@@ -229,3 +229,17 @@ def test_the_counter_counts_what_runs():
         F.rms_norm(x, (8,))
     assert c.count == 4 and c.names[-1] == "rms_norm", c.names
     assert y.shape == (2,) and z.numel() == 3
+
+
+def test_a_cuda_bench_says_its_launches():
+    """of_step counts an ar step as the bench records it on CUDA; the table's title says it."""
+    from specctl.bench.report import title
+    m = _demo_shaped()
+    m.set_attention("fused")
+    step, layer = launches.of_step(m)
+    assert layer == 9 and step > 2 * 9
+    res = {"config": {"max_tokens": 8, "repeats": 1}, "model": "/x/demo", "device": "cuda:0",
+           "dtype": "bfloat16", "id": "bench-1", "prompts": 3, "attention": "fused",
+           "launches": {"step": step, "layer": layer}}
+    assert f"fused attention, CUDA graphs ({step} launches an ar step, 9 a layer)" in title(res)
+    assert (launches.on_cuda(m) is None) == (DEV == "cpu")   # (CUDA only)

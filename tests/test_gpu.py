@@ -78,10 +78,12 @@ def test_graphs_keep_self_draft_lossless(tiny_llama, batch_size):
     assert gpu.graphs.replays > 0 and sum(k * n for k, n in stats.accept_hist.items()) > 0
 
 
-@pytest.mark.parametrize("batch_size, attention", [(1, "sdpa"), (8, "sdpa"), (8, "flex")])
+@pytest.mark.parametrize("batch_size, attention", [(1, "sdpa"), (8, "sdpa"), (1, "fused"),
+                                                   (8, "fused"), (8, "flex")])
 def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size):
     """Every method (kangaroo's draft and verify forwards included) on captured graphs, with
-    either attention backend (flex compiled), equals the CPU's ar greedy in fp32."""
+    every attention backend (flex compiled, fused's Triton kernels), equals the CPU's ar
+    greedy in fp32."""
     from helpers import method_drafters
     cpu = load_model(tiny_llama, "cpu", "fp32")
     gpu = load_model(tiny_llama, "cuda", "fp32", attention=attention)
@@ -95,11 +97,12 @@ def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size)
     assert ("kangaroo", 1) in {key[3] for key in gpu.graphs.cache}
 
 
-@pytest.mark.parametrize("graphs", [True, False])
-def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
-    """The compiled flex kernel against SDPA: on one masked (tree + branches) graph step, and
-    without graphs (prefill and eager steps: the dynamic-shape compile) on a packed batch of
-    unequal lengths, a tree among them."""
+@pytest.mark.parametrize("graphs, other", [(True, "flex"), (False, "flex"), (True, "fused"),
+                                           (False, "fused")])
+def test_other_attention_equals_sdpa_on_cuda(tiny_llama, graphs, other):
+    """The compiled flex kernel and the fused layer's Triton kernels against SDPA: on one
+    masked (tree + branches) graph step, and without graphs (prefill and eager steps: flex's
+    dynamic-shape compile) on a packed batch of unequal lengths, a tree among them."""
     from specctl.speculative.self_draft import branch_probe, build_trie
     prompts = random_prompts(3, seed=0 if graphs else 8)
     nodes = build_trie([[5, 6, 7], [5, 8]], 10)
@@ -110,7 +113,7 @@ def test_flex_equals_sdpa_on_cuda(tiny_llama, graphs):
         seqs = [SeqInput(0, [4], len(prompts[0])), tree_input(1, 3, nodes, len(prompts[1])),
                 SeqInput(2, [4, 5, 6], len(prompts[2]))]
     outs = []
-    for attention in ("sdpa", "flex"):
+    for attention in ("sdpa", other):
         m = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=graphs, attention=attention)
         kv = prefill_slots(m, m.new_kv_cache(4, 256), prompts, "cuda")
         outs.append(m.logits(m.run(ForwardBatch(seqs, "cuda"), kv)).clone())

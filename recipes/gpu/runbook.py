@@ -49,8 +49,9 @@ class Step:
 PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
     Step(1, "step-table-7b", 30, 15, "step-table-7b.json", "10 s at 65c1f6b"),
-    Step(1, "gpu-tests", 65, 55, "gpu-tests.log",
-         "53 s at 65c1f6b (the flex tests, ~33 s more, are left out)"),
+    Step(1, "gpu-tests", 75, 65, "gpu-tests.log",
+         "53 s at 65c1f6b (the flex tests, ~33 s more, are left out), + the fused layer's "
+         "4 tests (Triton compiles)"),
     Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
          "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs"),
     Step(2, "stage2", 60, 40, "model.json", "36 s at 65c1f6b"),
@@ -58,8 +59,10 @@ PLAN = (
     Step(2, "bench-batch", 330, 180, "bench-batch.md",
          "174 s at 65c1f6b (256 prompts, 5 methods at batch 8/32/64, 1 repeat)"),
     Step(2, "bench-b1", 150, 126, "bench-b1.md", "126 s at 65c1f6b"),
+    Step(2, "fused-probe", 60, 36, "fused-probe.md",
+         "not timed yet: load 5 s, 8 captures, ~6 Triton compiles of 1-3 s, 800 replays"),
     Step(2, "exact", 90, 80, "exact.md", "80 s at 65c1f6b (eager: 0.06x ar)"),
-    Step(2, "repeat", 75, 72, "repeat.md", "72 s at 65c1f6b"),
+    Step(2, "repeat", 45, 36, "repeat.md", "72 s at 65c1f6b for two settings, now one"),
     Step(2, "host-profile", 60, 42, "host-profile.md", "42 s at 65c1f6b"),
 )
 
@@ -71,6 +74,8 @@ LEFT_OUT = (
     "kv_scale.py --shape 7b: ~4.5 min, over call 1's 2",
     "the flex tests of `pytest -m gpu` (-k flex, ~35 s): flex is not the default attention",
     "self-draft:fixed rows: the runs owed are `auto`'s",
+    "fused_probe.py --inductor (torch.compile's layer loop, the library alternative to the fused "
+    "kernels): inductor compiles the 30-layer loop once per shape, minutes for four",
 )
 
 

@@ -28,7 +28,8 @@
 #     gpu-tests (`pytest -m gpu`, its flex tests left out) | prefill-cost (an eager prefill
 #     forward's ms by its tokens: the fixed cost admission groups save)
 #   call 2, carry .gpu2 (model part 2, wheels, art.tgz): stage2 | bench-batch (>= 256 prompts) |
-#     bench-b1 | exact (sized to fit) | repeat | host-profile
+#     bench-b1 | fused-probe (the fused layer against the unfused) | exact (sized to fit) |
+#     repeat | host-profile
 # Not in the calls (they do not fit; `plan` says so): train-adapter on the GPU, kv_scale.py at
 # 7B. Kangaroo's rows use the adapter `stage` carries.
 # Steps run in order of value. A call starts no step once less than MIN_STEP_S is left of its
@@ -467,17 +468,15 @@ step_host_profile() {
 NO_CUDNN='import runpy, sys, torch; torch.backends.cuda.enable_cudnn_sdp(False); '
 NO_CUDNN+='sys.argv[0] = "specctl"; runpy.run_module("specctl", run_name="__main__")'
 
-step_repeat() {   # the same bf16 generate run twice, with and without cuDNN's attention
+step_repeat() {   # the same bf16 generate run twice: byte for byte? (the fused layer's kernels
+                  # have one reduction order; cuDNN's attention, not repeatable, is off)
   local -a args=(generate "$ART/sharegpt32.jsonl" --method ar --dtype bf16 -q)
   if (( REHEARSE )); then args+=(--limit 2 --batch-size 2 --max-tokens 4)
   else args+=(--batch-size 8 --max-tokens 128); fi
   mkdir -p "$OUT/repeat"
-  local s i rc=0
-  for s in default no-cudnn; do
-    for i in 1 2; do
-      if [ $s = default ]; then x "$PY" -m specctl "${args[@]}" --out "$OUT/repeat/$s-$i.jsonl"
-      else x "$PY" -c "$NO_CUDNN" "${args[@]}" --out "$OUT/repeat/$s-$i.jsonl"; fi || rc=1
-    done
+  local i rc=0
+  for i in 1 2; do
+    x "$PY" -m specctl "${args[@]}" --out "$OUT/repeat/default-$i.jsonl" || rc=1
   done
   "$PY" - "$OUT/repeat" > "$OUT/repeat.md" <<'PY' || rc=1
 import json, sys
@@ -488,24 +487,35 @@ def texts(name):
     if not p.is_file():
         return None
     return [json.loads(l).get("text") for l in p.read_text(encoding="utf-8").splitlines() if l]
-def cmp(a, b):
-    ta, tb = texts(a), texts(b)
-    if ta is None or tb is None:
-        return "missing", "-"
-    if len(ta) != len(tb):
-        return "no", f"{len(ta)} vs {len(tb)} outputs"
-    diff = sum(x != y for x, y in zip(ta, tb))
-    return ("yes" if diff == 0 else "no"), f"{diff} of {len(ta)} outputs differ"
-print("ar, bf16: `specctl generate` twice per setting, each output's text compared byte for "
-      "byte (the lines also hold timings, which always differ)\n")
+ta, tb = texts("default-1"), texts("default-2")
+print("ar, bf16: `specctl generate` twice, each output's text compared byte for byte (the "
+      "lines also hold timings, which always differ)\n")
 print("| compared | identical | outputs |")
 print("|---|---|---|")
-for a, b in (("default-1", "default-2"), ("no-cudnn-1", "no-cudnn-2"),
-             ("default-1", "no-cudnn-1")):
-    same, what = cmp(a, b)
-    print(f"| {a} vs {b} | {same} | {what} |")
+if ta is None or tb is None:
+    print("| default-1 vs default-2 | missing | - |")
+elif len(ta) != len(tb):
+    print(f"| default-1 vs default-2 | no | {len(ta)} vs {len(tb)} outputs |")
+else:
+    diff = sum(x != y for x, y in zip(ta, tb))
+    print(f"| default-1 vs default-2 | {'yes' if diff == 0 else 'no'} | "
+          f"{diff} of {len(ta)} outputs differ |")
 PY
   cat "$OUT/repeat.md"
+  return $rc
+}
+
+step_fused_probe() {   # the fused layer against the unfused one (issue 43): a captured step's
+                       # ms, launches a step and a layer, Triton's compile, logits agreement
+  if (( REHEARSE )); then
+    x "$PY" recipes/gpu/fused_probe.py --shapes 1x1,2x2 --replays 2 --context 64 \
+      --json "$OUT/fused-probe.json" > "$OUT/fused-probe.md"
+  else
+    x "$PY" recipes/gpu/fused_probe.py --shapes 1x1,8x1,32x1,8x8 --replays 100 \
+      --json "$OUT/fused-probe.json" > "$OUT/fused-probe.md"
+  fi
+  local rc=$?
+  cat "$OUT/fused-probe.md"
   return $rc
 }
 

@@ -19,6 +19,7 @@ RESULTS_SCHEMA = """
   "categories": [str],                 # empty when no prompt has a category
   "model": str, "model_fingerprint": str, "device": str, "dtype": str,
   "attention": str,                    # the backend that ran (config's auto resolved)
+  "launches": {"step", "layer"} | null,   # CUDA: kernels an ar step at batch 1 launches
   "env": {"specctl", "torch", "transformers", "python", "machine", "cpus", "threads", "gpu"},
   "peak_memory_kind": "cuda_max_allocated" | "process_rss_high_water",
   "reference": str,                    # where the ar batch-1 outputs came from

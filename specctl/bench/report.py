@@ -157,6 +157,9 @@ def title(res: dict) -> str:
             att += " (cuDNN allowed)" if c.get("cudnn_attention", True) else " (no cuDNN)"
         engine = (" " + att + " attention"
                   + (", CUDA graphs" if c.get("cuda_graphs", True) else ", no CUDA graphs"))
+        n = res.get("launches")
+        if n:
+            engine += f" ({n['step']} launches an ar step, {n['layer']} a layer)"
     return (f"{res['id']}: {model}, {res['device']} {res['dtype']}{engine}, "
             f"{res['prompts']} prompts, "
             f"max {c['max_tokens']} new tokens, greedy, "

@@ -377,6 +377,7 @@ def _analyze_divergence(b: _Bench, rows: list[dict], ref_b1: dict) -> None:
 
 
 def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha: str) -> dict:
+    from specctl.engine.launches import on_cuda
     from specctl.models.fingerprint import model_fingerprint
 
     cfg, dev, model = b.cfg, b.model.device, b.model
@@ -390,6 +391,7 @@ def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha
            "model": str(b.model_dir), "model_fingerprint": model_fingerprint(b.model_dir),
            "device": str(dev), "dtype": str(model.dtype).replace("torch.", ""), "env": _env(dev),
            "attention": model.attention,   # (config's auto as resolved on this machine)
+           "launches": on_cuda(model),   # (an ar step's kernels at batch 1)
            "peak_memory_kind": "cuda_max_allocated" if dev.type == "cuda"
            else "process_rss_high_water", "reference": reference,
            "skipped": b.skipped, "rows": rows, "category_rows": cat_rows, "ok": ok}

@@ -109,3 +109,30 @@ def per_step(model, batch, kv, as_cuda: bool = False) -> tuple[int, int, list[st
     layer = ops2[len(ops1):] + ["triton"] * (two.names.count("triton")
                                              - one.names.count("triton"))
     return whole.count, two.count - one.count, layer
+
+
+def of_step(model, batch_size: int = 1, tokens: int = 1) -> tuple[int, int]:
+    """(launches a step, launches a layer) of an eager decoding forward of batch_size sequences
+    x tokens each (8 committed rows, on a small cache of its own) with its greedy head, on
+    the model's device: what a replay of that captured step launches."""
+    from specctl.engine.batch import ForwardBatch, SeqInput
+    from specctl.engine.kv import KVCache
+    c = model.cfg
+    kv = KVCache(c.num_layers, batch_size, 8 + tokens, c.num_kv_heads, c.head_dim,
+                 model.dtype, model.device)
+    for s in range(batch_size):
+        kv.reserve(s, 8 + tokens)
+        kv.lens[s] = 8
+    batch = ForwardBatch([SeqInput(s, [7] * tokens, 8) for s in range(batch_size)],
+                         model.device)
+    step, layer, _ = per_step(model, batch, kv)
+    return step, layer
+
+
+def on_cuda(model) -> dict | None:
+    """{"step", "layer"}: an `ar` step's launches at batch 1 on CUDA (bench and host_profile
+    print them); None elsewhere (the CPU's ops are not a GPU's launches)."""
+    if model.device.type != "cuda":
+        return None
+    step, layer = of_step(model)
+    return {"step": step, "layer": layer}
