@@ -111,7 +111,8 @@ def per_step(model, batch, kv, as_cuda: bool = False) -> tuple[int, int, list[st
     return whole.count, two.count - one.count, layer
 
 
-def of_step(model, batch_size: int = 1, tokens: int = 1) -> tuple[int, int]:
+def of_step(model, batch_size: int = 1, tokens: int = 1,
+            as_cuda: bool = False) -> tuple[int, int]:
     """(launches a step, launches a layer) of an eager decoding forward of batch_size sequences
     x tokens each (8 committed rows, on a small cache of its own) with its greedy head, on
     the model's device: what a replay of that captured step launches."""
@@ -125,7 +126,7 @@ def of_step(model, batch_size: int = 1, tokens: int = 1) -> tuple[int, int]:
         kv.lens[s] = 8
     batch = ForwardBatch([SeqInput(s, [7] * tokens, 8) for s in range(batch_size)],
                          model.device)
-    step, layer, _ = per_step(model, batch, kv)
+    step, layer, _ = per_step(model, batch, kv, as_cuda)
     return step, layer
 
 
