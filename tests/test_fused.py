@@ -116,10 +116,10 @@ def test_a_fused_forward_is_sdpas(tiny_llama, paged, monkeypatch):
     assert errs["fused"].mean() <= 1.1 * errs["sdpa"].mean(), errs
 
 
-def test_prefill_and_exact_run_unfused(tiny_llama, monkeypatch):
-    """A forward of more than FUSED_N tokens a sequence (a prefill chunk) and --exact take
-    the unfused layer; a decoding forward the fused one."""
-    m = load_model(tiny_llama, DEV, "bf16", attention="fused")   # (--exact runs bf16)
+def test_prefill_runs_unfused(tiny_llama, monkeypatch):
+    """A forward of more than FUSED_N tokens a sequence (a prefill chunk) takes the unfused
+    layer; a decoding forward the fused one."""
+    m = load_model(tiny_llama, DEV, "fp32", attention="fused")
     calls = []
     real = fused.layers
     monkeypatch.setattr(fused, "layers", lambda *a: calls.append(1) or real(*a))
@@ -130,9 +130,50 @@ def test_prefill_and_exact_run_unfused(tiny_llama, monkeypatch):
     assert calls == []
     m.forward(ForwardBatch([SeqInput(0, [3, 4], 9)], DEV), kv)
     assert calls == [1]
+
+
+def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
+    """--exact on the fused layer (CUDA's way: the probed matmuls, attention on one tile
+    shape): it keeps the captured graphs, every forward (a prefill too: which kernels a row
+    meets must not follow the batch) runs fused, the self-check passes on it, and ar and
+    Self-Draft at batch 3 (padded to 4) give ar's batch-1 tokens in bf16."""
+    from helpers import method_drafters
+    m = load_model(tiny_llama, DEV, "bf16", attention="fused")
+    m.graphs = CudaGraphs(m, capture=DEV == "cuda")
     m.set_exact(True)
-    m.forward(ForwardBatch([SeqInput(0, [3, 4], 9)], DEV), kv)
-    assert calls == [1]
+    assert m.graphs is not None and "self-checked" in m.exact_check
+    calls = []
+    real = fused.layers
+    monkeypatch.setattr(fused, "layers", lambda *a: calls.append(a[-4].n_max) or real(*a))
+    monkeypatch.setattr(fused, "FUSED_N", 8)
+    prompts = random_prompts(3, seed=5)
+    ref, _ = run_ids(m, prompts, batch_size=1, max_tokens=8)
+    assert max(calls) > 8   # (prefills)
+    drafters = method_drafters(m, prompts, ref)
+    for name in ("ar", "self-draft"):
+        before = m.graphs.replays
+        got, _ = run_ids(m, prompts, batch_size=3, max_tokens=8, drafter=drafters[name])
+        assert got == ref, name
+        assert m.graphs.replays > before, name
+    m.graphs.cache["x"] = None
+    m.set_exact(False)
+    assert m.graphs is not None and m.graphs.cache == {}   # (captured with exact's kernels)
+
+
+def test_the_self_check_refuses_a_fused_kernel_that_follows_the_batch(tiny_llama, monkeypatch):
+    """A fused kernel whose row result depends on the rows beside it: --exact refused, the
+    first operation after it named."""
+    import itertools
+    from specctl.engine import exact
+    real, probe = fused.rms_norm, exact.probe
+    monkeypatch.setattr(fused, "rms_norm",
+                        lambda x, w, eps: real(x, w, eps) * (1 + x.shape[0] * 2 ** -6))
+    # (the probe's first matmul only: each other one would be self-checked, and refused, too)
+    monkeypatch.setattr(exact, "probe", lambda *a: itertools.islice(probe(*a), 1))
+    m = load_model(tiny_llama, DEV, "bf16", attention="fused")
+    with pytest.raises(ValueError, match="layer 0's QKV projection"):
+        m.set_exact(True)
+    assert not m.exact
 
 
 def test_where_it_runs(tiny_llama, monkeypatch):
@@ -141,6 +182,9 @@ def test_where_it_runs(tiny_llama, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="runs on CUDA"):
         m.set_attention("fused")
+    from specctl.errors import SpecctlError
+    with pytest.raises(SpecctlError, match="use --attention auto or sdpa"):   # (one line)
+        load_model(tiny_llama, "cpu", "fp32", attention="fused")
 
 
 def test_every_method_is_lossless_through_the_fused_graph_path(tiny_llama, monkeypatch):

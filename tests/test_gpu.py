@@ -136,13 +136,14 @@ def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
     assert got == ar and gpu.graphs.replays > 0
 
 
-def test_exact_in_bf16_on_cuda_is_ar_at_batch_1(tiny_llama):
-    """--exact on CUDA (the Triton matmul, eager): every method at batch 1, 4 and 10 gives ar's
-    batch-1 tokens in bf16, and a row's logits are the same bits alone and in a batch."""
+@pytest.mark.parametrize("attention", ["sdpa", "fused"])
+def test_exact_in_bf16_on_cuda_is_ar_at_batch_1(tiny_llama, attention):
+    """--exact on CUDA (the Triton matmul; the unfused layer eager, the fused one in captured
+    graphs): every method at batch 1, 4 and 10 gives ar's batch-1 tokens in bf16."""
     from helpers import method_drafters
-    m = load_model(tiny_llama, "cuda", "bf16")
+    m = load_model(tiny_llama, "cuda", "bf16", attention=attention)
     m.set_exact(True)
-    assert m.graphs is None
+    assert (m.graphs is None) == (attention == "sdpa")
     prompts = random_prompts(10, seed=5)
     ref, _ = run_ids(m, prompts, batch_size=1, max_tokens=20)
     for name, dr in method_drafters(m, prompts, ref).items():

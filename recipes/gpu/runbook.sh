@@ -520,7 +520,7 @@ step_fused_probe() {   # the fused layer against the unfused one (issue 43): a c
 }
 
 step_exact() {   # --exact (issue 29): each row's tokens against ar:exact at batch 1 in bf16,
-                 # with graphs off, and what it costs against plain bf16 ar (CUDA owes both).
+                 # (captured, on the fused layer) and what it costs against plain bf16 ar
   # Sized to fit: 32 prompts x 64 tokens at b1/8/32 did not finish in 120 s (graphs off, a
   # step is launch-bound); 8 prompts x 32 tokens is an eighth of the batch-1 work, and with 8
   # prompts a batch of 32 would run the same batch of 8 again, so b1/8

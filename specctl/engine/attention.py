@@ -25,6 +25,7 @@ H100 differed in 2 of 32 outputs; with it off, in none).
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -289,3 +290,17 @@ BACKENDS = {"sdpa": sdpa_attention, "flex": flex_attention}
 # what --attention takes: fused is the fused layer (engine/fused.py, its prefill on sdpa);
 # auto is fused on CUDA where Triton is installed, else sdpa (Model.set_attention)
 ATTENTION = ("auto", "sdpa", "flex", "fused")
+
+
+def load_fused(device: torch.device):
+    """engine.fused, where it can run: on CUDA, or on the CPU under Triton's interpreter."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if device.type != "cuda" and not (device.type == "cpu" and interpreted):
+        raise ValueError(f"--attention fused runs on CUDA, and this model is on "
+                         f"{device.type}: use --attention auto or sdpa (the CPU runs the fused "
+                         "kernels only under Triton's interpreter, TRITON_INTERPRET=1, for tests)")
+    try:
+        from specctl.engine import fused
+    except ImportError as e:
+        raise ValueError(f"--attention fused needs Triton ({e})") from None
+    return fused

@@ -1,5 +1,5 @@
 """The fused decoder layer for CUDA (`--attention fused`, the default there): a layer in nine
-launches instead of ~17, because a small model's decoding step is bound by launches, not by the
+launches instead of 14, because a small model's decoding step is bound by launches, not by the
 GPU (on an H100 the demo model's `ar` step took 1.81 ms where reading its weights takes 0.08).
 
     RMSNorm | QKV matmul | RoPE + K/V cache write | attention | O matmul + residual
@@ -7,10 +7,11 @@ GPU (on an H100 the demo model's `ar` step took 1.81 ms where reading its weight
 
 The matmuls stay cuBLAS's (the residual add in addmm's epilogue); the other four are Triton
 kernels here, each one launch whatever the batch:
-- rms_norm: one program per row, the sum of squares in fp32;
-- rope_kv: one program per token rotates its query and key heads (the rotate-half layout, with
-  rotate_half's sign folded into sin as Model._rope makes it), writes the queries [T, H, hd] and
-  stores the keys and values straight into the cache rows `index` names (no index_put pair);
+- rms_norm: a program per ROWS rows, each row's sum of squares in fp32;
+- rope_kv: a program per ROWS tokens rotates their query and key heads (the rotate-half
+  layout, rotate_half's sign folded into sin as Model._rope makes it), writes the queries
+  [T, H, hd] and stores the keys and values straight into the cache rows `index` names (no
+  index_put pair);
 - attention: one program per (sequence, KV head, block of query rows), reading the sequence's
   cache rows in place through its block table (contiguous: one block per slot), the grouped
   query heads of a KV head as rows of one block (K/V read once per KV head), an online softmax
@@ -21,7 +22,11 @@ Results equal the unfused layer's up to rounding (bf16: a step or two; tests/tes
 
 It serves forwards of up to FUSED_N tokens a sequence (every decoding step, captured or not);
 a prefill chunk is bound by its math, where SDPA's kernels are tuned, so it runs the unfused
-layer. Nothing here synchronizes with the host: it runs inside captured CUDA graphs.
+layer. Under --exact it serves every forward: the row-wise kernels read one row's values
+only, attention takes a row's keys in blocks of BN from column 0 on one tile shape (masked
+keys add exact zeros), the matmuls are the probe's and the residual is added apart, so a row's
+bits do not follow the batch (docs/internals.md). Nothing here synchronizes with the host: it
+runs inside captured CUDA graphs.
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is first
 imported). There a tl.dot is numpy's matmul, which multiplies bf16 wrongly (3.9), so under the
@@ -39,6 +44,8 @@ import triton
 import triton.language as tl
 
 FUSED_N = 128    # most tokens a sequence a fused forward takes (graphs' max_n); past it, unfused
+ROWS = 8         # tokens a program of the row-wise kernels takes (a decoding step's few rows
+                 # keep their programs small; the interpreter's cost is per program)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 LAUNCHES = [0]   # Triton launches made here (engine/launches.py counts them)
 IN_LAUNCH = [False]   # (the interpreter's own tensor ops during a launch are not launches)
@@ -69,14 +76,16 @@ def _cast(v, ty: tl.constexpr, FIX: tl.constexpr):
 
 
 @triton.jit
-def _rms_kernel(x, w, out, D, s_x, s_o, eps, BD: tl.constexpr, FIX: tl.constexpr):
-    r = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, BD)
-    m = d < D
+def _rms_kernel(x, w, out, T, D, s_x, s_o, eps, ROWS: tl.constexpr, BD: tl.constexpr,
+                FIX: tl.constexpr):
+    r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    d = tl.arange(0, BD)[None, :]
+    m = (r < T) & (d < D)
     v = tl.load(x + r * s_x + d, mask=m, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
-    wt = tl.load(w + d, mask=m, other=0.0).to(tl.float32)
-    tl.store(out + r * s_o + d, _cast(v * rstd * wt, out.dtype.element_ty, FIX), mask=m)
+    rstd = 1.0 / tl.sqrt(tl.sum(v * v, axis=1) / D + eps)
+    wt = tl.load(w + d, mask=d < D, other=0.0).to(tl.float32)
+    tl.store(out + r * s_o + d, _cast(v * rstd[:, None] * wt, out.dtype.element_ty, FIX),
+             mask=m)
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,18 +93,20 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     T, D = x.shape
     out = torch.empty_like(x)
     if T:
-        _launch(_rms_kernel, (T,), x, w, out, D, x.stride(0), out.stride(0), eps, BD=_pow2(D),
-                FIX=_INTERPRET)
+        _launch(_rms_kernel, (triton.cdiv(T, ROWS),), x, w, out, T, D, x.stride(0),
+                out.stride(0), eps, ROWS=ROWS, BD=_pow2(D), FIX=_INTERPRET)
     return out
 
 
 @triton.jit
-def _rope_kv_kernel(qkv, cos, sin, index, q, kc, vc, s_t, s_cs, s_q, s_kc, s_vc, H, KV,
-                    HD: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr, FIX: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.arange(0, HP)[:, None]
+def _rope_kv_kernel(qkv, cos, sin, index, q, kc, vc, T, s_t, s_cs, s_q, s_kc, s_vc, H, KV,
+                    ROWS: tl.constexpr, HD: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
+                    FIX: tl.constexpr):
+    j = tl.arange(0, ROWS * HP)[:, None]             # (token, head) pairs of ROWS tokens
+    t = (tl.program_id(0) * ROWS + j // HP).to(tl.int64)
+    h = j % HP
     d = tl.arange(0, DP)[None, :]
-    dm = d < HD
+    dm = (d < HD) & (t < T)
     rot = tl.where(d < HD // 2, d + HD // 2, d - HD // 2)    # rotate_half's source column
     src = qkv + t * s_t + h * HD
     x = tl.load(src + d, mask=(h < H + 2 * KV) & dm, other=0.0).to(tl.float32)
@@ -103,7 +114,7 @@ def _rope_kv_kernel(qkv, cos, sin, index, q, kc, vc, s_t, s_cs, s_q, s_kc, s_vc,
     c = tl.load(cos + t * s_cs + d, mask=dm, other=0.0).to(tl.float32)
     s = tl.load(sin + t * s_cs + d, mask=dm, other=0.0).to(tl.float32)
     y = _cast(tl.where(h < H + KV, x * c + xr * s, x), q.dtype.element_ty, FIX)
-    row = tl.load(index + t).to(tl.int64)
+    row = tl.load(index + t, mask=t < T, other=0).to(tl.int64)
     tl.store(q + t * s_q + h * HD + d, y, mask=(h < H) & dm)
     tl.store(kc + row * s_kc + (h - H) * HD + d, y, mask=(h >= H) & (h < H + KV) & dm)
     tl.store(vc + row * s_vc + (h - H - KV) * HD + d, y,
@@ -118,10 +129,10 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: torc
     T, hd = qkv.shape[0], k_cache.shape[-1]
     q = torch.empty(T, H, hd, dtype=qkv.dtype, device=qkv.device)
     if T:
-        _launch(_rope_kv_kernel, (T,), qkv, cos, sin, index, q, k_cache, v_cache,
-                qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0),
-                v_cache.stride(0), H, KV, HD=hd, HP=_pow2(H + 2 * KV), DP=_pow2(hd),
-                FIX=_INTERPRET)
+        _launch(_rope_kv_kernel, (triton.cdiv(T, ROWS),), qkv, cos, sin, index, q, k_cache,
+                v_cache, T, qkv.stride(0), cos.stride(0), q.stride(0), k_cache.stride(0),
+                v_cache.stride(0), H, KV, ROWS=ROWS, HD=hd, HP=_pow2(H + 2 * KV),
+                DP=_pow2(hd), FIX=_INTERPRET)
     return q
 
 
@@ -183,9 +194,10 @@ def _attn_kernel(q, kc, vc, o, table, starts, counts, prefix, mask, s_qt, s_kr, 
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              meta) -> torch.Tensor:
+              meta, fixed: bool = False) -> torch.Tensor:
     """q [T, H, hd]; a layer's caches [rows, KV, hd]; meta: attention.SdpaMeta with its
-    per-sequence starts, counts, prefix and blocks -> [T, H, hd]."""
+    per-sequence starts, counts, prefix and blocks -> [T, H, hd]. fixed (--exact): one tile
+    shape whatever the rows, so a row's products run the same instructions in any batch."""
     T, H, hd = q.shape
     KV = k_cache.shape[1]
     G = H // KV
@@ -194,7 +206,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if not T:
         return o
     rows = meta.n_max * G
-    BM = 16 if rows <= 16 else 64
+    BM = 16 if fixed or rows <= 16 else 64
     mask = meta.mask.view(torch.uint8)          # [B, 1, N_max, L]
     _launch(
         _attn_kernel, (B, KV, triton.cdiv(rows, BM)), q, k_cache, v_cache, o, meta.blocks, meta.starts, meta.counts, meta.prefix, mask,
@@ -206,10 +218,11 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 @triton.jit
-def _silu_mul_kernel(gu, out, I, s_g, s_o, BI: tl.constexpr, FIX: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BI + tl.arange(0, BI)
-    m = c < I
+def _silu_mul_kernel(gu, out, T, I, s_g, s_o, ROWS: tl.constexpr, BI: tl.constexpr,
+                     FIX: tl.constexpr):
+    t = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    c = (tl.program_id(1) * BI + tl.arange(0, BI))[None, :]
+    m = (t < T) & (c < I)
     g = tl.load(gu + t * s_g + c, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu + t * s_g + I + c, mask=m, other=0.0).to(tl.float32)
     tl.store(out + t * s_o + c, _cast(g / (1.0 + tl.exp(-g)) * u, out.dtype.element_ty, FIX),
@@ -221,9 +234,9 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     T, I2 = gu.shape
     out = torch.empty(T, I2 // 2, dtype=gu.dtype, device=gu.device)
     if T:
-        BI = 1024
-        _launch(_silu_mul_kernel, (T, triton.cdiv(I2 // 2, BI)), gu, out, I2 // 2,
-                gu.stride(0), out.stride(0), BI=BI, FIX=_INTERPRET)
+        BI = 512
+        _launch(_silu_mul_kernel, (triton.cdiv(T, ROWS), triton.cdiv(I2 // 2, BI)), gu, out,
+                T, I2 // 2, gu.stride(0), out.stride(0), ROWS=ROWS, BI=BI, FIX=_INTERPRET)
     return out
 
 
@@ -233,20 +246,23 @@ def layers(model, x: torch.Tensor, positions: torch.Tensor, meta, kv, plan, end:
     cos, sin = model._rope(positions)
     H, KV, hd, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_eps
     T = x.shape[0]
+    # --exact: the matmuls its probe chose (a row's bits whatever the row count), the residual
+    # added apart (addmm's epilogue is cuBLAS's), attention on one tile shape
+    lin = model.linear if model.exact else torch.nn.functional.linear
+    res = _residual if not model.exact else (lambda x, a, w, b: x + lin(a, w, b))
     captured = None
     for i in range(plan.start, end):
         if i == plan.capture:
             captured = x
         L = model.layers[i]
         if i not in plan.skip_attn:
-            qkv = torch.nn.functional.linear(rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
+            qkv = lin(rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
             q = rope_kv(qkv, cos, sin, meta.index, kv.k[i], kv.v[i], H, KV)
-            o = attention(q, kv.k[i], kv.v[i], meta).view(T, H * hd)
-            x = _residual(x, o, L.wo, L.bo)
+            o = attention(q, kv.k[i], kv.v[i], meta, model.exact).view(T, H * hd)
+            x = res(x, o, L.wo, L.bo)
         if i not in plan.skip_mlp:
-            gu = torch.nn.functional.linear(rms_norm(x, L.mlp_norm, eps), L.w_gate_up,
-                                            L.b_gate_up)
-            x = _residual(x, silu_mul(gu), L.w_down, L.b_down)
+            gu = lin(rms_norm(x, L.mlp_norm, eps), L.w_gate_up, L.b_gate_up)
+            x = res(x, silu_mul(gu), L.w_down, L.b_down)
     if plan.capture is not None and plan.capture == end:
         captured = x
     return x if plan.capture is None else (x, captured)

@@ -100,7 +100,8 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
                attention: str = "auto", cudnn_attention: bool = False) -> Model:
     """Load a checkpoint; on CUDA, decoding forwards replay captured graphs unless
-    cuda_graphs=False (engine/graphs.py). attention: sdpa or flex (engine/attention.py);
+    cuda_graphs=False (engine/graphs.py). attention: auto, sdpa, fused or flex
+    (engine/attention.py);
     cudnn_attention: on CUDA, let SDPA use cuDNN's kernel (off: bf16 runs repeat exactly)."""
     path = Path(path)
     cfg, _ = load_config(path)
@@ -135,7 +136,10 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
     weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
     model = Model(cfg, weights)
     model.name = str(path)
-    model.set_attention(attention)
+    try:
+        model.set_attention(attention)
+    except ValueError as e:
+        raise SpecctlError(str(e)) from None
     if model.device.type == "cuda":
         _on_cuda(model, cuda_graphs, cudnn_attention)
     return model

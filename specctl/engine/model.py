@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specctl.engine.attention import (ATTENTION, BACKENDS, FLEX_BLOCK, sdpa_attention,
-                                      sdpa_meta)
+from specctl.engine.attention import (ATTENTION, BACKENDS, FLEX_BLOCK, load_fused,
+                                      sdpa_attention, sdpa_meta)
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine import exact
 from specctl.engine.config import ModelConfig
@@ -175,17 +174,17 @@ class Model:
         """sdpa, flex (engine/attention.py), fused (the fused layer, engine/fused.py: CUDA,
         or the CPU under Triton's interpreter for tests) or auto: fused on CUDA where Triton
         is installed, else sdpa."""
+        if self.exact:
+            raise ValueError("choose the attention before --exact (set_exact(False) first)")
         if backend == "auto":
             backend = "fused" if self.device.type == "cuda" and \
                 importlib.util.find_spec("triton") is not None else "sdpa"
         if backend == "fused":
-            self._fused = _import_fused(self.device)
+            self._fused = load_fused(self.device)
         elif backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of "
                              f"{', '.join(ATTENTION)})")
         self.attention, self.attend = backend, BACKENDS.get(backend, sdpa_attention)
-        if self.exact:
-            self.attend = exact.exact_attention
         if self.graphs is not None:   # captured with the other backend
             self.graphs.cache.clear()
 
@@ -193,14 +192,18 @@ class Model:
         """--exact: every op on the decoding path gives a row the same bits whatever else is in
         the forward (engine/exact.py), checked on this model at the first call (the probe's
         linears in order, each self-checked: engine/selfcheck.py; exact_check says what was
-        chosen and what it cost). Raises ValueError where none holds, naming what varied."""
+        chosen and what it cost). Raises ValueError where none holds, naming what varied.
+        On CUDA with the fused layer every forward runs it and the graphs stay; with the
+        unfused one forwards run eagerly."""
         if on and self._exact_linear is None:
             if self.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"--exact runs on the CPU and CUDA, not {self.device.type}")
             self._choose_exact()
-        if on != self.exact and self.device.type == "cuda":
+        if on != self.exact and self.device.type == "cuda" and self.attention != "fused":
             # eager under --exact: its attention groups are built on the host per forward
             self._graphs, self.graphs = self.graphs, self._graphs
+        elif on != self.exact and self.graphs is not None:
+            self.graphs.cache.clear()   # (captured with the other numerics' kernels)
         self._use_exact(on)
 
     def _use_exact(self, on: bool) -> None:
@@ -321,7 +324,8 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
-        if self.attention == "fused" and not self.exact and meta.n_max <= self._fused.FUSED_N:
+        if self.attention == "fused" and (self.exact or meta.n_max <= self._fused.FUSED_N):
+            # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
         cos, sin = self._rope(positions)
@@ -386,15 +390,3 @@ class Model:
         logits (an upcast is exact), without writing and reading a [T, V] fp32 tensor."""
         return self._head(hidden).argmax(-1)
 
-
-def _import_fused(device: torch.device):
-    """engine.fused, where it can run: on CUDA, or on the CPU under Triton's interpreter."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if device.type != "cuda" and not (device.type == "cpu" and interpreted):
-        raise ValueError(f"--attention fused runs on CUDA, not {device.type} (on the CPU "
-                         "only under Triton's interpreter, TRITON_INTERPRET=1, for tests)")
-    try:
-        from specctl.engine import fused
-    except ImportError as e:
-        raise ValueError(f"--attention fused needs Triton ({e})") from None
-    return fused
