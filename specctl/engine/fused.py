@@ -47,6 +47,9 @@ FUSED_N = 128    # most tokens a sequence a fused forward takes (graphs' max_n);
 ROWS = 8         # tokens a program of the row-wise kernels takes (a decoding step's few rows
                  # keep their programs small; the interpreter's cost is per program)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# (Triton compiles a kernel anew for an int argument that is 1, or a multiple of 16, where it
+# was not: the row counts and mask widths that change from forward to forward are exempt, so
+# the kernels compile once a dtype and tile shape, when a runner's graphs are captured)
 LAUNCHES = [0]   # Triton launches made here (engine/launches.py counts them)
 IN_LAUNCH = [False]   # (the interpreter's own tensor ops during a launch are not launches)
 
@@ -75,7 +78,7 @@ def _cast(v, ty: tl.constexpr, FIX: tl.constexpr):
     return v.to(ty)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _rms_kernel(x, w, out, T, D, s_x, s_o, eps, ROWS: tl.constexpr, BD: tl.constexpr,
                 FIX: tl.constexpr):
     r = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
@@ -98,7 +101,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _rope_kv_kernel(qkv, cos, sin, index, q, kc, vc, T, s_t, s_cs, s_q, s_kc, s_vc, H, KV,
                     ROWS: tl.constexpr, HD: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr,
                     FIX: tl.constexpr):
@@ -147,7 +150,7 @@ def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_tb", "s_mb", "s_mi", "block", "L"])
 def _attn_kernel(q, kc, vc, o, table, starts, counts, prefix, mask, s_qt, s_kr, s_vr, s_ot,
                  s_tb, s_mb, s_mi, block, L, scale,
                  G: tl.constexpr, HD: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr,
@@ -217,7 +220,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return o
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _silu_mul_kernel(gu, out, T, I, s_g, s_o, ROWS: tl.constexpr, BI: tl.constexpr,
                      FIX: tl.constexpr):
     t = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
