@@ -55,7 +55,7 @@ def check_attention(name: str) -> None:
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
 # given: the caller keys the device type and dtype the model runs in instead)
 UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
-           "threads", "kv_memory", "gpu_memory")
+           "threads", "kv_memory", "gpu_memory", "ray", "actors")
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -141,6 +141,12 @@ class GenerateConfig:
                             "Bench: a method may end in :auto or :fixed.", bench=True)
     threads: int | None = option(None, "CPU threads per step (default: measured as the run goes, "
                                  "so a busy machine does not stall the step).", bench=True)
+    ray: str | None = option(None, "Run the job on Ray Data: local (a cluster on this machine), "
+                             "auto (the running one) or a cluster ADDRESS; each actor loads the "
+                             "model once; the same outputs, run and resume (pip install "
+                             "'specctl[ray]').")
+    actors: int = option(2, "With --ray: the actor pool's size (one GPU each where the cluster "
+                         "has GPUs, else an equal share of its CPUs).")
     kv_memory: str | None = option(None, "Memory for the KV cache, e.g. 8GB. Less than "
                                    "--batch-size full-length sequences need: a paged cache, "
                                    "filled by actual lengths (default: CPU all it needs, CUDA "
@@ -202,6 +208,10 @@ class GenerateConfig:
             raise SpecctlError(f"--logprobs must be in [0, 20], got {self.logprobs}")
         if self.threads is not None and self.threads < 1:
             raise SpecctlError("--threads must be at least 1")
+        if self.actors < 1:
+            raise SpecctlError("--actors must be at least 1")
+        if self.ray is not None and not self.ray.strip():
+            raise SpecctlError("--ray takes local, auto or a cluster address")
         if self.kv_memory is not None and parse_size(self.kv_memory) <= 0:
             raise SpecctlError("--kv-memory must be more than 0")
         if not 0.0 < self.gpu_memory <= 1.0:
@@ -269,9 +279,10 @@ class GenerateConfig:
         for name in ("skip_bad", "limit", "threads") if legacy else UNKEYED:
             d.pop(name)
         for name, default in (("attention", "auto"), ("cuda_graphs", True), ("exact", False),
-                              ("cudnn_attention", False),
+                              ("cudnn_attention", False), ("ray", None), ("actors", 2),
                               ("speculate", "fixed"), ("logprobs", None)):
-            if d[name] == default:   # at their defaults left out: keys without them still match
+            if name in d and d[name] == default:   # at their defaults left out: keys
+                # without them still match (ray and actors: unkeyed but in legacy keys)
                 d.pop(name)
         if d["prompt_grams"] is None:   # (its default follows --speculate; self-draft's
             d["prompt_grams"] = False   # signature says what it did) keyed as it used to be

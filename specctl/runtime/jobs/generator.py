@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from specctl.errors import SpecctlError
-from specctl.io.prompts import prompt_record
+from specctl.io.prompts import PromptRecord, prompt_record
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
@@ -33,7 +33,9 @@ from specctl.runtime.jobs.job import run_generate
 from specctl.runtime.jobs.records import step_lengths
 from specctl.runtime.jobs.methods import make_drafter, warn_flex_off_cuda
 from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.jobs.metrics import peak_mb
 from specctl.runtime.step.sequence import Request
+from specctl.runtime.step.stats import RunStats
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store
 
@@ -123,12 +125,19 @@ class Generator:
                 if v is not None}
         if stop is not None:
             over["stop"] = tuple(stop)
-        cfg = self.config(**over)
         records = [prompt_record(p, i) for i, p in enumerate(prompts)]
+        done = self.run_records(records, **over)[0]
+        return [_output(r) for r in sorted(done, key=lambda r: r.index)]
+
+    def run_records(self, records: list[PromptRecord], **overrides):
+        """The finished Requests of prompt records (any order), the RunStats, the device and
+        its peak memory in MB: generate()'s work, and a Ray actor's (runtime/jobs/ray_pool.py),
+        whose records keep their line's index."""
+        cfg = self.config(**overrides)
         if not cfg.chat:
             require_raw_prompts(records, "prompts")
         if not records:
-            return []
+            return [], RunStats(), "-", 0.0
         model_dir, tk, model, fingerprint = self._load(cfg)
         ctx = model.cfg.max_position
         reqs, rows = [], []
@@ -153,8 +162,9 @@ class Generator:
         else:
             drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
         done: list[Request] = []
-        run_groups(cfg, model, drafter, tk, list(zip(reqs, rows)), done.append, **profiles)
-        return [_output(r) for r in sorted(done, key=lambda r: r.index)]
+        stats = run_groups(cfg, model, drafter, tk, list(zip(reqs, rows)), done.append,
+                           **profiles)
+        return done, stats, str(model.device), peak_mb(model.device)
 
     def generate_file(self, input: str | Path, out: str | Path | None = None, *,
                       resume: bool = False, limit: int | None = None,

@@ -69,6 +69,7 @@ class _Job:
     created: bool = False                # rank 0: this job made the run folder (not --resume)
     depends: dict | None = None          # rank 0: what the answers depend on (jobs/depends.py)
     auto: dict | None = None             # --method auto: the pilots and the choice
+    ray: list[dict] | None = None        # --ray: each actor process's share (ray_pool.run)
 
     @property
     def lead(self) -> bool:
@@ -360,8 +361,11 @@ def _generate(job: _Job):
                 with lock:
                     progress.tokens(n)
 
-            stats = run_groups(job.cfg, job.model, job.drafter, job.tk, job.requests, on_done,
-                               on_tokens, **_profiles(job))
+            if job.cfg.ray:
+                stats = _on_ray(job, progress, lock)
+            else:
+                stats = run_groups(job.cfg, job.model, job.drafter, job.tk, job.requests,
+                                   on_done, on_tokens, **_profiles(job))
     except Exception as e:
         err = e
     finally:
@@ -372,6 +376,21 @@ def _generate(job: _Job):
     mine_wall = time.perf_counter() - t0
     job.grp.check(err)   # the barrier: every rank has finished its shard (or the job stops here)
     return stats, mine_wall, time.perf_counter() - t0
+
+
+def _on_ray(job: _Job, progress, lock) -> None:
+    """The requests on a Ray actor pool (runtime/jobs/ray_pool.py); lines persisted here."""
+    from specctl.runtime.jobs import ray_pool
+    if job.grp.env.active:
+        raise SpecctlError("--ray runs one driver process: not under torchrun")
+
+    def on_line(line: dict) -> None:
+        _persist(job, line)
+        with lock:
+            progress.advance(1)
+            progress.tokens(line.get("new_tokens", 0))
+    recs = {r.index: r for r in job.records}
+    job.ray = ray_pool.run(job, [recs[q.index] for q, _ in job.requests], on_line)
 
 
 def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
@@ -410,8 +429,13 @@ def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -
             m = None
     if m is None:
         plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
-        m = (merged_metrics(cfg, merged, ranks, wall, model.device, plain) if env.active
-             else metrics(cfg, merged, stats, wall, model.device, plain))
+        if job.ray:   # (the actors' shares; the driver generated nothing)
+            from specctl.runtime.jobs.ray_pool import summary
+            m = merged_metrics(cfg, merged, job.ray, wall, model.device, plain)
+            m["ray"] = summary(job.ray, cfg.actors, job.ray[0]["started"])
+        else:
+            m = (merged_metrics(cfg, merged, ranks, wall, model.device, plain) if env.active
+                 else metrics(cfg, merged, stats, wall, model.device, plain))
         m["model"] = str(job.model_dir)
         if job.auto is not None:
             m["method_auto"] = job.auto
