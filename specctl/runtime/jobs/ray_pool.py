@@ -38,7 +38,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, prompt_record
 
 MAX_RESTARTS = 2    # an actor that dies is restarted, its batch run again, this many times
-TASK_BATCHES = 4    # a task's rows: this many times --batch-size (fewer drains, still moving)
+TASK_BATCHES = 2    # a task's rows: this many times --batch-size (fewer drains, still moving)
 
 
 def import_ray():
@@ -153,7 +153,9 @@ def _stream(ray, job, records: list[PromptRecord], on_line) -> list[dict]:
         warnings.simplefilter("ignore")  # which it warns of: the extra pins ray < 2.64)
         out = ds.map_batches(
             GenerateBatches, batch_size=size, batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(size=cfg.actors), num_cpus=cpus, num_gpus=gpus,
+            # (one task at a time an actor: the first actor up does not queue every task)
+            compute=ray.data.ActorPoolStrategy(size=cfg.actors, max_tasks_in_flight_per_actor=1),
+            num_cpus=cpus, num_gpus=gpus,
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
             fn_constructor_kwargs={"model": str(job.model_dir), "method": cfg.method,
                                    "store": str(job.store.root), **opts})
