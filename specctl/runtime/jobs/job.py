@@ -3,12 +3,12 @@
 The job reads as its phases: read the input, load the model and the method's drafter, open the
 run (new, or the one --resume finds), plan this process's requests, generate them, merge.
 Record files and resume are in runtime/jobs/records.py; several processes (torchrun, Slurm: RANK /
-WORLD_SIZE) in runtime/jobs/dist.py: rank r appends to its own record file, rank 0 merges.
+WORLD_SIZE) in runtime/jobs/dist.py: rank r appends to its own record file, rank 0 merges
+(runtime/jobs/merge.py); a Ray actor pool (--ray) in runtime/jobs/ray_pool.py.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -31,14 +31,14 @@ from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, r
                                   shard, unranges)
 from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
 from specctl.runtime.jobs.locks import OutLock, lock_run
-from specctl.runtime.jobs.metrics import merged_metrics, metrics, peak_mb
-from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, dumps, find_resumable,
+from specctl.runtime.jobs.merge import finish
+from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
                                      read_input, record_file, runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, record_meta, to_request
-from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
+from specctl.store import Store, atomic_write_json, file_sha256, make_manifest, new_id
 
 
 @dataclass
@@ -104,7 +104,7 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         _open_run(job, resume)
         _plan(job)
         stats, mine_wall, wall = _generate(job)
-        return _finish(job, out, stats, mine_wall, wall)
+        return finish(job, out, stats, mine_wall, wall)
     except BaseException:
         if job is not None and job.lead and job.created:
             drop_if_empty(job.run_dir)
@@ -391,61 +391,3 @@ def _on_ray(job: _Job, progress, lock) -> None:
             progress.tokens(line.get("new_tokens", 0))
     recs = {r.index: r for r in job.records}
     job.ray = ray_pool.run(job, [recs[q.index] for q, _ in job.requests], on_line)
-
-
-def _finish(job: _Job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
-    """Rank 0 merges every rank's lines into the ordered output and one metrics record."""
-    cfg, env, model, run_dir = job.cfg, job.grp.env, job.model, job.run_dir
-    ranks = job.grp.gather({"rank": env.rank, "device": str(model.device),
-                            "requests": len(job.requests), "errors": len(job.errors),
-                            "stats": asdict(stats) if stats else None,
-                            "wall_time_s": mine_wall, "peak_memory_mb": peak_mb(model.device)})
-    result = {"run_dir": run_dir, "out": None, "metrics": None, "rank": env.rank,
-              "world_size": env.world}
-    if not job.lead:
-        return result
-    done = job.done
-    if env.active:
-        # the ranks started together (right after the last gather); the job lasted until the
-        # slowest one finished: rank 0's own view of that, or a rank's own clock if longer
-        wall = max([wall] + [r["wall_time_s"] for r in ranks])
-        done = read_done(run_dir, job.records)
-    lines = [done[i] for i in sorted(done)]
-    text = "".join(dumps(l) + "\n" for l in lines)
-    atomic_write_text(run_dir / "outputs.jsonl", text)
-    merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
-    mpath = run_dir / "metrics.json"
-    m = None
-    if not any(p["requests"] or p["errors"] for p in job.plans) and mpath.is_file():
-        # a resumed run with nothing left: its metrics (throughput included) stay as they
-        # were, if they are those of these requests (not of an earlier --limit, say)
-        try:
-            m = json.loads(mpath.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            m = None
-        if isinstance(m, dict) and m.get("requests") == len(merged):
-            job.say(f"{run_dir.name} is already complete: nothing to generate")
-        else:
-            m = None
-    if m is None:
-        plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
-        if job.ray:   # (the actors' shares; the driver generated nothing)
-            from specctl.runtime.jobs.ray_pool import summary
-            m = merged_metrics(cfg, merged, job.ray, wall, model.device, plain)
-            m["ray"] = summary(job.ray, cfg.actors, job.ray[0]["started"])
-        else:
-            m = (merged_metrics(cfg, merged, ranks, wall, model.device, plain) if env.active
-                 else metrics(cfg, merged, stats, wall, model.device, plain))
-        m["model"] = str(job.model_dir)
-        if job.auto is not None:
-            m["method_auto"] = job.auto
-        atomic_write_json(mpath, m)
-    if out is not None:
-        try:
-            atomic_write_text(out, text)
-        except OSError as e:   # the answers are safe in the run: say how to get them out
-            raise SpecctlError(
-                f"could not write {out} ({e.strerror or e}); the answers are stored in run "
-                f"{run_dir.name} ({run_dir / 'outputs.jsonl'}): run the same command with "
-                "--resume and another --out to write them") from None
-    return {**result, "out": out, "metrics": m}
