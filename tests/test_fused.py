@@ -149,12 +149,21 @@ def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
     prompts = random_prompts(3, seed=5)
     ref, _ = run_ids(m, prompts, batch_size=1, max_tokens=8)
     assert max(calls) > 8   # (prefills)
+    reads = HostReads()   # (what a capture holds: no host read, RoPE's table included)
+    monkeypatch.setattr(fused, "_launch", reads.outside(fused._launch))
+    forward = m.graphs._forward
+
+    def recorded(*args, **kwargs):
+        with reads:
+            return forward(*args, **kwargs)
+    monkeypatch.setattr(m.graphs, "_forward", recorded)
     drafters = method_drafters(m, prompts, ref)
-    for name in ("ar", "self-draft"):
+    for name in ("ar", "self-draft", "kangaroo"):   # (Kangaroo's head eager under --exact)
         before = m.graphs.replays
         got, _ = run_ids(m, prompts, batch_size=3, max_tokens=8, drafter=drafters[name])
         assert got == ref, name
         assert m.graphs.replays > before, name
+        assert reads.found == [], (name, sorted(set(reads.found)))
     m.graphs.cache["x"] = None
     m.set_exact(False)
     assert m.graphs is not None and m.graphs.cache == {}   # (captured with exact's kernels)

@@ -74,11 +74,21 @@ class RopeTable:
     def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
         self.inv_freq, self.dtype = inv_freq, dtype
         self.cos = self.sin = None
+        self.bound = 0   # positions below it are covered without looking (ensure)
+
+    def ensure(self, n: int) -> None:
+        """Cover positions below n from now on without reading them on the host (a captured
+        forward cannot): the model covers its whole context when --exact is chosen, so the
+        table never grows, and moves, under a captured graph."""
+        while self.cos is None or self.cos.shape[0] < n:
+            self._grow()
+        self.bound = max(self.bound, n)
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        need = int(positions.max()) + 1 if positions.numel() else 0
-        while self.cos is None or self.cos.shape[0] < need:
-            self._grow()
+        if not self.bound:   # (the largest position, read on the host: never in a capture)
+            need = int(positions.max()) + 1 if positions.numel() else 0
+            while self.cos is None or self.cos.shape[0] < need:
+                self._grow()
         return self.cos[positions], self.sin[positions]
 
     def _grow(self) -> None:

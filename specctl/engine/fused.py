@@ -216,7 +216,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q.stride(0), k_cache.stride(0), v_cache.stride(0), o.stride(0), meta.blocks.stride(0),
         mask.stride(0), mask.stride(2), meta.block, mask.shape[-1], 1.0 / math.sqrt(hd),
         G=G, HD=hd, DP=max(16, _pow2(hd)), BM=BM, BN=64, IEEE=q.dtype == torch.float32,
-        UPCAST=_INTERPRET)
+        UPCAST=_INTERPRET, num_warps=8 if BM == 64 else 4)   # (BM 64 spills at 4 warps)
     return o
 
 

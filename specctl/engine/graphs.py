@@ -178,6 +178,8 @@ class CudaGraphs:
         before = self.captures
         buckets = sorted({self.bucket(b, kv.num_slots) for b in range(1, kv.num_slots + 1)})
         for plan, head, most in forwards:
+            if head is not None and self.model.exact:
+                continue   # (run eagerly: see run)
             for Bb in buckets:
                 for n in self.ns(most):
                     for C in self.columns(kv.max_len):
@@ -201,8 +203,8 @@ class CudaGraphs:
             head=None):
         """The forward's outputs from a replay, one row per real token of the batch (see
         Model.run), or None where no graph fits (the caller runs it eagerly)."""
-        if (plan.start > 0) != (hidden is not None):
-            return None
+        if (plan.start > 0) != (hidden is not None) or (head is not None and self.model.exact):
+            return None   # (a head under --exact: its attention is exact's, built on the host)
         n = self._shape(batch, kv)
         if n is None:
             return None

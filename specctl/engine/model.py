@@ -221,6 +221,7 @@ class Model:
               torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
         weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
         self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+        self._rope_table.ensure(self.cfg.max_position)   # (no forward then looks at positions)
         varied = None
         for f in exact.probe(weights, self.lm_head, self.cfg.head_dim):
             self._exact_linear = f
