@@ -132,6 +132,20 @@ def test_prefill_runs_unfused(tiny_llama, monkeypatch):
     assert calls == [1]
 
 
+def _recorded(m, monkeypatch) -> HostReads:
+    """What m's graphs capture recorded by a HostReads (helpers.py); the Triton launches,
+    compiled kernels on a GPU, run outside the recording."""
+    reads = HostReads()
+    monkeypatch.setattr(fused, "_launch", reads.outside(fused._launch))
+    forward = m.graphs._forward
+
+    def recorded(*args, **kwargs):
+        with reads:
+            return forward(*args, **kwargs)
+    monkeypatch.setattr(m.graphs, "_forward", recorded)
+    return reads
+
+
 def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
     """--exact on the fused layer (CUDA's way: the probed matmuls, attention on one tile
     shape): it keeps the captured graphs, every forward (a prefill too: which kernels a row
@@ -149,14 +163,7 @@ def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
     prompts = random_prompts(3, seed=5)
     ref, _ = run_ids(m, prompts, batch_size=1, max_tokens=8)
     assert max(calls) > 8   # (prefills)
-    reads = HostReads()   # (what a capture holds: no host read, RoPE's table included)
-    monkeypatch.setattr(fused, "_launch", reads.outside(fused._launch))
-    forward = m.graphs._forward
-
-    def recorded(*args, **kwargs):
-        with reads:
-            return forward(*args, **kwargs)
-    monkeypatch.setattr(m.graphs, "_forward", recorded)
+    reads = _recorded(m, monkeypatch)   # (no host read, RoPE's table included)
     drafters = method_drafters(m, prompts, ref)
     for name in ("ar", "self-draft", "kangaroo"):   # (Kangaroo's head eager under --exact)
         before = m.graphs.replays
@@ -207,14 +214,7 @@ def test_every_method_is_lossless_through_the_fused_graph_path(tiny_llama, monke
     ref, _ = run_ids(eager, prompts, batch_size=1, max_tokens=10)
     m = load_model(tiny_llama, DEV, "fp32", attention="fused")
     m.graphs = CudaGraphs(m, capture=False)
-    reads = HostReads()
-    monkeypatch.setattr(fused, "_launch", reads.outside(fused._launch))
-    forward = m.graphs._forward
-
-    def recorded(*args, **kwargs):
-        with reads:
-            return forward(*args, **kwargs)
-    monkeypatch.setattr(m.graphs, "_forward", recorded)
+    reads = _recorded(m, monkeypatch)
     accepted = 0
     for name, dr in method_drafters(m, prompts, ref).items():
         before = fused.LAUNCHES[0], m.graphs.replays

@@ -149,6 +149,22 @@ class LayerPlan:
     skip_mlp: frozenset[int] = field(default_factory=frozenset)
     capture: int | None = None
 
+    def run(self, x, end: int, attn, mlp):
+        """Layers [start, end) over the residual stream x: attn(i, x) and mlp(i, x) each give
+        x after that block, unless it is skipped. Returns x, or (x, the input of layer
+        `capture`) when capture is set (the forward's contract, whatever its kernels)."""
+        captured = None
+        for i in range(self.start, end):
+            if i == self.capture:
+                captured = x
+            if i not in self.skip_attn:
+                x = attn(i, x)
+            if i not in self.skip_mlp:
+                x = mlp(i, x)
+        if self.capture is not None and self.capture == end:
+            captured = x
+        return x if self.capture is None else (x, captured)
+
 
 FULL = LayerPlan()
 

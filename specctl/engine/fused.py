@@ -253,22 +253,19 @@ def layers(model, x: torch.Tensor, positions: torch.Tensor, meta, kv, plan, end:
     # added apart (addmm's epilogue is cuBLAS's), attention on one tile shape
     lin = model.linear if model.exact else torch.nn.functional.linear
     res = _residual if not model.exact else (lambda x, a, w, b: x + lin(a, w, b))
-    captured = None
-    for i in range(plan.start, end):
-        if i == plan.capture:
-            captured = x
+
+    def attn(i, x):
         L = model.layers[i]
-        if i not in plan.skip_attn:
-            qkv = lin(rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
-            q = rope_kv(qkv, cos, sin, meta.index, kv.k[i], kv.v[i], H, KV)
-            o = attention(q, kv.k[i], kv.v[i], meta, model.exact).view(T, H * hd)
-            x = res(x, o, L.wo, L.bo)
-        if i not in plan.skip_mlp:
-            gu = lin(rms_norm(x, L.mlp_norm, eps), L.w_gate_up, L.b_gate_up)
-            x = res(x, silu_mul(gu), L.w_down, L.b_down)
-    if plan.capture is not None and plan.capture == end:
-        captured = x
-    return x if plan.capture is None else (x, captured)
+        qkv = lin(rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
+        q = rope_kv(qkv, cos, sin, meta.index, kv.k[i], kv.v[i], H, KV)
+        o = attention(q, kv.k[i], kv.v[i], meta, model.exact).view(T, H * hd)
+        return res(x, o, L.wo, L.bo)
+
+    def mlp(i, x):
+        L = model.layers[i]
+        gu = lin(rms_norm(x, L.mlp_norm, eps), L.w_gate_up, L.b_gate_up)
+        return res(x, silu_mul(gu), L.w_down, L.b_down)
+    return plan.run(x, end, attn, mlp)
 
 
 def _residual(x, a, w, b):

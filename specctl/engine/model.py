@@ -331,28 +331,22 @@ class Model:
         c = self.cfg
         cos, sin = self._rope(positions)
         T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
-        captured = None
-        for i in range(plan.start, end):
-            if i == plan.capture:
-                captured = x
+
+        def attn(i, x):
             L = self.layers[i]
-            if i not in plan.skip_attn:
-                h = rms_norm(x, L.attn_norm, c.rms_eps)
-                qkv = self.linear(h, L.wqkv, L.bqkv)
-                qk = self.apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
-                q, k = qk[:, :H], qk[:, H:]       # queries and keys rotated in one pass
-                v = qkv[:, (H + KV) * hd:].view(T, KV, hd)
-                kv.write(i, meta.index, k, v)
-                o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
-                x = _residual(x, o, L.wo, L.bo, self.linear)
-            if i not in plan.skip_mlp:
-                h = rms_norm(x, L.mlp_norm, c.rms_eps)
-                gu = self.linear(h, L.w_gate_up, L.b_gate_up)
-                g, u = gu.chunk(2, dim=-1)
-                x = _residual(x, self.silu(g) * u, L.w_down, L.b_down, self.linear)
-        if plan.capture is not None and plan.capture == end:
-            captured = x
-        return x if plan.capture is None else (x, captured)
+            qkv = self.linear(rms_norm(x, L.attn_norm, c.rms_eps), L.wqkv, L.bqkv)
+            qk = self.apply_rope(qkv[:, :(H + KV) * hd].view(T, H + KV, hd), cos, sin)
+            q, k = qk[:, :H], qk[:, H:]       # queries and keys rotated in one pass
+            kv.write(i, meta.index, k, qkv[:, (H + KV) * hd:].view(T, KV, hd))
+            o = self.attend(q, kv.k[i], kv.v[i], meta).reshape(T, H * hd)
+            return _residual(x, o, L.wo, L.bo, self.linear)
+
+        def mlp(i, x):
+            L = self.layers[i]
+            g, u = self.linear(rms_norm(x, L.mlp_norm, c.rms_eps), L.w_gate_up,
+                               L.b_gate_up).chunk(2, dim=-1)
+            return _residual(x, self.silu(g) * u, L.w_down, L.b_down, self.linear)
+        return plan.run(x, end, attn, mlp)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,

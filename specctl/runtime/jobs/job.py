@@ -69,7 +69,7 @@ class _Job:
     created: bool = False                # rank 0: this job made the run folder (not --resume)
     depends: dict | None = None          # rank 0: what the answers depend on (jobs/depends.py)
     auto: dict | None = None             # --method auto: the pilots and the choice
-    ray: list[dict] | None = None        # --ray: each actor process's share (ray_pool.run)
+    ray: dict | None = None              # --ray: the actors' shares and the pool (ray_pool.run)
 
     @property
     def lead(self) -> bool:

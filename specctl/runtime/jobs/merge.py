@@ -51,9 +51,8 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
     if m is None:
         plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
         if job.ray:   # (the actors' shares; the driver generated nothing)
-            from specctl.runtime.jobs.ray_pool import summary
-            m = merged_metrics(cfg, merged, job.ray, wall, model.device, plain)
-            m["ray"] = summary(job.ray, cfg.actors, job.ray[0]["started"])
+            m = merged_metrics(cfg, merged, job.ray["ranks"], wall, model.device, plain)
+            m["ray"] = job.ray["pool"]
         else:
             m = (merged_metrics(cfg, merged, ranks, wall, model.device, plain) if env.active
                  else metrics(cfg, merged, stats, wall, model.device, plain))

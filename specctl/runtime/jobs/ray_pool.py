@@ -36,6 +36,8 @@ from dataclasses import asdict
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, prompt_record
+from specctl.runtime.jobs.records import dumps, output_line
+from specctl.runtime.step.stats import sum_stats
 
 MAX_RESTARTS = 2    # an actor that dies is restarted, its batch run again, this many times
 TASK_BATCHES = 2    # a task's rows: this many times --batch-size (fewer drains, still moving)
@@ -69,7 +71,6 @@ class GenerateBatches:
         records = [_record(r, i) for i, r in enumerate(rows)]
         done, stats, device, peak = self.gen.run_records(records)
         by = {q.index: q for q in done}
-        from specctl.runtime.jobs.records import dumps, output_line
         lines = [output_line(by[rec.index]) for rec in records]
         out = {k: [r.get(k) for r in rows] for k in rows[0]} if rows else {}
         out["output"] = [dumps(line) for line in lines]
@@ -113,9 +114,10 @@ def _record(row: dict, i: int) -> PromptRecord:
     return prompt_record(line, int(row.get("index", i)))
 
 
-def run(job, records: list[PromptRecord], on_line) -> list[dict]:
+def run(job, records: list[PromptRecord], on_line) -> dict:
     """Generate `records` on the cluster cfg.ray names; on_line(output line) in the driver as
-    each batch comes back. Returns one dict per actor process (merged_metrics' ranks)."""
+    each batch comes back. Returns {"ranks": one dict per actor process (merged_metrics'),
+    "pool": what the run's metrics say of the pool (_pool)}."""
     ray = import_ray()
     cfg = job.cfg
     started = not ray.is_initialized()
@@ -132,7 +134,7 @@ def run(job, records: list[PromptRecord], on_line) -> list[dict]:
             ray.shutdown()
 
 
-def _stream(ray, job, records: list[PromptRecord], on_line) -> list[dict]:
+def _stream(ray, job, records: list[PromptRecord], on_line) -> dict:
     import ray.data
     cfg = job.cfg
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
@@ -172,7 +174,8 @@ def _stream(ray, job, records: list[PromptRecord], on_line) -> list[dict]:
         raise SpecctlError(f"--ray: the job failed on the cluster: {_reason(e)}") from None
     started = ray.get(counter.count.remote())
     ray.kill(counter)
-    return [{"rank": i, "started": started, **a} for i, a in enumerate(actors.values())]
+    return {"ranks": [{"rank": i, **a} for i, a in enumerate(actors.values())],
+            "pool": _pool(len(actors), cfg.actors, started)}
 
 
 class _Starts:
@@ -190,7 +193,6 @@ class _Starts:
 
 def _tally(actors: dict, info: dict) -> None:
     """A task's statistics into its actor process's running totals."""
-    from specctl.runtime.step.stats import sum_stats
     a = actors.get(info["actor"])
     if a is None:
         actors[info["actor"]] = {"device": info["device"], "requests": info["requests"],
@@ -211,9 +213,8 @@ def _reason(e: BaseException) -> str:
     return text[-1] if text else type(cause).__name__
 
 
-def summary(ranks: list[dict], actors: int, started: int) -> dict:
-    """What the run's metrics say of the pool: actors asked for, actor processes started
-    (one that died and was restarted, or replaced, counts again), the restarts, and the
-    processes that returned work."""
+def _pool(with_work: int, actors: int, started: int) -> dict:
+    """Actors asked for, actor processes started (one that died and was restarted, or
+    replaced, counts again), the restarts, and the processes that returned work."""
     return {"actors": actors, "started": started, "restarts": max(0, started - actors),
-            "processes_with_work": len(ranks)}
+            "processes_with_work": with_work}
