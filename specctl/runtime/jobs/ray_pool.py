@@ -125,8 +125,12 @@ def run(job, records: list[PromptRecord], on_line) -> dict:
         logging.getLogger(name).setLevel(logging.ERROR)
     if started:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")   # (its C++ notes too)
-        ray.init(address=None if cfg.ray == "local" else cfg.ray, include_dashboard=False,
-                 log_to_driver=False, logging_level=logging.ERROR)
+        try:
+            ray.init(address=None if cfg.ray == "local" else cfg.ray, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.ERROR)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise SpecctlError(f"--ray {cfg.ray}: no Ray cluster there ({_reason(e)}); "
+                               "local starts one on this machine") from None
     try:
         return _stream(ray, job, records, on_line)
     finally:
