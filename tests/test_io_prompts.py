@@ -126,8 +126,8 @@ def test_skip_bad_keeps_good_lines(tmp_path):
 def test_missing_and_empty_files(tmp_path):
     with pytest.raises(SpecctlError, match="not found"):
         read_prompts(tmp_path / "nope.jsonl")
-    with pytest.raises(SpecctlError, match="cannot read"):
-        read_prompts(tmp_path)
+    with pytest.raises(SpecctlError, match="a directory with no prompt shards"):
+        read_prompts(tmp_path)   # (a directory is read as its shards: io/shards.py)
     p = write(tmp_path, raw=b"\n  \n")
     with pytest.raises(SpecctlError, match=f"no prompts in {p}"):
         read_prompts(p)

@@ -1,7 +1,8 @@
 """`generate --ray` on a local Ray cluster (2 CPU actors; runtime/jobs/ray_pool.py): every
 method's output is the single process's, line for line in input order; a driver killed
 mid-job resumes (with another actor count) losing and repeating no line; an actor killed
-mid-job is restarted and its batch run again; bad lines as in one process; the callable class
+mid-job is restarted and its batch run again; bad lines as in one process; a directory of
+JSONL and Parquet shards as its one file; the callable class
 in a user's own Ray Data pipeline. Skipped where Ray is not installed (`specctl[ray]`)."""
 
 from __future__ import annotations
@@ -197,6 +198,26 @@ def test_bad_lines_as_in_one_process(cluster, work, tiny_llama, tmp_path):
         assert r.exit_code == 0, r.output
         outs.append(read_jsonl(out))
     assert same(outs[0]) == same(outs[1]) and "error" in outs[1][1]
+
+
+def test_a_directory_of_shards_on_two_actors_is_the_single_process(cluster, work, tiny_llama,
+                                                                   tmp_path):
+    """JSONL and Parquet shards in one directory: the one JSONL file's answers, in order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    lines = read_jsonl(work / "p.jsonl")
+    d = tmp_path / "shards"
+    d.mkdir()
+    (d / "part-0.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines[:15]))
+    pq.write_table(pa.Table.from_pylist(lines[15:30]), d / "part-1.parquet")
+    pq.write_table(pa.Table.from_pylist(lines[30:]), d / "part-2.parquet")
+    outs = []
+    for inp, extra in ((work / "p.jsonl", ()), (d, ("--ray", "local", "--actors", 2))):
+        out = tmp_path / f"o{len(outs)}.jsonl"
+        r = runner.invoke(app, args(inp, out, tmp_path / "store", tiny_llama, *extra))
+        assert r.exit_code == 0, r.output
+        outs.append(read_jsonl(out))
+    assert same(outs[1]) == same(outs[0]) and len(outs[1]) == len(PROMPTS)
 
 
 def test_the_callable_class_in_a_users_pipeline(cluster, tiny_llama, tmp_path):

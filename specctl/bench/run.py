@@ -133,7 +133,7 @@ def _check_lengths(b: _Bench, input_desc: str) -> None:
     for r in (to_request(rec, b.cfg.max_tokens) for rec in b.recs):
         n, _ = kv_rows(b.tk, r)
         if n >= ctx:
-            raise SpecctlError(f"{input_desc}:{b.recs[r.index].line_no}: prompt is {n} tokens, "
+            raise SpecctlError(f"{b.recs[r.index].where(input_desc)}: prompt is {n} tokens, "
                                f"longer than the model's context ({ctx})")
 
 

@@ -30,7 +30,9 @@ def _check_writable(out: Path) -> None:
 @config_options(GENERATE, (NO_CORPUS,))
 def generate(
     ctx: typer.Context,
-    input: Path = typer.Argument(..., help="JSONL prompts: prompt / messages / OpenAI batch / turns lines."),
+    input: Path = typer.Argument(..., help="Prompts: a JSONL file of prompt / messages / OpenAI "
+                                 "batch / turns lines, a Parquet file of such rows, or a directory "
+                                 "of .jsonl / .parquet shards."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
                                        "<input stem>.out.jsonl in the current directory)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
@@ -40,7 +42,8 @@ def generate(
     store: Optional[Path] = StoreOpt,
     options: dict = None,
 ):
-    """Generate answers for every line of a JSONL prompt file, in input order."""
+    """Generate answers for every line of a prompt file (JSONL, Parquet) or a directory of
+    shards, in input order."""
     from specctl.runtime.jobs.generator import Generator
 
     p = dict(options)

@@ -1,4 +1,5 @@
-"""Read prompt files (JSONL, one JSON object per line) into normalized `PromptRecord`s.
+"""Read prompt files (JSONL, one JSON object per line; Parquet files and directories of shards
+through io/shards.py) into normalized `PromptRecord`s.
 
 Accepted line formats:
   {"prompt": "..."}                                  one stage: [user: prompt]; raw_prompt kept
@@ -52,6 +53,11 @@ class PromptRecord:
     raw_prompt: str | None = None  # the verbatim "prompt" text (for --no-chat)
     error: str | None = None
     sampling: dict | None = None   # the line's own settings (SAMPLING keys), checked
+    source: str | None = None      # the shard it came from, when the input is a directory
+
+    def where(self, path) -> str:
+        """The line as messages name it: file:line (the shard's, in a directory of them)."""
+        return f"{self.source or path}:{self.line_no}"
 
 
 class _Bad(Exception):
@@ -306,8 +312,47 @@ def _not_compressed(f, path: Path) -> None:
 
 def read_prompts(path: str | Path, skip_bad: bool = False,
                  limit: int | None = None) -> list[PromptRecord]:
-    """The prompt lines of a JSONL file (the first `limit` of them, if given)."""
+    """The prompt lines of a JSONL file, a Parquet file or a directory of such shards
+    (io/shards.py), the first `limit` of them if given."""
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() in (".parquet", ".pq"):
+        from specctl.io.shards import read_shards
+        records = read_shards(path, skip_bad, limit)
+    else:
+        records = read_jsonl(path, skip_bad, limit)
+    if not records:
+        raise SpecctlError(f"no prompts in {path}")
+    return records
+
+
+def line_record(obj, index: int, line_no: int, where: str, skip_bad: bool,
+                source: str | None = None, bad: str | None = None) -> PromptRecord:
+    """One input line (or Parquet row) read as a PromptRecord through the schema: a bad one
+    raises SpecctlError("<where>: <what is wrong>"), or with skip_bad is kept with its error
+    (and its id, where that much could be read). bad: why the line could not even be read."""
+    try:
+        if bad is not None:
+            raise _Bad(bad)
+        return PromptRecord(index=index, line_no=line_no, source=source, **_parse(obj))
+    except _Bad as e:
+        msg = f"{where}: {e}"
+        if not skip_bad:
+            raise SpecctlError(msg) from None
+        ident, id_field = None, None
+        if isinstance(obj, dict):
+            try:
+                ident, id_field = _ident(obj)
+            except _Bad:
+                pass
+        return PromptRecord(index=index, line_no=line_no, id=ident, id_field=id_field,
+                            category=None, turns=None, max_tokens=None, error=msg,
+                            source=source)
+
+
+def read_jsonl(path: Path, skip_bad: bool = False, limit: int | None = None, start: int = 0,
+               source: str | None = None) -> list[PromptRecord]:
+    """The prompt lines of one JSONL file, indexed from `start` (a shard's place in its
+    directory); source: the shard's name for the records."""
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -328,34 +373,23 @@ def read_prompts(path: str | Path, skip_bad: bool = False,
                     raw = raw[3:]
                 if raw is not None and not raw.strip():
                     continue
-                obj, fields = None, None
-                try:
-                    if raw is None:
-                        raise _Bad(f"line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MB")
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise _Bad(f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})")
-                    try:
-                        obj = json.loads(text.rstrip("\r\n"))
-                    except json.JSONDecodeError as e:
-                        raise _Bad(f"malformed JSON: {e.msg} (column {e.colno})")
-                    fields = _parse(obj)
-                except _Bad as e:
-                    msg = f"{path}:{line_no}: {e}"
-                    if not skip_bad:
-                        raise SpecctlError(msg) from None
-                    ident, id_field = None, None
-                    if isinstance(obj, dict):
-                        try:
-                            ident, id_field = _ident(obj)
-                        except _Bad:
-                            pass
-                    fields = dict(id=ident, id_field=id_field, category=None, turns=None,
-                                  max_tokens=None, raw_prompt=None, error=msg)
-                records.append(PromptRecord(index=len(records), line_no=line_no, **fields))
+                obj, bad = _decode(raw)
+                records.append(line_record(obj, start + len(records), line_no,
+                                           f"{path}:{line_no}", skip_bad, source, bad))
         except OSError as e:
             raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
-    if not records:
-        raise SpecctlError(f"no prompts in {path}")
     return records
+
+
+def _decode(raw: bytes | None) -> tuple[object, str | None]:
+    """A line's JSON value, or why it has none."""
+    if raw is None:
+        return None, f"line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MB"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+    try:
+        return json.loads(text.rstrip("\r\n")), None
+    except json.JSONDecodeError as e:
+        return None, f"malformed JSON: {e.msg} (column {e.colno})"

@@ -19,6 +19,7 @@ import torch
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
+from specctl.io.shards import input_sha256
 from specctl.models.checkpoint import resolve_model
 from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
@@ -174,7 +175,7 @@ def _load(job: _Job, resume: bool = False) -> None:
         if not job.lead:
             job.records = read_input(cfg, Path(cfg.input))
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
-        job.input_sha = file_sha256(Path(cfg.input))
+        job.input_sha = input_sha256(Path(cfg.input), file_sha256)
         job.tk = Tokenization(job.model_dir, cfg.chat)
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):
@@ -292,7 +293,7 @@ def _plan(job: _Job) -> None:
             req = to_request(rec, cfg.max_tokens)
             n, rows = kv_rows(job.tk, req)
             if n >= ctx:
-                msg = (f"{Path(cfg.input)}:{rec.line_no}: prompt is {n} tokens, longer than the "
+                msg = (f"{rec.where(cfg.input)}: prompt is {n} tokens, longer than the "
                        f"model's context ({ctx})")
                 if not cfg.skip_bad:
                     raise SpecctlError(msg + " (use --skip-bad to record it and go on)")

@@ -94,5 +94,5 @@ def require_raw_prompts(records: list[PromptRecord], path) -> None:
     """--no-chat feeds prompts verbatim: every usable line must be a 'prompt' line."""
     for r in records:
         if r.error is None and r.raw_prompt is None:
-            raise SpecctlError(f"{path}:{r.line_no}: --no-chat needs a 'prompt' line "
+            raise SpecctlError(f"{r.where(path)}: --no-chat needs a 'prompt' line "
                                "(messages and turns need the chat template)")

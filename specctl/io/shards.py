@@ -1,0 +1,114 @@
+"""Prompt inputs beyond one JSONL file: a Parquet file, and a directory of shards.
+
+A Parquet row is read as a JSONL line is: one object whose columns are the line's keys,
+checked by the same schema (io/prompts.py). A null is an absent key: Parquet has no other way
+to leave a column out of a row, so a file may mix formats ("prompt" in some rows, "messages"
+in others) as a JSONL file does. Row numbers (1-based) stand for line numbers in messages.
+
+A directory is read as its shards, one after another in name order: every *.jsonl, *.ndjson
+and *.parquet file directly in it (other files, such as Spark's _SUCCESS or .crc files, and
+subdirectories are not read). A record's index runs over the whole input, so outputs, resume
+and sampled draws key on its place in the whole input; its line number is its line in its
+shard, and messages name the shard. The input's hash (what --resume matches) covers every
+shard's name and contents, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.io.prompts import PromptRecord, line_record, read_jsonl
+
+PARQUET = (".parquet", ".pq")
+JSONL = (".jsonl", ".ndjson")
+ROWS_PER_BATCH = 1024   # Parquet rows converted to Python at a time
+
+
+def read_shards(path: Path, skip_bad: bool, limit: int | None) -> list[PromptRecord]:
+    """The records of a Parquet file or of a directory of shards (the first `limit`)."""
+    if not path.is_dir():
+        return read_parquet(path, skip_bad, limit)
+    records: list[PromptRecord] = []
+    for shard in shard_files(path):
+        left = None if limit is None else limit - len(records)
+        if left is not None and left <= 0:
+            break
+        read = read_parquet if shard.suffix.lower() in PARQUET else read_jsonl
+        records += read(shard, skip_bad, left, len(records), str(shard))
+    return records
+
+
+def shard_files(path: Path) -> list[Path]:
+    """A directory's shards, in name order."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                       and p.suffix.lower() in PARQUET + JSONL)
+    except OSError as e:
+        raise SpecctlError(f"{path}: cannot list the directory: {e.strerror or e}") from None
+    if not files:
+        raise SpecctlError(f"{path}: a directory with no prompt shards (*.jsonl, *.ndjson or "
+                           "*.parquet files directly in it)")
+    return files
+
+
+def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, start: int = 0,
+                 source: str | None = None) -> list[PromptRecord]:
+    """The prompt rows of one Parquet file, indexed from `start`."""
+    pq = _parquet()
+    try:
+        f = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise SpecctlError(f"{path}: prompt file not found") from None
+    except Exception as e:   # (pyarrow's ArrowInvalid / OSError for a file that is not one)
+        raise SpecctlError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+    records: list[PromptRecord] = []
+    row = 0
+    try:
+        for batch in f.iter_batches(batch_size=ROWS_PER_BATCH):
+            for obj in batch.to_pylist():
+                if limit is not None and len(records) >= limit:
+                    return records
+                row += 1
+                records.append(line_record(_no_nulls(obj), start + len(records), row,
+                                           f"{path}:{row}", skip_bad, source))
+    except SpecctlError:
+        raise
+    except Exception as e:   # (a damaged page, a type Arrow cannot turn into Python)
+        raise SpecctlError(f"{path}: cannot read row {row + 1}: {_first_line(e)}") from None
+    return records
+
+
+def input_sha256(path: Path, file_sha256) -> str:
+    """What --resume matches an input by: a file's sha256 (file_sha256, the store's), or for a
+    directory the sha256 of its shards' names and hashes in order."""
+    if not path.is_dir():
+        return file_sha256(path)
+    h = hashlib.sha256()
+    for shard in shard_files(path):
+        h.update(f"{shard.name}\0{file_sha256(shard)}\n".encode())
+    return h.hexdigest()
+
+
+def _no_nulls(v):
+    """A row with its null fields left out, at every depth of objects (a list keeps its
+    nulls: the schema says what is wrong with them)."""
+    if isinstance(v, dict):
+        return {k: _no_nulls(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_no_nulls(x) for x in v]
+    return v
+
+
+def _parquet():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:   # (datasets brings pyarrow; a bare install may lack it)
+        raise SpecctlError("reading Parquet needs pyarrow: pip install pyarrow") from None
+    return pq
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,181 @@
+"""Parquet files and directories of shards as prompt inputs (io/shards.py): read through the
+same schema as JSONL lines, indexed over the whole input, errors naming shard and line, and
+`generate` on them the same job as on the one JSONL file they hold."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from specctl.cli import app
+from specctl.errors import SpecctlError
+from specctl.io.prompts import read_prompts
+from specctl.io.shards import input_sha256
+from specctl.store import file_sha256
+
+LINES = [
+    {"prompt": "Hi there", "id": 7, "category": "chat"},
+    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}],
+     "max_tokens": 5},
+    {"question_id": 81, "turns": ["one", "two"], "sampling": {"temperature": 0.5, "seed": 3}},
+    {"custom_id": "r1", "body": {"messages": [{"role": "user", "content": "hello"}],
+                                 "max_completion_tokens": 4, "temperature": 0}},
+    {"prompt": "Count to ten", "id": 9},
+]
+
+
+def jsonl(path: Path, lines: list) -> Path:
+    path.write_text("".join((l if isinstance(l, str) else json.dumps(l)) + "\n"
+                            for l in lines), encoding="utf-8")
+    return path
+
+
+def parquet(path: Path, rows: list[dict]) -> Path:
+    """rows as one table (its columns those of every row: from_pylist would keep the first's)"""
+    pq.write_table(pa.Table.from_struct_array(pa.array(rows)), path)
+    return path
+
+
+def plain(records) -> list[dict]:
+    """What a record says of its line (where it was read from aside)."""
+    return [{k: v for k, v in asdict(r).items() if k not in ("line_no", "source")}
+            for r in records]
+
+
+def test_a_parquet_file_reads_as_its_jsonl(tmp_path):
+    # one table of every format: Arrow fills the columns a row lacks with nulls
+    want = read_prompts(jsonl(tmp_path / "p.jsonl", LINES))
+    got = read_prompts(parquet(tmp_path / "p.parquet", LINES))
+    assert plain(got) == plain(want)
+    assert [r.line_no for r in got] == [1, 2, 3, 4, 5] and got[0].source is None
+    assert plain(read_prompts(tmp_path / "p.parquet", limit=2)) == plain(want[:2])
+
+
+def test_a_directory_reads_its_shards_in_name_order(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "part-0.jsonl", LINES[:2])
+    parquet(d / "part-1.parquet", LINES[2:4])
+    jsonl(d / "part-2.ndjson", ["", json.dumps(LINES[4])])   # (a blank line keeps numbers)
+    for other in ("_SUCCESS", ".part-0.jsonl.crc", "README.md"):
+        (d / other).write_text("not a shard")
+    (d / "sub").mkdir()
+    jsonl(d / "sub" / "x.jsonl", LINES)                        # (not read: not directly in d)
+    got = read_prompts(d)
+    assert plain(got) == plain(read_prompts(jsonl(tmp_path / "all.jsonl", LINES)))
+    assert [(Path(r.source).name, r.line_no) for r in got] == [
+        ("part-0.jsonl", 1), ("part-0.jsonl", 2), ("part-1.parquet", 1), ("part-1.parquet", 2),
+        ("part-2.ndjson", 2)]
+    assert [r.index for r in read_prompts(d, limit=3)] == [0, 1, 2]
+
+
+def test_bad_rows_name_their_shard_and_line(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "a.jsonl", LINES[:2])
+    parquet(d / "b.parquet", [{"prompt": "fine"}, {"prompt": ""}, {"prompt": "also fine"}])
+    with pytest.raises(SpecctlError, match=r"b\.parquet:2: prompt: must be a non-empty"):
+        read_prompts(d)
+    got = read_prompts(d, skip_bad=True)
+    assert [r.error is None for r in got] == [True, True, True, False, True]
+    assert got[3].where("x") == f"{d / 'b.parquet'}:2" and got[4].index == 4
+    (d / "b.parquet").unlink()
+    jsonl(d / "c.jsonl", ["{not json"])
+    with pytest.raises(SpecctlError, match=r"c\.jsonl:1: malformed JSON"):
+        read_prompts(d)
+
+
+def test_parquet_columns_the_schema_refuses(tmp_path):
+    # a wrong type in a column is the row's error, as in a JSONL line
+    p = parquet(tmp_path / "t.parquet", [{"prompt": "a", "max_tokens": -3}])
+    with pytest.raises(SpecctlError, match=r"t\.parquet:1: max_tokens: must be a positive"):
+        read_prompts(p)
+    p = parquet(tmp_path / "u.parquet", [{"text": "no format column"}])
+    with pytest.raises(SpecctlError, match="unknown prompt format"):
+        read_prompts(p)
+    p = parquet(tmp_path / "v.parquet", [{"prompt": "a", "messages": [
+        {"role": "user", "content": "b"}]}])
+    with pytest.raises(SpecctlError, match="ambiguous prompt format"):
+        read_prompts(p)
+
+
+def test_files_that_are_not_inputs(tmp_path):
+    (tmp_path / "fake.parquet").write_text('{"prompt": "I am JSON"}\n')
+    with pytest.raises(SpecctlError, match=r"fake\.parquet: not a readable Parquet file"):
+        read_prompts(tmp_path / "fake.parquet")
+    with pytest.raises(SpecctlError, match="not found"):
+        read_prompts(tmp_path / "none.parquet")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "_SUCCESS").write_text("")
+    with pytest.raises(SpecctlError, match="no prompt shards"):
+        read_prompts(empty)
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "zero.parquet")
+    with pytest.raises(SpecctlError, match="no prompts in"):
+        read_prompts(tmp_path / "zero.parquet")
+
+
+def test_a_directorys_hash_covers_every_shards_name_and_bytes(tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "a.jsonl", LINES[:2])
+    jsonl(d / "b.jsonl", LINES[2:])
+    one = input_sha256(d, file_sha256)
+    assert input_sha256(d / "a.jsonl", file_sha256) == file_sha256(d / "a.jsonl")
+    (d / "_SUCCESS").write_text("")
+    assert input_sha256(d, file_sha256) == one          # (not a shard)
+    (d / "b.jsonl").rename(d / "0.jsonl")                # (the order changed)
+    assert input_sha256(d, file_sha256) != one
+    (d / "0.jsonl").rename(d / "b.jsonl")
+    jsonl(d / "b.jsonl", LINES[2:] + LINES[:1])
+    assert input_sha256(d, file_sha256) != one
+
+
+def test_generate_on_shards_is_generate_on_their_jsonl(tmp_path, tiny_llama):
+    """Outputs equal the one file's, line for line; a finished run resumes from the same
+    directory; another shard makes it another input."""
+    runner = CliRunner(env={"COLUMNS": "200"})
+    prompts = [{"prompt": f"{w} {i}", "id": f"q{i}"} for i, w in
+               enumerate(["The fox", "To be", "A journey", "Paris is", "Count", "Write"])]
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "0.jsonl", prompts[:2])
+    parquet(d / "1.parquet", prompts[2:5])
+    jsonl(d / "2.jsonl", prompts[5:])
+
+    def gen(inp, out, *extra):
+        r = runner.invoke(app, [str(a) for a in (
+            "generate", inp, "--model", tiny_llama, "--store", tmp_path / "store", "--out", out,
+            "--max-tokens", 6, "--device", "cpu", "--dtype", "fp32", "--batch-size", 2, "-q",
+            *extra)])
+        assert r.exit_code == 0, r.output
+        return [json.loads(l) for l in out.read_text().splitlines()]
+
+    one = gen(jsonl(tmp_path / "all.jsonl", prompts), tmp_path / "one.out.jsonl")
+    strip = lambda ls: [{k: v for k, v in l.items() if k != "wall_time_s"} for l in ls]  # noqa
+    sharded = gen(d, tmp_path / "dir.out.jsonl")
+    assert strip(sharded) == strip(one) and [l["id"] for l in sharded] == [p["id"] for p in prompts]
+    runs = lambda: sorted((tmp_path / "store" / "runs").iterdir())  # noqa: E731
+    n = len(runs())
+    assert strip(gen(d, tmp_path / "again.jsonl", "--resume")) == strip(one)
+    assert len(runs()) == n                                 # (resumed: nothing new)
+    jsonl(d / "3.jsonl", [{"prompt": "One more"}])
+    assert len(gen(d, tmp_path / "more.jsonl", "--resume")) == len(prompts) + 1
+    assert len(runs()) == n + 1
+
+
+def test_records_cross_to_ray_with_their_shard(tmp_path):
+    """A record's JSON (what the Ray driver sends its actors) keeps where it was read."""
+    from specctl.runtime.jobs.ray_pool import _record
+    d = tmp_path / "in"
+    d.mkdir()
+    parquet(d / "a.parquet", LINES[:3])
+    for rec in read_prompts(d):
+        back = _record({"record": json.dumps(asdict(rec))}, 0)
+        assert back == replace(rec) and back.source == str(d / "a.parquet")
