@@ -76,7 +76,7 @@ def generate(
                   f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
                   f"{m['mean_accepted_tokens']}"
                   + (f", {_n(m['errors'], 'bad line')}" if m["errors"] else "")
-                  + (f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""))
+                  + _processes(m))
     _say_gain(m)
     kvm = m.get("kv_cache", {})
     if kvm.get("layout") == "paged":
@@ -87,6 +87,16 @@ def generate(
     if m["requests"] and m["errors"] == m["requests"]:
         raise SpecctlError(f"no line of {input} could be used ({_n(m['errors'], 'bad line')}: see "
                            "their errors in the output)", exit_code=1)
+
+
+def _processes(m: dict) -> str:
+    """Who ran the job, where it was more than this process: ranks, or Ray's actors (and how
+    many actor processes were restarts)."""
+    pool = m.get("ray")
+    if pool:
+        return (f" (Ray: {_n(pool['actors'], 'actor')}, {_n(pool['restarts'], 'restart')}, "
+                f"{pool['processes_with_work']} with work)")
+    return f" ({m['world_size']} processes)" if m.get("world_size", 1) > 1 else ""
 
 
 def _n(count: int, what: str) -> str:

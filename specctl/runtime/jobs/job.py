@@ -26,6 +26,7 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter, TokenProgress
 from specctl.runtime.control import auto
+from specctl.runtime.jobs import ray_pool
 from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.depends import run_depends
 from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
@@ -135,6 +136,8 @@ def _read(job: _Job, out: Path | None) -> None:
                 job.out_lock = OutLock(out)
             job.records = read_input(cfg, in_path)
             locate_artifacts(cfg, job.store)   # a typo fails before the model loads
+            if cfg.ray:
+                ray_pool.check_address(cfg.ray)
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
         except Exception as e:
             err = e
@@ -381,7 +384,6 @@ def _generate(job: _Job):
 
 def _on_ray(job: _Job, progress, lock) -> None:
     """The requests on a Ray actor pool (runtime/jobs/ray_pool.py); lines persisted here."""
-    from specctl.runtime.jobs import ray_pool
     if job.grp.env.active:
         raise SpecctlError("--ray runs one driver process: not under torchrun")
 

@@ -26,9 +26,12 @@ adds "text" and "output" to rows in any prompt-file line format ("prompt", "mess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
+import sys
 import time
 import uuid
 import warnings
@@ -126,8 +129,10 @@ def run(job, records: list[PromptRecord], on_line) -> dict:
     if started:
         os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")   # (its C++ notes too)
         try:
-            ray.init(address=None if cfg.ray == "local" else cfg.ray, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.ERROR)
+            with _no_stderr():   # (Ray's C++ logs that it read that level, whatever the level)
+                ray.init(address=None if cfg.ray == "local" else cfg.ray,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level=logging.ERROR)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise SpecctlError(f"--ray {cfg.ray}: no Ray cluster there ({_reason(e)}); "
                                "local starts one on this machine") from None
@@ -154,32 +159,34 @@ def _stream(ray, job, records: list[PromptRecord], on_line) -> dict:
     opts["starts"] = starts
     items = [{"record": json.dumps(asdict(r))} for r in records]
     size = max(1, TASK_BATCHES * cfg.batch_size)
-    ds = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // size)))
+    blocks = max(1, -(-len(items) // size))
+    actors = min(cfg.actors, blocks)   # (an actor with no task would only load the model)
+    ds = ray.data.from_items(items, override_num_blocks=blocks)
     with warnings.catch_warnings():   # (Ray 2.60 takes restarts only as remote arguments,
         warnings.simplefilter("ignore")  # which it warns of: the extra pins ray < 2.64)
         out = ds.map_batches(
             GenerateBatches, batch_size=size, batch_format="pyarrow",
             # (one task at a time an actor: the first actor up does not queue every task)
-            compute=ray.data.ActorPoolStrategy(size=cfg.actors, max_tasks_in_flight_per_actor=1),
+            compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
             num_cpus=cpus, num_gpus=gpus,
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS,
             fn_constructor_kwargs={"model": str(job.model_dir), "method": cfg.method,
                                    "store": str(job.store.root), **opts})
-    actors: dict[str, dict] = {}
+    shares: dict[str, dict] = {}
     try:
         for batch in out.iter_batches(batch_size=None, batch_format="pyarrow"):
             for row in batch.select(["output", "stats"]).to_pylist():
                 on_line(json.loads(row["output"]))
                 if row["stats"]:
-                    _tally(actors, json.loads(row["stats"]))
+                    _tally(shares, json.loads(row["stats"]))
     except Exception as e:
         if isinstance(e, SpecctlError):
             raise
         raise SpecctlError(f"--ray: the job failed on the cluster: {_reason(e)}") from None
     started = ray.get(counter.count.remote())
     ray.kill(counter)
-    return {"ranks": [{"rank": i, **a} for i, a in enumerate(actors.values())],
-            "pool": _pool(len(actors), cfg.actors, started)}
+    return {"ranks": [{"rank": i, **a} for i, a in enumerate(shares.values())],
+            "pool": _pool(len(shares), actors, started)}
 
 
 class _Starts:
@@ -208,6 +215,35 @@ def _tally(actors: dict, info: dict) -> None:
     a["requests"] += info["requests"]
     a["wall_time_s"] += info["wall_time_s"]
     a["peak_memory_mb"] = max(a["peak_memory_mb"], info["peak_memory_mb"])
+
+
+def check_address(address: str, timeout: float = 5.0) -> None:
+    """--ray HOST:PORT where nothing answers fails in seconds, before the job loads anything,
+    not after Ray's own connect timeout of minutes."""
+    if address in ("local", "auto") or "://" in address or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        why = "not a port" if isinstance(e, ValueError) else (
+            "no answer in 5 s" if isinstance(e, TimeoutError) else e.strerror or str(e))
+        raise SpecctlError(f"--ray {address}: nothing answers there ({why}); start the head "
+                           "with `ray start --head`, or use --ray local") from None
+
+
+@contextlib.contextmanager
+def _no_stderr():
+    """File descriptor 2 to /dev/null for a while (Ray's C++ core writes there directly)."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def _reason(e: BaseException) -> str:
