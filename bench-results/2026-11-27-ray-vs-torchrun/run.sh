@@ -4,6 +4,8 @@
 #   ray:      --ray local, 2 actors x 1 thread
 #   torchrun: torchrun --nproc-per-node 2, 2 ranks x 1 thread
 # Usage (repo root, venv active): bash bench-results/2026-11-27-ray-vs-torchrun/run.sh [ROUNDS]
+# PROMPTS (64) and TOKENS (32) size the job: PROMPTS=128 TOKENS=64 OUT=.../runs-long for the
+# longer one.
 # Writes OUT/<way>-<round>.json (the run's metrics and the command's wall) and prints a table.
 set -euo pipefail
 ROUNDS=${1:-2}
@@ -11,8 +13,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$HERE/runs}
 mkdir -p "$OUT"
 IN=$OUT/in.jsonl
-head -n 64 recipes/prompts/specbench128.jsonl > "$IN"
-COMMON=(--max-tokens 32 --batch-size 8 --device cpu -q)
+head -n "${PROMPTS:-64}" recipes/prompts/specbench128.jsonl > "$IN"
+COMMON=(--max-tokens "${TOKENS:-32}" --batch-size 8 --device cpu -q)
 run() {   # WAY ROUND CMD...
   local way=$1 r=$2; shift 2
   local t0 t1 run
