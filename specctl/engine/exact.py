@@ -141,6 +141,26 @@ def linear2(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
     return y + b if b is not None else y   # (the bias added as every candidate adds it)
 
 
+def candidates(cuda: bool) -> tuple:
+    """The linears --exact may use, in order of preference (the probe keeps those that hold)."""
+    if not cuda:
+        return linear2, tiled_linear_8_64, tiled_linear
+    try:
+        from specctl.engine import bi_matmul
+    except ImportError:
+        raise ValueError("--exact on CUDA needs triton (CUDA builds of torch bring it: "
+                         "pip install triton)") from None
+    return (bi_matmul.linear,)
+
+
+def named_linear(name: str, cuda: bool):
+    """The candidate of that name (a checked choice kept from an earlier run)."""
+    for f in candidates(cuda):
+        if f.__name__ == name:
+            return f
+    raise ValueError(f"--exact: no linear named {name!r} on {'CUDA' if cuda else 'the CPU'}")
+
+
 def _threads() -> tuple[int, ...]:
     """The thread counts a run may use (the runner tunes them): one and all."""
     return tuple(sorted({1, torch.get_num_threads()}))
@@ -190,19 +210,11 @@ def probe(layers: list[torch.Tensor], head: torch.Tensor, head_dim: int):
         shapes.setdefault(tuple(w.shape), []).append(w)
     by_shape = [w for ws in shapes.values() for w in {id(v): v for v in
                                                         (ws[0], ws[len(ws) // 2], ws[-1])}.values()]
-    if head.is_cuda:
-        try:
-            from specctl.engine import bi_matmul
-        except ImportError:
-            raise ValueError("--exact on CUDA needs triton (CUDA builds of torch bring it: "
-                             "pip install triton)") from None
-        candidates = (bi_matmul.linear,)
-    else:
-        candidates = (linear2, tiled_linear_8_64, tiled_linear)
+    linears = candidates(head.is_cuda)
     with torch.inference_mode():
         if not _attention_invariant(head.dtype, head.device, head_dim):
             return
-    for f in candidates:
+    for f in linears:
         with torch.inference_mode():   # (not held while the caller has the candidate)
             ok = _invariant(f, by_shape, PROBE_ROWS + (PREFILL_ROWS,)) \
                 and _invariant(f, [head], PROBE_ROWS)
@@ -216,7 +228,10 @@ class ExactMeta:
     it. A chain (or a prefill) is one group; a tree, one per root-to-leaf path (each node
     computed once, in the first path that holds it)."""
 
-    def __init__(self, meta, num_tokens: int):
+    def __init__(self, meta, num_tokens: int, heads_per_kv: int = 1):
+        """heads_per_kv: query heads per KV head, which a group's rows are multiplied by in
+        attention's matmuls (so a decoding token alone makes 2 or more rows where the model
+        groups its query heads, and needs no padding row)."""
         mask = meta.mask[:, 0].cpu().numpy()                             # [B, N, L]
         counts = np.bincount(meta.q_seq.cpu().numpy(), minlength=mask.shape[0])
         cu = np.concatenate(([0], np.cumsum(counts)))
@@ -225,7 +240,8 @@ class ExactMeta:
             for cols, members, rank in _paths(mask[b, :n]):
                 groups.append((_storage(meta, b, cols), cu[b] + members, rank))
         G, L = len(groups), key_length(max(len(g[0]) for g in groups))
-        N = max(2, max(len(g[1]) for g in groups))   # (at least 2 rows: see the docstring)
+        # (at least 2 rows in each matmul: see the module docstring)
+        N = max(1 if heads_per_kv >= 2 else 2, max(len(g[1]) for g in groups))
         keys, toks = np.empty((G, L), np.int64), np.zeros((G, N), np.int64)
         limit, out = np.zeros((G, N), np.int64), np.empty(num_tokens, np.int64)
         for g, (rows, members, rank) in enumerate(groups):
@@ -278,7 +294,7 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     softmax in fp32; the normalizer comes out of the weighted sum's matmul (a column of ones
     beside the values), as no fp32 sum over keys has a fixed order."""
     if meta.exact is None:
-        meta.exact = ExactMeta(meta, q.shape[0])
+        meta.exact = ExactMeta(meta, q.shape[0], q.shape[1] // k_cache.shape[1])
     e = meta.exact
     G, L, N = e.shape
     T, H, hd = q.shape

@@ -188,17 +188,24 @@ class Model:
         if self.graphs is not None:   # captured with the other backend
             self.graphs.cache.clear()
 
-    def set_exact(self, on: bool) -> None:
+    def set_exact(self, on: bool, known: str | None = None) -> None:
         """--exact: every op on the decoding path gives a row the same bits whatever else is in
         the forward (engine/exact.py), checked on this model at the first call (the probe's
         linears in order, each self-checked: engine/selfcheck.py; exact_check says what was
         chosen and what it cost). Raises ValueError where none holds, naming what varied.
+        known: the linear that check chose for this model on this machine before (kept by the
+        caller, runtime/jobs/exactcheck.py), taken without checking again.
         On CUDA with the fused layer every forward runs it and the graphs stay; with the
         unfused one forwards run eagerly."""
         if on and self._exact_linear is None:
             if self.device.type not in ("cpu", "cuda"):
                 raise ValueError(f"--exact runs on the CPU and CUDA, not {self.device.type}")
-            self._choose_exact()
+            if known is None:
+                self._choose_exact()
+            else:
+                self._exact_rope()
+                self._exact_linear = exact.named_linear(known, self.device.type == "cuda")
+                self.exact_check = f"{known}, probed and self-checked on this machine before"
         if on != self.exact and self.device.type == "cuda" and self.attention != "fused":
             # eager under --exact: its attention groups are built on the host per forward
             self._graphs, self.graphs = self.graphs, self._graphs
@@ -214,14 +221,17 @@ class Model:
         self.silu = exact.silu if on else F.silu
         self.apply_rope = exact.apply_rope if on else apply_rope
 
+    def _exact_rope(self) -> None:
+        self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
+        self._rope_table.ensure(self.cfg.max_position)   # (no forward then looks at positions)
+
     def _choose_exact(self) -> None:
         from specctl.engine.selfcheck import self_check
         t0 = time.perf_counter()
         dt = {torch.float32: "fp32", torch.bfloat16: "bf16",
               torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
         weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
-        self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
-        self._rope_table.ensure(self.cfg.max_position)   # (no forward then looks at positions)
+        self._exact_rope()
         varied = None
         for f in exact.probe(weights, self.lm_head, self.cfg.head_dim):
             self._exact_linear = f

@@ -6,6 +6,7 @@ import torch
 
 from specctl.errors import SpecctlError
 from specctl.runtime.jobs.config import GenerateConfig, parse_size
+from specctl.runtime.jobs.exactcheck import set_exact_kept
 from specctl.runtime.control.controller import make_controller
 from specctl.runtime.step.runner import Runner
 from specctl.runtime.jobs.tokenization import Tokenization
@@ -18,7 +19,8 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     the longest request needs (within the model's context). With --speculate auto its
     controller prices steps by the step-cost table, kept in `store` when one is given with the
     model's fingerprint."""
-    set_exact(model, cfg, log)   # (before the controller: --exact steps have their own table)
+    # (before the controller: --exact steps have their own table)
+    set_exact(model, cfg, log, store=store, fingerprint=fingerprint)
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
@@ -50,11 +52,17 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     return runner
 
 
-def set_exact(model, cfg: GenerateConfig, log=lambda msg: None) -> None:
-    """The model's numerics as cfg says (--exact); a machine that cannot is a clean error."""
+def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
+              fingerprint: str | None = None) -> None:
+    """The model's numerics as cfg says (--exact); a machine that cannot is a clean error.
+    With a store and the model's fingerprint, the start-up check's verdict is kept there per
+    machine (runtime/jobs/exactcheck.py)."""
     first = cfg.exact and model._exact_linear is None
     try:
-        model.set_exact(cfg.exact)
+        if first and store is not None and fingerprint is not None:
+            set_exact_kept(model, store, fingerprint, log)
+        else:
+            model.set_exact(cfg.exact)
     except ValueError as e:
         raise SpecctlError(str(e)) from None
     if first:
