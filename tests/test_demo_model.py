@@ -94,6 +94,16 @@ def test_demo_under_exact_in_bf16(demo_model_dir, demo):
         assert torch.equal(out[1 + j], ref[1][1 + j]), j
 
 
+def test_demo_long_prompt_under_exact_is_its_decoded_rows(demo_model_dir):
+    """At the demo model's shapes: a 150-token prompt's every row in a prefill (alone, among
+    prompts of 3 to 200 tokens, in two chunks) is the same bits as decoding it token by
+    token (test_exact.check_long_prompt)."""
+    from test_exact import check_long_prompt
+    m = load_model(demo_model_dir, "cpu", "bf16")
+    m.set_exact(True)
+    check_long_prompt(m)
+
+
 def test_the_exact_self_check_covers_every_operation_of_the_demo_model(demo_model_dir):
     """At the demo model's real shapes (hidden 576, 9 query and 3 KV heads, a 49k vocabulary,
     30 layers) the self-check compares a row's every operation alone, among 16 prompts, in a

@@ -77,6 +77,42 @@ def test_a_rows_logits_are_the_same_bits_in_any_batch(xmodel, paged):
     check_rows(xmodel, paged, (2, 3, 7, 16, 33, 64))
 
 
+def test_a_long_prompts_rows_are_its_decoded_rows(xmodel):
+    check_long_prompt(xmodel)
+
+
+def check_long_prompt(m, n: int = 150):
+    """Every row of a prompt longer than a query block (exact.QUERY_BLOCK: a prefill's groups
+    then split by blocks of queries, each over the keys it sees) has the logits of that token
+    decoded alone one at a time: prefilled alone, among prompts of 3 to 200 tokens, and in
+    two chunks (the second among others)."""
+    rng = random.Random(7)
+    V = m.cfg.vocab_size
+    prompt = [rng.randrange(V) for _ in range(n)]
+    kv = m.new_kv_cache(1, 256)
+    kv.reserve(0, 256)
+    ref = []
+    for i, t in enumerate(prompt):
+        ref.append(_logits(m, kv, [SeqInput(0, [t], i)])[0])
+        kv.lens[0] = i + 1
+    ref = torch.stack(ref)
+    assert n > exact.QUERY_BLOCK
+    others = [[rng.randrange(V) for _ in range(k)] for k in (3, 90, 200)]
+    kv = m.new_kv_cache(4, 256)
+    for s in range(4):
+        kv.reserve(s, 256)
+    alone = _logits(m, kv, [SeqInput(0, prompt, 0)])
+    assert torch.equal(alone, ref), "prefilled alone"
+    out = _logits(m, kv, [SeqInput(s + 1, p, 0) for s, p in enumerate(others[:1])]
+                  + [SeqInput(0, prompt, 0)]
+                  + [SeqInput(s + 2, p, 0) for s, p in enumerate(others[1:])])
+    assert torch.equal(out[3:3 + n], ref), "prefilled among 4 prompts"
+    cut = 70
+    first = _logits(m, kv, [SeqInput(0, prompt[:cut], 0)])
+    rest = _logits(m, kv, [SeqInput(1, others[1], 0), SeqInput(0, prompt[cut:], cut)])
+    assert torch.equal(torch.cat((first, rest[90:])), ref), "prefilled in two chunks"
+
+
 def check_rows(m, paged: bool, sizes):
     """A prompt's prefill among others, then its chain of 4 tokens or a tree of 5 among other
     sequences' drafts, in steps of each of `sizes` rows: the same logits as decoded alone."""

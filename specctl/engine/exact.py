@@ -40,6 +40,7 @@ import torch.nn.functional as F
 TILE = 8                    # rows per matmul call where the BLAS is not row-invariant
 BIG_TILE = 64               # rows per call of a larger step's tiles (tiled_linear_8_64)
 KEY_BLOCK = 64              # keys per block of attention's weighted sum (weighted_sum)
+QUERY_BLOCK = 64            # a prefill's queries per group of attention (ExactMeta)
 ROPE_CHUNK = 4096           # positions per piece of the RoPE table (each built in one call)
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4   # Cody-Waite split of ln 2 (n * HI exact)
 _EXP_COEF = [1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0]   # Taylor, |r| <= ln2 / 2
@@ -226,7 +227,16 @@ class ExactMeta:
     """The groups of one forward (built once from its SdpaMeta, shared by every layer): each
     group is a run of key rows in position order and the queries that attend over a prefix of
     it. A chain (or a prefill) is one group; a tree, one per root-to-leaf path (each node
-    computed once, in the first path that holds it)."""
+    computed once, in the first path that holds it).
+
+    The groups are computed in parts of one shape each (G groups x L keys x N queries). In a
+    forward of decoding steps, chains and trees that is one part, every group padded to the
+    longest (the padding costs less than more calls would). In a prefill (a group of more than
+    QUERY_BLOCK queries) each block of QUERY_BLOCK queries is a group of its own over only the
+    keys its queries see, and blocks of one key length make a part: a prompt's scores, softmax
+    and weighted sum then cover its live keys, not the square of the longest prompt. A query's
+    result is the same either way: its scores are the same matmul rows, and the keys a block
+    leaves out had zero weight (weighted_sum adds its key blocks in order)."""
 
     def __init__(self, meta, num_tokens: int, heads_per_kv: int = 1):
         """heads_per_kv: query heads per KV head, which a group's rows are multiplied by in
@@ -239,20 +249,42 @@ class ExactMeta:
         for b, n in enumerate(counts):
             for cols, members, rank in _paths(mask[b, :n]):
                 groups.append((_storage(meta, b, cols), cu[b] + members, rank))
+        parts: dict = {}
+        if max(len(g[1]) for g in groups) > QUERY_BLOCK:
+            for rows, members, rank in groups:
+                for i in range(0, len(members), QUERY_BLOCK):
+                    r = rank[i:i + QUERY_BLOCK]
+                    keys = rows[:int(r.max()) + 1]
+                    parts.setdefault(key_length(len(keys)), []).append(
+                        (keys, members[i:i + QUERY_BLOCK], r))
+        else:
+            parts[0] = groups
+        rows_min = 1 if heads_per_kv >= 2 else 2   # (at least 2 rows a matmul: module docstring)
+        out = np.empty(num_tokens, np.int64)
+        self.parts, done = [], 0
+        for _, part in sorted(parts.items()):
+            self.parts.append(_Part(part, rows_min, out, done, meta.mask.device))
+            done += self.parts[-1].size
+        self.out = torch.from_numpy(out).to(meta.mask.device)
+
+
+class _Part:
+    """Groups of one shape (G, L, N): the storage rows of each group's keys (padded with its
+    first), its queries' tokens (padded with token 0) and which keys each query cannot see.
+    Sets out[token] to the token's place in the concatenated parts' outputs."""
+
+    def __init__(self, groups, rows_min: int, out: np.ndarray, offset: int, dev):
         G, L = len(groups), key_length(max(len(g[0]) for g in groups))
-        # (at least 2 rows in each matmul: see the module docstring)
-        N = max(1 if heads_per_kv >= 2 else 2, max(len(g[1]) for g in groups))
+        N = max(rows_min, max(len(g[1]) for g in groups))
         keys, toks = np.empty((G, L), np.int64), np.zeros((G, N), np.int64)
-        limit, out = np.zeros((G, N), np.int64), np.empty(num_tokens, np.int64)
+        limit = np.zeros((G, N), np.int64)
         for g, (rows, members, rank) in enumerate(groups):
             keys[g, :len(rows)], keys[g, len(rows):] = rows, rows[0]
             toks[g, :len(members)], limit[g, :len(members)] = members, rank
-            out[members] = g * N + np.arange(len(members))
-        dev = meta.mask.device
-        self.shape = (G, L, N)
+            out[members] = offset + g * N + np.arange(len(members))
+        self.shape, self.size = (G, L, N), G * N
         self.keys = torch.from_numpy(keys.reshape(-1)).to(dev)
         self.tokens = torch.from_numpy(toks.reshape(-1)).to(dev)
-        self.out = torch.from_numpy(out).to(dev)
         limit = torch.from_numpy(limit).to(dev)
         self.hidden = (torch.arange(L, device=dev) > limit[:, :, None])[:, None, :, None, :]
 
@@ -296,6 +328,13 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if meta.exact is None:
         meta.exact = ExactMeta(meta, q.shape[0], q.shape[1] // k_cache.shape[1])
     e = meta.exact
+    outs = [_attend(q, k_cache, v_cache, part) for part in e.parts]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, e.out).to(q.dtype)
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            e: _Part) -> torch.Tensor:
+    """One part's attention: [G * N, H, hd], a group's queries in its rows."""
     G, L, N = e.shape
     T, H, hd = q.shape
     KV = k_cache.shape[1]
@@ -308,7 +347,7 @@ def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(e.hidden, 0.0).to(q.dtype)
     o = weighted_sum(p.view(G * KV, -1, L), v1)                      # weighted sum and total
     o = (o[..., :hd] / o[..., hd:]).view(G, KV, N, H // KV, hd).transpose(1, 2)
-    return o.reshape(G * N, H, hd).index_select(0, e.out).to(q.dtype)
+    return o.reshape(G * N, H, hd)
 
 
 def key_length(n: int) -> int:
