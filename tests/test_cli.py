@@ -739,3 +739,24 @@ def test_options_are_declared_once():
     assert {"skip_set", "adapter", "branches"} <= every_method <= set(BENCH) <= bench
     assert {"speculate", "threads", "kv_memory"} <= set(BENCH)
     assert "no_corpus_cache" in gen and "prefill_chunk" not in gen   # (a recipe sets it)
+
+
+def test_a_ray_address_nothing_answers_at_fails_at_once(tiny_llama, tmp_path):
+    """--ray HOST:PORT with no cluster there: a one-line error in seconds (Ray's own connect
+    timeout is minutes), before the input is read or a model loads (Ray is not needed)."""
+    import socket
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]   # (free, once closed: nothing listens there)
+    inp = tmp_path / "p.jsonl"
+    inp.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    t0 = time.perf_counter()
+    for address, said in ((f"127.0.0.1:{port}", "nothing answers there"),
+                          ("127.0.0.1:70000", "'70000' is not a port")):
+        r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+            "generate", str(inp), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
+            "--out", str(tmp_path / "o.jsonl"), "--ray", address, "-q"])
+        assert r.exit_code == 2 and f"--ray {address}: {said}" in " ".join(r.output.split()), \
+            r.output
+    assert time.perf_counter() - t0 < 30

@@ -113,6 +113,35 @@ def check_long_prompt(m, n: int = 150):
     assert torch.equal(torch.cat((first, rest[90:])), ref), "prefilled in two chunks"
 
 
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_a_forward_mixing_decode_a_tree_and_a_long_prompt(tiny_llama, tmp_path, kv_heads):
+    """A decoded token and a tree beside a prompt longer than a query block (the prefill's
+    groups split into parts, the others in one): each the bits it has alone. With 4 KV heads
+    (one query head each) a group's matmuls are padded to 2 rows."""
+    from tiny import make_tiny_model
+    path = tiny_llama if kv_heads == 2 else make_tiny_model(tmp_path, "llama", kv_heads=4)
+    m = load_model(path, "cpu", "bf16")
+    m.set_exact(True)
+    assert (m.cfg.num_heads // m.cfg.num_kv_heads == 1) == (kv_heads == 4)
+    rng = random.Random(1)
+    V = m.cfg.vocab_size
+    ctx, dec = [rng.randrange(V) for _ in range(40)], rng.randrange(V)
+    tree, long = [rng.randrange(V) for _ in range(5)], [rng.randrange(V) for _ in range(150)]
+    kv = m.new_kv_cache(3, 256)
+    for s in range(3):
+        kv.reserve(s, 256)
+    _logits(m, kv, [SeqInput(1, ctx, 0), SeqInput(2, ctx, 0)])
+    kv.lens[1] = kv.lens[2] = 40
+    alone_dec = _logits(m, kv, [SeqInput(1, [dec], 40)])
+    alone_tree = _logits(m, kv, [_tree(2, tree, 40)])
+    alone_long = _logits(m, kv, [SeqInput(0, long, 0)])
+    mixed = _logits(m, kv, [SeqInput(1, [dec], 40), SeqInput(0, long, 0), _tree(2, tree, 40)])
+    assert torch.equal(mixed[:1], alone_dec) and torch.equal(mixed[1:151], alone_long)
+    assert torch.equal(mixed[151:], alone_tree)
+    if kv_heads == 4:
+        check_long_prompt(m)
+
+
 def check_rows(m, paged: bool, sizes):
     """A prompt's prefill among others, then its chain of 4 tokens or a tree of 5 among other
     sequences' drafts, in steps of each of `sizes` rows: the same logits as decoded alone."""

@@ -5,7 +5,7 @@ same schema as JSONL lines, indexed over the whole input, errors naming shard an
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -178,4 +178,58 @@ def test_records_cross_to_ray_with_their_shard(tmp_path):
     parquet(d / "a.parquet", LINES[:3])
     for rec in read_prompts(d):
         back = _record({"record": json.dumps(asdict(rec))}, 0)
-        assert back == replace(rec) and back.source == str(d / "a.parquet")
+        assert back == rec and back.source == str(d / "a.parquet")
+
+
+def test_shards_that_cannot_be_read_are_named_not_dropped(tmp_path):
+    """A broken link and a compressed shard fail naming the file; Spark's part-*.json (JSON
+    lines) is a shard; names starting with _ or . are not."""
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "part-0.json", LINES[:2])
+    jsonl(d / "_metadata.json", ["not a prompt"])
+    assert len(read_prompts(d)) == 2
+    (d / "part-1.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(SpecctlError, match=r"part-1\.parquet: prompt file not found"):
+        read_prompts(d)
+    (d / "part-1.parquet").unlink()
+    import gzip
+    (d / "part-2.jsonl.gz").write_bytes(gzip.compress(b'{"prompt": "hi"}\n'))
+    with pytest.raises(SpecctlError, match=r"part-2\.jsonl\.gz: a gzip-compressed file"):
+        read_prompts(d)
+
+
+def test_parquet_columns_the_schema_does_not_read_are_not_converted(tmp_path):
+    """A column no line format reads (here a timestamp Python cannot hold) does not fail the
+    file, and a struct whose fields are all null is an absent key."""
+    t = pa.table({"prompt": ["a", "b"],
+                  "created": pa.array([0, 2**62], pa.timestamp("us")),
+                  "sampling": pa.array([{"temperature": None, "seed": None},
+                                        {"temperature": 0.5, "seed": 1}])})
+    pq.write_table(t, tmp_path / "t.parquet")
+    a, b = read_prompts(tmp_path / "t.parquet")
+    assert a.sampling is None and b.sampling == {"temperature": 0.5, "seed": 1}
+
+
+def test_answers_are_not_written_among_the_shards(tmp_path, tiny_llama):
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "0.jsonl", LINES[:1])
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+        "generate", str(d), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
+        "--out", str(d / "answers.jsonl"), "-q"])
+    assert r.exit_code != 0 and "inside the input directory" in " ".join(r.output.split())
+    assert not (d / "answers.jsonl").exists()
+
+
+def test_bench_on_a_directory_of_shards(tmp_path, tiny_llama):
+    d = tmp_path / "in"
+    d.mkdir()
+    jsonl(d / "0.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    parquet(d / "1.parquet", [{"prompt": "three"}])
+    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
+        "bench", str(d), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
+        "--methods", "ar", "--batch-sizes", "1", "--repeats", "1", "--warmup", "0",
+        "--max-tokens", "4", "--device", "cpu", "--dtype", "fp32"])
+    assert r.exit_code == 0, r.output
+    assert "3 prompts" in r.output

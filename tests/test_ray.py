@@ -271,18 +271,3 @@ def test_the_docs_pipeline_example_runs_as_written(cluster, demo_model_dir, tmp_
     assert printed.count(" -> ") == 2 and "What is the capital of France? -> " in printed
     assert "Write a haiku about the sea. -> " in printed
 
-
-def test_an_address_nothing_answers_at_fails_at_once(tiny_llama, tmp_path):
-    """--ray HOST:PORT with no cluster there: a one-line error in seconds (Ray's own connect
-    timeout is minutes), before any model loads."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]   # (free, once closed: nothing listens there)
-    inp = tmp_path / "p.jsonl"
-    inp.write_text(json.dumps({"prompt": "hello"}) + "\n")
-    t0 = time.perf_counter()
-    r = runner.invoke(app, args(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
-                                "--ray", f"127.0.0.1:{port}"))
-    assert r.exit_code == 2 and time.perf_counter() - t0 < 30, r.output
-    assert f"--ray 127.0.0.1:{port}: nothing answers there" in " ".join(r.output.split())

@@ -1,8 +1,10 @@
-"""docs/commands.md's cluster commands, run as written: a head and a worker started with `ray
-start` (token authentication on, as Ray 2.59+ has it), `specctl generate --ray auto` on them,
+"""docs/commands.md's cluster commands, run as written in a fresh home: a token generated, a
+head and a worker started with `ray start` (token authentication on, as Ray 2.59+ has it; the
+worker reads the head's token, in the same home), `specctl generate --ray auto` on them,
 `ray stop`. Both nodes on this machine; only the port, the head's address, the input, the store
 and the actor count are this machine's. A module of its own: `ray stop` ends every Ray process
-here, so it runs after tests/test_ray.py's cluster is gone."""
+here, so it runs after tests/test_ray.py's cluster is gone, and not where another cluster
+runs."""
 
 from __future__ import annotations
 
@@ -41,10 +43,14 @@ def free_port() -> int:
 
 
 def test_the_docs_cluster_commands_run_as_written(tiny_llama, tmp_path):
+    running = subprocess.run(["pgrep", "-f", "ray/core/src/ray/gcs/gcs_server"],
+                             capture_output=True, text=True).stdout.split()
+    if running:   # (the docs' `ray stop` would end it)
+        pytest.skip("a Ray cluster is running on this machine")
     cmds = doc_commands()
-    assert [c.split()[:2] for c in cmds] == [["export", "RAY_AUTH_MODE=token"], ["ray", "start"],
-                                             ["ray", "start"], ["specctl", "generate"],
-                                             ["ray", "stop"]]
+    assert [c.split()[:2] for c in cmds] == [
+        ["export", "RAY_AUTH_MODE=token"], ["ray", "get-auth-token"], ["ray", "start"],
+        ["ray", "start"], ["specctl", "generate"], ["ray", "stop"]]
     inp = tmp_path / "big.jsonl"
     inp.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     port = str(free_port())
@@ -52,7 +58,8 @@ def test_the_docs_cluster_commands_run_as_written(tiny_llama, tmp_path):
             "/shared/specctl": str(tmp_path / "store"), "--actors 8": "--actors 2"}
     job = ["--model", str(tiny_llama), "--out", str(tmp_path / "ray.out.jsonl"),
            "--max-tokens", "6", "--device", "cpu", "--dtype", "fp32", "--batch-size", "2", "-q"]
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
+    # (HOME: the head's token file, ~/.ray/auth_token, is this test's; both nodes read it)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     try:

@@ -23,6 +23,7 @@ from specctl.bench.peers import HFMethod, SpecctlMethod, _load_hf
 from specctl.bench.report import markdown
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, read_prompts
+from specctl.io.shards import input_sha256
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
@@ -49,7 +50,7 @@ def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecor
     if own:
         log(f"note: {own} lines carry sampling settings of their own; bench times every line "
             "with the command's settings (generate applies them)")
-    return recs, str(path.resolve()), file_sha256(path)
+    return recs, str(path.resolve()), input_sha256(path, file_sha256)
 
 
 def _env(device: torch.device) -> dict:

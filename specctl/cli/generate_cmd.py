@@ -61,6 +61,9 @@ def generate(
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
+    if input.is_dir() and out.resolve().parent == input.resolve():
+        raise SpecctlError(f"--out {out} is inside the input directory, whose files are read as "
+                           "prompt shards: write the answers elsewhere")
     _check_writable(out)
     try:
         res = gen.generate_file(input, out, resume=resume)

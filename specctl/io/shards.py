@@ -5,12 +5,13 @@ checked by the same schema (io/prompts.py). A null is an absent key: Parquet has
 to leave a column out of a row, so a file may mix formats ("prompt" in some rows, "messages"
 in others) as a JSONL file does. Row numbers (1-based) stand for line numbers in messages.
 
-A directory is read as its shards, one after another in name order: every *.jsonl, *.ndjson
-and *.parquet file directly in it (other files, such as Spark's _SUCCESS or .crc files, and
-subdirectories are not read). A record's index runs over the whole input, so outputs, resume
-and sampled draws key on its place in the whole input; its line number is its line in its
-shard, and messages name the shard. The input's hash (what --resume matches) covers every
-shard's name and contents, in order.
+A directory is read as its shards, one after another in name order: every *.jsonl, *.ndjson,
+*.json (Spark writes JSON lines so) and *.parquet file directly in it, compressed ones
+included so that they are named as such rather than skipped; names starting with "." or "_"
+(Spark's _SUCCESS, .crc files) and subdirectories are not read. A record's index runs over
+the whole input, so outputs, resume and sampled draws key on its place in the whole input;
+its line number is its line in its shard, and messages name the shard. The input's hash
+(what --resume matches) covers every shard's name and contents, in order.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, line_record, read_jsonl
 
 PARQUET = (".parquet", ".pq")
-JSONL = (".jsonl", ".ndjson")
+JSONL = (".jsonl", ".ndjson", ".json")
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")   # (a shard so named is refused by name)
 ROWS_PER_BATCH = 1024   # Parquet rows converted to Python at a time
+# the columns the line schema reads (io/prompts.py): no other column is converted to Python
+COLUMNS = ("prompt", "messages", "turns", "body", "custom_id", "question_id", "id", "category",
+           "max_tokens", "max_completion_tokens", "sampling")
 
 
 def read_shards(path: Path, skip_bad: bool, limit: int | None) -> list[PromptRecord]:
@@ -43,14 +48,22 @@ def read_shards(path: Path, skip_bad: bool, limit: int | None) -> list[PromptRec
 def shard_files(path: Path) -> list[Path]:
     """A directory's shards, in name order."""
     try:
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                       and p.suffix.lower() in PARQUET + JSONL)
+        files = sorted(p for p in path.iterdir() if _is_shard(p))
     except OSError as e:
         raise SpecctlError(f"{path}: cannot list the directory: {e.strerror or e}") from None
     if not files:
-        raise SpecctlError(f"{path}: a directory with no prompt shards (*.jsonl, *.ndjson or "
-                           "*.parquet files directly in it)")
+        raise SpecctlError(f"{path}: a directory with no prompt shards (*.jsonl, *.ndjson, "
+                           "*.json or *.parquet files directly in it)")
     return files
+
+
+def _is_shard(p: Path) -> bool:
+    """A shard's name: a broken link counts (its read says so) rather than dropping lines."""
+    suffixes = [x.lower() for x in p.suffixes[-2:]]
+    if suffixes and suffixes[-1] in COMPRESSED:
+        suffixes.pop()
+    return not p.name.startswith((".", "_")) and not p.is_dir() and bool(suffixes) \
+        and suffixes[-1] in PARQUET + JSONL
 
 
 def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, start: int = 0,
@@ -65,9 +78,11 @@ def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, s
         raise SpecctlError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
     records: list[PromptRecord] = []
     row = 0
+    columns = [c for c in f.schema_arrow.names if c in COLUMNS]
     try:
-        for batch in f.iter_batches(batch_size=ROWS_PER_BATCH):
-            for obj in batch.to_pylist():
+        for batch in f.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns):
+            rows = batch.to_pylist() if columns else [{}] * batch.num_rows
+            for obj in rows:
                 if limit is not None and len(records) >= limit:
                     return records
                 row += 1
@@ -75,8 +90,9 @@ def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, s
                                            f"{path}:{row}", skip_bad, source))
     except SpecctlError:
         raise
-    except Exception as e:   # (a damaged page, a type Arrow cannot turn into Python)
-        raise SpecctlError(f"{path}: cannot read row {row + 1}: {_first_line(e)}") from None
+    except Exception as e:   # (a damaged page, a value Arrow cannot turn into Python)
+        raise SpecctlError(f"{path}: cannot read the rows after row {row}: "
+                           f"{_first_line(e)}") from None
     return records
 
 
@@ -92,10 +108,13 @@ def input_sha256(path: Path, file_sha256) -> str:
 
 
 def _no_nulls(v):
-    """A row with its null fields left out, at every depth of objects (a list keeps its
-    nulls: the schema says what is wrong with them)."""
+    """A row with its null fields left out, at every depth of objects, and an object whose
+    every field is null left out too (Arrow gives a struct column's null row so); a list keeps
+    its nulls: the schema says what is wrong with them."""
     if isinstance(v, dict):
-        return {k: _no_nulls(x) for k, x in v.items() if x is not None}
+        kept = {k: _no_nulls(x) for k, x in v.items() if x is not None}
+        return {k: x for k, x in kept.items() if not (isinstance(x, dict) and not x
+                                                      and isinstance(v[k], dict) and v[k])}
     if isinstance(v, list):
         return [_no_nulls(x) for x in v]
     return v

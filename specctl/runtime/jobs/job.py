@@ -134,10 +134,10 @@ def _read(job: _Job, out: Path | None) -> None:
         try:
             if out is not None:
                 job.out_lock = OutLock(out)
+            if cfg.ray:   # (before a large input is read)
+                ray_pool.check_address(cfg.ray)
             job.records = read_input(cfg, in_path)
             locate_artifacts(cfg, job.store)   # a typo fails before the model loads
-            if cfg.ray:
-                ray_pool.check_address(cfg.ray)
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
         except Exception as e:
             err = e

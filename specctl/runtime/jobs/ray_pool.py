@@ -146,8 +146,11 @@ def run(job, records: list[PromptRecord], on_line) -> dict:
 def _stream(ray, job, records: list[PromptRecord], on_line) -> dict:
     import ray.data
     cfg = job.cfg
+    size = max(1, TASK_BATCHES * cfg.batch_size)
+    blocks = max(1, -(-len(records) // size))
+    actors = min(cfg.actors, blocks)   # (an actor with no task would only load the model)
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // cfg.actors) if not gpus else 1
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // actors) if not gpus else 1
     from specctl.runtime.jobs.generator import _FIELDS
     opts = {k: v for k, v in asdict(cfg).items() if k in _FIELDS
             and k not in ("model", "method", "ray", "actors", "limit", "skip_bad")}
@@ -158,9 +161,6 @@ def _stream(ray, job, records: list[PromptRecord], on_line) -> dict:
     counter = ray.remote(num_cpus=0)(_Starts).options(name=starts).remote()
     opts["starts"] = starts
     items = [{"record": json.dumps(asdict(r))} for r in records]
-    size = max(1, TASK_BATCHES * cfg.batch_size)
-    blocks = max(1, -(-len(items) // size))
-    actors = min(cfg.actors, blocks)   # (an actor with no task would only load the model)
     ds = ray.data.from_items(items, override_num_blocks=blocks)
     with warnings.catch_warnings():   # (Ray 2.60 takes restarts only as remote arguments,
         warnings.simplefilter("ignore")  # which it warns of: the extra pins ray < 2.64)
@@ -219,15 +219,18 @@ def _tally(actors: dict, info: dict) -> None:
 
 def check_address(address: str, timeout: float = 5.0) -> None:
     """--ray HOST:PORT where nothing answers fails in seconds, before the job loads anything,
-    not after Ray's own connect timeout of minutes."""
-    if address in ("local", "auto") or "://" in address or ":" not in address:
+    not after Ray's own connect timeout of minutes. (Other forms, ray:// and bare IPv6
+    addresses among them, are Ray's to check.)"""
+    if address in ("local", "auto") or "://" in address or address.count(":") != 1:
         return
     host, port = address.rsplit(":", 1)
+    if not (port.isdigit() and 0 < int(port) < 65536):
+        raise SpecctlError(f"--ray {address}: {port!r} is not a port")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except (OSError, ValueError) as e:
-        why = "not a port" if isinstance(e, ValueError) else (
-            "no answer in 5 s" if isinstance(e, TimeoutError) else e.strerror or str(e))
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as e:
+        why = f"no answer in {timeout:g} s" if isinstance(e, TimeoutError) else \
+            e.strerror or str(e)
         raise SpecctlError(f"--ray {address}: nothing answers there ({why}); start the head "
                            "with `ray start --head`, or use --ray local") from None
 
@@ -236,7 +239,11 @@ def check_address(address: str, timeout: float = 5.0) -> None:
 def _no_stderr():
     """File descriptor 2 to /dev/null for a while (Ray's C++ core writes there directly)."""
     sys.stderr.flush()
-    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:   # (no fd 2 to quiet: a daemon's)
+        yield
+        return
     try:
         os.dup2(null, 2)
         yield
