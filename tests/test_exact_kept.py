@@ -106,3 +106,24 @@ def test_generate_keeps_it_and_says_so(tiny_llama, tmp_path, checks):
         assert ("on this machine before" in r.output) == (i == 1), r.output
         outs.append([json.loads(l)["token_ids"] for l in out.read_text().splitlines()])
     assert len(checks) == 1 and outs[0] == outs[1]
+
+
+def test_a_fixed_thread_count_is_the_one_checked(tiny_llama, tmp_path, monkeypatch):
+    """--threads N: the check runs at N threads (its probe at 1, N // 2 and N), and the
+    verdict is kept under N; the process's thread count is left as it was."""
+    import torch
+    seen = []
+    real = selfcheck.self_check
+    monkeypatch.setattr(selfcheck, "self_check",
+                        lambda m: seen.append(torch.get_num_threads()) or real(m))
+    inp = tmp_path / "p.jsonl"
+    inp.write_text(json.dumps({"prompt": "cats"}) + "\n")
+    before = torch.get_num_threads()
+    r = CliRunner().invoke(app, [
+        "generate", str(inp), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
+        "--out", str(tmp_path / "o.jsonl"), "--max-tokens", "4", "--device", "cpu",
+        "--dtype", "bf16", "--exact", "--threads", "1", "-q"])
+    assert r.exit_code == 0, r.output
+    assert seen == [1] and torch.get_num_threads() == before
+    kept = [p.name for p in (tmp_path / "s" / "profiles").iterdir() if "exact-check" in p.name]
+    assert len(kept) == 1 and "-t1-bfloat16-exact-check-" in kept[0], kept

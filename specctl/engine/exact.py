@@ -163,8 +163,11 @@ def named_linear(name: str, cuda: bool):
 
 
 def _threads() -> tuple[int, ...]:
-    """The thread counts a run may use (the runner tunes them): one and all."""
-    return tuple(sorted({1, torch.get_num_threads()}))
+    """The thread counts a run may use: the runner's tuner tries 1, half and all of the
+    threads it starts with (runtime/step/threads.py); a fixed --threads N is checked with N
+    as "all" (runtime/jobs/sizing.set_exact)."""
+    n = torch.get_num_threads()
+    return tuple(sorted({1, max(1, n // 2), n}))
 
 
 def _invariant(f, weights: list[torch.Tensor], rows: tuple[int, ...]) -> bool:

@@ -6,7 +6,7 @@ holds) depends only on what this key covers, so a later run with the same key ta
 without checking again:
 - the machine: the device's model (CPU model name or GPU), the CPU's vector and matrix
   instruction sets (oneDNN dispatches on them: an AMX CPU rounds otherwise than one without),
-  the thread count the check ran at (the probe tries 1 thread and that count), torch's
+  the thread count the check ran at (the probe tries 1, half and all of it), torch's
   version and build (its BLAS and oneDNN versions), Triton's on CUDA, and the environment
   switches those libraries read (ONEDNN_MAX_CPU_ISA, TORCH_MKLDNN_MATMUL_MIN_DIM, LD_PRELOAD
   and the like);

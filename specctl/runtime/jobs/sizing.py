@@ -58,13 +58,18 @@ def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
     With a store and the model's fingerprint, the start-up check's verdict is kept there per
     machine (runtime/jobs/exactcheck.py)."""
     first = cfg.exact and model._exact_linear is None
+    threads = torch.get_num_threads()
     try:
+        if first and cfg.threads:   # (checked at the threads the run will use)
+            torch.set_num_threads(cfg.threads)
         if first and store is not None and fingerprint is not None:
             set_exact_kept(model, store, fingerprint, log)
         else:
             model.set_exact(cfg.exact)
     except ValueError as e:
         raise SpecctlError(str(e)) from None
+    finally:
+        torch.set_num_threads(threads)
     if first:
         log(f"--exact: batch-invariant {str(model.dtype).removeprefix('torch.')} numerics "
             f"(matmuls: {model.exact_check}: a row's every operation the same bits alone, "
