@@ -84,3 +84,13 @@ def test_exacts_blocked_weighted_sum_on_this_kernel(monkeypatch):
     ref = ws(p, v, 128)
     assert torch.allclose(ref.cpu(), torch.bmm(p.float(), v.float()).cpu(), rtol=3e-2, atol=3e-2)
     assert torch.equal(ws(p, v, 192), ref) and torch.equal(ws(p[:1], v[:1], 256), ref[:1])
+
+
+def test_its_launches_are_counted():
+    """--exact's matmuls on CUDA are Triton launches the launch counter sees (engine/launches.py):
+    one a call, its interpreter's own tensor ops none."""
+    from specctl.engine import launches
+    a, w = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    with launches.counting() as c:
+        bi.bmm_nt(a, w)
+    assert c.count == 1 and c.names == ["triton"], c.names

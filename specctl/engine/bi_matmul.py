@@ -56,6 +56,20 @@ def _kernel(a, w, c, M, N, K, s_ab, s_am, s_ak, s_wb, s_wn, s_wk, s_cb, s_cm, s_
     tl.store(out, acc.to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+LAUNCHES = [0]   # Triton launches made here and in engine/fused.py (engine/launches.py counts)
+IN_LAUNCH = [False]   # (the interpreter's own tensor ops during a launch are not launches)
+
+
+def launch(kernel, grid, *args, **meta) -> None:
+    """kernel[grid](*args, **meta), counted."""
+    LAUNCHES[0] += 1
+    IN_LAUNCH[0] = True
+    try:
+        kernel[grid](*args, **meta)
+    finally:
+        IN_LAUNCH[0] = False
+
+
 def bmm_nt(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """a [B, M, K] @ w [B, N, K].T -> [B, M, N] in a's dtype (any strides)."""
     B, M, K = a.shape
@@ -64,8 +78,8 @@ def bmm_nt(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     if M == 0 or N == 0:
         return c
     grid = (triton.cdiv(M, BM), triton.cdiv(N, BN), B)
-    _kernel[grid](a, w, c, M, N, K, *a.stride(), *w.stride(), *c.stride(),
-                  BM=BM, BN=BN, BK=BK, IEEE=a.dtype == torch.float32, UPCAST=_INTERPRET)
+    launch(_kernel, grid, a, w, c, M, N, K, *a.stride(), *w.stride(), *c.stride(),
+           BM=BM, BN=BN, BK=BK, IEEE=a.dtype == torch.float32, UPCAST=_INTERPRET)
     return c
 
 

@@ -43,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specctl.engine.bi_matmul import IN_LAUNCH, LAUNCHES, launch as _launch  # noqa: F401
+
 FUSED_N = 128    # most tokens a sequence a fused forward takes (graphs' max_n); past it, unfused
 ROWS = 8         # tokens a program of the row-wise kernels takes (a decoding step's few rows
                  # keep their programs small; the interpreter's cost is per program)
@@ -50,18 +52,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (Triton compiles a kernel anew for an int argument that is 1, or a multiple of 16, where it
 # was not: the row counts and mask widths that change from forward to forward are exempt, so
 # the kernels compile once a dtype and tile shape, when a runner's graphs are captured)
-LAUNCHES = [0]   # Triton launches made here (engine/launches.py counts them)
-IN_LAUNCH = [False]   # (the interpreter's own tensor ops during a launch are not launches)
-
-
-def _launch(kernel, grid, *args, **meta) -> None:
-    LAUNCHES[0] += 1
-    IN_LAUNCH[0] = True
-    try:
-        kernel[grid](*args, **meta)
-    finally:
-        IN_LAUNCH[0] = False
-
 
 def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
@@ -212,7 +202,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     BM = 16 if fixed or rows <= 16 else 64
     mask = meta.mask.view(torch.uint8)          # [B, 1, N_max, L]
     _launch(
-        _attn_kernel, (B, KV, triton.cdiv(rows, BM)), q, k_cache, v_cache, o, meta.blocks, meta.starts, meta.counts, meta.prefix, mask,
+        _attn_kernel, (B, KV, triton.cdiv(rows, BM)), q, k_cache, v_cache, o, meta.blocks,
+        meta.starts, meta.counts, meta.prefix, mask,
         q.stride(0), k_cache.stride(0), v_cache.stride(0), o.stride(0), meta.blocks.stride(0),
         mask.stride(0), mask.stride(2), meta.block, mask.shape[-1], 1.0 / math.sqrt(hd),
         G=G, HD=hd, DP=max(16, _pow2(hd)), BM=BM, BN=64, IEEE=q.dtype == torch.float32,

@@ -3,9 +3,10 @@ step on a GPU (issue 43), made visible on the CPU.
 
 Every aten op a forward dispatches counts as one launch, except views and metadata (no kernel)
 and allocations (empty, whose memory the caching allocator hands out); every Triton kernel of
-engine/fused.py counts as one. Two torch functions are composite on the CPU but one kernel on
-CUDA: F.rms_norm and F.scaled_dot_product_attention (the memory-efficient kernel) count as one
-each, whatever they dispatch to here. With `as_cuda=True` the model's matmul helpers take the
+engine/fused.py and engine/bi_matmul.py (--exact's matmuls on CUDA) counts as one. Two torch
+functions are composite on the CPU but one kernel on CUDA: F.rms_norm and
+F.scaled_dot_product_attention (the memory-efficient kernel) count as one each, whatever they
+dispatch to here. With `as_cuda=True` the model's matmul helpers take the
 branches they take on CUDA (F.linear, the residual in addmm's epilogue), so the CPU counts the
 CUDA path's ops. A captured CUDA graph replays the same kernels as graph nodes: the count is
 what a replay launches.
@@ -62,13 +63,13 @@ class _Fused(TorchFunctionMode):
 
 
 def _triton() -> int:
-    fused = sys.modules.get("specctl.engine.fused")   # (not imported: none launched)
-    return fused.LAUNCHES[0] if fused is not None else 0
+    kernels = sys.modules.get("specctl.engine.bi_matmul")   # (not imported: none launched)
+    return kernels.LAUNCHES[0] if kernels is not None else 0
 
 
 def _in_triton() -> bool:
-    fused = sys.modules.get("specctl.engine.fused")
-    return fused is not None and fused.IN_LAUNCH[0]
+    kernels = sys.modules.get("specctl.engine.bi_matmul")
+    return kernels is not None and kernels.IN_LAUNCH[0]
 
 
 @contextlib.contextmanager
