@@ -112,11 +112,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def tiled_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ b) with the rows in tiles of TILE (the last one zero-padded): every call has
     one shape."""
-    m = x.shape[0]
-    p = -(-m // TILE) * TILE
-    xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
-    y = torch.cat([F.linear(t, w) for t in xp.split(TILE)])[:m]
-    return y + b if b is not None else y
+    return _in_tiles(x, w, b, TILE)
 
 
 def tiled_linear_8_64(x: torch.Tensor, w: torch.Tensor,
@@ -126,12 +122,15 @@ def tiled_linear_8_64(x: torch.Tensor, w: torch.Tensor,
     less often than in TILE-row tiles: on an AMX CPU tiled_linear ran a 512-row chunk's
     matmuls in 896 ms against 153 ms untiled). Used only where the probe finds a row's bits
     the same in both shapes."""
-    if x.shape[0] <= TILE:
-        return tiled_linear(x, w, b)
+    return _in_tiles(x, w, b, TILE if x.shape[0] <= TILE else BIG_TILE)
+
+
+def _in_tiles(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              tile: int) -> torch.Tensor:
     m = x.shape[0]
-    p = -(-m // BIG_TILE) * BIG_TILE
+    p = -(-m // tile) * tile
     xp = x if p == m else F.pad(x, (0, 0, 0, p - m))
-    y = torch.cat([F.linear(t, w) for t in xp.split(BIG_TILE)])[:m]
+    y = torch.cat([F.linear(t, w) for t in xp.split(tile)])[:m]
     return y + b if b is not None else y
 
 
