@@ -233,3 +233,18 @@ def test_bench_on_a_directory_of_shards(tmp_path, tiny_llama):
         "--max-tokens", "4", "--device", "cpu", "--dtype", "fp32"])
     assert r.exit_code == 0, r.output
     assert "3 prompts" in r.output
+
+
+def test_a_pandas_integer_column_with_gaps_reads_as_integers(tmp_path):
+    """pandas writes an integer column with missing values as floats (5.0, null): read as the
+    integers they are; a fraction is still refused."""
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"prompt": ["a", "b", "c"], "max_tokens": [5, None, 7],
+                       "question_id": [81, 82, None]})
+    df.to_parquet(tmp_path / "p.parquet")
+    a, b, c = read_prompts(tmp_path / "p.parquet")
+    assert (a.max_tokens, b.max_tokens, c.max_tokens) == (5, None, 7)
+    assert (a.id, a.id_field, c.id) == (81, "question_id", None)
+    pq.write_table(pa.table({"prompt": ["a"], "max_tokens": [5.5]}), tmp_path / "f.parquet")
+    with pytest.raises(SpecctlError, match="max_tokens: must be a positive integer, got 5.5"):
+        read_prompts(tmp_path / "f.parquet")

@@ -1,7 +1,8 @@
 """Prompt inputs beyond one JSONL file: a Parquet file, and a directory of shards.
 
 A Parquet row is read as a JSONL line is: one object whose columns are the line's keys,
-checked by the same schema (io/prompts.py). A null is an absent key: Parquet has no other way
+checked by the same schema (io/prompts.py), once undone what Parquet writers do to a row
+(_no_nulls). A null is an absent key: Parquet has no other way
 to leave a column out of a row, so a file may mix formats ("prompt" in some rows, "messages"
 in others) as a JSONL file does. Row numbers (1-based) stand for line numbers in messages.
 
@@ -110,7 +111,10 @@ def input_sha256(path: Path, file_sha256) -> str:
 def _no_nulls(v):
     """A row with its null fields left out, at every depth of objects, and an object whose
     every field is null left out too (Arrow gives a struct column's null row so); a list keeps
-    its nulls: the schema says what is wrong with them."""
+    its nulls: the schema says what is wrong with them. A whole float is an integer: pandas
+    stores an integer column with missing values as floats (the schema's numbers take ints)."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
     if isinstance(v, dict):
         kept = {k: _no_nulls(x) for k, x in v.items() if x is not None}
         return {k: x for k, x in kept.items() if not (isinstance(x, dict) and not x
