@@ -1,10 +1,10 @@
 """Prompt inputs beyond one JSONL file: a Parquet file, and a directory of shards.
 
 A Parquet row is read as a JSONL line is: one object whose columns are the line's keys,
-checked by the same schema (io/prompts.py), once undone what Parquet writers do to a row
-(_no_nulls). A null is an absent key: Parquet has no other way
-to leave a column out of a row, so a file may mix formats ("prompt" in some rows, "messages"
-in others) as a JSONL file does. Row numbers (1-based) stand for line numbers in messages.
+checked by the same schema (io/prompts.py), once what Parquet writers do to a row is undone
+(_no_nulls). A null is an absent key: Parquet has no other way to leave a column out of a
+row, so a file may mix formats ("prompt" in some rows, "messages" in others) as a JSONL file
+does. Row numbers (1-based) stand for line numbers in messages.
 
 A directory is read as its shards, one after another in name order: every *.jsonl, *.ndjson,
 *.json (Spark writes JSON lines so) and *.parquet file directly in it, compressed ones
