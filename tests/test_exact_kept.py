@@ -105,6 +105,13 @@ def test_generate_keeps_it_and_says_so(tiny_llama, tmp_path, checks):
         assert r.exit_code == 0, r.output
         assert ("on this machine before" in r.output) == (i == 1), r.output
         outs.append([json.loads(l)["token_ids"] for l in out.read_text().splitlines()])
+        runs = sorted((tmp_path / "s" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+        m = json.loads((runs[-1] / "metrics.json").read_text())
+        if i == 0:   # (the check is one-off work: out of tokens/s, as a step table is)
+            assert m["one_off_s"]["exact_check"] > 0.05 and m["one_off_s"]["total"] >= \
+                m["one_off_s"]["exact_check"]
+        else:
+            assert m["one_off_s"]["exact_check"] < 0.05
     assert len(checks) == 1 and outs[0] == outs[1]
 
 

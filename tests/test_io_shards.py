@@ -211,15 +211,40 @@ def test_parquet_columns_the_schema_does_not_read_are_not_converted(tmp_path):
     assert a.sampling is None and b.sampling == {"temperature": 0.5, "seed": 1}
 
 
-def test_answers_are_not_written_among_the_shards(tmp_path, tiny_llama):
+def test_answers_are_not_written_among_the_shards(tmp_path, tiny_llama, monkeypatch):
+    """--out inside the input directory (or a folder of it) is refused; so is the default
+    output where the current directory is the input (`generate .`, named after it)."""
+    d = tmp_path / "in"
+    (d / "sub").mkdir(parents=True)
+    jsonl(d / "0.jsonl", LINES[:1])
+    for out, said in ((d / "answers.jsonl", "--out"), (d / "sub" / "a.jsonl", "--out"),
+                      (None, "the default output, in.out.jsonl")):
+        monkeypatch.chdir(d if out is None else tmp_path)
+        r = CliRunner(env={"COLUMNS": "300"}).invoke(app, [
+            "generate", "." if out is None else str(d), "--model", str(tiny_llama),
+            "--store", str(tmp_path / "s"), "-q"] + ([] if out is None else ["--out", str(out)]))
+        text = " ".join(r.output.split())
+        assert r.exit_code != 0 and said in text and "inside the input directory" in text, text
+    assert sorted(p.name for p in d.rglob("*")) == ["0.jsonl", "sub"]
+
+
+def test_a_directorys_run_says_what_it_did_not_read_and_what_changed(tmp_path, tiny_llama):
     d = tmp_path / "in"
     d.mkdir()
     jsonl(d / "0.jsonl", LINES[:1])
-    r = CliRunner(env={"COLUMNS": "200"}).invoke(app, [
-        "generate", str(d), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
-        "--out", str(d / "answers.jsonl"), "-q"])
-    assert r.exit_code != 0 and "inside the input directory" in " ".join(r.output.split())
-    assert not (d / "answers.jsonl").exists()
+    (d / "notes.csv").write_text("a,b\n")
+
+    def gen(*extra):
+        r = CliRunner(env={"COLUMNS": "300"}).invoke(app, [
+            "generate", str(d), "--model", str(tiny_llama), "--store", str(tmp_path / "s"),
+            "--out", str(tmp_path / "o.jsonl"), "--max-tokens", "2", "-q", *extra])
+        assert r.exit_code == 0, r.output
+        return " ".join(r.output.split())
+    assert "1 file not read (prompt shards are .jsonl, .ndjson, .json or .parquet): " \
+        "notes.csv" in gen()
+    jsonl(d / "1.jsonl", LINES[1:2])
+    assert "read other contents: a line or shard changed, was added or removed since" in \
+        gen("--resume")
 
 
 def test_bench_on_a_directory_of_shards(tmp_path, tiny_llama):

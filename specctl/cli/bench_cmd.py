@@ -51,8 +51,10 @@ def _print_bench(res: dict) -> None:
 @friendly
 @config_options(BENCH)
 def bench(
-    input: Optional[Path] = typer.Argument(None, help="JSONL prompts (a 'category' field gives "
-                                           "per-category rows); default: ShareGPT first turns."),
+    input: Optional[Path] = typer.Argument(None, help="Prompts, as generate reads them (JSONL, "
+                                           "Parquet, a directory of shards; a 'category' field "
+                                           "gives per-category rows); default: ShareGPT first "
+                                           "turns."),
     methods: str = typer.Option("ar,self-draft,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
                                 "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "

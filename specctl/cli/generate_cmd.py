@@ -56,14 +56,17 @@ def generate(
     rep = RichReporter(bars=not quiet and lead, talk=lead)
     gen = Generator(p.pop("model"), p.pop("method"), store=store, report=rep, **p, **extra)
     _warn_unused(ctx, gen.config(str(input)))
-    out = out or Path(f"{input.stem}.out.jsonl")
+    given = out is not None   # (a directory's default name is its own: `.` is named too)
+    out = out or Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
-    if input.is_dir() and out.resolve().parent == input.resolve():
-        raise SpecctlError(f"--out {out} is inside the input directory, whose files are read as "
-                           "prompt shards: write the answers elsewhere")
+    if input.is_dir() and input.resolve() in out.resolve().parents:
+        what = f"--out {out} is" if given else f"the default output, {out} (in the current " \
+            "directory), would be"
+        raise SpecctlError(f"{what} inside the input directory, whose files are read as "
+                           "prompt shards: pass --out elsewhere")
     _check_writable(out)
     try:
         res = gen.generate_file(input, out, resume=resume)

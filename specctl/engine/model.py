@@ -205,7 +205,8 @@ class Model:
             else:
                 self._exact_rope()
                 self._exact_linear = exact.named_linear(known, self.device.type == "cuda")
-                self.exact_check = f"{known}, probed and self-checked on this machine before"
+                self.exact_check = f"{known}, probed and self-checked for this model on this " \
+                                   "machine before"
         if on != self.exact and self.device.type == "cuda" and self.attention != "fused":
             # eager under --exact: its attention groups are built on the host per forward
             self._graphs, self.graphs = self.graphs, self._graphs

@@ -58,6 +58,13 @@ def shard_files(path: Path) -> list[Path]:
     return files
 
 
+def not_read(path: Path) -> list[str]:
+    """The files of a directory input that are not read, though not named as skipped (by "."
+    or "_"): a user may expect them read (a CSV, a text file)."""
+    return sorted(p.name for p in path.iterdir() if not _is_shard(p) and not p.is_dir()
+                  and not p.name.startswith((".", "_")))
+
+
 def _is_shard(p: Path) -> bool:
     """A shard's name: a broken link counts (its read says so) rather than dropping lines."""
     suffixes = [x.lower() for x in p.suffixes[-2:]]

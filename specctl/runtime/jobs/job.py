@@ -19,7 +19,7 @@ import torch
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
-from specctl.io.shards import input_sha256
+from specctl.io.shards import input_sha256, not_read
 from specctl.models.checkpoint import resolve_model
 from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
@@ -137,6 +137,11 @@ def _read(job: _Job, out: Path | None) -> None:
             if cfg.ray:   # (before a large input is read)
                 ray_pool.check_address(cfg.ray)
             job.records = read_input(cfg, in_path)
+            skipped = not_read(in_path) if in_path.is_dir() else []
+            if skipped:
+                job.say(f"note: {in_path}: {len(skipped)} file{'s' * (len(skipped) > 1)} not "
+                        "read (prompt shards are .jsonl, .ndjson, .json or .parquet): "
+                        + ", ".join(skipped[:5]) + (", ..." if len(skipped) > 5 else ""))
             locate_artifacts(cfg, job.store)   # a typo fails before the model loads
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
         except Exception as e:

@@ -4,6 +4,7 @@ and its merge over several processes."""
 from __future__ import annotations
 
 import resource
+from dataclasses import asdict
 
 import torch
 
@@ -15,6 +16,13 @@ def peak_mb(device: torch.device) -> float:
     """CUDA: the most memory allocated on `device`; CPU: the process's RSS high-water mark."""
     return (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def _one_off(stats: dict) -> float:
+    """A run's one-off seconds (RunStats as a dict): the step-cost table's measurement, the
+    graphs' captures and --exact's check, at start-up; left out of tokens/s."""
+    return stats.get("profile_s", 0.0) + stats.get("capture_s", 0.0) + \
+        stats.get("exact_check_s", 0.0)
 
 
 def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall: float,
@@ -39,7 +47,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     zero = round((sum(a == 0 for a in acc) + idle) / verified, 4) if verified else 0.0
     peak = peak_mb(device)
     if one_off is None:   # (the step table's measurement, the graphs' captures at start-up)
-        one_off = stats.profile_s + stats.capture_s if stats else 0.0
+        one_off = _one_off(asdict(stats)) if stats else 0.0
     tps = round(stats.generated / (wall - one_off), 3) if stats and wall > one_off else 0.0
     return {
         "method": cfg.method, "batch_size": cfg.batch_size, "requests": len(lines),
@@ -49,6 +57,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         # left out of tokens/s
         "one_off_s": {"step_table": round(stats.profile_s if stats else 0.0, 3),
                       "graph_captures": round(stats.capture_s if stats else 0.0, 3),
+                      "exact_check": round(stats.exact_check_s if stats else 0.0, 3),
                       "total": round(one_off, 3)},
         "tokens_per_s": tps,
         **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain),
@@ -96,10 +105,9 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
     total = sum_stats(parts) if parts else None
     # (the ranks measured their step tables at once; their decoding adds up)
     m = metrics(cfg, lines, total, wall, device, plain,
-                one_off=max((p.get("profile_s", 0.0) + p.get("capture_s", 0.0) for p in parts),
-                            default=0.0),
+                one_off=max((_one_off(p) for p in parts), default=0.0),
                 busy=sum(r["wall_time_s"] for r in ranks)
-                - (total.profile_s + total.capture_s if total else 0))
+                - (_one_off(asdict(total)) if total else 0))
     m["peak_memory_mb"] = round(max(r["peak_memory_mb"] for r in ranks), 1)
     m["world_size"] = len(ranks)
     m["per_rank"] = []

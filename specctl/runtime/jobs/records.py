@@ -172,10 +172,17 @@ def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
 
 
 def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
-    """For a --resume that found nothing: the newest run of the same input, and what differs."""
+    """For a --resume that found nothing: the newest run of the same input, and what differs;
+    or else the newest run of the same input path, whose contents changed since."""
     runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
     if not runs:
-        return ""
+        where = str(Path(cfg.input).resolve())
+        same = [e for e in store.entries("runs") if e.manifest.get("input") == where]
+        if not same:
+            return ""
+        e = max(same, key=lambda e: str(e.manifest.get("created", "")))
+        return (f" (the newest run of {cfg.input}, {e.path.name}, read other contents: a line "
+                "or shard changed, was added or removed since, so its answers are not reused)")
     e = max(runs, key=lambda e: str(e.manifest.get("created", "")))
     old, new, inert = e.manifest.get("config"), asdict(cfg), cfg.inert()
     old = old if isinstance(old, dict) else {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specctl.errors import SpecctlError
@@ -20,7 +22,9 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     controller prices steps by the step-cost table, kept in `store` when one is given with the
     model's fingerprint."""
     # (before the controller: --exact steps have their own table)
-    set_exact(model, cfg, log, store=store, fingerprint=fingerprint)
+    t0 = time.perf_counter()
+    checked = set_exact(model, cfg, log, store=store, fingerprint=fingerprint)
+    check_s = time.perf_counter() - t0 if checked else 0.0
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
@@ -45,6 +49,7 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
             f"not enough {model.device.type.upper()} memory for the KV cache of {slots} "
             f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
+    runner.stats.exact_check_s = check_s   # (one-off: not in tokens/s)
     if cfg.speculate == "auto" and drafter.price().max_draft > 0:   # (ar drafts nothing)
         # after the runner: a step-cost table measured now runs on its cache and graphs
         runner.set_controller(make_controller(drafter, model, slots, store=store,
@@ -53,10 +58,11 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
 
 
 def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
-              fingerprint: str | None = None) -> None:
+              fingerprint: str | None = None) -> bool:
     """The model's numerics as cfg says (--exact); a machine that cannot is a clean error.
     With a store and the model's fingerprint, the start-up check's verdict is kept there per
-    machine (runtime/jobs/exactcheck.py)."""
+    machine (runtime/jobs/exactcheck.py). Whether --exact was set up now (its check made or
+    its verdict taken)."""
     first = cfg.exact and model._exact_linear is None
     threads = torch.get_num_threads()
     try:
@@ -71,9 +77,12 @@ def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
     finally:
         torch.set_num_threads(threads)
     if first:
-        log(f"--exact: batch-invariant {str(model.dtype).removeprefix('torch.')} numerics "
-            f"(matmuls: {model.exact_check}: a row's every operation the same bits alone, "
-            "among 16 prompts, in a chain and in a tree)")
+        kept = "kept in the store per machine, model and dtype; " if store is not None else ""
+        log(f"--exact: batch-invariant {str(model.dtype).removeprefix('torch.')} numerics; "
+            f"matmuls: {model.exact_check} (the check: one row's every operation gives the "
+            "same bits alone as among 16 prompts, in a chain and in a tree; "
+            f"{kept}its time is not counted in tokens/s)")
+    return first
 
 
 def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,

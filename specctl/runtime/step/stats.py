@@ -45,6 +45,7 @@ class RunStats:
     guard_held: int = 0            # steps it held to `ar`
     captures: int = 0              # graph shapes captured when the runner started
     capture_s: float = 0.0         # the seconds they took (out of every step's time)
+    exact_check_s: float = 0.0     # --exact's start-up check, where this run made it
     captures_in_steps: int = 0     # shapes captured inside a step (by design none; such a
                                    # step's time is not learnt)
     preemptions: int = 0           # stages preempted for KV blocks (paged cache), restarted
