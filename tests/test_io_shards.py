@@ -96,9 +96,12 @@ def test_parquet_columns_the_schema_refuses(tmp_path):
     p = parquet(tmp_path / "t.parquet", [{"prompt": "a", "max_tokens": -3}])
     with pytest.raises(SpecctlError, match=r"t\.parquet:1: max_tokens: must be a positive"):
         read_prompts(p)
-    p = parquet(tmp_path / "u.parquet", [{"text": "no format column"}])
-    with pytest.raises(SpecctlError, match="unknown prompt format"):
+    p = parquet(tmp_path / "u.parquet", [{"text": "no format column", "label": 1}])
+    with pytest.raises(SpecctlError, match=r"u\.parquet: no prompt column \(prompt, messages, "
+                       r"turns, body\); its columns: text, label"):
         read_prompts(p)
+    bad = read_prompts(p, skip_bad=True)   # (as a JSONL file of such lines: each row's error)
+    assert "unknown prompt format" in bad[0].error
     p = parquet(tmp_path / "v.parquet", [{"prompt": "a", "messages": [
         {"role": "user", "content": "b"}]}])
     with pytest.raises(SpecctlError, match="ambiguous prompt format"):
@@ -107,8 +110,13 @@ def test_parquet_columns_the_schema_refuses(tmp_path):
 
 def test_files_that_are_not_inputs(tmp_path):
     (tmp_path / "fake.parquet").write_text('{"prompt": "I am JSON"}\n')
-    with pytest.raises(SpecctlError, match=r"fake\.parquet: not a readable Parquet file"):
+    with pytest.raises(SpecctlError, match=r"fake\.parquet: not a readable Parquet file .*"
+                       r"it starts as JSON text: a JSONL file is named \.jsonl"):
         read_prompts(tmp_path / "fake.parquet")
+    (tmp_path / "arr.json").write_text('[{"prompt": "a"}, {"prompt": "b"}]\n')
+    with pytest.raises(SpecctlError, match=r"arr\.json:1: expected a JSON object, got list "
+                       r"\(a prompt file is JSON lines"):
+        read_prompts(tmp_path / "arr.json")
     with pytest.raises(SpecctlError, match="not found"):
         read_prompts(tmp_path / "none.parquet")
     empty = tmp_path / "empty"

@@ -210,7 +210,9 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
 
 def _parse(obj) -> dict:
     if not isinstance(obj, dict):
-        raise _Bad(f"expected a JSON object, got {type(obj).__name__}")
+        raise _Bad(f"expected a JSON object, got {type(obj).__name__}"
+                   + (" (a prompt file is JSON lines: one object a line, not one array)"
+                      if isinstance(obj, list) else ""))
     ident, id_field = _ident(obj)
     category = obj.get("category")
     if category is not None and not isinstance(category, str):

@@ -28,8 +28,9 @@ JSONL = (".jsonl", ".ndjson", ".json")
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")   # (a shard so named is refused by name)
 ROWS_PER_BATCH = 1024   # Parquet rows converted to Python at a time
 # the columns the line schema reads (io/prompts.py): no other column is converted to Python
-COLUMNS = ("prompt", "messages", "turns", "body", "custom_id", "question_id", "id", "category",
-           "max_tokens", "max_completion_tokens", "sampling")
+FORMATS = ("prompt", "messages", "turns", "body")   # (one of them makes a row a prompt)
+COLUMNS = FORMATS + ("custom_id", "question_id", "id", "category", "max_tokens",
+                     "max_completion_tokens", "sampling")
 
 
 def read_shards(path: Path, skip_bad: bool, limit: int | None) -> list[PromptRecord]:
@@ -83,10 +84,14 @@ def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, s
     except FileNotFoundError:
         raise SpecctlError(f"{path}: prompt file not found") from None
     except Exception as e:   # (pyarrow's ArrowInvalid / OSError for a file that is not one)
-        raise SpecctlError(f"{path}: not a readable Parquet file ({_first_line(e)})") from None
+        raise SpecctlError(f"{path}: not a readable Parquet file ({_first_line(e)})"
+                           + _looks_like_json(path)) from None
     records: list[PromptRecord] = []
     row = 0
     columns = [c for c in f.schema_arrow.names if c in COLUMNS]
+    if not skip_bad and f.metadata.num_rows and not set(columns) & set(FORMATS):
+        raise SpecctlError(f"{path}: no prompt column ({', '.join(FORMATS)}); its columns: "
+                           + ", ".join(f.schema_arrow.names[:12]))
     try:
         for batch in f.iter_batches(batch_size=ROWS_PER_BATCH, columns=columns):
             rows = batch.to_pylist() if columns else [{}] * batch.num_rows
@@ -137,6 +142,16 @@ def _parquet():
     except ImportError:   # (datasets brings pyarrow; a bare install may lack it)
         raise SpecctlError("reading Parquet needs pyarrow: pip install pyarrow") from None
     return pq
+
+
+def _looks_like_json(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64).lstrip()
+    except OSError:
+        return ""
+    return "; it starts as JSON text: a JSONL file is named .jsonl" if head[:1] in (b"{", b"[") \
+        else ""
 
 
 def _first_line(e: BaseException) -> str:
