@@ -134,15 +134,15 @@ def test_a_directorys_hash_covers_every_shards_name_and_bytes(tmp_path):
     d.mkdir()
     jsonl(d / "a.jsonl", LINES[:2])
     jsonl(d / "b.jsonl", LINES[2:])
-    one = input_sha256(d, file_sha256)
-    assert input_sha256(d / "a.jsonl", file_sha256) == file_sha256(d / "a.jsonl")
+    one = input_sha256(d)
+    assert input_sha256(d / "a.jsonl") == file_sha256(d / "a.jsonl")
     (d / "_SUCCESS").write_text("")
-    assert input_sha256(d, file_sha256) == one          # (not a shard)
+    assert input_sha256(d) == one          # (not a shard)
     (d / "b.jsonl").rename(d / "0.jsonl")                # (the order changed)
-    assert input_sha256(d, file_sha256) != one
+    assert input_sha256(d) != one
     (d / "0.jsonl").rename(d / "b.jsonl")
     jsonl(d / "b.jsonl", LINES[2:] + LINES[:1])
-    assert input_sha256(d, file_sha256) != one
+    assert input_sha256(d) != one
 
 
 def test_generate_on_shards_is_generate_on_their_jsonl(tmp_path, tiny_llama):

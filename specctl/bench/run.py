@@ -28,7 +28,7 @@ from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
-from specctl.store import Store, atomic_write_json, atomic_write_text, file_sha256, make_manifest, new_id
+from specctl.store import Store, atomic_write_json, atomic_write_text, make_manifest, new_id
 
 
 def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecord], str, str]:
@@ -50,7 +50,7 @@ def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecor
     if own:
         log(f"note: {own} lines carry sampling settings of their own; bench times every line "
             "with the command's settings (generate applies them)")
-    return recs, str(path.resolve()), input_sha256(path, file_sha256)
+    return recs, str(path.resolve()), input_sha256(path)
 
 
 def _env(device: torch.device) -> dict:

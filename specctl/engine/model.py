@@ -222,6 +222,10 @@ class Model:
         self.silu = exact.silu if on else F.silu
         self.apply_rope = exact.apply_rope if on else apply_rope
 
+    def linear_weights(self) -> list[torch.Tensor]:
+        """Every layer's matmul weights in order (QKV, O, gate/up, down): what --exact probes."""
+        return [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
+
     def _exact_rope(self) -> None:
         self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
         self._rope_table.ensure(self.cfg.max_position)   # (no forward then looks at positions)
@@ -231,10 +235,9 @@ class Model:
         t0 = time.perf_counter()
         dt = {torch.float32: "fp32", torch.bfloat16: "bf16",
               torch.float16: "fp16"}.get(self.dtype, str(self.dtype))
-        weights = [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
         self._exact_rope()
         varied = None
-        for f in exact.probe(weights, self.lm_head, self.cfg.head_dim):
+        for f in exact.probe(self.linear_weights(), self.lm_head, self.cfg.head_dim):
             self._exact_linear = f
             self._use_exact(True)
             graphs, self.graphs = self.graphs, None   # (its caches must not evict theirs)

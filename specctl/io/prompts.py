@@ -316,9 +316,9 @@ def read_prompts(path: str | Path, skip_bad: bool = False,
                  limit: int | None = None) -> list[PromptRecord]:
     """The prompt lines of a JSONL file, a Parquet file or a directory of such shards
     (io/shards.py), the first `limit` of them if given."""
+    from specctl.io.shards import PARQUET, read_shards   # (shards reads lines through here)
     path = Path(path)
-    if path.is_dir() or path.suffix.lower() in (".parquet", ".pq"):
-        from specctl.io.shards import read_shards
+    if path.is_dir() or path.suffix.lower() in PARQUET:
         records = read_shards(path, skip_bad, limit)
     else:
         records = read_jsonl(path, skip_bad, limit)
@@ -327,17 +327,18 @@ def read_prompts(path: str | Path, skip_bad: bool = False,
     return records
 
 
-def line_record(obj, index: int, line_no: int, where: str, skip_bad: bool,
+def line_record(obj, index: int, line_no: int, path: Path, skip_bad: bool,
                 source: str | None = None, bad: str | None = None) -> PromptRecord:
-    """One input line (or Parquet row) read as a PromptRecord through the schema: a bad one
-    raises SpecctlError("<where>: <what is wrong>"), or with skip_bad is kept with its error
-    (and its id, where that much could be read). bad: why the line could not even be read."""
+    """Line line_no of path (or a Parquet row) read as a PromptRecord through the schema: a
+    bad one raises SpecctlError("<path>:<line_no>: <what is wrong>"), or with skip_bad is kept
+    with its error (and its id, where that much could be read). bad: why the line could not
+    even be read."""
     try:
         if bad is not None:
             raise _Bad(bad)
         return PromptRecord(index=index, line_no=line_no, source=source, **_parse(obj))
     except _Bad as e:
-        msg = f"{where}: {e}"
+        msg = f"{path}:{line_no}: {e}"
         if not skip_bad:
             raise SpecctlError(msg) from None
         ident, id_field = None, None
@@ -376,8 +377,8 @@ def read_jsonl(path: Path, skip_bad: bool = False, limit: int | None = None, sta
                 if raw is not None and not raw.strip():
                     continue
                 obj, bad = _decode(raw)
-                records.append(line_record(obj, start + len(records), line_no,
-                                           f"{path}:{line_no}", skip_bad, source, bad))
+                records.append(line_record(obj, start + len(records), line_no, path,
+                                           skip_bad, source, bad))
         except OSError as e:
             raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
     return records

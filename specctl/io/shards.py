@@ -22,6 +22,7 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, line_record, read_jsonl
+from specctl.store import file_sha256
 
 PARQUET = (".parquet", ".pq")
 JSONL = (".jsonl", ".ndjson", ".json")
@@ -99,8 +100,8 @@ def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, s
                 if limit is not None and len(records) >= limit:
                     return records
                 row += 1
-                records.append(line_record(_no_nulls(obj), start + len(records), row,
-                                           f"{path}:{row}", skip_bad, source))
+                records.append(line_record(_no_nulls(obj), start + len(records), row, path,
+                                           skip_bad, source))
     except SpecctlError:
         raise
     except Exception as e:   # (a damaged page, a value Arrow cannot turn into Python)
@@ -109,9 +110,9 @@ def read_parquet(path: Path, skip_bad: bool = False, limit: int | None = None, s
     return records
 
 
-def input_sha256(path: Path, file_sha256) -> str:
-    """What --resume matches an input by: a file's sha256 (file_sha256, the store's), or for a
-    directory the sha256 of its shards' names and hashes in order."""
+def input_sha256(path: Path) -> str:
+    """What --resume matches an input by: a file's sha256, or for a directory the sha256 of
+    its shards' names and hashes in order."""
     if not path.is_dir():
         return file_sha256(path)
     h = hashlib.sha256()

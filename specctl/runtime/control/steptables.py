@@ -35,13 +35,19 @@ def device_tag(model) -> str:
 
 
 def _cpu_name() -> str:
+    return cpuinfo(("model name",)) or platform.processor() or platform.machine()
+
+
+def cpuinfo(keys: tuple[str, ...]) -> str | None:
+    """The value of the first /proc/cpuinfo line naming one of keys (None where there is
+    none, or no such file: not Linux)."""
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith("model name"):
+            if line.startswith(keys):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
 
 
 STEP_NS = (1, 2, 4, 8, 16, 32, 64)   # tokens per sequence a stored table measures (the graph

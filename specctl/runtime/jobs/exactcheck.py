@@ -29,7 +29,7 @@ import torch
 from specctl import __version__
 from specctl.engine.exact import named_linear
 from specctl.io.schema import SchemaError, fields, string
-from specctl.runtime.control.steptables import device_tag
+from specctl.runtime.control.steptables import cpuinfo, device_tag
 from specctl.store import atomic_write_json, make_manifest
 
 _ENV = ("ONEDNN_", "DNNL_", "MKL_", "OMP_", "KMP_", "ATEN_", "TORCH_", "OPENBLAS_", "GOTO",
@@ -97,8 +97,7 @@ def _weights_sample(model) -> str:
     """A digest of every _SAMPLE-th value of the weights the probe multiplies (cheap: ~1/4000
     of them), so that two checkpoints of one layout but other values are told apart."""
     h = hashlib.sha256()
-    for w in [w for L in model.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)] + \
-            [model.lm_head]:
+    for w in model.linear_weights() + [model.lm_head]:
         h.update(w.detach().flatten()[::_SAMPLE].float().cpu().numpy().tobytes())
     return h.hexdigest()
 
@@ -109,10 +108,5 @@ def _sha(text: str) -> str:
 
 def _cpu_isa() -> list[str]:
     """The CPU's flags that name vector or matrix instruction sets (Linux; [] elsewhere)."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
-            if line.startswith(("flags", "Features")):
-                return sorted({f for f in line.split(":", 1)[1].split() if f.startswith(_ISA)})
-    except OSError:
-        pass
-    return []
+    flags = cpuinfo(("flags", "Features")) or ""
+    return sorted({f for f in flags.split() if f.startswith(_ISA)})

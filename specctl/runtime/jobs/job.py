@@ -40,7 +40,7 @@ from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resu
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, record_meta, to_request
-from specctl.store import Store, atomic_write_json, file_sha256, make_manifest, new_id
+from specctl.store import Store, atomic_write_json, make_manifest, new_id
 
 
 @dataclass
@@ -183,7 +183,7 @@ def _load(job: _Job, resume: bool = False) -> None:
         if not job.lead:
             job.records = read_input(cfg, Path(cfg.input))
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
-        job.input_sha = input_sha256(Path(cfg.input), file_sha256)
+        job.input_sha = input_sha256(Path(cfg.input))
         job.tk = Tokenization(job.model_dir, cfg.chat)
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):

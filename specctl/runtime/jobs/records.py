@@ -174,10 +174,11 @@ def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
 def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     """For a --resume that found nothing: the newest run of the same input, and what differs;
     or else the newest run of the same input path, whose contents changed since."""
-    runs = [e for e in store.entries("runs") if e.manifest.get("input_sha256") == input_sha]
+    every = store.entries("runs")
+    runs = [e for e in every if e.manifest.get("input_sha256") == input_sha]
     if not runs:
         where = str(Path(cfg.input).resolve())
-        same = [e for e in store.entries("runs") if e.manifest.get("input") == where]
+        same = [e for e in every if e.manifest.get("input") == where]
         if not same:
             return ""
         e = max(same, key=lambda e: str(e.manifest.get("created", "")))

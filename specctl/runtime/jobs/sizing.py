@@ -64,11 +64,12 @@ def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
     machine (runtime/jobs/exactcheck.py). Whether --exact was set up now (its check made or
     its verdict taken)."""
     first = cfg.exact and model._exact_linear is None
+    kept = first and store is not None and fingerprint is not None
     threads = torch.get_num_threads()
     try:
         if first and cfg.threads:   # (checked at the threads the run will use)
             torch.set_num_threads(cfg.threads)
-        if first and store is not None and fingerprint is not None:
+        if kept:
             set_exact_kept(model, store, fingerprint, log)
         else:
             model.set_exact(cfg.exact)
@@ -77,11 +78,11 @@ def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
     finally:
         torch.set_num_threads(threads)
     if first:
-        kept = "kept in the store per machine, model and dtype; " if store is not None else ""
         log(f"--exact: batch-invariant {str(model.dtype).removeprefix('torch.')} numerics; "
             f"matmuls: {model.exact_check} (the check: one row's every operation gives the "
             "same bits alone as among 16 prompts, in a chain and in a tree; "
-            f"{kept}its time is not counted in tokens/s)")
+            f"{'kept in the store per machine, model and dtype; ' if kept else ''}"
+            "its time is not counted in tokens/s)")
     return first
 
 
