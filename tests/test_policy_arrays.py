@@ -122,6 +122,30 @@ def test_search_finds_the_best_goodput_of_a_packed_step(tiles):
         assert good == pytest.approx(_brute(gains, caps, cost, True), rel=1e-9), trial
 
 
+@pytest.mark.parametrize("tree", [False, True])
+def test_critical_paths_are_each_prefixs_slowest_sequence(tree):
+    """The drain's critical path of every prefix of the hull order, computed by sorting (no
+    [prefixes, batch] array), equals its definition: max over the sequences of their steps
+    left at the budgets the prefix gives them (ties and zero gains included)."""
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        b, width = int(rng.integers(1, 9)), int(rng.integers(1, 7))
+        inc = rng.random((b, width)) * (rng.random((b, width)) < 0.7)
+        if trial % 3 == 0:
+            inc = np.round(inc, 1)   # (ties between sequences' values)
+        if not tree:
+            inc = np.cumprod(inc, axis=1)
+        gains = np.concatenate((np.ones((b, 1)), 1 + np.cumsum(inc, axis=1)), axis=1)
+        caps = rng.integers(0, width + 1, b)
+        left = rng.integers(1, 60, b).astype(float)
+        seq, _ = policy.hull_order(gains, caps)
+        want = []
+        for c in range(len(seq) + 1):
+            ks = np.bincount(seq[:c], minlength=b)
+            want.append(max(left[i] / (gains[i, ks[i]] - gains[i, 0] + 1) for i in range(b)))
+        assert np.allclose(policy.critical_paths(gains, seq, left), want), trial
+
+
 def test_learning_a_batch_is_learning_each_sequence():
     rng = np.random.default_rng(3)
     for tree in (False, True):

@@ -99,14 +99,48 @@ def drain_best(gains: np.ndarray, t: np.ndarray, seq: np.ndarray, levels: np.nda
     step's cost), and the batch's goodput is beside the point: drafts for a sequence that ends
     early make every step dearer and the job no shorter. (At the H100's batch 32 most steps
     accepted nothing while each cost 1.4x: goodput per step was the wrong objective there.)"""
-    b = len(gains)
-    hot = np.zeros((len(seq) + 1, b), dtype=np.int64)
-    hot[np.arange(1, len(seq) + 1), seq] = 1
-    ks = np.concatenate((np.cumsum(hot, axis=0), levels.T))           # [candidates, b]
-    per_step = 1 + gains[np.arange(b)[None, :], ks] - gains[:, 0][None, :]
-    steps = (np.asarray(left, dtype=np.float64)[None, :] / per_step).max(axis=1)
+    left = np.asarray(left, dtype=np.float64)
+    rows = np.arange(len(gains))[:, None]
+    at_levels = (left[:, None] / (1 + gains[rows, levels] - gains[:, :1])).max(axis=0)
+    steps = np.concatenate((critical_paths(gains, seq, left), at_levels))
     job = np.where(t > 0, t, np.inf) * steps
     return int(np.argmax(job <= job.min() * (1 + 1e-9)))   # the first near the best
+
+
+def critical_paths(gains: np.ndarray, seq: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """[len(seq) + 1]: for each prefix c of the order `seq` (c units given, a sequence's units
+    in its own order), max_i left_i / (1 + gain_i(k_i(c)) - gain_i(0)): the steps the slowest
+    sequence has left. In O(M log M) over the M = len(seq) + B values, not O(M B): a prefix's
+    path is at most v iff every sequence has reached a budget whose value is at most v, so with
+    the values in falling order, T(v) = the first prefix at which every sequence's value is at
+    most v is a running maximum, and the path of prefix c is the least v with T(v) <= c.
+
+    Worked example: two sequences, left (4, 2), the order (a, a, b); a's values by budget
+    4/1, 4/1.5, 4/1.8 = (4, 2.67, 2.22) and b's 2/1, 2/1.4 = (2, 1.43). Prefix 0: max(4, 2) =
+    4; prefix 1: max(2.67, 2) = 2.67; prefix 2: 2.22; prefix 3: max(2.22, 1.43) = 2.22."""
+    b, n = len(gains), len(seq)
+    # each unit's budget: its rank among its sequence's units (they come in budget order)
+    order = np.argsort(seq, kind="stable")
+    counts = np.bincount(seq, minlength=b)
+    starts = np.cumsum(counts) - counts
+    k = np.empty(n, dtype=np.int64)
+    k[order] = np.arange(n) - np.repeat(starts, counts) + 1
+    # the values: each sequence's at budget 0 (its steps left), then after each of its units
+    vals = np.concatenate((left, left[seq] / (1 + gains[seq, k] - gains[seq, 0])))
+    # the prefix from which a value no longer holds: its sequence's next unit's (n + 1 after
+    # its last: never)
+    unit_of = np.full((b, int(counts.max(initial=0)) + 2), n + 1, dtype=np.int64)
+    unit_of[seq, k] = np.arange(1, n + 1)
+    owner = np.concatenate((np.arange(b), seq))
+    budget = np.concatenate((np.zeros(b, dtype=np.int64), k))
+    until = unit_of[owner, budget + 1]
+    # in falling order, the path of prefix c is at least a value iff c is before the `until`
+    # of that value or of a larger one: reach[m] (a running max); its path is the value of the
+    # first m whose reach is past c
+    fall = np.argsort(-vals, kind="stable")
+    reach = np.maximum.accumulate(until[fall])
+    at = np.searchsorted(reach, np.arange(n + 1), side="right")
+    return vals[fall][np.minimum(at, len(fall) - 1)]
 
 
 def _search_one(gains: np.ndarray, cap: int, cost: StepCost, probes: bool) -> int:
