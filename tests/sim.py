@@ -6,6 +6,17 @@ the runner reads that clock instead of the wall's. So the controller, the lean s
 guard decide on the GPU's prices, deterministically, while the tiny model's tokens stay real
 (losslessness is still checked).
 
+The host-charged clock (host > 0) also charges what the GPU's host pays serially with its
+launches: every second of this process's own CPU time outside the model's forwards (the
+controller's search, drafting logic, verification, commit, admission, the prefill's
+bookkeeping) times `host`, the ratio of the GPU machine's host to this one on the same work
+(HOST: the H200 machine ran `ar`'s batch-64 step bookkeeping at 40.5 us a sequence-step,
+bench-results/2026-11-28-gpu-74f1c5f/host-profile-b64.md, this 2-core EPYC 18.7 on the tiny
+model's: ~2.2; the issue's 2.5 from the H100's is kept, the larger), and prices each prefill
+forward by the GPU's measured prefill table (prefill_table(): eager, 8.5 ms for one prompt,
+~15 for 4 or 16, whatever their tokens). CPU time, not wall: another process on the machine
+does not count as this one's host work.
+
     clock = SimClock(table, slots=32)
     out, stats = sim_run(model, prompts, drafter, clock, monkeypatch, batch_size=32, ...)
     clock.t   # seconds of device time the run's steps took
@@ -14,6 +25,7 @@ guard decide on the GPU's prices, deterministically, while the tiny model's toke
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from specctl.engine.batch import FULL
@@ -29,10 +41,22 @@ from specctl.speculative.verify import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "bench-results/2026-11-23-engine-step/steps-demo.json"
+PREFILL = ROOT / "bench-results/2026-11-28-gpu-74f1c5f/prefill-cost.json"
+HOST = 2.5   # the GPU machine's host time per unit of this machine's (module docstring)
 
 
 def h100_table() -> StepTable:
     return StepTable.from_json(json.loads(H100.read_text()))
+
+
+def prefill_table():
+    """ms of an eager prefill forward of p prompts on the GPU (the committed measurement: the
+    median over its token counts for each prompt count, linear between them)."""
+    import numpy as np
+    rows = json.loads(PREFILL.read_text())["rows"]
+    ps = sorted({r["prompts"] for r in rows})
+    ms = [float(np.median([r["ms"] for r in rows if r["prompts"] == p])) for p in ps]
+    return lambda p: float(np.interp(p, ps, ms))
 
 
 class SimClock:
@@ -41,19 +65,31 @@ class SimClock:
     it: eager on a GPU) costs prefill_ms plus token_us a prompt token (default nothing)."""
 
     def __init__(self, table: StepTable, slots: int, dear=None, prefill_ms: float = 0.0,
-                 token_us: float = 0.0):
+                 token_us: float = 0.0, host: float = 0.0, prefill=None):
         self.table, self.slots, self.dear = table, slots, dear
         self.prefill_ms, self.token_us = prefill_ms, token_us
-        self.t = 0.0
+        self.host, self.prefill = host, prefill   # (prefill: ms by prompts, prefill_table)
         self.price = DraftPrice()
         self.paused = False   # (prefill: its forwards are not what a step table prices)
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero: the device's seconds and the host's (from now on)."""
+        self.t = 0.0
+        self.inside = 0.0   # this thread's CPU seconds inside the model's forwards
+        self.cpu0 = time.thread_time()
+
+    def host_s(self) -> float:
+        """The host's charged seconds so far: CPU time outside the forwards, times host."""
+        return self.host * (time.thread_time() - self.cpu0 - self.inside) if self.host else 0.0
 
     def __call__(self) -> float:
-        return self.t
+        return self.t + self.host_s()
 
     def forward(self, batch, plan) -> None:
         if self.paused:
-            self.t += (self.prefill_ms + self.token_us * batch.num_tokens / 1e3) / 1e3
+            fixed = self.prefill(len(batch.seqs)) if self.prefill else self.prefill_ms
+            self.t += (fixed + self.token_us * batch.num_tokens / 1e3) / 1e3
             return
         b, n = len(batch.seqs), grid_n(max(batch.num_new))
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)
@@ -79,15 +115,22 @@ def timed_model(model, clock: SimClock, monkeypatch):
     def run(batch, kv, plan=FULL, hidden=None, head=None):
         clock.forward(batch, plan)
         inside.append(1)
+        t = time.thread_time()
         try:
             return cls.run(model, batch, kv, plan, hidden, head)
         finally:
             inside.pop()
+            clock.inside += time.thread_time() - t
 
     def forward(batch, kv, plan=FULL, hidden=None):
-        if not inside:
-            clock.forward(batch, plan)
-        return cls.forward(model, batch, kv, plan, hidden)
+        if inside:
+            return cls.forward(model, batch, kv, plan, hidden)
+        clock.forward(batch, plan)
+        t = time.thread_time()
+        try:
+            return cls.forward(model, batch, kv, plan, hidden)
+        finally:
+            clock.inside += time.thread_time() - t
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
     return model
@@ -100,13 +143,16 @@ def sim_controller(drafter, table: StepTable, **kw) -> Controller:
                       tree=price.tree, **kw)
 
 
-def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_tokens: int,
+def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_tokens,
             controller=None, max_len: int = 320):
-    """(outputs in input order, RunStats) of a run on the simulated clock."""
+    """(outputs in input order, RunStats) of a run on the simulated clock. max_tokens: one
+    for every prompt, or a list (answers of different lengths). The host is charged from the
+    run's start (the runner's construction is not the run's)."""
     drafter = drafter or NoDraft()
     clock.price = drafter.price()
-    reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens)
-            for i in range(len(prompts))]
+    lens = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
+    reqs = [Request(i, [[{"role": "user", "content": str(i)}]], n)
+            for i, n in enumerate(lens)]
     out: dict[int, list[int]] = {}
     runner = Runner(model, drafter, SamplingParams(), batch_size=batch_size, max_len=max_len,
                     eos_ids=set(), render=lambda r: prompts[r.index],
@@ -122,6 +168,7 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
         finally:
             clock.paused = False
     runner._prefill = untimed
+    clock.cpu0, clock.inside = time.thread_time(), 0.0
     stats = runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))], stats
 
@@ -161,6 +208,52 @@ class OracleChains(Drafter):
 
     def fresh(self) -> "OracleChains":
         return OracleChains(self.ref, self.p, self.K, period=self.period)
+
+
+TRACES = ROOT / "tests/data/selfdraft-traces.json"
+
+
+def traces() -> list[str]:
+    """Real text's acceptance: for each answer the demo model gave to a held-out ShareGPT
+    question (greedy, fp32, Self-Draft fixed at batch 1, context cache only), a character per
+    output position: "1" where Self-Draft's draft for it was accepted, "0" where it drafted
+    for it and was wrong, "-" where it had nothing to draft (tests/data/make_traces.py).
+    Acceptance drifts within an answer: stretches the drafter knows, then stretches it does
+    not, and early in an answer (its caches still empty) it mostly has nothing to offer."""
+    return json.loads(TRACES.read_text())["known"]
+
+
+class TraceChains(OracleChains):
+    """Oracle chains whose acceptance replays a trace (traces()): sequence i's draft for
+    output position j is right iff known[i % len(known)][j] is "1" (past the trace's end:
+    wrong), and a sequence whose next position is "-" proposes nothing (as Self-Draft, with
+    no candidate, drafts nothing). With lengths = trace_lengths(n) the answers also end where
+    the real ones did."""
+    name = "trace"
+
+    def __init__(self, ref: list[list[int]], known: list[str], K: int = 8):
+        super().__init__(ref, [1.0] * len(ref), K)
+        self.known = known
+
+    def _p(self, index: int, at: int) -> float:
+        bits = self.known[index % len(self.known)]
+        return 1.0 if at < len(bits) and bits[at] == "1" else 0.0
+
+    def propose(self, seqs, kv, limits: DraftLimits) -> list[Proposal]:
+        out = super().propose(seqs, kv, limits)
+        for i, s in enumerate(seqs):
+            bits, at = self.known[s.req.index % len(self.known)], len(s.out_ids)
+            if at >= len(bits) or bits[at] == "-":
+                out[i] = Proposal(DraftTree.chain([]), forwards=0, conf=[])
+        return out
+
+    def fresh(self) -> "TraceChains":
+        return TraceChains(self.ref, self.known, self.K)
+
+
+def trace_lengths(n: int, known: list[str]) -> list[int]:
+    """The answer lengths of n requests replaying the traces in turn."""
+    return [len(known[i % len(known)]) for i in range(n)]
 
 
 def against_ar(model, prompts, drafters: dict, table: StepTable, monkeypatch, *,

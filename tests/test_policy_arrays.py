@@ -146,6 +146,36 @@ def test_critical_paths_are_each_prefixs_slowest_sequence(tree):
         assert np.allclose(policy.critical_paths(gains, seq, left), want), trial
 
 
+@pytest.mark.parametrize("probe", [0, 3])
+def test_padded_search_is_the_best_of_every_allocation(probe):
+    """Captured graphs pad every sequence to the longest (no draft forwards priced: Self-Draft
+    on CUDA): the levels-only search finds the best goodput, and while draining the shortest
+    critical path, of every allocation there is."""
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        t = _table(lambda b, n: 2.0 + 0.05 * b + rng.random() * 0.2 * n, tiles=False)
+        cost = StepCost(t, padded=True, probe=probe)
+        acc = Acceptance(4, bool(probe), prior_accept=float(rng.random()))
+        keys = list(range(3))
+        for key in keys:
+            for _ in range(int(rng.integers(0, 6))):
+                acc.learn(key, 4, list(range(int(rng.integers(0, 5)))))
+        gains, caps = acc.gains_many(keys), rng.integers(0, 5, 3)
+        left = rng.integers(1, 40, 3).astype(float)
+        every = list(itertools.product(*[range(int(c) + 1) for c in caps]))
+
+        def good(ks):
+            return sum(gains[i][k] for i, k in enumerate(ks)) / cost.step_ms(list(ks), True)
+
+        def job(ks):
+            return cost.step_ms(list(ks), True) * max(left[i] / gains[i][k]
+                                                     for i, k in enumerate(ks))
+        ks = policy.search(gains, caps, cost, True)
+        assert good(ks) == pytest.approx(max(good(x) for x in every), rel=1e-9), trial
+        ks = policy.search(gains, caps, cost, True, left)
+        assert job(ks) == pytest.approx(min(job(x) for x in every), rel=1e-9), trial
+
+
 def test_learning_a_batch_is_learning_each_sequence():
     rng = np.random.default_rng(3)
     for tree in (False, True):
