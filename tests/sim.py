@@ -35,18 +35,26 @@ from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.runner import Runner
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.control.stepcost import StepCost
-from specctl.speculative.drafter import DraftLimits, DraftPrice, Drafter, NoDraft, Proposal
+from specctl.speculative.drafter import (NO_DRAFT, DraftLimits, DraftPrice, Drafter, NoDraft,
+                                         Proposal)
 from specctl.speculative.sampling import SamplingParams
 from specctl.speculative.verify import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "bench-results/2026-11-23-engine-step/steps-demo.json"
+H200_FUSED = ROOT / "bench-results/2026-11-28-gpu-74f1c5f/steps-demo-fused.json"
 PREFILL = ROOT / "bench-results/2026-11-28-gpu-74f1c5f/prefill-cost.json"
 HOST = 2.5   # the GPU machine's host time per unit of this machine's (module docstring)
 
 
 def h100_table() -> StepTable:
     return StepTable.from_json(json.loads(H100.read_text()))
+
+
+def h200_fused_table() -> StepTable:
+    """The demo shape's step on the H200 with the fused layer, CUDA's default since 74f1c5f
+    (h100_table is the SDPA step of 2026-11-23)."""
+    return StepTable.from_json(json.loads(H200_FUSED.read_text()))
 
 
 def prefill_table():
@@ -78,10 +86,29 @@ class SimClock:
         self.t = 0.0
         self.inside = 0.0   # this thread's CPU seconds inside the model's forwards
         self.cpu0 = time.thread_time()
+        self.window = 0.0   # device seconds of the last forward not yet overlapped by the host
+        self.hidden = 0.0   # host seconds charged that ran while a forward did
 
     def host_s(self) -> float:
-        """The host's charged seconds so far: CPU time outside the forwards, times host."""
-        return self.host * (time.thread_time() - self.cpu0 - self.inside) if self.host else 0.0
+        """The host's charged seconds so far: CPU time outside the forwards, times host, less
+        what ran while the device computed (overlapped)."""
+        if not self.host:
+            return 0.0
+        return self.host * (time.thread_time() - self.cpu0 - self.inside) - self.hidden
+
+    def overlapped(self, fn):
+        """fn, whose host time runs while the last forward computes on the device (issued
+        between a forward and the host's first read of its output, as on CUDA): it costs
+        only what it takes beyond that forward's device time."""
+        def run(*a, **kw):
+            c0 = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                hid = min(self.host * (time.thread_time() - c0), self.window)
+                self.hidden += hid
+                self.window -= hid
+        return run
 
     def __call__(self) -> float:
         return self.t + self.host_s()
@@ -100,6 +127,7 @@ class SimClock:
         if self.dear is not None:
             ms *= self.dear(plan, n)
         self.t += ms / 1e3
+        self.window = ms / 1e3
 
     def sleep(self, s: float) -> None:
         self.t += s
@@ -133,6 +161,20 @@ def timed_model(model, clock: SimClock, monkeypatch):
             clock.inside += time.thread_time() - t
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
+    # Kangaroo's adapter is device work too (inside the captured forwards on a GPU; its
+    # prefill rows a few eager kernels): its CPU time here is not the host's
+    from specctl.speculative.kangaroo import Adapter
+    for name in ("decode", "write_rows"):
+        fn = getattr(Adapter, name)
+
+        def device(self, *a, _fn=fn, **kw):
+            t = time.thread_time()
+            try:
+                return _fn(self, *a, **kw)
+            finally:
+                if not inside:
+                    clock.inside += time.thread_time() - t
+        monkeypatch.setattr(Adapter, name, device)
     return model
 
 
@@ -168,7 +210,9 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
         finally:
             clock.paused = False
     runner._prefill = untimed
-    clock.cpu0, clock.inside = time.thread_time(), 0.0
+    if controller is not None:   # (its next step's search runs while the forward does)
+        controller.prefetch = clock.overlapped(controller.prefetch)
+    clock.cpu0, clock.inside, clock.hidden = time.thread_time(), 0.0, 0.0
     stats = runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))], stats
 
@@ -202,6 +246,9 @@ class OracleChains(Drafter):
                 toks.append(want[at + j] if right else (want[min(at + j, len(want) - 1)] + 1) % 7)
             out.append(Proposal(DraftTree.chain(toks), forwards=0, conf=[1.0] * len(toks)))
         return out
+
+    def idle(self, seqs, kv) -> list[Proposal]:   # (as every real drafter's: no per-sequence
+        return [NO_DRAFT] * len(seqs)               # work in a lean step)
 
     def price(self) -> DraftPrice:
         return DraftPrice(max_draft=self.K)

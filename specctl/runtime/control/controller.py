@@ -126,6 +126,7 @@ class Controller:
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
+        self._next: tuple | None = None   # prefetch's search for the step after this one
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         got = self._lean.get((b, contrast))
@@ -138,7 +139,7 @@ class Controller:
         return bool(self.explore_every) and self.steps - self.last_explore >= self.period \
             and sum(room) >= self.explore_every * len(room)   # steps left to use the lesson
 
-    def plan_lean(self, b: int) -> Budgets | None:
+    def plan_lean(self, b: int, drain: bool = False) -> Budgets | None:
         """This step's budgets when they are a lean step's without looking at the sequences
         (a contrast step is due, the guard holds, or a lean stretch goes on and no exploring
         step can be due): plan's decision, at a lean step's cost. None: ask decide."""
@@ -147,13 +148,17 @@ class Controller:
             self.contrasts += 1
             self.steps = self.last_bare = s
             return self._lean_budgets(b, contrast=True)
-        if not self.guard.hold and (s >= self.lean_until or (
-                self.explore_every and s - self.last_explore >= self.period
-                and s >= self.next_try)):
+        if not self.guard.hold and self._may_search(s, drain):
             return None
         self.steps = self.last_bare = s
         self.guard.holding()   # (counts a held step)
         return self._lean_budgets(b)
+
+    def _may_search(self, s: int, drain: bool) -> bool:
+        """Whether step s may search: past a lean stretch, or an exploring step may be due
+        and paid for (never while draining: decide)."""
+        return s >= self.lean_until or bool(self.explore_every) and not drain and \
+            s - self.last_explore >= self.period and s >= self.next_try
 
     def _contrast_due(self, s: int) -> bool:
         """Whether step s is a contrast step: drafting steps have been timed and the steps
@@ -165,7 +170,7 @@ class Controller:
     def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
         request waits (the job ends with its slowest sequence: policy.drain_best)."""
-        got = self.plan_lean(len(keys))
+        got = self.plan_lean(len(keys), drain)
         return got if got is not None else self.decide(keys, room, drain)
 
     def decide(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
@@ -176,13 +181,15 @@ class Controller:
             self.last_bare = self.steps                # step due, and paid for, searches)
             return self._lean_budgets(len(keys))
         c = self.cost
-        probes = policy.probes_pay(c, len(keys), self.probe_share)
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
-        # (draining, the slowest's gains: the stop rule and the expected tokens read them too,
-        # so a drain's predicted tokens are its critical path's, not the batch's mean)
-        gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
-        ks = policy.search(gains, caps, c, probes, np.asarray(room) + 1 if drain else None)
-        self.searches += 1
+        nxt, self._next = self._next, None
+        if nxt is not None and nxt[:2] == (self.steps, drain):   # (prefetch's, this step's)
+            _, _, got, fill, gains, probes = nxt
+            ks = [min(int(cap), got.get(k, fill)) for k, cap in zip(keys, caps)]
+            if len(gains) != len(keys) or any(k not in got for k in keys):
+                gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
+        else:
+            probes, gains, ks = self._search(keys, room, drain)
         if any(ks):
             self.idle = 0
         else:   # nothing pays: lean steps until the next search, backing off
@@ -206,6 +213,42 @@ class Controller:
         return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
+
+    def _search(self, keys: list, room, drain: bool) -> tuple[bool, np.ndarray, list[int]]:
+        """(probes, gains, budgets) of the best step for these sequences (policy.search)."""
+        c = self.cost
+        probes = policy.probes_pay(c, len(keys), self.probe_share)
+        caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
+        # (draining, the slowest's gains: the stop rule and the expected tokens read them too,
+        # so a drain's predicted tokens are its critical path's, not the batch's mean)
+        gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
+        self.searches += 1
+        return probes, gains, policy.search(gains, caps, c, probes,
+                                            np.asarray(room) + 1 if drain else None)
+
+    def prefetch(self, keys: list, room, drain: bool = False) -> None:
+        """The next step's search, made while this step's forward runs (on CUDA the host
+        waits for it anyway: the step's verify reads its argmax), so the step loop does not
+        wait for the search. Over these sequences with room less this step's one sure token,
+        from the acceptance known now (a step behind, the price of running early). decide
+        takes it at the next step if that step searches with the same drain flag: each
+        sequence's budget capped by its room then; a sequence admitted since gets the level
+        where the search gives every sequence one (captured graphs: policy._search_levels),
+        else 0. Skipped where the next step will not search (a lean stretch, the guard).
+        room: a callable giving it (not worked out where nothing is searched)."""
+        self._next = None
+        if not self.searches_next(drain):
+            return
+        s, room = self.steps + 1, [max(0, r - 1) for r in room()]
+        if s < self.lean_until and (drain or not self._explore_due(room)):
+            return   # (decide would not search: as its own lean-stretch test)
+        probes, gains, ks = self._search(keys, room, drain)
+        fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
+        self._next = (s, drain, dict(zip(keys, ks)), fill, gains, probes)
+
+    def searches_next(self, drain: bool) -> bool:
+        """Whether the next step may search (prefetch's first test: a lean step's cheap)."""
+        return not self.guard.hold and bool(self.K) and self._may_search(self.steps + 1, drain)
 
     def lean_batch(self) -> int:
         """How many lean steps of one batch size the runner may learn as one, by their mean

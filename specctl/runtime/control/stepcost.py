@@ -109,8 +109,10 @@ class StepCost:
     def _ms_one(self, b: int) -> np.ndarray:
         """table ms(n, 1) for n = 0 .. b (a draft forward of n sequences)."""
         one = self._ones.get(b)
-        if one is None:
-            one = self._ones[b] = np.array([0.0] + [self.table.ms(n, 1) for n in range(1, b + 1)])
+        if one is None:   # (a prefix of the largest batch's: a draining batch meets every b)
+            big = max((x for x in self._ones if x > b), default=None)
+            one = self._ones[b] = self._ones[big][:b + 1] if big is not None else \
+                np.array([0.0] + [self.table.ms(n, 1) for n in range(1, b + 1)])
         return one
 
     def table_prices(self, sh: Shapes, probes: bool = True):

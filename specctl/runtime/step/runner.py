@@ -373,6 +373,9 @@ class Runner:
         emitted = self.stats.generated
         plan = self.planner.plan(seqs, drain, self.clock)
         h = self.planner.execute(plan)
+        # (on CUDA the forward runs on while the host searches for the next step: verify's
+        # argmax is the step's first wait)
+        ahead = self.planner.prefetch(plan, drain, self.clock)
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
@@ -383,9 +386,9 @@ class Runner:
         b = plan.budgets
         if b is not None:
             took = (self.clock() - t0) * 1e3
-            self.stats.search_ms += plan.search_ms
+            self.stats.search_ms += plan.search_ms + ahead
             if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
-                took -= plan.search_ms   # for by its backoff: ar's step has none)
+                took -= plan.search_ms + ahead   # for by its backoff: ar's step has none)
             work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)

@@ -74,14 +74,10 @@ class Planner:
         clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
         kv, ctl = self.kv, self.controller
         if ctl is not None:
-            budgets = ctl.plan_lean(len(seqs))
+            budgets = ctl.plan_lean(len(seqs), drain)
             if budgets is not None:   # ar's step: no room, limits nor checks to work out
                 return self._planned(seqs, budgets, self.drafter.idle(seqs, kv))
-        # drafts a sequence may accept: with the bonus token after them, a step emits at most
-        # room + 1 tokens, so neither the token budget nor the context (prompt and answer
-        # together at most max_len tokens, where ar stops) is passed
-        room = [max(0, min(self.max_len - kv.lens[s.slot] - 2,
-                           s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
+        room = self._room(seqs)
         budgets, search_ms = None, 0.0
         if ctl is not None:
             t = clock() if clock else 0.0
@@ -102,6 +98,24 @@ class Planner:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
         return self._planned(seqs, budgets, props, search_ms)
+
+    def _room(self, seqs: list[Sequence]) -> list[int]:
+        """The drafts each sequence may accept: with the bonus token after them, a step emits
+        at most room + 1 tokens, so neither the token budget nor the context (prompt and
+        answer together at most max_len tokens, where ar stops) is passed."""
+        lens = self.kv.lens
+        return [max(0, min(self.max_len - lens[s.slot] - 2,
+                           s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
+
+    def prefetch(self, plan: StepPlan, drain: bool, clock=None) -> float:
+        """The controller's search for the next step, run while this step's forward does
+        (Controller.prefetch); returns its ms on `clock`."""
+        ctl = self.controller
+        if ctl is None or not ctl.searches_next(drain):
+            return 0.0
+        t = clock() if clock else 0.0
+        ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
+        return (clock() - t) * 1e3 if clock else 0.0
 
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
                  props: list[Proposal], search_ms: float = 0.0) -> StepPlan:
