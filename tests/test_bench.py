@@ -310,6 +310,9 @@ def test_report_tables_and_markdown(full, tmp_path):
     assert "Where the time went" in text and "| method | batch | wall s | decode steps s |" in text
     split = text.split("Where the time went")[1]
     assert "| ar | 1 |" in split and "| draft-verify | 3 |" in split and "| hf |" not in split
+    # the steps' own speedup beside the wall's: ar's decode seconds over the row's
+    import re
+    assert re.search(r"\| ar \| 1 \| [0-9.]+ \| [0-9.]+ \| 1\.00x \|", split), split
     assert text == (full["dir"] / "table.md").read_text()   # what bench stored
     r = ok(invoke("store", "ls", "--kind", "benches", "--store", store))
     assert ident in r.output

@@ -124,14 +124,20 @@ def category_rows(res: dict) -> list[list[str]]:
     return out
 
 
-TIME_COLUMNS = ("method", "batch", "wall s", "decode steps s", "prefill s (forwards)",
-                "search s", "rest s", "lean / drafting ms a step")
+TIME_COLUMNS = ("method", "batch", "wall s", "decode steps s", "decode x ar",
+                "prefill s (forwards)", "search s", "rest s", "lean / drafting ms a step")
 
 
 def time_rows(res: dict) -> list[list[str]]:
     """Where each specctl row's first repeat spent its wall time (its `time_split`): decode
     steps, prefill, the controller's search within the steps, and the rest (admission,
-    retiring, output); under auto, its lean and drafting steps' mean ms."""
+    retiring, output); under auto, its lean and drafting steps' mean ms. decode x ar: `ar`'s
+    decode-step seconds at the same batch over the row's (the same prompts and tokens): the
+    speedup of the steps alone, which a schedule that prefills its prompts in fewer forwards
+    does not move (on the H200 at 74f1c5f the batch-8 rows were 1.31-1.60x `ar` on the wall
+    while drafting nothing: `auto` admits a few prompts a forward, `ar` one)."""
+    ar = {r["batch_size"]: r["time_split"]["steps_s"] for r in res["rows"]
+          if r["method"] == "ar" and r.get("time_split")}
     out = []
     for r in res["rows"]:
         ts = r.get("time_split")
@@ -140,8 +146,11 @@ def time_rows(res: dict) -> list[list[str]]:
         wall = r["wall_s"]["runs"][0]
         spec = r.get("speculation") or {}
         lean, drafting = spec.get("lean_step_ms"), spec.get("drafting_step_ms")
+        base = ar.get(r["batch_size"])
+        vs = f"{base / ts['steps_s']:.2f}x" if base and ts["steps_s"] > 0 else "-"
         out.append([r["method"], str(r["batch_size"]), f"{wall:.2f}", f"{ts['steps_s']:.2f}",
-                    f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']})", f"{ts['search_s']:.2f}",
+                    vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']})",
+                    f"{ts['search_s']:.2f}",
                     f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
                     f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])
     return out

@@ -285,6 +285,8 @@ class SelfDraftDrafter(Drafter):
         return out
 
     def observe(self, seqs, proposals, verdicts, probe_out) -> None:
+        if all(pr is IDLE for pr in proposals):   # a lean step: its text is indexed when a
+            return                                 # step next drafts (propose)
         p, g = self.prm, self.prm.gram
         grams: list = []   # the step's context grams, pushed in one call, in order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
