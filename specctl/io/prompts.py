@@ -269,6 +269,20 @@ def _parse(obj) -> dict:
                 max_tokens=max_tokens, raw_prompt=raw, sampling=sampling)
 
 
+def record_from_json(d: dict) -> PromptRecord:
+    """A PromptRecord from the JSON of its asdict() (what the Ray driver sends its actors), as
+    the driver read it: JSON makes tuples lists, and a list in a line's settings (its stop
+    strings) made the settings unhashable where lines are grouped by them
+    (runtime/jobs/groups.py): the job failed on any line with a stop list of its own."""
+    d = dict(d)
+    if d.get("turns") is not None:
+        d["turns"] = tuple(tuple(stage) for stage in d["turns"])
+    if d.get("sampling") is not None:
+        d["sampling"] = {k: tuple(v) if isinstance(v, list) else v
+                         for k, v in d["sampling"].items()}
+    return PromptRecord(**d)
+
+
 def prompt_record(prompt, index: int = 0) -> PromptRecord:
     """One prompt given in memory as a PromptRecord: a string (a user message), a list of
     {"role", "content"} messages, or a dict in any of the line formats above."""
