@@ -114,3 +114,52 @@ def test_dumps_escapes_the_breaks_json_leaves_raw():
     line = dumps({"text": BREAKS})
     assert "\n" not in line and len(line.splitlines()) == 1
     assert json.loads(line) == {"text": BREAKS}
+
+
+def test_a_full_store_names_the_file_and_resume_and_tokens_per_s_after_it(
+        tmp_path, tiny_llama, monkeypatch, count_generated):
+    """The disk fills while the run writes its records (after the first), then while it
+    writes its metrics: each error names the file and --resume; the resumed run that had
+    nothing left to generate does not claim 0.0 tokens/s."""
+    import errno
+
+    from specctl.runtime.jobs import merge, records
+    inp, out, store = tmp_path / "p.jsonl", tmp_path / "o.jsonl", tmp_path / "store"
+    inp.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:3]), encoding="utf-8")
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    class Full:   # a record file on a disk that fills after one line
+        def __init__(self, fh):
+            self.fh, self.lines = fh, 0
+
+        def write(self, text):
+            self.lines += 1
+            if self.lines > 1:
+                raise full
+            return self.fh.write(text)
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+    real_init = records.RecordWriter.__init__
+
+    def init(self, path):
+        real_init(self, path)
+        self.fh = Full(self.fh)
+    with monkeypatch.context() as mp:
+        mp.setattr(records.RecordWriter, "__init__", init)
+        r = runner.invoke(app, args(inp, out, store, tiny_llama, "--batch-size", 1))
+    fails(r, "records.jsonl", "No space left", "--resume")
+
+    def no_metrics(path, obj):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as mp:
+        mp.setattr(merge, "atomic_write_json", no_metrics)
+        r = runner.invoke(app, args(inp, out, store, tiny_llama, "--resume"))
+    fails(r, "metrics.json", "--resume")
+    count_generated.clear()
+    r = runner.invoke(app, args(inp, out, store, tiny_llama, "--resume"))
+    assert r.exit_code == 0, r.output
+    assert count_generated == [] and "0.0 tokens/s" not in r.output
+    assert "tokens/s not measured" in " ".join(r.output.split())
+    (run,) = (store / "runs").iterdir()
+    assert json.loads((run / "metrics.json").read_text())["tokens_per_s"] is None

@@ -86,8 +86,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         writable_file(path)   # (again: something may have been put there meanwhile)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:   # (a write's: a full disk)
+            e.filename = str(path)   # (named, as an open's error is)
         raise
 
 

@@ -254,9 +254,13 @@ class RecordWriter:
     def persist(self, line: dict) -> None:
         if self._error is not None:   # (the disk failed under the fsync thread)
             self._told = True
-            raise self._error
-        self.fh.write(dumps(line) + "\n")
-        self.fh.flush()
+            raise unwritten(self.path, self._error)
+        try:
+            self.fh.write(dumps(line) + "\n")
+            self.fh.flush()
+        except OSError as e:
+            self._told = True
+            raise unwritten(self.path, e) from None
         self._dirty.set()
 
     def _sync(self) -> None:
@@ -285,10 +289,24 @@ class RecordWriter:
         try:
             self.fh.flush()
             os.fsync(self.fh.fileno())
+        except OSError as e:
+            if not self._told:
+                raise unwritten(self.path, e) from None
         finally:
-            self.fh.close()
+            try:
+                self.fh.close()
+            except OSError:
+                pass   # (the buffer's flush failed above, or was told already)
         if self._error is not None and not self._told:
-            raise self._error
+            raise unwritten(self.path, self._error)
+
+
+def unwritten(path: Path, e: OSError) -> SpecctlError:
+    """A run's file that could not be written (a full disk, most often): which file, and that
+    what the run had written before it is kept and --resume continues from there."""
+    return SpecctlError(f"could not write {path} ({e.strerror or e}): the answers written "
+                        f"before are kept in run {path.parent.name}; make room (or fix the "
+                        "store), then run the same command with --resume to continue")
 
 
 def drop_if_empty(run_dir: Path | None) -> None:
