@@ -1,5 +1,5 @@
-"""Read prompt files (JSONL, one JSON object per line; Parquet files and directories of shards
-through io/shards.py) into normalized `PromptRecord`s.
+"""Read prompt files (JSONL, one JSON object per line, read once by io/lines.py; Parquet files
+and directories of shards through io/shards.py) into normalized `PromptRecord`s.
 
 Accepted line formats:
   {"prompt": "..."}                                  one stage: [user: prompt]; raw_prompt kept

@@ -41,7 +41,7 @@ def writable_file(path: Path | str, what: str = "") -> Path:
     except FileNotFoundError:
         return target
     except OSError as e:
-        raise SpecctlError(f"{what + ' ' if what else ''}{path}: cannot check it before writing "
+        raise SpecctlError(f"{what + ' ' if what else ''}{path}: cannot write there "
                            f"({e.strerror or e})") from None
     if stat.S_ISREG(mode):
         return target
