@@ -3,7 +3,7 @@ import json
 import pytest
 
 from specctl.errors import SpecctlError
-from specctl.io import prompts
+from specctl.io import lines
 from specctl.io.prompts import PromptRecord, read_prompts
 
 
@@ -106,7 +106,7 @@ def test_invalid_utf8(tmp_path):
 
 
 def test_overlong_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(prompts, "MAX_LINE_BYTES", 50)
+    monkeypatch.setattr(lines, "MAX_LINE_BYTES", 50)
     p = write(tmp_path, {"prompt": "x" * 200}, {"prompt": "short"})
     with pytest.raises(SpecctlError, match=r":1: line is longer than"):
         read_prompts(p)

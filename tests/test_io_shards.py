@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from specctl.cli import app
 from specctl.errors import SpecctlError
 from specctl.io.prompts import read_prompts
-from specctl.io.shards import input_sha256
+from specctl.io.shards import read_input
 from specctl.store import file_sha256
 
 LINES = [
@@ -127,6 +127,10 @@ def test_files_that_are_not_inputs(tmp_path):
     pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "zero.parquet")
     with pytest.raises(SpecctlError, match="no prompts in"):
         read_prompts(tmp_path / "zero.parquet")
+
+
+def input_sha256(path: Path) -> str:
+    return read_input(path, skip_bad=True).sha256
 
 
 def test_a_directorys_hash_covers_every_shards_name_and_bytes(tmp_path):
@@ -281,3 +285,34 @@ def test_a_pandas_integer_column_with_gaps_reads_as_integers(tmp_path):
     pq.write_table(pa.table({"prompt": ["a"], "max_tokens": [5.5]}), tmp_path / "f.parquet")
     with pytest.raises(SpecctlError, match="max_tokens: must be a positive integer, got 5.5"):
         read_prompts(tmp_path / "f.parquet")
+
+
+def test_parquet_page_checksums_are_verified(tmp_path):
+    """The probe's file: page checksums written (Spark does by default), one prompt's bytes
+    altered in place; it was read as sound. A file without checksums reads as before."""
+    rows = [{"prompt": "What color is the sky?"}, {"prompt": "Name a river"}]
+    table = pa.Table.from_pylist(rows)
+    p = tmp_path / "c.parquet"
+    flat = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+    pq.write_table(table, p, write_page_checksum=True, **flat)
+    assert [r.raw_prompt for r in read_prompts(p)] == [r["prompt"] for r in rows]
+    data = p.read_bytes()
+    assert data.count(b"color") == 1
+    p.write_bytes(data.replace(b"color", b"snake"))
+    with pytest.raises(SpecctlError, match="c.parquet: cannot read the rows .*[Cc]hecksum"):
+        read_prompts(p)
+    plain_file = tmp_path / "n.parquet"
+    pq.write_table(table, plain_file, **flat)
+    plain_file.write_bytes(plain_file.read_bytes().replace(b"color", b"snake"))
+    assert read_prompts(plain_file)[0].raw_prompt == "What snake is the sky?"
+
+
+def test_two_columns_of_one_name_are_refused_naming_it(tmp_path):
+    """Two `prompt` columns: the first's prompts were dropped and the run went on."""
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table([pa.array(["a one", "a two"]), pa.array(["b one", "b two"])],
+                            names=["prompt", "prompt"]), p)
+    with pytest.raises(SpecctlError, match="d.parquet: two columns are named 'prompt'"):
+        read_prompts(p)
+    with pytest.raises(SpecctlError, match="two columns are named 'prompt'"):
+        read_prompts(p, skip_bad=True)

@@ -228,14 +228,14 @@ def test_runs_of_files_with_per_line_settings_key_apart(tmp_path):
     """An older specctl ignored a line's own settings: its runs of such a file must not be
     resumed, so their key gains a mark; settings anywhere in the file count (a --limit run of
     the first lines resumes to the rest)."""
-    from specctl.io.prompts import read_prompts
-    from specctl.runtime.jobs.records import per_line
+    from specctl.runtime.jobs.records import per_line, read_input
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "a"}) + "\n" +
                  json.dumps({"prompt": "b", "sampling": {"seed": 1}}) + "\n")
     cfg = GenerateConfig(input=str(f))
-    assert per_line(cfg, read_prompts(f)) == ":per-line"
+    assert per_line(read_input(cfg, f).own_settings) == ":per-line"
     limited = GenerateConfig(input=str(f), limit=1)
-    assert per_line(limited, read_prompts(f, limit=1)) == ":per-line"
+    got = read_input(limited, f)
+    assert len(got.records) == 1 and per_line(got.own_settings) == ":per-line"
     f.write_text(json.dumps({"prompt": "a"}) + "\n")
-    assert per_line(cfg, read_prompts(f)) == ""
+    assert per_line(read_input(cfg, f).own_settings) == ""

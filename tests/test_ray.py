@@ -271,3 +271,78 @@ def test_the_docs_pipeline_example_runs_as_written(cluster, demo_model_dir, tmp_
     assert printed.count(" -> ") == 2 and "What is the capital of France? -> " in printed
     assert "Write a haiku about the sea. -> " in printed
 
+
+
+BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+OWN = [   # every per-line setting, in every line format that carries them
+    {"prompt": "The quick brown fox", "id": "all\u2028", "sampling": {
+        "temperature": 0.8, "top_p": 0.9, "top_k": 20, "seed": 5, "stop": [" is", "x"],
+        "n": 2, "logprobs": 2}},
+    {"messages": [{"role": "user", "content": "To be or not"}], "id": "one stop",
+     "sampling": {"stop": " the", "temperature": 0}},
+    {"custom_id": "batch\u2029", "body": {
+        "messages": [{"role": "user", "content": "Write a poem"}], "max_tokens": 6,
+        "temperature": 0.7, "top_p": 0.8, "seed": 3, "stop": "\n", "n": 2, "logprobs": True,
+        "top_logprobs": 2}},
+    {"question_id": 81, "turns": ["Count to ten", "And back"], "sampling": {"seed": 9,
+                                                                             "temperature": 1}},
+] + [{"prompt": f"Say {i}", "id": f"id{c}{i}"} for i, c in enumerate(BREAKS)]
+
+
+def _split(line: dict) -> tuple[str, list[float]]:
+    """A line as (its JSON without log-probabilities and wall time, those numbers)."""
+    nums: list[float] = []
+
+    def walk(v):
+        if isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, float):
+            nums.append(v)
+    rest = {k: v for k, v in line.items() if k not in ("logprobs", "samples")}
+    samples = [{k: v for k, v in a.items() if k != "logprobs"} for a in line.get("samples", [])]
+    walk(line.get("logprobs", []))
+    for a in line.get("samples", []):
+        walk(a.get("logprobs", []))
+    return json.dumps([rest, samples], sort_keys=True), nums
+
+
+def test_every_per_line_setting_and_line_break_through_ray_is_the_single_process(
+        cluster, tiny_llama, tmp_path):
+    """A line's own stop list failed the whole job on Ray ("unhashable type: 'list'" once the
+    record had crossed as JSON, and a message of Ray's retry advice); ids holding a line
+    break lost their lines. Every setting, every format, every break: the single process's
+    lines, in order."""
+    inp = tmp_path / "own.jsonl"
+    inp.write_text("".join(json.dumps(l, ensure_ascii=False) + "\n" for l in OWN),
+                   encoding="utf-8")
+    outs = {}
+    for name, extra in (("one", ()), ("ray", ("--ray", "local", "--actors", 2))):
+        out = tmp_path / f"{name}.jsonl"
+        r = runner.invoke(app, args(inp, out, tmp_path / "store", tiny_llama, *extra))
+        assert r.exit_code == 0, r.output
+        outs[name] = [{k: v for k, v in l.items() if k != "wall_time_s"}
+                      for l in map(json.loads, out.read_text(encoding="utf-8").split("\n")[:-1])]
+    # (log-probabilities to float rounding: an actor batches the samples otherwise)
+    ray_, one = ([_split(l) for l in outs[n]] for n in ("ray", "one"))
+    assert [r for r, _ in ray_] == [r for r, _ in one]
+    assert [x for _, xs in ray_ for x in xs] == pytest.approx([x for _, xs in one for x in xs],
+                                                              abs=1e-4)
+    assert len(outs["one"]) == len(OWN)
+    ident = lambda l: l.get("id", l.get("custom_id", l.get("question_id")))  # noqa: E731
+    assert [ident(l) for l in outs["one"]] == [ident(l) for l in OWN]
+    assert len(outs["one"][0]["samples"]) == 2 and outs["one"][0]["logprobs"]
+
+
+def test_a_job_failed_on_the_cluster_says_the_first_task_error():
+    """Ray's text: the task's traceback, then its own wrapping, whose last line is advice."""
+    from specctl.runtime.jobs.ray_pool import _reason
+    text = ("\x1b[36mray::MapWorker(MapBatches(C)).submit()\x1b[39m (pid=1, ip=1.2.3.4)\n"
+            '  File "groups.py", line 41, in run_groups\n    groups.setdefault(...)\n'
+            "TypeError: unhashable type: 'list'\n\nThe above exception was the direct cause "
+            "of the following exception:\n\n\x1b[36mray::MapWorker(MapBatches(C)).submit()"
+            "\x1b[39m (pid=1)\nray.exceptions.UserCodeException: UDF failed to process a data "
+            "block.\nTo change retry attempts, backoff, or which errors are retried, configure "
+            "`ray.data.DataContext.get_current()`")
+    assert _reason(RuntimeError(text)) == "TypeError: unhashable type: 'list'"
+    assert _reason(ConnectionError("no cluster at 1.2.3.4")) == "no cluster at 1.2.3.4"

@@ -330,3 +330,20 @@ def test_single_process_group_is_transparent():
     with pytest.raises(KeyError):
         g.check(KeyError("x"))   # one process: the error itself, unchanged
     g.close()
+
+
+def test_every_line_break_in_ids_on_two_ranks(work, tiny_llama, tmp_path):
+    """An id holding U+2028 under two ranks: 'done: 3 requests' and 2 lines in the output
+    (records split at it when merged). Every break str.splitlines() knows, both ways."""
+    breaks = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+    inp = tmp_path / "b.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": f"Say {i}", "id": f"id{c}{i}"},
+                                      ensure_ascii=False) + "\n"
+                           for i, c in enumerate(breaks)), encoding="utf-8")
+    r = runner.invoke(app, args(inp, tmp_path / "one.jsonl", tmp_path / "s1", tiny_llama, "-q"))
+    assert r.exit_code == 0, r.output
+    ok(launch(2, args(inp, tmp_path / "two.jsonl", tmp_path / "s2", tiny_llama), tmp_path))
+    lines = [json.loads(l) for l in (tmp_path / "two.jsonl").read_text().split("\n")[:-1]]
+    assert [l["id"] for l in lines] == [f"id{c}{i}" for i, c in enumerate(breaks)]
+    one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text().split("\n")[:-1]]
+    assert strip(lines) == strip(one)

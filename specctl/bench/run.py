@@ -22,8 +22,8 @@ from specctl.bench.config import PEERS, WARMUP_TOKENS, BenchConfig
 from specctl.bench.peers import HFMethod, SpecctlMethod, _load_hf
 from specctl.bench.report import markdown
 from specctl.errors import SpecctlError
-from specctl.io.prompts import PromptRecord, read_prompts
-from specctl.io.shards import input_sha256
+from specctl.io.prompts import PromptRecord
+from specctl.io.shards import read_input
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
@@ -41,7 +41,8 @@ def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecor
         sha = hashlib.sha256(json.dumps(texts).encode()).hexdigest()
         return recs, f"sharegpt:{len(texts)}", sha
     path = Path(cfg.input)
-    recs = read_prompts(path)
+    got = read_input(path)   # (once: its hash is of the bytes read)
+    recs = got.records
     if cfg.limit:
         recs = recs[:cfg.limit]
     if not cfg.chat:
@@ -50,7 +51,7 @@ def _load_prompts(cfg: BenchConfig, store: Store, log) -> tuple[list[PromptRecor
     if own:
         log(f"note: {own} lines carry sampling settings of their own; bench times every line "
             "with the command's settings (generate applies them)")
-    return recs, str(path.resolve()), input_sha256(path)
+    return recs, str(path.resolve()), got.sha256
 
 
 def _env(device: torch.device) -> dict:

@@ -14,10 +14,17 @@ from specctl.errors import SpecctlError
 
 
 def _check_writable(out: Path) -> None:
-    """--out must be writable before the job runs, not found unwritable after it."""
+    """--out must be writable before the job runs, not found unwritable after it: a regular
+    file or nothing there (a symlink: its target; store/files.py writable_file)."""
     import tempfile
+
+    from specctl.store import writable_file
+    if out.is_dir():
+        raise SpecctlError(f"--out {out} is a directory; pass a file path")
+    target = writable_file(out, "--out")
     try:
-        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".probe"):
             pass
     except OSError as e:
         raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
@@ -58,8 +65,7 @@ def generate(
     _warn_unused(ctx, gen.config(str(input)))
     given = out is not None   # (a directory's default name is its own: `.` is named too)
     out = out or Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
-    if out.is_dir():
-        raise SpecctlError(f"--out {out} is a directory; pass a file path")
+    _check_writable(out)
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
     if input.is_dir() and input.resolve() in out.resolve().parents:
@@ -67,7 +73,6 @@ def generate(
             "directory), would be"
         raise SpecctlError(f"{what} inside the input directory, whose files are read as "
                            "prompt shards: pass --out elsewhere")
-    _check_writable(out)
     try:
         res = gen.generate_file(input, out, resume=resume)
     except RankStopped as e:   # another rank failed; rank 0 prints why
@@ -79,7 +84,9 @@ def generate(
     m = res["metrics"]
     console.print(f"[green]done[/]: {_n(m['requests'] - m['errors'], 'request')}, "
                   f"{m['new_tokens']} new tokens, "
-                  f"{m['tokens_per_s']} tokens/s, mean accepted tokens "
+                  + (f"{m['tokens_per_s']} tokens/s" if m["tokens_per_s"] is not None else
+                     "tokens/s not measured (every answer was made by an earlier invocation)")
+                  + ", mean accepted tokens "
                   f"{m['mean_accepted_tokens']}"
                   + (f", {_n(m['errors'], 'bad line')}" if m["errors"] else "")
                   + _processes(m))

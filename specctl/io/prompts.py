@@ -1,5 +1,5 @@
-"""Read prompt files (JSONL, one JSON object per line; Parquet files and directories of shards
-through io/shards.py) into normalized `PromptRecord`s.
+"""Read prompt files (JSONL, one JSON object per line, read once by io/lines.py; Parquet files
+and directories of shards through io/shards.py) into normalized `PromptRecord`s.
 
 Accepted line formats:
   {"prompt": "..."}                                  one stage: [user: prompt]; raw_prompt kept
@@ -30,13 +30,11 @@ compressed file (gzip, bzip2, xz, zstd, zip) is named as such.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specctl.errors import SpecctlError
 
-MAX_LINE_BYTES = 10 * 1024 * 1024
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _FORMAT_KEYS = ("prompt", "messages", "turns", "body")
 
@@ -271,6 +269,20 @@ def _parse(obj) -> dict:
                 max_tokens=max_tokens, raw_prompt=raw, sampling=sampling)
 
 
+def record_from_json(d: dict) -> PromptRecord:
+    """A PromptRecord from the JSON of its asdict() (what the Ray driver sends its actors), as
+    the driver read it: JSON makes tuples lists, and a list in a line's settings (its stop
+    strings) made the settings unhashable where lines are grouped by them
+    (runtime/jobs/groups.py): the job failed on any line with a stop list of its own."""
+    d = dict(d)
+    if d.get("turns") is not None:
+        d["turns"] = tuple(tuple(stage) for stage in d["turns"])
+    if d.get("sampling") is not None:
+        d["sampling"] = {k: tuple(v) if isinstance(v, list) else v
+                         for k, v in d["sampling"].items()}
+    return PromptRecord(**d)
+
+
 def prompt_record(prompt, index: int = 0) -> PromptRecord:
     """One prompt given in memory as a PromptRecord: a string (a user message), a list of
     {"role", "content"} messages, or a dict in any of the line formats above."""
@@ -282,49 +294,13 @@ def prompt_record(prompt, index: int = 0) -> PromptRecord:
         raise SpecctlError(f"prompt {index}: {e}") from None
 
 
-def _lines(f):
-    """Yield (line_no, bytes) per line; bytes is None for a line over MAX_LINE_BYTES."""
-    line_no = 0
-    while True:
-        chunk = f.readline(MAX_LINE_BYTES + 1)
-        if not chunk:
-            return
-        line_no += 1
-        if len(chunk) > MAX_LINE_BYTES and not chunk.endswith(b"\n"):
-            while chunk and not chunk.endswith(b"\n"):  # skip the rest of the line
-                chunk = f.readline(MAX_LINE_BYTES)
-            yield line_no, None
-        else:
-            yield line_no, chunk
-
-
-# what compressed files start with (a JSONL file starts with text)
-_COMPRESSED = ((b"\x1f\x8b", "gzip", "gunzip -k"), (b"BZh", "bzip2", "bunzip2 -k"),
-               (b"\xfd7zXZ\x00", "xz", "unxz -k"), (b"\x28\xb5\x2f\xfd", "zstd", "unzstd"),
-               (b"PK\x03\x04", "zip", "unzip"))
-
-
-def _not_compressed(f, path: Path) -> None:
-    head = f.peek(8)[:8] if hasattr(f, "peek") else b""
-    for magic, kind, tool in _COMPRESSED:
-        if head.startswith(magic):
-            raise SpecctlError(f"{path}: a {kind}-compressed file, not JSONL text: decompress "
-                               f"it first ({tool} {path})")
-
-
 def read_prompts(path: str | Path, skip_bad: bool = False,
                  limit: int | None = None) -> list[PromptRecord]:
-    """The prompt lines of a JSONL file, a Parquet file or a directory of such shards
-    (io/shards.py), the first `limit` of them if given."""
-    from specctl.io.shards import PARQUET, read_shards   # (shards reads lines through here)
-    path = Path(path)
-    if path.is_dir() or path.suffix.lower() in PARQUET:
-        records = read_shards(path, skip_bad, limit)
-    else:
-        records = read_jsonl(path, skip_bad, limit)
-    if not records:
-        raise SpecctlError(f"no prompts in {path}")
-    return records
+    """The prompt lines of a JSONL file, a Parquet file or a directory of such shards, the
+    first `limit` of them if given (io/shards.py read_input: the input read once, with its
+    identity)."""
+    from specctl.io.shards import read_input   # (shards reads lines through here)
+    return read_input(Path(path), skip_bad, limit).records
 
 
 def line_record(obj, index: int, line_no: int, path: Path, skip_bad: bool,
@@ -350,49 +326,3 @@ def line_record(obj, index: int, line_no: int, path: Path, skip_bad: bool,
         return PromptRecord(index=index, line_no=line_no, id=ident, id_field=id_field,
                             category=None, turns=None, max_tokens=None, error=msg,
                             source=source)
-
-
-def read_jsonl(path: Path, skip_bad: bool = False, limit: int | None = None, start: int = 0,
-               source: str | None = None) -> list[PromptRecord]:
-    """The prompt lines of one JSONL file, indexed from `start` (a shard's place in its
-    directory); source: the shard's name for the records."""
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        if str(path) == "-":
-            raise SpecctlError("prompts are read from a file, not from standard input: "
-                               "save them to a .jsonl file and pass its path") from None
-        raise SpecctlError(f"{path}: prompt file not found") from None
-    except OSError as e:
-        raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
-    records: list[PromptRecord] = []
-    with f:
-        _not_compressed(f, path)
-        try:
-            for line_no, raw in _lines(f):
-                if limit is not None and len(records) >= limit:
-                    break
-                if raw is not None and line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]
-                if raw is not None and not raw.strip():
-                    continue
-                obj, bad = _decode(raw)
-                records.append(line_record(obj, start + len(records), line_no, path,
-                                           skip_bad, source, bad))
-        except OSError as e:
-            raise SpecctlError(f"{path}: cannot read prompt file: {e.strerror or e}") from None
-    return records
-
-
-def _decode(raw: bytes | None) -> tuple[object, str | None]:
-    """A line's JSON value, or why it has none."""
-    if raw is None:
-        return None, f"line is longer than {MAX_LINE_BYTES // (1024 * 1024)} MB"
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return None, f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
-    try:
-        return json.loads(text.rstrip("\r\n")), None
-    except json.JSONDecodeError as e:
-        return None, f"malformed JSON: {e.msg} (column {e.colno})"

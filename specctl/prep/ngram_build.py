@@ -359,11 +359,11 @@ def write_artifact(out_dir: Path, tables: Tables, config: dict) -> Path:
         tensors[f"k{k}.conts"] = np.ascontiguousarray(tables.conts[k], dtype=np.int32)
         tensors[f"k{k}.counts"] = np.ascontiguousarray(tables.counts[k], dtype=np.int32)
     out_dir = Path(out_dir)
-    path = out_dir / ARTIFACT_FILE
-    tmp = out_dir / f".{ARTIFACT_FILE}.tmp"
+    from specctl.store import atomic_write_json, writable_file
+    path = writable_file(out_dir / ARTIFACT_FILE)
+    tmp = writable_file(out_dir / f".{ARTIFACT_FILE}.tmp")
     save_file(tensors, str(tmp), metadata={"config": json.dumps(config, sort_keys=True)})
     os.replace(tmp, path)
-    from specctl.store import atomic_write_json
     atomic_write_json(out_dir / CONFIG_FILE, config)
     return path
 

@@ -47,6 +47,7 @@ from specctl.engine.steptable import StepTable
 from specctl.prep.bit_gp import BitGP
 from specctl.prep.skip_eval import DevEval, DevSet
 from specctl.speculative.draft_verify import SkipSet
+from specctl.store import atomic_write_text, jsonl_lines, writable_file
 
 
 def seed_sets(L: int) -> list[SkipSet]:
@@ -79,7 +80,7 @@ class Probe:
 
 def _read_log(log_path: Path) -> list[Probe]:
     probes = []
-    for line in log_path.read_text().splitlines():
+    for line in jsonl_lines(log_path.read_text(encoding="utf-8")):
         try:
             probes.append(Probe(**json.loads(line)))
         except (json.JSONDecodeError, TypeError):
@@ -111,10 +112,8 @@ def _start_log(log_path: Path, settings: dict, resume: bool, log) -> list[Probe]
             log(f"{log_path}: logged with other settings; starting over")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # the log holds exactly the probes kept (a torn last line is dropped)
-    tmp = log_path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(p.to_json()) + "\n" for p in probes))
-    tmp.replace(log_path)
-    meta.write_text(json.dumps(settings))
+    atomic_write_text(log_path, "".join(json.dumps(p.to_json()) + "\n" for p in probes))
+    atomic_write_text(meta, json.dumps(settings))
     return probes
 
 
@@ -163,7 +162,7 @@ def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
     bo = BitGP(2 * L, seed, refit_every=refit_every)
     X = [p.bits for p in probes]
     y = [_target(p) for p in probes]
-    with open(log_path, "a") as log_file:
+    with open(writable_file(log_path), "a") as log_file:
         for it in range(len(probes), iters):
             t = time.perf_counter()
             if it < len(fixed):
@@ -223,7 +222,7 @@ def run_search_legacy(dev: DevSet, table: StepTable | None, iters: int, log_path
     rng = np.random.RandomState(seed)
     fixed += [{f"b{i:03d}": float(v) for i, v in enumerate(rng.uniform(size=2 * L))}
               for _ in range(init_points)]
-    with open(log_path, "w") as log:
+    with open(writable_file(log_path), "w") as log:
         for it in range(iters):
             if it < len(fixed):
                 x = fixed[it]

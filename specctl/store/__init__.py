@@ -18,7 +18,6 @@ a half artifact. Nothing here ever unpickles: metadata is JSON, tensors are safe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,10 @@ from typing import Any, Iterator
 
 from specctl import __version__
 from specctl.errors import SpecctlError
+# (the one way specctl writes and reads its files: store/files.py; named here for callers)
+from specctl.store.files import (UMASK, atomic_write_bytes, atomic_write_json,  # noqa: F401
+                                 atomic_write_text, file_crc32, file_sha256, jsonl_lines,
+                                 published, read_json, writable_file)
 
 KINDS = ("models", "runs", "benches", "skipsets", "profiles", "adapters", "ngram-caches")
 
@@ -39,89 +42,6 @@ KINDS = ("models", "runs", "benches", "skipsets", "profiles", "adapters", "ngram
 def default_root() -> Path:
     env = os.environ.get("SPECCTL_HOME")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "specctl"
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)   # (read once, at import: os.umask can only be read by setting it)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _umask()
-
-
-def published(path: Path | int, mode: int = 0o666) -> Path | int:
-    """Give a temp file (mkstemp: 0600) or directory (mkdtemp: 0700) the mode an ordinary
-    open() or mkdir() would have (mode less the umask), so that the files of a shared store
-    stay readable by the others who use it. path: a path or an open file descriptor. Where
-    the filesystem has no modes to set, it stays as it is."""
-    try:
-        (os.fchmod if isinstance(path, int) else os.chmod)(path, mode & ~UMASK)
-    except OSError:
-        pass
-    return path
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` via a temp file in the same directory and an atomic rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            published(f.fileno())
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecctlError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecctlError(f"{path}: not valid JSON ({e})") from None
-
-
-def file_sha256(path: Path, limit: int | None = None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        left = limit
-        while True:
-            chunk = f.read(1 << 20 if left is None else min(1 << 20, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-                if left <= 0:
-                    break
-    return h.hexdigest()
-
-
-def file_crc32(path: Path) -> str:
-    """A fast checksum of a file (zlib's crc32, ~1 GB/s): it catches a damaged or edited
-    weights file at every load without a noticeable wait (not a defence against tampering:
-    the store is trusted to be the user's own)."""
-    import zlib
-    c = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            c = zlib.crc32(chunk, c)
-    return f"{c:08x}"
 
 
 def new_id(prefix: str = "") -> str:
@@ -295,7 +215,7 @@ class Store:
         for old in self.stale_work(prefix):
             shutil.rmtree(old, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
-        lock = open(work / ".lock", "a")
+        lock = open(writable_file(work / ".lock"), "a")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             yield work
@@ -312,9 +232,9 @@ class Store:
             if not d.is_dir() or d.name.startswith("search-"):   # (searches resume from theirs)
                 continue
             try:
-                with open(d / ".lock", "a") as f:
+                with open(writable_file(d / ".lock"), "a") as f:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free: nobody runs there
-            except OSError:
+            except (OSError, SpecctlError):   # (held; or no lock file can be there)
                 continue
             out.append(d)
         return out
@@ -343,11 +263,11 @@ class Store:
                 if dry_run and not (run / ".lock").exists():   # (creating one would touch it)
                     out.append(run)
                     continue
-                with open(run / ".lock", "a") as f:
+                with open(writable_file(run / ".lock"), "a") as f:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)   # free: nobody runs it
                     if not dry_run:
                         shutil.rmtree(run)
-            except OSError:   # held (or unreadable): leave it
+            except (OSError, SpecctlError):   # held (or unreadable, or no lock file): leave it
                 continue
             out.append(run)
         return out

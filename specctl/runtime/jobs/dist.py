@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from specctl.errors import SpecctlError
+from specctl.store import jsonl_lines
 
 # a barrier may wait for the slowest rank's whole shard: hours, not gloo's default 30 minutes
 DEFAULT_TIMEOUT_S = 7 * 24 * 3600
@@ -272,7 +273,7 @@ class PeerProgress:
             if not end:
                 continue
             self.offsets[f] = off + end
-            for raw in chunk[:end].splitlines():
+            for raw in jsonl_lines(chunk[:end]):
                 try:
                     n = int(json.loads(raw).get("new_tokens") or 0)
                 except (ValueError, AttributeError, TypeError):

@@ -19,7 +19,7 @@ import torch
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
-from specctl.io.shards import input_sha256, not_read
+from specctl.io.shards import not_read
 from specctl.models.checkpoint import resolve_model
 from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
@@ -53,7 +53,8 @@ class _Job:
     report: Reporter
     records: list[PromptRecord] = field(default_factory=list)
     model_dir: Path | None = None
-    input_sha: str = ""
+    input_sha: str = ""                  # the input's identity (io/lines.py: from its one read)
+    own_settings: bool = False           # a line of the input carries settings of its own
     tk: Tokenization | None = None
     model: object = None
     drafter: object = None
@@ -136,7 +137,7 @@ def _read(job: _Job, out: Path | None) -> None:
                 job.out_lock = OutLock(out)
             if cfg.ray:   # (before a large input is read)
                 ray_pool.check_address(cfg.ray)
-            job.records = read_input(cfg, in_path)
+            _take_input(job, read_input(cfg, in_path, job.grp.env.world))
             skipped = not_read(in_path) if in_path.is_dir() else []
             if skipped:
                 job.say(f"note: {in_path}: {len(skipped)} file{'s' * (len(skipped) > 1)} not "
@@ -149,8 +150,12 @@ def _read(job: _Job, out: Path | None) -> None:
     job.grp.check(err)
 
 
+def _take_input(job: _Job, got) -> None:
+    job.records, job.input_sha, job.own_settings = got.records, got.sha256, got.own_settings
+
+
 def _keys(job: _Job, cfg: GenerateConfig, drafter) -> tuple[str, str]:
-    made = job.input_sha + str(job.model_dir) + drafter.signature() + per_line(cfg, job.records)
+    made = job.input_sha + str(job.model_dir) + drafter.signature() + per_line(job.own_settings)
     return cfg.key(made + f"{job.model.device.type}:{job.model.dtype}"), cfg.key(made, legacy=True)
 
 
@@ -181,9 +186,8 @@ def _load(job: _Job, resume: bool = False) -> None:
     cfg, env, err = job.cfg, job.grp.env, None
     try:
         if not job.lead:
-            job.records = read_input(cfg, Path(cfg.input))
+            _take_input(job, read_input(cfg, Path(cfg.input), env.world))
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
-        job.input_sha = input_sha256(Path(cfg.input))
         job.tk = Tokenization(job.model_dir, cfg.chat)
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):

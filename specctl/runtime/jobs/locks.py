@@ -3,7 +3,8 @@ when the process ends, however it ends, so a killed job leaves nothing locked).
 
 - the run folder (`runs/<id>/.lock`): a second process resuming the same run would append to
   the same records file;
-- the output file (`.<name>.lock` beside `--out`): two jobs started together on the same input
+- the output file (`.<name>.lock` beside `--out`, beside the file it names when it is a
+  symlink: store/files.py writable_file): two jobs started together on the same input
   would each do the whole job, and the later rename would win; the second stops at once.
 
 A lock file holds the pid of the process that holds it, for the message the next one gets.
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 from specctl.errors import SpecctlError
+from specctl.store import writable_file
 
 
 class Busy(Exception):
@@ -39,6 +41,7 @@ def _acquire(path: Path):
     """The open, locked lock file at `path` (created if need be); Busy if another process
     holds it. A lock file removed by its holder on release (the --out lock) may be unlinked
     between our open and our lock: then the lock is on a dead inode, so try again."""
+    path = writable_file(path)   # (a FIFO there would block the open; a device is no lock)
     while True:
         f = open(path, "a+")
         try:
@@ -80,8 +83,8 @@ class OutLock:
     release() removes the lock file."""
 
     def __init__(self, out: Path):
-        out = Path(out)
-        self.path = out.with_name(f".{out.name}.lock")
+        target = writable_file(out, "--out")
+        self.path = target.with_name(f".{target.name}.lock")
         try:
             self.f = _acquire(self.path)
         except Busy as b:

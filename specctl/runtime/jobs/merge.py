@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.runtime.jobs.metrics import merged_metrics, metrics, peak_mb
-from specctl.runtime.jobs.records import dumps, read_done
+from specctl.runtime.jobs.records import dumps, read_done, unwritten
 from specctl.store import atomic_write_json, atomic_write_text
 
 
@@ -33,7 +33,7 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
         done = read_done(run_dir, job.records)
     lines = [done[i] for i in sorted(done)]
     text = "".join(dumps(l) + "\n" for l in lines)
-    atomic_write_text(run_dir / "outputs.jsonl", text)
+    _store(run_dir / "outputs.jsonl", atomic_write_text, text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
     mpath = run_dir / "metrics.json"
     m = None
@@ -59,7 +59,7 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
         m["model"] = str(job.model_dir)
         if job.auto is not None:
             m["method_auto"] = job.auto
-        atomic_write_json(mpath, m)
+        _store(mpath, atomic_write_json, m)
     if out is not None:
         try:
             atomic_write_text(out, text)
@@ -69,3 +69,11 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
                 f"{run_dir.name} ({run_dir / 'outputs.jsonl'}): run the same command with "
                 "--resume and another --out to write them") from None
     return {**result, "out": out, "metrics": m}
+
+
+def _store(path: Path, write, what) -> None:
+    """A run's file written; a failure (a full store) names it and --resume."""
+    try:
+        write(path, what)
+    except OSError as e:
+        raise unwritten(path, e) from None

@@ -48,7 +48,10 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     peak = peak_mb(device)
     if one_off is None:   # (the step table's measurement, the graphs' captures at start-up)
         one_off = _one_off(asdict(stats)) if stats else 0.0
-    tps = round(stats.generated / (wall - one_off), 3) if stats and wall > one_off else 0.0
+    # None: nothing generated in this invocation (a resumed run whose every answer was made
+    # before, its metrics never written: a full store, say), so nothing measured: not 0.0
+    tps = None if stats is None else \
+        round(stats.generated / (wall - one_off), 3) if wall > one_off else 0.0
     return {
         "method": cfg.method, "batch_size": cfg.batch_size, "requests": len(lines),
         "errors": len(lines) - len(good), "new_tokens": new, "steps": steps,

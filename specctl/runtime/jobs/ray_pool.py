@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -38,7 +39,7 @@ import warnings
 from dataclasses import asdict
 
 from specctl.errors import SpecctlError
-from specctl.io.prompts import PromptRecord, prompt_record
+from specctl.io.prompts import PromptRecord, prompt_record, record_from_json
 from specctl.runtime.jobs.records import dumps, output_line
 from specctl.runtime.step.stats import sum_stats
 
@@ -109,9 +110,7 @@ def _record(row: dict, i: int) -> PromptRecord:
     """The job's record (its JSON, as the driver checked it), or a user's row read as a prompt
     line (the prompt file's strict schema)."""
     if "record" in row:
-        d = json.loads(row["record"])
-        d["turns"] = tuple(tuple(t) for t in d["turns"])
-        return PromptRecord(**d)
+        return record_from_json(json.loads(row["record"]))
     line = {k: v for k, v in row.items() if v is not None and k not in ("index", "text",
                                                                      "output", "stats")}
     return prompt_record(line, int(row.get("index", i)))
@@ -254,10 +253,18 @@ def _no_stderr():
 
 
 def _reason(e: BaseException) -> str:
-    """The first line of what went wrong on an actor (Ray wraps it in its own errors)."""
+    """What went wrong on an actor, in one line: the first task error (Ray wraps it in errors
+    of its own, whose last line is advice on retries). The innermost cause Ray kept, else
+    the last line of the text before Ray's "direct cause" (the task's own traceback)."""
     cause = getattr(e, "cause", None) or e.__cause__ or e
-    text = str(cause).strip().splitlines()
-    return text[-1] if text else type(cause).__name__
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    if cause is not e and not type(cause).__module__.startswith("ray."):
+        first = str(cause).strip().split("\n")[0]
+        return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).split("The above exception was the direct")[0]
+    lines = [l.strip() for l in text.strip().split("\n") if l.strip()]
+    return lines[-1] if lines else type(cause).__name__
 
 
 def _pool(with_work: int, actors: int, started: int) -> dict:

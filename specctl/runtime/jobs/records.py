@@ -13,35 +13,48 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import threading
 from dataclasses import asdict
 import shutil
 from pathlib import Path
 
-from specctl.io.prompts import PromptRecord, read_prompts
+from specctl.errors import SpecctlError
+from specctl.io.prompts import PromptRecord
+from specctl.io.shards import PromptInput
+from specctl.io.shards import read_input as read_prompt_input
 from specctl.runtime.jobs.config import UNKEYED, GenerateConfig
 from specctl.runtime.jobs.depends import changed
 from specctl.runtime.jobs.dist import DistEnv
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.tokenization import require_raw_prompts
-from specctl.store import Store
+from specctl.store import Store, jsonl_lines, writable_file
 
 
-def read_input(cfg: GenerateConfig, in_path: Path) -> list[PromptRecord]:
-    """The prompt records of a generate run (the first --limit lines; bad ones kept with
-    --skip-bad)."""
-    records = read_prompts(in_path, skip_bad=cfg.skip_bad, limit=cfg.limit)
+def read_input(cfg: GenerateConfig, in_path: Path, processes: int = 1) -> PromptInput:
+    """The input of a generate run, read once (io/lines.py): its records (the first --limit
+    lines; bad ones kept with --skip-bad) and its identity. Under several processes every
+    rank reads it itself, which a pipe cannot give twice: refused before anything reads it."""
+    if processes > 1:
+        try:
+            mode = os.stat(in_path).st_mode
+        except OSError:
+            mode = None   # (the read says what is wrong)
+        if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise SpecctlError(f"{in_path}: not a regular file (a pipe?): each of the "
+                               f"{processes} processes reads the input itself, and a pipe can "
+                               "be read once: save it to a file and pass that")
+    got = read_prompt_input(in_path, skip_bad=cfg.skip_bad, limit=cfg.limit)
     if not cfg.chat:
-        require_raw_prompts(records, in_path)
-    return records
+        require_raw_prompts(got.records, in_path)
+    return got
 
 
-def per_line(cfg: GenerateConfig, records: list[PromptRecord]) -> str:
+def per_line(own_settings: bool) -> str:
     """What a run key adds when lines carry settings of their own (anywhere in the file: a
-    --limit run resumes to the rest), which an older specctl ignored: so runs it made of such
-    an input are not resumed."""
-    recs = records if cfg.limit is None else read_prompts(Path(cfg.input), skip_bad=True)
-    return ":per-line" if any(r.sampling for r in recs) else ""
+    --limit run resumes to the rest; PromptInput.own_settings), which an older specctl
+    ignored: so runs it made of such an input are not resumed."""
+    return ":per-line" if own_settings else ""
 
 
 def step_lengths(*reqs: Request) -> tuple[list[int], list[int]]:
@@ -113,22 +126,28 @@ def _ids(v) -> bool:
                                        for a in v)
 
 
+# what str.splitlines() breaks a line at that json.dumps(ensure_ascii=False) leaves raw (it
+# escapes the ASCII ones): escaped, so that no reader, ours or a user's, splits a record
+_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def dumps(line: dict) -> str:
-    """One JSON line as specctl writes output and record lines: UTF-8 text as it is, and, for
-    a string that UTF-8 cannot encode (a lone surrogate, which input reading refuses, but
-    say in a file name from the command line), \\u escapes rather than a crash."""
+    """One JSON line as specctl writes output and record lines: UTF-8 text as it is but for
+    the line breaks other than "\\n" (escaped: _BREAKS), and, for a string that UTF-8 cannot
+    encode (a lone surrogate, which input reading refuses, but say in a file name from the
+    command line), \\u escapes rather than a crash."""
     text = json.dumps(line, ensure_ascii=False)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        text = json.dumps(line)
-    return text
+        return json.dumps(line)
+    return text.translate(_BREAKS)
 
 
 def _read_records(path: Path) -> dict[int, dict]:
     done: dict[int, dict] = {}
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in jsonl_lines(path.read_text(encoding="utf-8")):
             try:
                 r = json.loads(line)
             except json.JSONDecodeError:
@@ -220,7 +239,7 @@ class RecordWriter:
     left by a crash is ended first, so nothing is glued onto it."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path = path = writable_file(path)
         torn = _torn_tail(path)
         self.fh = open(path, "a", encoding="utf-8")
         if torn:
@@ -235,9 +254,13 @@ class RecordWriter:
     def persist(self, line: dict) -> None:
         if self._error is not None:   # (the disk failed under the fsync thread)
             self._told = True
-            raise self._error
-        self.fh.write(dumps(line) + "\n")
-        self.fh.flush()
+            raise unwritten(self.path, self._error)
+        try:
+            self.fh.write(dumps(line) + "\n")
+            self.fh.flush()
+        except OSError as e:
+            self._told = True
+            raise unwritten(self.path, e) from None
         self._dirty.set()
 
     def _sync(self) -> None:
@@ -266,10 +289,24 @@ class RecordWriter:
         try:
             self.fh.flush()
             os.fsync(self.fh.fileno())
+        except OSError as e:
+            if not self._told:
+                raise unwritten(self.path, e) from None
         finally:
-            self.fh.close()
+            try:
+                self.fh.close()
+            except OSError:
+                pass   # (the buffer's flush failed above, or was told already)
         if self._error is not None and not self._told:
-            raise self._error
+            raise unwritten(self.path, self._error)
+
+
+def unwritten(path: Path, e: OSError) -> SpecctlError:
+    """A run's file that could not be written (a full disk, most often): which file, and that
+    what the run had written before it is kept and --resume continues from there."""
+    return SpecctlError(f"could not write {path} ({e.strerror or e}): the answers written "
+                        f"before are kept in run {path.parent.name}; make room (or fix the "
+                        "store), then run the same command with --resume to continue")
 
 
 def drop_if_empty(run_dir: Path | None) -> None:
