@@ -486,7 +486,7 @@ def texts(name):
     p = d / f"{name}.jsonl"
     if not p.is_file():
         return None
-    return [json.loads(l).get("text") for l in p.read_text(encoding="utf-8").splitlines() if l]
+    return [json.loads(l).get("text") for l in p.read_text(encoding="utf-8").split("\n") if l]
 ta, tb = texts("default-1"), texts("default-2")
 print("ar, bf16: `specctl generate` twice, each output's text compared byte for byte (the "
       "lines also hold timings, which always differ)\n")
