@@ -184,9 +184,9 @@ class Controller:
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
         nxt, self._next = self._next, None
         if nxt is not None and nxt[:2] == (self.steps, drain):   # (prefetch's, this step's)
-            _, _, got, fill, gains, probes = nxt
+            _, _, order, got, fill, gains, probes = nxt
             ks = [min(int(cap), got.get(k, fill)) for k, cap in zip(keys, caps)]
-            if len(gains) != len(keys) or any(k not in got for k in keys):
+            if order != tuple(keys):   # (its gains are rows of the prefetched sequences)
                 gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
         else:
             probes, gains, ks = self._search(keys, room, drain)
@@ -244,7 +244,7 @@ class Controller:
             return   # (decide would not search: as its own lean-stretch test)
         probes, gains, ks = self._search(keys, room, drain)
         fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
-        self._next = (s, drain, dict(zip(keys, ks)), fill, gains, probes)
+        self._next = (s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
 
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""
