@@ -38,10 +38,14 @@ then pays for ~log2(steps / 32) exploring steps, not one in every 32.
 Contrast steps: step costs are learnt only from steps that run, and a run that drafts in every
 step never times a step without drafts, the one it must beat (on the 2-core CPU at batch 8 the
 table had a draft token for each sequence at +10%, and every step drafted). So, once steps are
-timed, after 2, 4, 8 and 16 drafting steps in a row and then every `explore_every`, one step
+timed, after 1, 4, 8 and 16 drafting steps in a row and then every `explore_every`, one step
 runs without drafts (early ones come sooner: one step's timing is noisy and a short run must
-learn the contrast too). Past the first ~30 steps that costs at most the speculation's gain
-in one step of 32. A contrast step is a lean step (plan_lean decides it, before any search):
+learn the contrast too; the first after a single drafting step, while no step without drafts
+has been timed: until then each step's time moves the drift that prices both kinds of step,
+so one dear drafting step made `ar`'s step look as dear, and a draining batch of 64 on the
+host-charged clock drafted on at 3x a lean step's cost). Past the first ~30 steps that costs
+at most the speculation's gain in one step of 32. A contrast step is a lean step (plan_lean
+decides it, before any search):
 timed with the search and the drafter's planning in it, it priced `ar` at ~1.4x its step on
 the H100 at batch 32, and drafting that lost 30% won every comparison. For the same reason a
 step whose search gave no drafts is learnt without the search's time (the runner subtracts
@@ -162,10 +166,12 @@ class Controller:
 
     def _contrast_due(self, s: int) -> bool:
         """Whether step s is a contrast step: drafting steps have been timed and the steps
-        since the last one without drafts all drafted, 2, 4, 8, 16, then explore_every of
-        them (module docstring)."""
+        since the last one without drafts all drafted, 1 (while no step without drafts has
+        been timed), 4, 8, 16, then explore_every of them (module docstring)."""
+        gap = 1 if self.guard.ar_log is None else \
+            min(self.explore_every, 2 ** (self.contrasts + 1))
         return bool(self.explore_every) and self.timed_steps > 0 and not self.guard.hold \
-            and s - self.last_bare > min(self.explore_every, 2 ** (self.contrasts + 1))
+            and s - self.last_bare > gap
 
     def plan(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """This step's budgets for the sequences `keys`, budget i at most room[i]. drain: no
