@@ -109,9 +109,12 @@ class Planner:
 
     def prefetch(self, plan: StepPlan, drain: bool, clock=None) -> float:
         """The controller's search for the next step, run while this step's forward does
-        (Controller.prefetch); returns its ms on `clock`."""
+        (Controller.prefetch); returns its ms on `clock`. Only where steps replay captured
+        graphs (CUDA: the forward is asynchronous): on a CPU the forward has finished by now,
+        so there is nothing to hide the search behind, and it would read acceptance a step
+        older for nothing."""
         ctl = self.controller
-        if ctl is None or not ctl.searches_next(drain):
+        if ctl is None or not ctl.cost.padded or not ctl.searches_next(drain):
             return 0.0
         t = clock() if clock else 0.0
         ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
