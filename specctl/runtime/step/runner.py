@@ -388,7 +388,9 @@ class Runner:
             took = (self.clock() - t0) * 1e3
             self.stats.search_ms += plan.search_ms + ahead
             if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
-                took -= plan.search_ms + ahead   # for by its backoff: ar's step has none)
+                took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;
+                # the next step's, `ahead`, is hidden under the forward on CUDA, and taking it
+                # off where it was errs low on ar's price, the guard's safe side)
             work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
