@@ -313,6 +313,18 @@ def test_report_tables_and_markdown(full, tmp_path):
     # the steps' own speedup beside the wall's: ar's decode seconds over the row's
     import re
     assert re.search(r"\| ar \| 1 \| [0-9.]+ \| [0-9.]+ \| 1\.00x \|", split), split
+    from specctl.bench.report import time_rows
+    res = json.loads((full["dir"] / "results.json").read_text())
+    ar = {r["batch_size"]: r["time_split"]["steps_s"] for r in res["rows"]
+          if r["method"] == "ar" and r.get("time_split")}
+    got = {(r[0], int(r[1])): r[4] for r in time_rows(res)}
+    checked = 0
+    for r in res["rows"]:
+        if r["method"] != "ar" and r.get("time_split") and r["batch_size"] in ar:
+            want = ar[r["batch_size"]] / r["time_split"]["steps_s"]
+            assert got[(r["method"], r["batch_size"])] == f"{want:.2f}x", r["method"]
+            checked += 1
+    assert checked
     assert text == (full["dir"] / "table.md").read_text()   # what bench stored
     r = ok(invoke("store", "ls", "--kind", "benches", "--store", store))
     assert ident in r.output

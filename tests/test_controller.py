@@ -686,26 +686,3 @@ def test_gain_vs_ar_replaces_the_step_time_by_its_ar_price():
                                                        "gain_vs_ar_est": 1.0}
     assert gain_vs_ar(RunStats(), 50.0, 10.0, plain=False)["gain_vs_ar_est"] is None
 
-
-def test_a_prefetched_search_is_the_next_steps_when_its_drain_is_the_same(monkeypatch):
-    """Controller.prefetch searches for the next step (over the sequences' room less the one
-    token this step surely emits); decide takes it without searching again when its drain flag
-    is the same, capping each budget by the room then; a sequence admitted since gets the
-    search's level (padded steps: every sequence has one); another drain flag searches anew."""
-    from specctl.runtime.control import policy
-    from specctl.speculative.drafter import DraftPrice
-    flat = StepTable("cuda", "float32", "sdpa", 128, (1, 4), (1, 2, 4, 8, 16, 32, 64),
-                     ((1.0, 1.0, 1.0, 1.0, 1.01, 1.3, 1.6),) * 2)
-    ctl = Controller(StepCost.of(flat, DraftPrice(max_draft=6), padded=True), 6)
-    searched = []
-    search = policy.search
-    monkeypatch.setattr(policy, "search",
-                        lambda *a, **kw: searched.append(1) or search(*a, **kw))
-    ctl.prefetch([0, 1, 2], lambda: [9, 9, 3], False)
-    assert len(searched) == 1 and ctl._next is not None
-    b = ctl.decide([0, 1, 5], [9, 2, 9], False)   # (sequence 2 retired, 5 admitted)
-    assert len(searched) == 1, "the prefetched search was not taken"
-    assert b.ks == (6, 2, 6)   # (0's as searched, 1's capped by its room, 5 at the level)
-    ctl.prefetch([0, 1, 5], lambda: [9, 9, 9], False)
-    ctl.decide([0, 1, 5], [9, 9, 9], True)   # (the queue emptied: a drain, priced otherwise)
-    assert len(searched) == 3

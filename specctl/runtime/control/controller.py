@@ -5,6 +5,7 @@ learns from each step.
     b = ctl.plan(slots, room)              # Budgets: per sequence a draft budget (0 = ar)
     stop = ctl.stop_rule(b)                # for the chain drafter (or None)
     ... draft within b.ks, verify, commit ...
+    ctl.prefetch(slots, room, drain)       # (CUDA, while the forward runs) the next search
     ctl.observe(slots, b, proposals, verdicts, measured_ms)
     ctl.drafted(len(slots), step_ms, progress)   # the guard's account (b.lean: ctl.lean_done)
 
@@ -87,6 +88,18 @@ LEAN_MAX = 128         # the most steps between two searches that gave every bud
 LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
 
 
+@dataclass
+class Prefetched:
+    """A search made for step `step` while the step before it ran (Controller.prefetch)."""
+    step: int
+    drain: bool
+    order: tuple | None     # the sequences it searched for, in order (None: one has left)
+    ks: dict                # their budgets, by key
+    fill: int               # a sequence admitted since: the search's level, or 0
+    gains: np.ndarray       # [len(order), K + 1]
+    probes: bool
+
+
 @dataclass(frozen=True)
 class Budgets:
     """One step's decision: what the planner hands the drafter and later learns against."""
@@ -123,14 +136,14 @@ class Controller:
         self.last_bare = 0       # the last step without drafts
         self.contrasts = 0
         self.profile_s = 0.0     # seconds spent getting the step-cost table
-        self.searches = 0        # steps that ran the policy's search
+        self.searches = 0        # policy searches run (a prefetched one too)
         self.timed_steps = 0     # drafting steps observed with their time (contrasts need it)
         self.idle = 0            # lean steps granted after the last search that gave 0s
         self.lean_until = 0      # no search before this step (but an exploring step's)
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
-        self._next: tuple | None = None   # prefetch's search for the step after this one
+        self._next: Prefetched | None = None   # prefetch's search for the next step
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         got = self._lean.get((b, contrast))
@@ -139,8 +152,10 @@ class Controller:
                                                       contrast=contrast, lean=True)
         return got
 
-    def _explore_due(self, room: list[int]) -> bool:
-        return bool(self.explore_every) and self.steps - self.last_explore >= self.period \
+    def _explore_due(self, room: list[int], s: int | None = None) -> bool:
+        """Whether step s (default: the current one) explores (module docstring)."""
+        s = self.steps if s is None else s
+        return bool(self.explore_every) and s - self.last_explore >= self.period \
             and sum(room) >= self.explore_every * len(room)   # steps left to use the lesson
 
     def plan_lean(self, b: int, drain: bool = False) -> Budgets | None:
@@ -189,11 +204,16 @@ class Controller:
         c = self.cost
         caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
         nxt, self._next = self._next, None
-        if nxt is not None and nxt[:2] == (self.steps, drain):   # (prefetch's, this step's)
-            _, _, order, got, fill, gains, probes = nxt
-            ks = [min(int(cap), got.get(k, fill)) for k, cap in zip(keys, caps)]
-            if order != tuple(keys):   # (its gains are rows of the prefetched sequences)
-                gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
+        same = nxt is not None and nxt.order == tuple(keys)
+        # (prefetch's for this step; a drain's only for the same sequences: its budgets are
+        # the critical path of those)
+        if nxt is not None and (nxt.step, nxt.drain) == (self.steps, drain) and \
+                (same or not drain):
+            gains, probes = nxt.gains, nxt.probes
+            ks = [min(int(cap), nxt.ks.get(k, nxt.fill)) for k, cap in zip(keys, caps)]
+            if not same:   # (its gains are rows of the prefetched sequences; probes, their b)
+                gains = self.acc.gains_many(keys, slowest=1)
+                probes = policy.probes_pay(c, len(keys), self.probe_share)
         else:
             probes, gains, ks = self._search(keys, room, drain)
         if any(ks):
@@ -246,11 +266,12 @@ class Controller:
         if not self.searches_next(drain):
             return
         s, room = self.steps + 1, [max(0, r - 1) for r in room()]
-        if s < self.lean_until and (drain or not self._explore_due(room)):
-            return   # (decide would not search: as its own lean-stretch test)
+        if s < self.lean_until and not self._explore_due(room, s):
+            return   # (decide would not search: as its own lean-stretch test; a drain never
+                     # gets here in a lean stretch, _may_search)
         probes, gains, ks = self._search(keys, room, drain)
         fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
-        self._next = (s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
+        self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
 
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""
@@ -329,7 +350,16 @@ class Controller:
         return got if got is not None else self.cost.ar_ms(b)
 
     def forget(self, key) -> None:
+        """A sequence left its slot: nothing learnt or prefetched for it stays (a request
+        admitted into the slot is another sequence)."""
         self.acc.forget(key)
+        if self._next is not None and key in self._next.ks:
+            del self._next.ks[key]
+            self._next.order = None
+
+    def new_run(self) -> None:
+        """A runner's run starts: a search prefetched at the end of the last one is not its."""
+        self._next = None
 
 
 def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,

@@ -23,6 +23,11 @@ one-change-at-a-time search never finds. Either way
 a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one gives the full
 budget; in a mixed batch the sequences that accept more get larger budgets.
 
+Where a step's cost follows its longest budget alone (captured graphs pad every sequence to
+it, and no draft forward is priced: Self-Draft on CUDA), the levels are every candidate there
+is (`_search_levels`): a dozen array calls. A drain's critical paths of all the prefixes come
+from one sort (`critical_paths`), not a [prefixes, batch] array.
+
 Probes (Self-Draft's branches) run only with a sequence's drafts; their value is not modelled
 (it comes later, as n-grams for the context cache), so they run only where they are nearly
 free (`probes_pay`): in a step whose probes would cost more than `share` (10%) over the same

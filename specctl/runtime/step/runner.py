@@ -134,6 +134,8 @@ class Runner:
         cpu_threads = torch.get_num_threads()
         ctl = self.controller
         marks = (ctl.searches, ctl.guard.trips, ctl.guard.held) if ctl is not None else None
+        if ctl is not None:
+            ctl.new_run()
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         finally:

@@ -38,9 +38,10 @@ class RunStats:
     ar_step_ms: float = 0.0
     lean_steps: int = 0            # controlled steps without drafts, run on `ar`'s path (in
     lean_step_ms: float = 0.0      # controlled_steps), and their measured ms (in measured_)
-    searches: int = 0              # steps the controller ran its policy's search for
-    search_ms: float = 0.0         # the time of the controller's decide calls (its search;
-                                   # not in a lean step's ms)
+    searches: int = 0              # searches the controller ran (prefetched ones too, some
+                                   # of them not taken: the next step did not search)
+    search_ms: float = 0.0         # their time: decide's, and prefetch's (on CUDA under the
+                                   # forward); not in a lean step's ms
     guard_trips: int = 0           # times the measured guard found the run behind `ar`
     guard_held: int = 0            # steps it held to `ar`
     captures: int = 0              # graph shapes captured when the runner started

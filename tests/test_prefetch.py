@@ -1,0 +1,70 @@
+"""The next step's search made while a step's forward runs (Controller.prefetch): taken by the
+next step when it is that step's, for its sequences, never by a sequence it was not made for."""
+
+from __future__ import annotations
+
+import pytest
+
+from specctl.engine.steptable import StepTable
+from specctl.runtime.control import policy
+from specctl.runtime.control.controller import Controller
+from specctl.runtime.control.stepcost import StepCost
+from specctl.speculative.drafter import DraftPrice
+
+# a step of up to 8 tokens a sequence costs what one does: the search gives the level of 6
+FLAT = StepTable("cuda", "float32", "sdpa", 128, (1, 4), (1, 2, 4, 8, 16, 32, 64),
+                 ((1.0, 1.0, 1.0, 1.0, 1.01, 1.3, 1.6),) * 2)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(a padded controller with chains of up to 6, the list its searches append to)"""
+    searched = []
+    search = policy.search
+    monkeypatch.setattr(policy, "search",
+                        lambda *a, **kw: searched.append(1) or search(*a, **kw))
+    return Controller(StepCost.of(FLAT, DraftPrice(max_draft=6), padded=True), 6), searched
+
+
+def test_the_next_step_takes_it_capped_by_its_room(counted):
+    """Over the room less this step's sure token; each budget capped by the room then; a
+    sequence admitted since at the search's level; another drain flag searches anew."""
+    ctl, searched = counted
+    ctl.prefetch([0, 1, 2], lambda: [9, 9, 3], False)
+    assert len(searched) == 1 and ctl._next is not None
+    b = ctl.decide([0, 1, 5], [9, 2, 9], False)   # (sequence 2 retired, 5 admitted)
+    assert len(searched) == 1, "the prefetched search was not taken"
+    assert b.ks == (6, 2, 6)   # (0's as searched, 1's capped by its room, 5 at the level)
+    ctl.prefetch([0, 1, 5], lambda: [9, 9, 9], False)
+    ctl.decide([0, 1, 5], [9, 9, 9], True)   # (the queue emptied: a drain, priced otherwise)
+    assert len(searched) == 3
+
+
+def test_a_drain_takes_it_only_for_the_same_sequences(counted):
+    """A drain's budgets are its sequences' critical path: another batch searches anew."""
+    ctl, searched = counted
+    ctl.prefetch([0, 1], lambda: [9, 9], True)
+    ctl.decide([0], [9], True)
+    assert len(searched) == 2
+    ctl.prefetch([0, 1], lambda: [9, 9], True)
+    ctl.decide([0, 1], [9, 9], True)
+    assert len(searched) == 3
+
+
+def test_a_slot_given_to_another_sequence_gets_nothing_of_the_last(counted):
+    """A sequence that retires after the prefetch (Controller.forget) leaves neither its
+    budget nor its gains to the request admitted into its slot; a new run starts with none."""
+    import numpy as np
+    ctl, searched = counted
+    ctl.acc.learn(1, 6, list(range(6)))   # (slot 1's sequence accepts everything)
+    ctl.prefetch([0, 1], lambda: [9, 3], False)
+    high = ctl._next.gains[1].copy()
+    ctl.forget(1)
+    b = ctl.decide([0, 1], [9, 9], False)
+    assert len(searched) == 1 and b.ks == (6, 6)   # (the newcomer at the search's level)
+    fresh = ctl.acc.gains_many([0, 1])[1]
+    assert np.allclose(b.gains[1], fresh) and not np.allclose(b.gains[1], high)
+    ctl.prefetch([0, 1], lambda: [9, 9], False)
+    ctl.new_run()
+    ctl.decide([0, 1], [9, 9], False)
+    assert len(searched) == 3
