@@ -24,6 +24,7 @@ does not count as this one's host work.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -84,10 +85,23 @@ class SimClock:
     def reset(self) -> None:
         """Zero: the device's seconds and the host's (from now on)."""
         self.t = 0.0
+        self.window = 0.0   # device seconds of the last forward not yet overlapped by the host
+        self.host_from_now()
+
+    def host_from_now(self) -> None:
+        """The host's charge starts again from now."""
         self.inside = 0.0   # this thread's CPU seconds inside the model's forwards
         self.cpu0 = time.thread_time()
-        self.window = 0.0   # device seconds of the last forward not yet overlapped by the host
         self.hidden = 0.0   # host seconds charged that ran while a forward did
+
+    @contextlib.contextmanager
+    def device(self):
+        """Work in the block is the device's (a forward): its CPU time is not the host's."""
+        t = time.thread_time()
+        try:
+            yield
+        finally:
+            self.inside += time.thread_time() - t
 
     def host_s(self) -> float:
         """The host's charged seconds so far: CPU time outside the forwards, times host, less
@@ -143,22 +157,18 @@ def timed_model(model, clock: SimClock, monkeypatch):
     def run(batch, kv, plan=FULL, hidden=None, head=None):
         clock.forward(batch, plan)
         inside.append(1)
-        t = time.thread_time()
         try:
-            return cls.run(model, batch, kv, plan, hidden, head)
+            with clock.device():
+                return cls.run(model, batch, kv, plan, hidden, head)
         finally:
             inside.pop()
-            clock.inside += time.thread_time() - t
 
     def forward(batch, kv, plan=FULL, hidden=None):
         if inside:
             return cls.forward(model, batch, kv, plan, hidden)
         clock.forward(batch, plan)
-        t = time.thread_time()
-        try:
+        with clock.device():
             return cls.forward(model, batch, kv, plan, hidden)
-        finally:
-            clock.inside += time.thread_time() - t
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
     # Kangaroo's adapter is device work too (inside the captured forwards on a GPU; its
@@ -168,12 +178,10 @@ def timed_model(model, clock: SimClock, monkeypatch):
         fn = getattr(Adapter, name)
 
         def device(self, *a, _fn=fn, **kw):
-            t = time.thread_time()
-            try:
+            if inside:   # (a forward's: counted there)
                 return _fn(self, *a, **kw)
-            finally:
-                if not inside:
-                    clock.inside += time.thread_time() - t
+            with clock.device():
+                return _fn(self, *a, **kw)
         monkeypatch.setattr(Adapter, name, device)
     return model
 
@@ -212,7 +220,7 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     runner._prefill = untimed
     if controller is not None:   # (its next step's search runs while the forward does)
         controller.prefetch = clock.overlapped(controller.prefetch)
-    clock.cpu0, clock.inside, clock.hidden = time.thread_time(), 0.0, 0.0
+    clock.host_from_now()
     stats = runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))], stats
 

@@ -202,7 +202,7 @@ class Controller:
             self.last_bare = self.steps                # step due, and paid for, searches)
             return self._lean_budgets(len(keys))
         c = self.cost
-        caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
+        caps = self._caps(room)
         nxt, self._next = self._next, None
         same = nxt is not None and nxt.order == tuple(keys)
         # (prefetch's for this step; a drain's only for the same sequences: its budgets are
@@ -215,7 +215,7 @@ class Controller:
                 gains = self.acc.gains_many(keys, slowest=1)
                 probes = policy.probes_pay(c, len(keys), self.probe_share)
         else:
-            probes, gains, ks = self._search(keys, room, drain)
+            probes, gains, ks = self._search(keys, caps, room, drain)
         if any(ks):
             self.idle = 0
         else:   # nothing pays: lean steps until the next search, backing off
@@ -240,11 +240,15 @@ class Controller:
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
 
-    def _search(self, keys: list, room, drain: bool) -> tuple[bool, np.ndarray, list[int]]:
+    def _caps(self, room) -> np.ndarray:
+        """Each sequence's largest budget: its room, at most K."""
+        return np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
+
+    def _search(self, keys: list, caps: np.ndarray, room,
+                drain: bool) -> tuple[bool, np.ndarray, list[int]]:
         """(probes, gains, budgets) of the best step for these sequences (policy.search)."""
         c = self.cost
         probes = policy.probes_pay(c, len(keys), self.probe_share)
-        caps = np.maximum(np.minimum(np.asarray(room, dtype=np.int64), self.K), 0)
         # (draining, the slowest's gains: the stop rule and the expected tokens read them too,
         # so a drain's predicted tokens are its critical path's, not the batch's mean)
         gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
@@ -269,7 +273,7 @@ class Controller:
         if s < self.lean_until and not self._explore_due(room, s):
             return   # (decide would not search: as its own lean-stretch test; a drain never
                      # gets here in a lean stretch, _may_search)
-        probes, gains, ks = self._search(keys, room, drain)
+        probes, gains, ks = self._search(keys, self._caps(room), room, drain)
         fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
 

@@ -107,11 +107,15 @@ def drain_best(gains: np.ndarray, t: np.ndarray, seq: np.ndarray, levels: np.nda
     early make every step dearer and the job no shorter. (At the H100's batch 32 most steps
     accepted nothing while each cost 1.4x: goodput per step was the wrong objective there.)"""
     left = np.asarray(left, dtype=np.float64)
-    rows = np.arange(len(gains))[:, None]
-    at_levels = (left[:, None] / (1 + gains[rows, levels] - gains[:, :1])).max(axis=0)
-    steps = np.concatenate((critical_paths(gains, seq, left), at_levels))
+    steps = np.concatenate((critical_paths(gains, seq, left), level_paths(gains, levels, left)))
     job = np.where(t > 0, t, np.inf) * steps
     return int(np.argmax(job <= job.min() * (1 + 1e-9)))   # the first near the best
+
+
+def level_paths(gains: np.ndarray, levels: np.ndarray, left: np.ndarray) -> np.ndarray:
+    """[levels]: the critical path (critical_paths) of each column of budgets levels [B, L]."""
+    more = gains[np.arange(len(gains))[:, None], levels] - gains[:, :1]
+    return (np.asarray(left, dtype=np.float64)[:, None] / (1 + more)).max(axis=0)
 
 
 def critical_paths(gains: np.ndarray, seq: np.ndarray, left: np.ndarray) -> np.ndarray:
@@ -170,7 +174,7 @@ def _search_levels(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: 
         good = (b + more.sum(axis=0)) / t
         best = int(np.argmax(good >= good.max() / (1 + 1e-9)))   # the first near the best
     else:
-        job = t * (np.asarray(left, dtype=np.float64)[:, None] / (1 + more)).max(axis=0)
+        job = t * level_paths(gains, levels, left)
         best = int(np.argmax(job <= job.min() * (1 + 1e-9)))
     return levels[:, best].tolist()
 
