@@ -673,12 +673,12 @@ def test_a_drafter_that_exits_at_once_loses_its_budget():
     assert ctl.acc.seq_stats(0).tried.tolist() == [1, 1]
 
 
-def test_gain_vs_ar_replaces_the_step_time_by_its_ar_price():
-    """10 s of decoding, 8 of them steps whose tokens ar would have taken 12 s for: ar runs
-    14 s, the gain is 1.4x; an ar run is its own estimate; without the controller, none."""
+def test_gain_vs_ar_takes_the_job_excess_off_the_run_time():
+    """10 s of decoding, its job account 4 s ahead of ar (a negative excess): ar runs 14 s,
+    the gain is 1.4x; an ar run is its own estimate; without the controller, none."""
     from specctl.runtime.jobs.metrics import gain_vs_ar
     from specctl.runtime.step.stats import RunStats
-    st = RunStats(controlled_steps=10, measured_step_ms=8000.0, ar_step_ms=12000.0)
+    st = RunStats(controlled_steps=10, job_excess_ms=-4000.0)
     got = gain_vs_ar(st, 50.0, 10.0, plain=False)
     assert got["gain_vs_ar_est"] == pytest.approx(1.4)
     assert got["ar_tokens_per_s_est"] == pytest.approx(50.0 / 1.4, abs=1e-3)

@@ -183,7 +183,8 @@ def test_the_guard_falls_back_when_drafting_costs_4x_the_table(model, monkeypatc
         got, st = sim_run(model, prompts, dr, clock, batch_size=1, max_tokens=260,
                           controller=ctl)
         assert got == ref
-        assert clock.t <= 1.03 * ar_s, (correct, clock.t / ar_s, st.guard_trips)
+        assert clock.t <= 1.03 * ar_s, (correct, clock.t / ar_s, st.guard_trips,
+                                        st.guard_job_trips, st.guard_held, st.steps)
         if not correct:
             assert st.guard_trips > 0 and st.guard_held > 0.5 * st.steps
 
@@ -293,6 +294,7 @@ def test_lean_steps_are_timed_without_the_search(model, monkeypatch):
     dr = OracleChains(ref[:32], [0.0] * 32)
     ctl = sim_controller(dr, table)
     got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64, controller=ctl)
-    assert got == ref[:32] and st.searches > 3
+    assert got == ref[:32] and st.searches >= 2   # (the job's account holds it to ar soon:
+    # its searches in vain are half a step each)
     assert st.search_ms == pytest.approx(1.5 * st.searches)
     assert st.lean_step_ms == pytest.approx(st.lean_steps * table.ms(32, 1)), st.lean_steps

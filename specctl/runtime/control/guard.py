@@ -27,6 +27,21 @@ credit more. Behind, the run holds to `ar` steps for `hold` steps, then tries ag
 balance of 0; each trip before the balance has won a step's time back doubles the hold (up
 to `max_hold`). So a method that loses pays about one step in each doubling of the run's
 length.
+
+The steps are not the whole job. A lean step that searched and found nothing and slots held
+free for a grouped admission fall outside the step account, so the guard keeps the job's
+too: every controlled step's (held ones too) `excess`, the ms it took beyond what `ar` takes for the same tokens
+(runtime/step/accounting.py prices each), in a second balance,
+
+    job_balance += eps * ms - excess        (each step, up to `credit` steps' time)
+
+behind once it has lost JOB_SLACK (2) steps' time. A job that loses a share x of each step
+to its searches, admissions or bookkeeping falls back to `ar` within (2 + credit) / x steps
+at most, 2 / x from a balance of 0 (4 steps at x = 50%, 20 at 10%). Such a trip holds the run
+to `ar` for the job's own hold, which doubles at each job trip until the job has won a step's
+time back (held steps are `ar`'s: not counted): a job that keeps losing pays ~2 steps' time in each doubling of its length. The
+summary's "vs ar" takes the run's total excess off its time (jobs/metrics.gain_vs_ar): the
+same measure.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ GUARD_EPS = 0.02       # how far behind ar a step may be (timing noise; no real 
 GUARD_HOLD = 64        # ar steps held to after a first trip (doubling)
 GUARD_MAX_HOLD = 4096
 AR_MEMORY = 16         # lean steps the ar ratio averages over
+JOB_SLACK = 2.0        # steps' time the job's balance may be behind ar
 
 
 class Guard:
@@ -52,6 +68,12 @@ class Guard:
         self.hold = 0                      # ar steps still to hold to
         self.trips = 0                     # times the balance fell behind
         self.held = 0                      # steps held to ar
+        self.excess = 0.0                  # the job's ms beyond ar's, all the run (job)
+        self.job_balance = 0.0             # the job's ms saved against ar (job)
+        self.job_won = 0.0                 # its savings since its last trip, eps aside
+        self.step_ms = 0.0                 # a controlled step's ms, recent mean
+        self.job_trips = 0                 # trips of those made by the job's account
+        self.job_hold = hold               # the next of those trips' hold (doubling)
 
     def lean(self, table_ms: float, ms: float, steps: int = 1) -> None:
         """`steps` lean steps (no drafts, `ar`'s path) of table price table_ms took ms each on
@@ -75,10 +97,38 @@ class Guard:
         if self.balance >= ms:        # won a step's time back: a later trip starts over
             self.next_hold = self.base
         elif self.balance < -ms:
-            self.hold = self.next_hold
-            self.next_hold = min(2 * self.next_hold, self.max_hold)
+            self._trip()
+
+    def job(self, excess: float, ms: float, steps: int = 1) -> None:
+        """Part of the job took ms, excess of them beyond what `ar` takes for the same tokens:
+        `steps` controlled steps (held ones too: the job's time is all of it; 0: told at once
+        for a step tallied later). The job's balance, behind (module docstring), holds the run to `ar` for the
+        job's own hold, doubling at each such trip until the balance wins a step's time back
+        (the step account's trips and wins do not move it)."""
+        self.excess += excess
+        if steps:   # (a mean over the last ~AR_MEMORY steps: the balance's unit)
+            self.step_ms += (ms / steps - self.step_ms) * \
+                (1.0 if not self.step_ms else min(1.0, steps / AR_MEMORY))
+        if not self.active or not self.step_ms or self.hold:   # (held: ar's steps)
+            return
+        self.job_balance = min(self.job_balance + self.eps * ms - excess,
+                               self.credit * self.step_ms)
+        self.job_won -= excess
+        if self.job_won >= self.step_ms:   # (real savings, not eps's slack)
+            self.job_hold = self.base
+        elif self.job_balance < -JOB_SLACK * self.step_ms:
+            self.job_trips += 1
             self.trips += 1
-            self.balance = 0.0
+            self.hold = self.job_hold
+            self.job_hold = min(2 * self.job_hold, self.max_hold)
+            self.job_balance = self.job_won = 0.0
+
+    def _trip(self) -> None:
+        """Behind: hold to `ar` for the next hold, doubling it for the next trip."""
+        self.hold = self.next_hold
+        self.next_hold = min(2 * self.next_hold, self.max_hold)
+        self.trips += 1
+        self.balance = 0.0
 
     def holding(self) -> bool:
         """Whether this step is held to `ar` (counts it)."""

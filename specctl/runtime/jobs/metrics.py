@@ -81,15 +81,17 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
 
 def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool) -> dict:
     """What speculation bought, estimated: `ar`'s tokens/s for the same work and the ratio.
-    The run's step time is replaced by what its steps' tokens cost as `ar` steps on the
-    step-cost table, corrected by the run's own measured steps (RunStats.ar_step_ms); the rest
-    (prefill, admission, output) is kept. A run that decoded as `ar` is its own estimate; a run
-    without the controller (--speculate fixed) has no table to price by: None."""
+    The run's busy time less its job excess (RunStats.job_excess_ms, the measured guard's job
+    account: drafting steps against what their tokens cost as `ar` steps measured in this
+    run, searches that found nothing, slots held for grouped admissions); the rest (prefill,
+    output) is kept. A run that decoded as `ar`
+    is its own estimate; a run without the controller (--speculate fixed) has no table to
+    price by: None."""
     if plain:
         return {"ar_tokens_per_s_est": tps, "gain_vs_ar_est": 1.0 if tps else None}
     if stats is None or not stats.controlled_steps or busy <= 0 or not tps:
         return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
-    ar_busy = busy + (stats.ar_step_ms - stats.measured_step_ms) / 1e3
+    ar_busy = busy - stats.job_excess_ms / 1e3
     if ar_busy <= 0:   # (steps timed longer than the run: counts that do not add up)
         return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
     gain = ar_busy / busy

@@ -96,6 +96,7 @@ class Runner:
             kv_budget = kv_budget * L // (L + drafter.kv_layers)
         self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         self._admitted = 0
+        self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -133,7 +134,8 @@ class Runner:
             on_tokens: Callable[[int], None] | None = None) -> RunStats:
         cpu_threads = torch.get_num_threads()
         ctl = self.controller
-        marks = (ctl.searches, ctl.guard.trips, ctl.guard.held) if ctl is not None else None
+        marks = (ctl.searches, ctl.guard.trips, ctl.guard.held, ctl.guard.job_trips) \
+            if ctl is not None else None
         if ctl is not None:
             ctl.new_run()
         try:
@@ -146,6 +148,7 @@ class Runner:
                 st.searches += ctl.searches - marks[0]
                 st.guard_trips += ctl.guard.trips - marks[1]
                 st.guard_held += ctl.guard.held - marks[2]
+                st.guard_job_trips += ctl.guard.job_trips - marks[3]
 
     def _tuner(self) -> ThreadTuner | None:
         if self.model.device.type != "cpu":
@@ -170,6 +173,7 @@ class Runner:
             # (under a controller, a few free slots are filled in one prefill: admission.py)
             hold = bool(running and free and waiting) and self.controller is not None and \
                 len(free) < min(self.admission.group(), len(waiting))
+            self._held = len(free) if hold else 0
             while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
                 if seq is None:   # too few free KV blocks: wait for a sequence to finish
@@ -393,7 +397,8 @@ class Runner:
                 took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;
                 # the next step's, `ahead`, is hidden under the forward on CUDA, and taking it
                 # off where it was errs low on ar's price, the guard's safe side)
-            work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain)
+            work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain,
+                                        self._held, plan.search_ms + ahead)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
         return work

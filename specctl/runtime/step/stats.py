@@ -44,6 +44,11 @@ class RunStats:
                                    # forward); not in a lean step's ms
     guard_trips: int = 0           # times the measured guard found the run behind `ar`
     guard_held: int = 0            # steps it held to `ar`
+    guard_job_trips: int = 0       # of those trips, made by the job's account
+    # the job's ms beyond what `ar` takes for the same tokens (runtime/step/accounting.py):
+    # drafting steps against ar's for their progress, searches that found nothing, slots held
+    # for a grouped admission
+    job_excess_ms: float = 0.0
     captures: int = 0              # graph shapes captured when the runner started
     capture_s: float = 0.0         # the seconds they took (out of every step's time)
     exact_check_s: float = 0.0     # --exact's start-up check, where this run made it
