@@ -217,6 +217,7 @@ def test_outputs_match_check_catches_a_broken_method(work, prompts, tiny_llama, 
     div = bad["divergence"]
     assert div["vs"] == "ar b1" and div["analyzed"] == 1 and div["gaps"][0]["index"] == 0
     assert div["max_steps"] > 1000 and div["max_gap"] > 1e-3
+    assert div["near_ties"] is False and div["gaps"][0]["near_tie"] is False
     assert "NO (1/5 vs ar b1; gap up to" in (d / "table.md").read_text()
 
 
@@ -282,6 +283,28 @@ def test_divergence_gap_is_the_models_logit_gap_at_the_first_difference(tiny_lla
     assert abs(g["gap"] - float(logits[ref_ids[3]] - logits[alt])) < 1e-4 and g["gap"] >= 0
     assert g["step"] == torch.finfo(torch.float32).eps * 2.0 ** math.floor(
         math.log2(float(logits.max())))
+
+
+def test_a_near_tie_is_told_from_a_real_difference_by_what_a_batch_shape_moves(tiny_llama):
+    """tie_gap: two tokens made to tie (the same head row plus 1e-7 of noise: the fp32 argmax
+    between them follows rounding) are a near-tie; the model's runner-up is not. The shape
+    term is measured: this CPU's fp32 GEMMs round a row by the matrix's row count, so a row
+    computed behind others moves (on some machines by 0: then the rounding steps decide)."""
+    import torch
+    from specctl.bench.analysis import tie_gap
+    from specctl.engine.batch import ForwardBatch, SeqInput
+    from specctl.engine.loader import load_model
+    m = load_model(tiny_llama, "cpu", "fp32")
+    ids = [3, 17, 5, 9, 11, 2, 8]
+    top2 = m.logits(m.forward(ForwardBatch([SeqInput(0, ids, 0)], m.device),
+                              m.new_kv_cache(1, 16))[-1:])[0].topk(2).indices.tolist()
+    real = tie_gap(m, ids, top2[0], top2[1])
+    assert real["gap"] > 0 and not real["near_tie"] and real["shape"] < 1e-3, real
+    a, b = top2
+    with torch.inference_mode():
+        m.lm_head[b] = m.lm_head[a] + 1e-7 * torch.randn_like(m.lm_head[a])
+    tie = tie_gap(m, ids, a, b)
+    assert tie["near_tie"] and abs(tie["gap"]) < 1e-5, tie
 
 
 def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):

@@ -131,7 +131,7 @@ def _local_sources(tmp_path: Path, model_bytes: int) -> dict:
     (src / "sharegpt.json").write_text(json.dumps(recs))
     return {"MODEL_FILE": str(model), "WHEELS_DIR": str(src / "whl"),
             "SHAREGPT": str(src / "sharegpt.json"), "PROMPTS": "3", "ADAPTER": "none",
-            "CARRY_DIR": str(tmp_path / "carry")}
+            "CARRY_DIR": str(tmp_path / "carry"), "PREDICT": "0"}   # (its own test below)
 
 
 def test_stage_from_local_files(tmp_path):
@@ -282,3 +282,15 @@ def test_real_stage_downloads_and_fits(tmp_path):
     # the CPU adapter, or (a loaded machine: past ADAPTER_TRAIN_S) the stage saying why not
     assert (st["adapter"] and "adapter" in st["art"]) or "pass ADAPTER=DIR" in p.stderr
     assert runbook("check", tmp_path / ".gpu1", tmp_path / ".gpu2").returncode == 0
+
+
+def test_the_prediction_beside_bench_batch_has_a_row_per_batch_size():
+    """recipes/gpu/predict.py (what stage puts beside bench-batch): the host-charged clock's
+    x ar for each method at each batch size, ar's steps and the guard's trips."""
+    p = subprocess.run([sys.executable, str(ROOT / "recipes/gpu/predict.py"), "--prompts", "6",
+                        "--max-tokens", "8", "--batch-sizes", "1,2"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [r for r in p.stdout.splitlines() if r.startswith("| 1 |") or r.startswith("| 2 |")]
+    assert len(rows) == 2 and all(r.count("x |") == 4 for r in rows), p.stdout
+    assert "host x2.5" in p.stdout

@@ -222,6 +222,12 @@ stage() {
        adapter=$(printf '{"how": "ADAPTER=", "dir": "%s"}' "$ADAPTER") ;;
   esac
 
+  # what the host-charged clock predicts for bench-batch's rows, made here before the GPU runs
+  # (call 2 puts it beside bench-batch.md; PREDICT=0 skips its few CPU minutes)
+  if [ "${PREDICT:-1}" != 0 ]; then
+    "$PY" recipes/gpu/predict.py --prompts "${PROMPTS:-256}" > "$art/prediction.md" \
+      || die "recipes/gpu/predict.py failed (PREDICT=0 skips it)"
+  fi
   # the carries: part 1 of the model as large as call 1 allows, the rest with the art
   local c1=$CARRY_DIR/.gpu1 c2=$CARRY_DIR/.gpu2
   # the carries must be ignored, or every call takes them along as untracked files
@@ -436,6 +442,10 @@ step_bench_batch() {   # batch 8/32/64 over every staged prompt (256: a batch-64
     bench bench-batch "$ART/sharegpt-prompts.jsonl" --methods "$METHODS" --batch-sizes 8,32,64 \
       --max-tokens 64 --repeats 1 --warmup 1
   fi
+  local rc=$?
+  # (the staged prediction for the same rows: README's "measured against the prediction")
+  [ -f "$ART/prediction.md" ] && cp "$ART/prediction.md" "$OUT/bench-batch-prediction.md"
+  return $rc
 }
 
 step_bench_b1() {   # batch 1 on 8 prompts: at 32 it would take 4x as long for little more

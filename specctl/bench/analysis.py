@@ -70,15 +70,15 @@ def divergence_gaps(model, render, recs: list[PromptRecord], got: dict[int, list
     """Where a sequence's first answer leaves the reference's, how close the model was to a tie.
 
     For each request (at most MAX_DIVERGENCES) whose first-turn tokens differ from the
-    reference's at position j while both have a token there: one eager forward of the model
-    over the prompt and the common prefix, and the logit of the reference's token minus that of
-    the other at j (fp32 logits, from the model in its own dtype). A gap within a step or two
-    of the dtype's rounding (`step`: the spacing of the top logit in that dtype) is a near-tie
-    that any change in summation order can flip: a forward over more tokens, another kernel, or
-    a non-repeatable one. A large gap would be a real difference.
+    reference's at position j while both have a token there: the logit of the reference's
+    token minus that of the other at j (`gap`, fp32 logits of the model in its own dtype), from
+    one eager forward over the prompt and the common prefix; and `shape`, how far that
+    position's logits move when the same rows are computed packed behind others (a second
+    forward: another batch shape, as a step of a batch computes them). A gap within that
+    movement (twice it), or within NEAR_TIE_STEPS of the dtype's rounding of the top logit
+    (`step`), is a near-tie any change of summation order flips (`near_tie`): on a CPU even
+    fp32 GEMMs round a row by the matrix's row count. A larger gap is a real difference.
     """
-    from specctl.engine.batch import ForwardBatch, SeqInput
-
     out = []
     for r in recs:
         a, b = got.get(r.index, [[]]), ref.get(r.index, [[]])
@@ -87,19 +87,35 @@ def divergence_gaps(model, render, recs: list[PromptRecord], got: dict[int, list
         if j is None:
             continue
         req = Request(r.index, [list(t) for t in r.turns], 1, r.raw_prompt)
-        ids = list(render(req)) + y[:j]
-        kv = model.new_kv_cache(1, len(ids) + 1)
-        h = model.forward(ForwardBatch([SeqInput(0, ids, 0)], model.device), kv)
-        logits = model.logits(h[-1:])[0]
-        top = float(logits.max())
-        top = abs(top) if math.isfinite(top) and top != 0 else 1.0
-        step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(top))
-        gap = float(logits[y[j]] - logits[x[j]])
-        out.append({"index": r.index, "token": j, "gap": round(gap, 6), "step": step,
-                    "steps": round(abs(gap) / step, 2) if math.isfinite(gap) else None})
+        out.append({"index": r.index, "token": j,
+                    **tie_gap(model, list(render(req)) + y[:j], y[j], x[j])})
         if len(out) >= MAX_DIVERGENCES:
             break
     return out
+
+
+def tie_gap(model, ids: list[int], want: int, other: int) -> dict:
+    """The logit gap of token `want` over `other` after ids, the rounding step of the top logit,
+    the logits' movement under another batch shape, and whether the gap is a near-tie
+    (divergence_gaps)."""
+    from specctl.engine.batch import ForwardBatch, SeqInput
+
+    def last_logits(seqs):
+        kv = model.new_kv_cache(len(seqs), max(map(len, seqs)) + 1)
+        h = model.forward(ForwardBatch([SeqInput(i, s, 0) for i, s in enumerate(seqs)],
+                                       model.device), kv)
+        return model.logits(h[-1:])[0].float()
+    logits = last_logits([ids])
+    packed = last_logits([ids[::-1] + ids[:1] * 64, ids])   # (more rows, then the same row)
+    top = float(logits.max())
+    top = abs(top) if math.isfinite(top) and top != 0 else 1.0
+    step = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(top))
+    gap = float(logits[want] - logits[other])
+    shape = float((logits - packed).abs().max())
+    finite = math.isfinite(gap)
+    return {"gap": round(gap, 6), "step": step,
+            "steps": round(abs(gap) / step, 2) if finite else None, "shape": shape,
+            "near_tie": finite and abs(gap) <= max(NEAR_TIE_STEPS * step, 2 * shape)}
 
 
 def _category_tps(run: RunResult, cats: dict[int, str]) -> dict[str, float]:

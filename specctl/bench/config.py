@@ -51,7 +51,8 @@ RESULTS_SCHEMA = """
     "captures": int,                   # CUDA graph shapes captured inside its timed repeats
     "captures_runs": [int],            # (0 without graphs) ... per repeat
     "divergence": {"vs", "differing", "analyzed", "max_gap", "max_steps",  # where it differs
-                   "gaps": [{"index", "token", "gap", "step", "steps"}]}
+                   "near_ties",   # every gap within what another batch shape moves logits
+                   "gaps": [{"index", "token", "gap", "step", "steps", "shape", "near_tie"}]}
   }],
   "category_rows": [{"method", "batch_size", "category", "requests", "new_tokens",
                      "tokens_per_s": {...as above}, "speedup_vs_ar",

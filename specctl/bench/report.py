@@ -50,8 +50,8 @@ def _match(r: dict) -> str:
     d = r.get("divergence")
     gap = ""
     if d:   # how close to a tie the first divergences were (divergence_gaps)
-        gap = (f"near-ties, gap ≤ {d['max_gap']:.3g}" if d["max_steps"] <= NEAR_TIE_STEPS
-               else f"gap up to {d['max_gap']:.3g}")
+        tie = d.get("near_ties", d["max_steps"] <= NEAR_TIE_STEPS)   # (results before it)
+        gap = f"near-ties, gap ≤ {d['max_gap']:.3g}" if tie else f"gap up to {d['max_gap']:.3g}"
         if d["analyzed"] < d.get("differing", d["analyzed"]):
             gap += f" ({d['analyzed']} of {d['differing']} read)"
         gap = "; " + gap

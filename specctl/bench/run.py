@@ -370,12 +370,15 @@ def _analyze_divergence(b: _Bench, rows: list[dict], ref_b1: dict) -> None:
             row["divergence"] = {
                 "vs": vs, "differing": sum(1 for i in ref if got.get(i) != ref[i]),
                 "analyzed": len(gaps), "max_gap": max(abs(g["gap"]) for g in gaps),
-                "max_steps": max(steps), "gaps": gaps}
+                "max_steps": max(steps), "near_ties": all(g["near_tie"] for g in gaps),
+                "gaps": gaps}
             d = row["divergence"]
             log(f"{m} b{bs}: first divergences from {vs} at logit gaps up to {d['max_gap']:.3g} "
                 f"({d['max_steps']:g} rounding steps of the top logit in "
                 f"{str(model.dtype).replace('torch.', '')}; {d['analyzed']} of {d['differing']} "
-                "differing sequences read: first answers only)")
+                "differing sequences read: first answers only): "
+                + ("near-ties, within what another batch shape moves the logits"
+                   if d["near_ties"] else "NOT all near-ties: a real difference"))
 
 
 def _store(b: _Bench, rows, cat_rows, reference: str, input_desc: str, input_sha: str) -> dict:
