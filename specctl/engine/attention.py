@@ -327,10 +327,18 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if meta.static and q.is_cuda:
         import torch._dynamo
         torch._dynamo.mark_static(qp, 0)
-    mod = None if softcap is None else (lambda s, b, h, qi, ki: torch.tanh(s / softcap) * softcap)
+    mod = None if softcap is None else _softcap_mod(softcap)
     out = _flex_kernel(q.device.type)(qp, k, v, block_mask=bm, enable_gqa=KV != q.shape[1],
                                       scale=scale, score_mod=mod)
     return _packed(out, meta, q.shape[0])
+
+
+def _softcap_mod(cap: float):
+    """Flex's score_mod for a soft-cap (at module level: flex_attention's own scope binds
+    `torch` locally, which a closure there would see unbound)."""
+    def mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+    return mod
 
 
 BACKENDS = {"sdpa": sdpa_attention, "flex": flex_attention}
