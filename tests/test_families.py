@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from families import FAMILIES, WINDOW, make_family_model
+from families import FAMILIES, LOGITS_ONLY, WINDOW, make_family_model
 from helpers import method_drafters, run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.loader import load_model
@@ -56,7 +56,7 @@ def _greedy(m, prompts: list[list[int]], tokens: int) -> list[list[int]]:
     return [row[L:].tolist() for row in out]
 
 
-@pytest.mark.parametrize("family", FAMILIES + ("llama-dynamic",))
+@pytest.mark.parametrize("family", FAMILIES + LOGITS_ONLY)
 def test_logits_match_transformers(family, tmp_path_factory):
     """One packed prefill of every prompt (two of them over twice the window): each prompt's
     logits are transformers' within 1e-4."""
@@ -89,3 +89,48 @@ def test_greedy_matches_transformers(family, method, bs, tmp_path_factory):
     drafter = method_drafters(model, PROMPTS, ref)[method]
     got, _ = run_ids(model, PROMPTS, batch_size=bs, max_tokens=TOKENS, drafter=drafter)
     assert got == ref
+
+
+@pytest.mark.parametrize("mtype, arch", [("qwen3_moe", "Qwen3MoeForCausalLM"),
+                                         ("mixtral", "MixtralForCausalLM"),
+                                         ("gemma3", "Gemma3ForConditionalGeneration")])
+def test_what_the_engine_cannot_run_is_refused_in_one_line(tmp_path, mtype, arch):
+    """A mixture of experts or a vision-language model: one line naming the supported
+    families, before anything is loaded."""
+    import json
+    from specctl.errors import SpecctlError
+    from specctl.models.checkpoint import SUPPORTED_TYPES, validate_hf_folder
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": mtype,
+                                                      "architectures": [arch]}))
+    with pytest.raises(SpecctlError) as e:
+        validate_hf_folder(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and f"{mtype!r} ({arch}) is not supported" in msg
+    assert all(t in msg for t in SUPPORTED_TYPES) and "mixture of experts" in msg
+
+
+def test_what_a_family_config_cannot_say_is_refused():
+    """Options the decoder does not run are refused by name, not run wrongly."""
+    from specctl.engine.config import ConfigError, ModelConfig
+    base = {"model_type": "phi3", "vocab_size": 32, "hidden_size": 64, "intermediate_size": 96,
+            "num_hidden_layers": 2, "num_attention_heads": 4}
+    for extra, needle in (({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+                          ({"hidden_act": "relu"}, "hidden_act 'relu'"),
+                          ({"rope_scaling": {"rope_type": "mrope"}}, "'mrope'")):
+        with pytest.raises(ConfigError, match=needle):
+            ModelConfig.from_hf({**base, **extra})
+
+
+def test_the_fused_layer_leaves_a_family_to_the_unfused_one(tmp_path_factory, monkeypatch):
+    """--attention fused on a family whose layers it does not run: said once, and the forward
+    is the unfused one's (the fused module is never called)."""
+    from specctl.engine import model as M
+    monkeypatch.setattr(M, "load_fused", lambda device: object())
+    ref = reference("gemma2", tmp_path_factory)
+    m = load_model(ref["path"], "cpu", "fp32")
+    with pytest.warns(UserWarning, match="runs the unfused ones"):
+        m.set_attention("fused")
+    kv = m.new_kv_cache(1, 64)
+    kv.reserve(0, 64)
+    out = m.logits(m.forward(ForwardBatch([SeqInput(0, PROMPTS[3], 0)]), kv))
+    torch.testing.assert_close(out, ref["logits"][3], atol=1e-4, rtol=1e-4)
