@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    kind: str = "default"  # default | linear | llama3 | yarn | longrope (dynamic: see _rope_from_hf)
+    kind: str = "default"  # default | linear | llama3 | yarn | longrope | dynamic (see _rope)
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0

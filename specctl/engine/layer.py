@@ -1,4 +1,5 @@
-"""One decoder layer's weights, and the per-family ops the decoder applies (engine/model.py).
+"""One decoder layer's weights, the per-family ops, and the layer loop of a family with options
+on (family_layers; Llama's own stays in engine/model.py).
 
 A layer's weights are plain tensors in HF layout, q/k/v and gate/up concatenated so a block does
 two matmuls for attention and two for the MLP. Its norms sit where the family puts them
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine import exact
+from specctl.engine.attention import windowed
 from specctl.engine.config import ModelConfig
 
 
@@ -118,3 +120,42 @@ def qk_normed(qkv: torch.Tensor, L: Layer, cfg: ModelConfig) -> torch.Tensor:
     qk = qk.view(T, H + KV, hd)
     return torch.cat((norm(qk[:, :H], L.q_norm, cfg.rms_eps),
                       norm(qk[:, H:], L.k_norm, cfg.rms_eps)), dim=1)
+
+
+def family_layers(model, x, positions, meta, kv, plan, end: int):
+    """Model._layers (same contract) with the family's options on: norms where it puts them,
+    q/k norm, its activation, attention scale and soft-cap, residual multiplier, and
+    sliding-window layers (their own mask, and rope where it differs)."""
+    c = model.cfg
+    ropes = {False: model._rope(positions)}
+    if len(model._ropes) > 1:
+        ropes[True] = model._rope(positions, local=True)
+    T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
+
+    def block(x, pre, post, out):   # x + residual_scale * post(out(pre(x)))
+        y = out(norm(x, pre, c.rms_eps) if pre is not None else x)
+        y = norm(y, post, c.rms_eps) if post is not None else y
+        return x + y if c.residual_scale == 1.0 else x + y * c.residual_scale
+
+    def attn(i, x):
+        L, w = model.layers[i], c.window(i)
+
+        def run(h):
+            qkv = model.linear(h, L.wqkv, L.bqkv)
+            cos, sin = ropes[w is not None and len(ropes) > 1]
+            qk = model.apply_rope(qk_normed(qkv, L, c), cos, sin)
+            kv.write(i, meta.index, qk[:, H:], qkv[:, (H + KV) * hd:].view(T, KV, hd))
+            m = meta if w is None else windowed(meta, positions, w)
+            o = model.attend(qk[:, :H], kv.k[i], kv.v[i], m, scale=c.attn_scale,
+                             softcap=c.attn_softcap)
+            return model.linear(o.reshape(T, H * hd), L.wo, L.bo)
+        return block(x, L.attn_norm, L.attn_post, run)
+
+    def mlp(i, x):
+        L = model.layers[i]
+
+        def run(h):
+            g, u = model.linear(h, L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
+            return model.linear(model.act(g) * u, L.w_down, L.b_down)
+        return block(x, L.mlp_norm, L.mlp_post, run)
+    return plan.run(x, end, attn, mlp)

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from specctl.engine.attention import (ATTENTION, BACKENDS, FLEX_BLOCK, load_fused,
-                                      sdpa_attention, sdpa_meta, windowed)
+                                      sdpa_attention, sdpa_meta)
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine import exact
 from specctl.engine.config import ModelConfig
 from specctl.engine.kv import BLOCK, KVCache, row_bytes
-from specctl.engine.layer import ACTS, Layer, norm, norm_weight, plain, qk_normed, softcap
+from specctl.engine.layer import ACTS, Layer, family_layers, norm, norm_weight, plain, softcap
 from specctl.engine.rope import Rope
 
 
@@ -322,7 +322,7 @@ class Model:
             # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)
         if not plain(self.cfg):
-            return self._family_layers(x, positions, meta, kv, plan, end)
+            return family_layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
         cos, sin = self._rope(positions)
         T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
@@ -341,44 +341,6 @@ class Model:
             g, u = self.linear(rms_norm(x, L.mlp_norm, c.rms_eps), L.w_gate_up,
                                L.b_gate_up).chunk(2, dim=-1)
             return _residual(x, self.act(g) * u, L.w_down, L.b_down, self.linear)
-        return plan.run(x, end, attn, mlp)
-
-    def _family_layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
-        """_layers with the family's options on (engine/layer.py): norms where it puts them,
-        q/k norm, its activation, attention scale and soft-cap, residual multiplier, and
-        sliding-window layers (their own mask, and rope where it differs)."""
-        c = self.cfg
-        ropes = {False: self._rope(positions)}
-        if len(self._ropes) > 1:
-            ropes[True] = self._rope(positions, local=True)
-        T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
-
-        def block(x, pre, post, out):   # x + residual_scale * post(out(pre(x)))
-            y = out(norm(x, pre, c.rms_eps) if pre is not None else x)
-            y = norm(y, post, c.rms_eps) if post is not None else y
-            return x + y if c.residual_scale == 1.0 else x + y * c.residual_scale
-
-        def attn(i, x):
-            L, w = self.layers[i], c.window(i)
-
-            def run(h):
-                qkv = self.linear(h, L.wqkv, L.bqkv)
-                cos, sin = ropes[w is not None and len(ropes) > 1]
-                qk = self.apply_rope(qk_normed(qkv, L, c), cos, sin)
-                kv.write(i, meta.index, qk[:, H:], qkv[:, (H + KV) * hd:].view(T, KV, hd))
-                m = meta if w is None else windowed(meta, positions, w)
-                o = self.attend(qk[:, :H], kv.k[i], kv.v[i], m, scale=c.attn_scale,
-                                softcap=c.attn_softcap)
-                return self.linear(o.reshape(T, H * hd), L.wo, L.bo)
-            return block(x, L.attn_norm, L.attn_post, run)
-
-        def mlp(i, x):
-            L = self.layers[i]
-
-            def run(h):
-                g, u = self.linear(h, L.w_gate_up, L.b_gate_up).chunk(2, dim=-1)
-                return self.linear(self.act(g) * u, L.w_down, L.b_down)
-            return block(x, L.mlp_norm, L.mlp_post, run)
         return plan.run(x, end, attn, mlp)
 
     @torch.inference_mode()
