@@ -73,7 +73,12 @@ LOGITS_ONLY = ("llama-dynamic", "mistral")   # (nothing in them the others' gree
 
 def make_family_model(out: Path, family: str, seed: int = 0) -> Path:
     """Save a random `family` model (LAYERS layers, hidden 64) + tokenizer under `out` in
-    several safetensors shards; return it."""
+    several safetensors shards; return the folder."""
+    return build_family_model(out, family, seed)[0]
+
+
+def build_family_model(out: Path, family: str, seed: int = 0):
+    """make_family_model, returning (the folder, transformers' model it saved, in eval mode)."""
     from transformers import GenerationConfig
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,4 +99,4 @@ def make_family_model(out: Path, family: str, seed: int = 0) -> Path:
                 p.add_(torch.randn_like(p) * 0.2)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="100KB")
     GenerationConfig(eos_token_id=eos).save_pretrained(out)
-    return out
+    return out, model

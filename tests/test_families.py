@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from families import FAMILIES, LOGITS_ONLY, WINDOW, make_family_model
+from families import FAMILIES, LOGITS_ONLY, WINDOW, build_family_model
 from helpers import method_drafters, run_ids
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.loader import load_model
@@ -25,12 +25,10 @@ _REF: dict = {}
 
 
 def reference(family: str, tmp_path_factory) -> dict:
-    """{path, hf (transformers' model read back from it), logits (of each prompt)}, made once
-    per session; greedy (its continuations) added by greedy_reference."""
+    """{path, hf (transformers' model that was saved there), logits (of each prompt)}, made
+    once per session; greedy (its continuations) added by greedy_reference."""
     if family not in _REF:
-        from transformers import AutoModelForCausalLM
-        path = make_family_model(tmp_path_factory.mktemp(family), family)
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        path, m = build_family_model(tmp_path_factory.mktemp(family), family)
         with torch.no_grad():
             _REF[family] = {"path": path, "hf": m,
                             "logits": [m(torch.tensor([ids])).logits[0] for ids in PROMPTS]}
