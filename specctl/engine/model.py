@@ -123,8 +123,11 @@ class Model:
                                       if k.startswith(pre)}, cfg))
         self.device = self.embed.device
         self.dtype = self.embed.dtype
-        # (Gemma's scale is rounded to the model's dtype, as transformers does)
-        self._embed_scale = torch.tensor(cfg.embed_scale, dtype=self.dtype).item()
+        # Gemma's scale is rounded to the model's dtype first (transformers' normalizer);
+        # Granite's multiplier is applied as it is
+        self._embed_scale = torch.tensor(cfg.embed_scale, dtype=self.dtype).item() \
+            if cfg.model_type in ("gemma2", "gemma3_text") else cfg.embed_scale
+        self._plain = plain(cfg)   # Llama's layers: the fused layer's and the lean loop's
         self._ropes = [Rope(cfg.rope, cfg.head_dim, self.device)]
         if cfg.local_rope is not None:   # the windowed layers' own (Gemma 3)
             self._ropes.append(Rope(cfg.local_rope, cfg.head_dim, self.device))
@@ -151,7 +154,7 @@ class Model:
                 importlib.util.find_spec("triton") is not None else "sdpa"
         if backend == "fused":
             self._fused = load_fused(self.device)
-            if not plain(self.cfg):
+            if not self._plain:
                 warnings.warn(f"the fused layer runs Llama's layers only: this "
                               f"{self.cfg.model_type} model runs the unfused ones", stacklevel=2)
         elif backend not in BACKENDS:
@@ -317,11 +320,11 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
-        if self.attention == "fused" and plain(self.cfg) and (
+        if self.attention == "fused" and self._plain and (
                 self.exact or meta.n_max <= self._fused.FUSED_N):
             # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)
-        if not plain(self.cfg):
+        if not self._plain:
             return family_layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
         cos, sin = self._rope(positions)
