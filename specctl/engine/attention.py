@@ -18,6 +18,12 @@ those blocks. Nothing in it synchronizes with the host, so it runs inside captur
 On CUDA the flex kernel is compiled (torch.compile, once per shape); elsewhere it runs the
 unfused reference implementation, which is what the CPU tests check against SDPA.
 
+A sliding-window layer (ModelConfig.layer_windows) attends under its own mask, `windowed`: the
+forward's mask with the keys at or past the window behind each query's position masked too
+(made once per forward and window, shared by those layers). Every backend takes a layer's
+softmax scale and soft-cap (Gemma 2's cap * tanh(score / cap)): SDPA has no soft-cap, so a
+capped layer's scores are computed apart (`_capped`), as transformers' eager attention does.
+
 On CUDA, SDPA runs with cuDNN's attention kernel off (`cudnn_attention`): torch's default sends
 it there, and that kernel is not repeatable run to run in bf16 (two identical `ar` runs on an
 H100 differed in 2 of 32 outputs; with it off, in none).
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -86,6 +92,8 @@ class SdpaMeta:
     prefix: torch.Tensor | None = None   # [B] committed rows
     starts: torch.Tensor | None = None   # [B] its first packed token
     counts: torch.Tensor | None = None   # [B] its new tokens (query rows)
+    window: int | None = None        # a sliding-window layer's meta (windowed): its window,
+    base: "SdpaMeta | None" = None   # and the forward's meta it narrows
 
     @property
     def blocks(self) -> torch.Tensor:
@@ -132,6 +140,30 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
                     starts=starts, counts=counts)
     batch._attn_meta = meta
     return meta
+
+
+def windowed(meta: SdpaMeta, positions: torch.Tensor, window: int) -> SdpaMeta:
+    """The meta of a sliding-window layer: meta's mask, and a key is seen only while
+    q_pos - k_pos < window (transformers' sliding_window_overlay), by the tokens' positions
+    (a committed row's is its index; a new token's, its position in the batch: a tree's
+    tokens sit deeper than their columns). Made once per forward and window, on the device
+    (no host read: a captured forward makes it too)."""
+    kept = meta.__dict__.setdefault("_windows", {})
+    if window in kept:
+        return kept[window]
+    B, _, N, L = meta.mask.shape
+    dev = meta.mask.device
+    tok = torch.zeros(B, N, dtype=torch.long, device=dev)    # [B, N] packed token of a query
+    tok[meta.q_seq, meta.q_idx] = torch.arange(positions.shape[0], device=dev)
+    qpos = positions[tok]
+    cols = torch.arange(L, device=dev)[None, :]
+    new = cols - meta.prefix[:, None]                                   # [B, L]
+    kpos = torch.where(new >= 0, positions[tok.gather(1, new.clamp(0, N - 1))], cols)
+    keep = kpos[:, None, :] > qpos[:, :, None] - window                 # [B, N, L]
+    out = replace(meta, mask=meta.mask & keep[:, None], bias=None, block_mask=None, exact=None,
+                  window=window, base=meta)
+    kept[window] = out
+    return out
 
 
 def _place_local(mask: torch.Tensor, batch: ForwardBatch, host: bool | None = None) -> None:
@@ -188,7 +220,8 @@ def _rows(cache: torch.Tensor, meta: SdpaMeta) -> torch.Tensor:
 
 
 def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   meta: SdpaMeta) -> torch.Tensor:
+                   meta: SdpaMeta, scale: float | None = None,
+                   softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, hd]; k_cache, v_cache: a layer's cache [rows, KV, hd] -> [T, H, hd].
 
     Grouped queries are folded into the query dimension: the g = H / KV heads sharing a KV head
@@ -205,9 +238,20 @@ def sdpa_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         meta.bias = torch.zeros(meta.mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
             ~meta.mask, float("-inf")).repeat(1, 1, g, 1)              # [B, 1, g * N, L]
     qf = _per_seq(q, meta).reshape(B, KV, g * N, hd)   # head h = kv * g + j (GQA's grouping)
+    if softcap is not None:
+        out = _capped(qf, k, v, meta.bias, scale, softcap).reshape(B, H, N, hd)
+        return _packed(out, meta, T)
     sdpa = _sdpa_without_cudnn if q.device.type in _NO_CUDNN else F.scaled_dot_product_attention
-    out = sdpa(qf, k, v, attn_mask=meta.bias).reshape(B, H, N, hd)
+    out = sdpa(qf, k, v, attn_mask=meta.bias, scale=scale).reshape(B, H, N, hd)
     return _packed(out, meta, T)
+
+
+def _capped(q, k, v, bias, scale: float | None, cap: float) -> torch.Tensor:
+    """Soft-capped attention as transformers' eager attention runs it: scores in the model's
+    dtype, capped, masked, softmax in fp32."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    s = torch.tanh(s / cap) * cap + bias
+    return torch.matmul(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype), v)
 
 
 FLEX_BLOCK = 128   # rows of a FlexAttention block, queries and keys alike
@@ -264,7 +308,8 @@ def _flex_kernel(device_type: str):
 
 
 def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   meta: SdpaMeta) -> torch.Tensor:
+                   meta: SdpaMeta, scale: float | None = None,
+                   softcap: float | None = None) -> torch.Tensor:
     """Same contract as sdpa_attention; reads the cache in place (see the module docstring)."""
     if not isinstance(meta.table, slice) and meta.table.dim() != 1:
         raise ValueError("flex attention reads a contiguous KV cache, not a paged one")
@@ -282,8 +327,18 @@ def flex_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     if meta.static and q.is_cuda:
         import torch._dynamo
         torch._dynamo.mark_static(qp, 0)
-    out = _flex_kernel(q.device.type)(qp, k, v, block_mask=bm, enable_gqa=KV != q.shape[1])
+    mod = None if softcap is None else _softcap_mod(softcap)
+    out = _flex_kernel(q.device.type)(qp, k, v, block_mask=bm, enable_gqa=KV != q.shape[1],
+                                      scale=scale, score_mod=mod)
     return _packed(out, meta, q.shape[0])
+
+
+def _softcap_mod(cap: float):
+    """Flex's score_mod for a soft-cap (at module level: flex_attention's own scope binds
+    `torch` locally, which a closure there would see unbound)."""
+    def mod(score, b, h, q_idx, kv_idx):
+        return torch.tanh(score / cap) * cap
+    return mod
 
 
 BACKENDS = {"sdpa": sdpa_attention, "flex": flex_attention}

@@ -67,13 +67,19 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return (x32 / (det_exp(-x32) + 1.0)).to(x.dtype)
 
 
+def det_tanh(x: torch.Tensor) -> torch.Tensor:
+    """tanh of an fp32 tensor as 1 - 2 / (exp(2x) + 1) with det_exp (GeLU-tanh, soft-caps)."""
+    return 1.0 - 2.0 / (det_exp(2.0 * x) + 1.0)
+
+
 class RopeTable:
     """cos and sin [pos, 1, hd] per position (rotate_half's sign in sin), each piece of
     ROPE_CHUNK positions computed in one call, so a position's values never depend on which
     positions a step holds."""
 
-    def __init__(self, inv_freq: torch.Tensor, dtype: torch.dtype):
-        self.inv_freq, self.dtype = inv_freq, dtype
+    def __init__(self, rope, dtype: torch.dtype):
+        """rope: an engine.rope.Rope (its angles and cos / sin)."""
+        self.rope, self.dtype = rope, dtype
         self.cos = self.sin = None
         self.bound = 0   # positions below it are covered without looking (ensure)
 
@@ -94,10 +100,8 @@ class RopeTable:
 
     def _grow(self) -> None:
         start = 0 if self.cos is None else self.cos.shape[0]
-        pos = torch.arange(start, start + ROPE_CHUNK, device=self.inv_freq.device)
-        freqs = pos.float()[:, None] * self.inv_freq[None, :]
-        cos = torch.cat((freqs, freqs), dim=-1)[:, None, :].cos().to(self.dtype)
-        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin().to(self.dtype)
+        pos = torch.arange(start, start + ROPE_CHUNK, device=self.rope.inv.device)
+        cos, sin = self.rope(pos, self.dtype)
         self.cos = cos if self.cos is None else torch.cat((self.cos, cos))
         self.sin = sin if self.sin is None else torch.cat((self.sin, sin))
 
@@ -288,7 +292,17 @@ class _Part:
         self.keys = torch.from_numpy(keys.reshape(-1)).to(dev)
         self.tokens = torch.from_numpy(toks.reshape(-1)).to(dev)
         limit = torch.from_numpy(limit).to(dev)
-        self.hidden = (torch.arange(L, device=dev) > limit[:, :, None])[:, None, :, None, :]
+        self.limit = limit[:, :, None]
+        self.hidden = (torch.arange(L, device=dev) > self.limit)[:, None, :, None, :]
+        self._windows: dict = {}
+
+    def windowed(self, window: int) -> torch.Tensor:
+        """hidden, and the keys at or past `window` behind each query (position = index)."""
+        h = self._windows.get(window)
+        if h is None:
+            far = torch.arange(self.shape[1], device=self.limit.device) <= self.limit - window
+            h = self._windows[window] = self.hidden | far[:, None, :, None, :]
+        return h
 
 
 def _paths(m: np.ndarray):
@@ -322,20 +336,27 @@ def _storage(meta, b: int, cols: np.ndarray) -> np.ndarray:
 
 
 def exact_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta) -> torch.Tensor:
+                    meta, scale: float | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """sdpa_attention's contract, batch-invariant (see the module docstring). HF's eager
     attention numerics: scores and the weighted sum are matmuls in the model's dtype, the
     softmax in fp32; the normalizer comes out of the weighted sum's matmul (a column of ones
-    beside the values), as no fp32 sum over keys has a fixed order."""
+    beside the values), as no fp32 sum over keys has a fixed order. A sliding-window layer's
+    meta (attention.windowed) shares its forward's groups: a group's key j sits at position
+    j, so its window hides keys below the query's position - window + 1."""
+    window = meta.window
+    if meta.base is not None:
+        meta = meta.base
     if meta.exact is None:
         meta.exact = ExactMeta(meta, q.shape[0], q.shape[1] // k_cache.shape[1])
     e = meta.exact
-    outs = [_attend(q, k_cache, v_cache, part) for part in e.parts]
+    how = (q.shape[-1] ** -0.5 if scale is None else scale, softcap, window)
+    outs = [_attend(q, k_cache, v_cache, part, how) for part in e.parts]
     return (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, e.out).to(q.dtype)
 
 
 def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            e: _Part) -> torch.Tensor:
+            e: _Part, how: tuple) -> torch.Tensor:
     """One part's attention: [G * N, H, hd], a group's queries in its rows."""
     G, L, N = e.shape
     T, H, hd = q.shape
@@ -345,8 +366,13 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     v1 = torch.cat((v, v.new_ones(G, KV, L, 1)), -1).reshape(G * KV, L, hd + 1)
     qg = q.index_select(0, e.tokens).view(G, N, KV, H // KV, hd).transpose(1, 2)
     s = bmm(qg.reshape(G * KV, -1, hd), k.reshape(G * KV, L, hd).transpose(1, 2))
-    s = (s.float() * hd ** -0.5).view(G, KV, N, H // KV, L).masked_fill(e.hidden, float("-inf"))
-    p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(e.hidden, 0.0).to(q.dtype)
+    scale, cap, window = how
+    s = s.float() * scale
+    if cap is not None:
+        s = det_tanh(s / cap) * cap
+    hidden = e.hidden if window is None else e.windowed(window)
+    s = s.view(G, KV, N, H // KV, L).masked_fill(hidden, float("-inf"))
+    p = det_exp(s - s.amax(-1, keepdim=True)).masked_fill(hidden, 0.0).to(q.dtype)
     o = weighted_sum(p.view(G * KV, -1, L), v1)                      # weighted sum and total
     o = (o[..., :hd] / o[..., hd:]).view(G, KV, N, H // KV, hd).transpose(1, 2)
     return o.reshape(G * N, H, hd)

@@ -326,7 +326,7 @@ class CudaGraphs:
         new = loc.gather(2, rel.clamp(0, n - 1).expand(loc.shape[0], n, C))
         mask = (rel < 0) | ((rel < n) & new)                             # [S or Bb, n, C]
         return SdpaMeta(att_slots, kv.block, index, C, n, uniform, rows_of, idx.repeat(Bb),
-                        mask[:, None], static=True, prefix=prefix,
+                        mask[:, None], static=True, prefix=pre,
                         starts=torch.arange(0, Bb * n, n, device=dev) if fused else None,
                         counts=torch.full((Bb,), n, device=dev) if fused else None)
 
@@ -334,7 +334,7 @@ class CudaGraphs:
                  prefix, local, table, hidden=None, head=None) -> tuple:
         m = self.model
         meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
-        x = torch.nn.functional.embedding(tokens, m.embed) if hidden is None else hidden
+        x = m.embed_tokens(tokens) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
         h = m._layers(x, positions, meta, kv, plan, end)   # (h, captured) with plan.capture
         if head is not None:

@@ -63,19 +63,35 @@ def load_config(path: Path) -> tuple[ModelConfig, dict]:
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the checkpoint must hold, by its HF name, with its shape: the family's
+    names (its norms, q/k norms, Phi-3's fused projections)."""
     D, hd, I = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
     q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, D), "model.norm.weight": (D,)}
     if not cfg.tie_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, D)
+    norms = {"pre": ("input_layernorm", "post_attention_layernorm"),
+             "sandwich": ("input_layernorm", "post_attention_layernorm",
+                          "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+             "post": ("post_attention_layernorm", "post_feedforward_layernorm")}[cfg.norm_place]
+    fused = cfg.model_type in FUSED_TYPES
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (D,), p + "post_attention_layernorm.weight": (D,),
-            p + "self_attn.q_proj.weight": (q, D), p + "self_attn.k_proj.weight": (kv, D),
-            p + "self_attn.v_proj.weight": (kv, D), p + "self_attn.o_proj.weight": (D, q),
-            p + "mlp.gate_proj.weight": (I, D), p + "mlp.up_proj.weight": (I, D),
-            p + "mlp.down_proj.weight": (D, I)})
+        shapes.update({p + n + ".weight": (D,) for n in norms})
+        shapes[p + "self_attn.o_proj.weight"] = (D, q)
+        shapes[p + "mlp.down_proj.weight"] = (D, I)
+        if fused:
+            shapes[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, D)
+            shapes[p + "mlp.gate_up_proj.weight"] = (2 * I, D)
+        else:
+            shapes.update({
+                p + "self_attn.q_proj.weight": (q, D), p + "self_attn.k_proj.weight": (kv, D),
+                p + "self_attn.v_proj.weight": (kv, D), p + "mlp.gate_proj.weight": (I, D),
+                p + "mlp.up_proj.weight": (I, D)})
+        if cfg.qk_norm != "none":
+            full = cfg.qk_norm == "full"
+            shapes[p + "self_attn.q_norm.weight"] = (q if full else hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (kv if full else hd,)
         if cfg.qkv_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
@@ -85,6 +101,30 @@ def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({p + "mlp.gate_proj.bias": (I,), p + "mlp.up_proj.bias": (I,),
                            p + "mlp.down_proj.bias": (D,)})
     return shapes
+
+
+FUSED_TYPES = ("phi3",)   # families whose checkpoints fuse q/k/v and gate/up
+
+
+def split_fused(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Phi-3's fused qkv_proj and gate_up_proj as the q/k/v and gate/up tensors the model
+    takes (views of them); other families' weights as they are."""
+    if cfg.model_type not in FUSED_TYPES:
+        return weights
+    q, kv, I = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, \
+        cfg.intermediate_size
+    out = {}
+    for name, t in weights.items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            pre = name[:-len("qkv_proj.weight")]
+            for part, w in zip(("q", "k", "v"), t.split([q, kv, kv])):
+                out[f"{pre}{part}_proj.weight"] = w
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            pre = name[:-len("gate_up_proj.weight")]
+            out[pre + "gate_proj.weight"], out[pre + "up_proj.weight"] = t.split([I, I])
+        else:
+            out[name] = t
+    return out
 
 
 def _stored_checksums(path: Path) -> dict[str, str]:
@@ -133,7 +173,7 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
         if tuple(weights[k].shape) != shape:
             raise SpecctlError(f"{path}: tensor {k} has shape {tuple(weights[k].shape)}, "
                                f"config.json implies {shape}")
-    weights = {k: v.to(device=dev, dtype=dt) for k, v in weights.items()}
+    weights = split_fused({k: v.to(device=dev, dtype=dt) for k, v in weights.items()}, cfg)
     model = Model(cfg, weights)
     model.name = str(path)
     try:

@@ -1,4 +1,5 @@
-"""The Llama-family decoder forward over a packed batch (see batch.py) and a per-slot KV cache.
+"""The decoder forward over a packed batch (see batch.py) and a per-slot KV cache: one decoder
+for every family engine/config.py reads, honouring its declared options (engine/layer.py).
 
     hidden = model.forward(batch, kv, plan)      # [T, D] residual stream after plan's last layer
     logits = model.logits(hidden)                # [T, V] fp32: final RMSNorm + LM head
@@ -12,8 +13,8 @@ for attention and two for the MLP.
 from __future__ import annotations
 
 import importlib.util
-import math
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -25,6 +26,8 @@ from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine import exact
 from specctl.engine.config import ModelConfig
 from specctl.engine.kv import BLOCK, KVCache, row_bytes
+from specctl.engine.layer import ACTS, Layer, family_layers, norm, norm_weight, plain, softcap
+from specctl.engine.rope import Rope
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,24 +35,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     reference (float, pow, mean, rsqrt, mul, cast, mul) launches eight; a small model's step
     is bound by launches (issue 7). fp32 results equal the reference's up to rounding."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    r = cfg.rope
-    inv = 1.0 / (r.theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
-    if r.kind == "linear":
-        inv = inv / r.factor
-    elif r.kind == "llama3":
-        low_wl = r.original_max_position / r.low_freq_factor
-        high_wl = r.original_max_position / r.high_freq_factor
-        wl = 2 * math.pi / inv
-        scaled = torch.where(wl > low_wl, inv / r.factor, inv)
-        smooth = (r.original_max_position / wl - r.low_freq_factor) / (
-            r.high_freq_factor - r.low_freq_factor)
-        mid = (1 - smooth) * scaled / r.factor + smooth * scaled
-        is_mid = (wl >= high_wl) & (wl <= low_wl)
-        inv = torch.where(is_mid, mid, scaled)
-    return inv.float()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -123,25 +108,6 @@ def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor
     return torch.addmm(x, a, w.t())
 
 
-class Layer:
-    def __init__(self, w: dict[str, torch.Tensor]):
-        self.attn_norm = w["input_layernorm.weight"]
-        self.mlp_norm = w["post_attention_layernorm.weight"]
-        a = "self_attn."
-        self.wqkv = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                               w[a + "v_proj.weight"]])
-        self.bqkv = (torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]])
-                     if a + "q_proj.bias" in w else None)
-        self.wo = w[a + "o_proj.weight"]
-        self.bo = w.get(a + "o_proj.bias")
-        m = "mlp."
-        self.w_gate_up = torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]])
-        self.b_gate_up = (torch.cat([w[m + "gate_proj.bias"], w[m + "up_proj.bias"]])
-                          if m + "gate_proj.bias" in w else None)
-        self.w_down = w[m + "down_proj.weight"]
-        self.b_down = w.get(m + "down_proj.bias")
-
-
 class Model:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
         """weights: HF-named tensors already on the target device and dtype."""
@@ -149,15 +115,22 @@ class Model:
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_embeddings \
             else weights["lm_head.weight"]
-        self.norm = weights["model.norm.weight"]
+        self.norm = norm_weight(weights["model.norm.weight"], cfg)
         self.layers = []
         for i in range(cfg.num_layers):
             pre = f"model.layers.{i}."
             self.layers.append(Layer({k[len(pre):]: v for k, v in weights.items()
-                                      if k.startswith(pre)}))
+                                      if k.startswith(pre)}, cfg))
         self.device = self.embed.device
         self.dtype = self.embed.dtype
-        self._inv_freq = rope_inv_freq(cfg).to(self.device)
+        # Gemma's scale is rounded to the model's dtype first (transformers' normalizer);
+        # Granite's multiplier is applied as it is
+        self._embed_scale = torch.tensor(cfg.embed_scale, dtype=self.dtype).item() \
+            if cfg.model_type in ("gemma2", "gemma3_text") else cfg.embed_scale
+        self._plain = plain(cfg)   # Llama's layers: the fused layer's and the lean loop's
+        self._ropes = [Rope(cfg.rope, cfg.head_dim, self.device)]
+        if cfg.local_rope is not None:   # the windowed layers' own (Gemma 3)
+            self._ropes.append(Rope(cfg.local_rope, cfg.head_dim, self.device))
         self.name = "model"       # where it came from, for messages (the loader sets it)
         self.tokens_computed = 0  # packed tokens through the layers, for the no-padding check
         self.graphs = None        # engine.graphs.CudaGraphs when enabled (CUDA only)
@@ -166,8 +139,8 @@ class Model:
         self._fused = None        # engine.fused, where the fused layer runs
         self.attend = BACKENDS["sdpa"]
         self.exact = False        # batch-invariant numerics (set_exact)
-        self.linear, self.silu, self.apply_rope = linear, F.silu, apply_rope
-        self._exact_linear = self._rope_table = None
+        self.linear, self.act, self.apply_rope = linear, ACTS[cfg.act][0], apply_rope
+        self._exact_linear = self._rope_tables = None
         self.exact_check = ""      # what --exact chose on this machine and its check's cost
 
     def set_attention(self, backend: str) -> None:
@@ -181,6 +154,9 @@ class Model:
                 importlib.util.find_spec("triton") is not None else "sdpa"
         if backend == "fused":
             self._fused = load_fused(self.device)
+            if not self._plain:
+                warnings.warn(f"the fused layer runs Llama's layers only: this "
+                              f"{self.cfg.model_type} model runs the unfused ones", stacklevel=2)
         elif backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of "
                              f"{', '.join(ATTENTION)})")
@@ -219,7 +195,7 @@ class Model:
         self.attend = exact.exact_attention if on else BACKENDS.get(self.attention,
                                                                      sdpa_attention)
         self.linear = self._exact_linear if on else linear
-        self.silu = exact.silu if on else F.silu
+        self.act = ACTS[self.cfg.act][1 if on else 0]
         self.apply_rope = exact.apply_rope if on else apply_rope
 
     def linear_weights(self) -> list[torch.Tensor]:
@@ -227,8 +203,9 @@ class Model:
         return [w for L in self.layers for w in (L.wqkv, L.wo, L.w_gate_up, L.w_down)]
 
     def _exact_rope(self) -> None:
-        self._rope_table = exact.RopeTable(self._inv_freq, self.dtype)
-        self._rope_table.ensure(self.cfg.max_position)   # (no forward then looks at positions)
+        self._rope_tables = [exact.RopeTable(r, self.dtype) for r in self._ropes]
+        for t in self._rope_tables:
+            t.ensure(self.cfg.max_position)   # (no forward then looks at positions)
 
     def _choose_exact(self) -> None:
         from specctl.engine.selfcheck import self_check
@@ -306,14 +283,18 @@ class Model:
             self._kv = (key, kv)
         return kv
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, hd] for apply_rope (sin's first half negated: rotate_half's sign)."""
+    def _rope(self, positions: torch.Tensor, local: bool = False):
+        """cos, sin [T, 1, hd] for apply_rope (sin's first half negated: rotate_half's sign);
+        local: the sliding-window layers' rope where it differs (engine/rope.py)."""
+        k = int(local and len(self._ropes) > 1)
         if self.exact:
-            return self._rope_table(positions)
-        freqs = positions.float()[:, None] * self._inv_freq[None, :]      # [T, hd/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]                # [T, 1, hd]
-        sin = torch.cat((-freqs, freqs), dim=-1)[:, None, :].sin()
-        return emb.cos().to(self.dtype), sin.to(self.dtype)
+            return self._rope_tables[k](positions)
+        return self._ropes[k](positions, self.dtype)
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[T] tokens -> [T, D] layer-0 inputs (times the family's embedding scale)."""
+        x = F.embedding(tokens, self.embed)
+        return x if self._embed_scale == 1.0 else x * self._embed_scale
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
@@ -329,7 +310,7 @@ class Model:
         if not 0 <= plan.start <= end <= c.num_layers:
             raise ValueError(f"bad layer range [{plan.start}, {end})")
         if plan.start == 0:
-            x = F.embedding(batch.tokens, self.embed)
+            x = self.embed_tokens(batch.tokens)
         else:
             if hidden is None or hidden.shape != (batch.num_tokens, c.hidden_size):
                 raise ValueError("a plan starting past layer 0 needs hidden [T, D]")
@@ -339,9 +320,12 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
-        if self.attention == "fused" and (self.exact or meta.n_max <= self._fused.FUSED_N):
+        if self.attention == "fused" and self._plain and (
+                self.exact or meta.n_max <= self._fused.FUSED_N):
             # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)
+        if not self._plain:
+            return family_layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
         cos, sin = self._rope(positions)
         T, H, KV, hd = x.shape[0], c.num_heads, c.num_kv_heads, c.head_dim
@@ -359,7 +343,7 @@ class Model:
             L = self.layers[i]
             g, u = self.linear(rms_norm(x, L.mlp_norm, c.rms_eps), L.w_gate_up,
                                L.b_gate_up).chunk(2, dim=-1)
-            return _residual(x, self.silu(g) * u, L.w_down, L.b_down, self.linear)
+            return _residual(x, self.act(g) * u, L.w_down, L.b_down, self.linear)
         return plan.run(x, end, attn, mlp)
 
     @torch.inference_mode()
@@ -391,7 +375,13 @@ class Model:
         return self._head(hidden).float()
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(rms_norm(hidden, self.norm, self.cfg.rms_eps), self.lm_head)
+        """Logits in the model's dtype, with the family's multiplier and soft-cap (argmax
+        takes them too: rounding may tie two logits, and the reference picks the first)."""
+        c = self.cfg
+        out = self.linear(norm(hidden, self.norm, c.rms_eps), self.lm_head)
+        if c.logit_scale != 1.0:
+            out = out * c.logit_scale
+        return softcap(out, c.final_softcap)
 
     @torch.inference_mode()
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ its probe found row-invariant on random weights. Neither is proof for the model 
 kernel may pick another path for another weight shape or value range. So before `--exact`
 runs, one token's row is computed alone and then inside a prefill of 16 prompts, inside a
 chain and inside a tree among other sequences' drafts, every operation's output for that row
-recorded (each linear, RoPE, attention, SiLU, the LM head): all bits equal, or the first
+recorded (each linear, RoPE, attention, the activation, the LM head): all bits equal, or the first
 operation that differed is named and `--exact` refused. ~1.5 s on the demo model on 2 cores.
 """
 
@@ -29,11 +29,12 @@ class Recorder:
 
     def __init__(self, model):
         self.model, self.row, self.log = model, 0, []
-        self.saved = (model.linear, model.attend, model.silu, model.apply_rope)
-        lin, att, silu, rope = self.saved
+        self.saved = (model.linear, model.attend, model.act, model.apply_rope)
+        lin, att, act, rope = self.saved
         model.linear = lambda x, w, b=None: self._keep("linear", lin(x, w, b))
-        model.attend = lambda q, k, v, meta: self._keep("attention", att(q, k, v, meta))
-        model.silu = lambda x: self._keep("silu", silu(x))
+        model.attend = lambda q, k, v, meta, **kw: self._keep("attention", att(q, k, v, meta,
+                                                                                **kw))
+        model.act = lambda x: self._keep(model.cfg.act, act(x))
         model.apply_rope = lambda x, c, s: self._keep("rope", rope(x, c, s))
 
     def _keep(self, kind: str, out: torch.Tensor) -> torch.Tensor:
@@ -48,7 +49,7 @@ class Recorder:
 
     def restore(self) -> None:
         m = self.model
-        m.linear, m.attend, m.silu, m.apply_rope = self.saved
+        m.linear, m.attend, m.act, m.apply_rope = self.saved
 
 
 def op_name(log: list, at: int, num_layers: int) -> str:

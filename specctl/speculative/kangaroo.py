@@ -87,7 +87,9 @@ class Adapter:
         c = model.cfg
         H, KV, hd = c.num_heads, c.num_kv_heads, c.head_dim
         q, k, v = L.wqkv.split([H * hd, KV * hd, KV * hd])
-        w = {"norm_in.weight": L.attn_norm, "q_proj.weight": q, "k_proj.weight": k,
+        # (a family with no input norm, OLMo 2: the adapter starts with a plain one)
+        norm_in = L.attn_norm if L.attn_norm is not None else torch.ones_like(model.norm)
+        w = {"norm_in.weight": norm_in, "q_proj.weight": q, "k_proj.weight": k,
              "v_proj.weight": v, "o_proj.weight": L.wo, "norm_out.weight": model.norm}
         return cls(model, exit_layer, {n: t.detach().clone().float() for n, t in w.items()})
 
