@@ -144,7 +144,9 @@ class Layer:
 
 class Model:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
-        """weights: HF-named tensors already on the target device and dtype."""
+        """weights: HF-named tensors already on the target device and dtype. A layer's are
+        taken out of the dict as the layer is built, so the ones it concatenates are freed
+        one layer at a time (a second copy of the weights never builds up)."""
         self.cfg = cfg
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_embeddings \
@@ -153,8 +155,8 @@ class Model:
         self.layers = []
         for i in range(cfg.num_layers):
             pre = f"model.layers.{i}."
-            self.layers.append(Layer({k[len(pre):]: v for k, v in weights.items()
-                                      if k.startswith(pre)}))
+            mine = [k for k in weights if k.startswith(pre)]
+            self.layers.append(Layer({k[len(pre):]: weights.pop(k) for k in mine}))
         self.device = self.embed.device
         self.dtype = self.embed.dtype
         self._inv_freq = rope_inv_freq(cfg).to(self.device)
