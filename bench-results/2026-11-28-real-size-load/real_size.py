@@ -172,7 +172,8 @@ def main() -> None:
     if not a.no_bench:
         b = timed([sys.executable, "-m", "specctl", "bench", str(prompts), "--methods",
                    "ar,self-draft", "--batch-sizes", "4", "--repeats", "1", "--warmup", "1",
-                   "--speculate", "fixed", "--corpus-cache", "none", "--threads", "2",
+                   "--speculate", "fixed", "--corpus-cache", "none", "--branches", "2",
+                   "--branch-len", "4", "--context-cands", "4", "--threads", "2",
                    *common], work / "bench.log")
         b.pop("output")   # (the table: bench.log)
         res["bench"] = b
