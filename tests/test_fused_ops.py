@@ -192,3 +192,53 @@ def test_a_model_it_cannot_run_runs_unfused_and_says_so(tiny_llama, monkeypatch)
     before = fused.LAUNCHES[0]
     m.forward(ForwardBatch([SeqInput(0, [6], 3)], DEV), kv)   # (a runnable one: fused)
     assert fused.LAUNCHES[0] > before
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    """tests/families.py's tiny random checkpoints of every family (skipped where the decoder
+    runs only Llama's: that module comes with it)."""
+    fam = pytest.importorskip("families")
+    return {f: fam.make_family_model(tmp_path_factory.mktemp(f), f) for f in fam.FAMILIES}
+
+
+def _family_forward(path, attention: str):
+    """A family model's states after a mixed forward (a decode row, a chain, a draft tree,
+    each after a 24-40 token prefill: past every test window) and its K/V rows."""
+    import warnings
+    from specctl.engine.loader import load_model
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        m = load_model(path, DEV, "fp32", attention=attention)
+    kv = m.new_kv_cache(3, 96)
+    lens = [24, 33, 40]
+    for s, n in enumerate(lens):
+        kv.reserve(s, n + 8)
+        m.forward(ForwardBatch([SeqInput(s, [5 + (7 * s + 3 * j) % 290 for j in range(n)], 0)],
+                               DEV), kv)
+        kv.lens[s] = n
+    tree = build_trie([[5, 6, 7], [5, 8], [9]], 8)
+    batch = ForwardBatch([SeqInput(0, [11], lens[0]), SeqInput(1, [12, 13, 14], lens[1]),
+                          tree_input(2, 4, tree, lens[2])], DEV)
+    return m.forward(batch, kv).double(), kv, [str(w.message) for w in said]
+
+
+def test_every_family_through_the_fused_layer(family_models, monkeypatch):
+    """Each family's decoding forward (q/k norms, GeLU-tanh, sandwich and post norms, soft-cap,
+    sliding windows with their own rope, multipliers) through the fused kernels within 1e-5 of
+    the unfused layer's, states and every K/V row; the one it cannot run (OLMo 2's q/k norm
+    over the projection) runs unfused and says so."""
+    for family, path in family_models.items():
+        want, kv0, _ = _family_forward(path, "sdpa")
+        before = fused.LAUNCHES[0]
+        with monkeypatch.context() as mp:
+            mp.setattr(fused, "FUSED_N", 8)   # (the prefills unfused, the step fused)
+            got, kv1, said = _family_forward(path, "fused")
+        ran = fused.LAUNCHES[0] > before
+        assert ran == (family != "olmo2"), family
+        if family == "olmo2":
+            assert any("cannot run this olmo2 model's q/k norm 'full'" in s for s in said), said
+        assert _close(got, want, torch.float32), (family, float((got - want).abs().max()))
+        for i in range(len(kv0.k)):
+            assert _close(kv1.k[i], kv0.k[i], torch.float32), (family, i)
+            assert _close(kv1.v[i], kv0.v[i], torch.float32), (family, i)
