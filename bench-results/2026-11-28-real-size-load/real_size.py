@@ -161,7 +161,8 @@ def main() -> None:
     gen = timed([sys.executable, "-m", "specctl", "generate", str(prompts), "--out",
                  str(work / "out.jsonl"), "--batch-size", "4", "-q", *common],
                 work / "generate.log")
-    run_dir = Path(re.search(r"run:\s+(\S+)", gen.pop("output")).group(1))
+    gen.pop("output")
+    run_dir = max((work / "store" / "runs").iterdir(), key=lambda d: d.stat().st_mtime)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     kv = metrics["kv_cache"]["mib"] * 2**20
     answers = [json.loads(line) for line in (work / "out.jsonl").read_text().splitlines()]
