@@ -195,7 +195,7 @@ def _attn_kernel(q, kc, vc, o, table, starts, counts, prefix, mask, pos, s_qt, s
         # committed columns before every row's window hold no seen key: their blocks are
         # skipped (a block no row sees leaves the running sums as they were: the same bits)
         lo = tl.min(tl.where(live, qpos, 2147483647)) - window + 1
-        c_lo = (tl.maximum(tl.minimum(lo, pre), 0) // BN) * BN
+        c_lo = ((tl.maximum(tl.minimum(lo, pre), 0) // BN) * BN).to(tl.int32)
     for c0 in range(c_lo, kv_len, BN):
         c = c0 + tl.arange(0, BN)
         cm = c < kv_len
