@@ -171,8 +171,8 @@ def test_what_the_fused_layer_leaves_to_the_unfused_one():
 
 
 def test_a_model_it_cannot_run_runs_unfused_and_says_so(tiny_llama, monkeypatch):
-    """A config the fused layer cannot run: set_attention("fused") warns once, naming what it
-    cannot run, and forwards take the unfused layer (SDPA attention)."""
+    """A config the fused layer cannot run: set_attention("fused") warns, naming what it
+    cannot run, and the model is an sdpa one (forwards, --exact and graphs alike)."""
     import warnings
     from specctl.engine.loader import load_model
     monkeypatch.setattr(fused, "unsupported", lambda cfg: "q/k norm 'full'")
@@ -181,6 +181,7 @@ def test_a_model_it_cannot_run_runs_unfused_and_says_so(tiny_llama, monkeypatch)
     with pytest.warns(UserWarning, match="cannot run this llama model's q/k norm 'full': it "
                                          "runs the unfused layer"):
         m = load_model(tiny_llama, DEV, "fp32", attention="fused")
+    assert m.attention == "sdpa"
     kv = m.new_kv_cache(1, 64)
     kv.reserve(0, 64)
     with warnings.catch_warnings():

@@ -185,9 +185,10 @@ class Model:
         if backend == "fused":
             self._fused = load_fused(self.device)
             why = self._fused.unsupported(self.cfg)
-            if why:   # (the attention is then SDPA's: BACKENDS has no "fused")
+            if why:   # (then it is sdpa throughout: forwards, --exact, graphs)
                 warnings.warn(f"the fused layer cannot run this {self.cfg.model_type} model's "
-                              f"{why}: it runs the unfused layer", stacklevel=2)
+                              f"{why}: it runs the unfused layer (sdpa)", stacklevel=2)
+                backend, self._fused = "sdpa", None
         elif backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of "
                              f"{', '.join(ATTENTION)})")
@@ -346,8 +347,7 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
-        if self.attention == "fused" and self._fused.unsupported(self.cfg) is None and (
-                self.exact or meta.n_max <= self._fused.FUSED_N):
+        if self.attention == "fused" and (self.exact or meta.n_max <= self._fused.FUSED_N):
             # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)
         c = self.cfg
