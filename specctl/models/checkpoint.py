@@ -91,23 +91,24 @@ def refusal(cfg: dict) -> str | None:
     mtype = cfg.get("model_type", "llama")
     archs = cfg.get("architectures")
     named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
-    what = f"model_type {mtype!r}{named}"
-    runs = f"specctl runs dense text decoders: {', '.join(SUPPORTED_TYPES)}"
     experts = [k for k in _MOE_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    towers = [k for k in _TOWER_KEYS if cfg.get(k) is not None]
+    inner = cfg.get("text_config")
     if experts or (isinstance(mtype, str) and "moe" in mtype) or mtype == "mixtral":
-        how = f" ({experts[0]}: {cfg[experts[0]]})" if experts else ""
-        return f"{what} is a mixture of experts{how}, which is not supported: {runs}"
-    towers = [k for k in _TOWER_KEYS if cfg.get(k)]
-    if towers or isinstance(cfg.get("text_config"), dict):
-        inner = cfg.get("text_config")
-        alone = (f" (its text model, model_type {inner['model_type']!r}, runs from a "
-                 "checkpoint of its own)" if isinstance(inner, dict)
+        why = f" (a mixture of experts{f': {experts[0]} {cfg[experts[0]]}' if experts else ''})"
+    elif towers or isinstance(inner, dict):
+        has = f"it has a {towers[0]}" if towers else "it wraps a text_config"
+        alone = (f"; its text model, model_type {inner['model_type']!r}, runs from a "
+                 "checkpoint of its own" if isinstance(inner, dict)
                  and inner.get("model_type") in SUPPORTED_TYPES else "")
-        has = f"has a {towers[0]}" if towers else "wraps a text_config"
-        return f"{what} is multimodal (it {has}), which is not supported{alone}: {runs}"
-    if not isinstance(mtype, str) or mtype not in SUPPORTED_TYPES:
-        return f"{what} is not supported: {runs}"
-    return None
+        why = f" (multimodal: {has}{alone})"
+    elif not isinstance(mtype, str) or mtype not in SUPPORTED_TYPES:
+        why = ""
+    else:
+        return None
+    return (f"model_type {mtype!r}{named} is not supported{why}: specctl runs dense text "
+            f"decoders of the families {', '.join(SUPPORTED_TYPES)} (no mixture of experts, "
+            "no vision-language)")
 
 
 def _check_architecture(config: Path) -> None:
