@@ -117,18 +117,3 @@ def test_what_a_family_config_cannot_say_is_refused():
                           ({"rope_scaling": {"rope_type": "mrope"}}, "'mrope'")):
         with pytest.raises(ConfigError, match=needle):
             ModelConfig.from_hf({**base, **extra})
-
-
-def test_the_fused_layer_leaves_a_family_to_the_unfused_one(tmp_path_factory, monkeypatch):
-    """--attention fused on a family whose layers it does not run: said once, and the forward
-    is the unfused one's (the fused module is never called)."""
-    from specctl.engine import model as M
-    monkeypatch.setattr(M, "load_fused", lambda device: object())
-    ref = reference("gemma2", tmp_path_factory)
-    m = load_model(ref["path"], "cpu", "fp32")
-    with pytest.warns(UserWarning, match="runs the unfused ones"):
-        m.set_attention("fused")
-    kv = m.new_kv_cache(1, 64)
-    kv.reserve(0, 64)
-    out = m.logits(m.forward(ForwardBatch([SeqInput(0, PROMPTS[3], 0)]), kv))
-    torch.testing.assert_close(out, ref["logits"][3], atol=1e-4, rtol=1e-4)

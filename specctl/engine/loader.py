@@ -11,15 +11,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors import SafetensorError
 
 from specctl.engine.attention import cudnn_attention as cudnn_sdpa
 from specctl.engine.config import ConfigError, ModelConfig
 from specctl.engine.model import Model
+from specctl.engine.weights import read_tensor, tensor_index
 from specctl.errors import SpecctlError
-from specctl.models.fingerprint import weight_files
-from specctl.store import file_crc32
+from specctl.models.checkpoint import refusal
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
@@ -56,6 +54,9 @@ def load_config(path: Path) -> tuple[ModelConfig, dict]:
         raise SpecctlError(f"{f}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise SpecctlError(f"{f}: expected a JSON object")
+    why = refusal(raw)   # (a mixture of experts or a vision model: said before any weight)
+    if why:
+        raise SpecctlError(f"{f}: {why}")
     try:
         return ModelConfig.from_hf(raw), raw
     except ConfigError as e:
@@ -127,15 +128,6 @@ def split_fused(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     return out
 
 
-def _stored_checksums(path: Path) -> dict[str, str]:
-    """A store model's weights checksums (its manifest's weights_crc32), else none."""
-    try:
-        sums = json.loads((path / "manifest.json").read_text()).get("weights_crc32")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return sums if isinstance(sums, dict) else {}
-
-
 def load_model(path: Path | str, device: str | torch.device | None = None,
                dtype: str | torch.dtype | None = None, cuda_graphs: bool = True,
                attention: str = "auto", cudnn_attention: bool = False) -> Model:
@@ -148,32 +140,17 @@ def load_model(path: Path | str, device: str | torch.device | None = None,
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     dt = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, dev)
     want = expected_shapes(cfg)
-    weights: dict[str, torch.Tensor] = {}
-    sums = _stored_checksums(path)
-    for f in weight_files(path):
-        if f.name in sums and file_crc32(f) != sums[f.name]:
-            raise SpecctlError(f"{f}: the file changed since the store made it (checksum "
-                               "mismatch): it is damaged; pull the model again "
-                               "(`specctl models pull --force`)")
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
-                    if name in want:
-                        weights[name] = st.get_tensor(name)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise SpecctlError(f"{f}: corrupt safetensors file ({e})") from None
-    if cfg.tie_embeddings and "lm_head.weight" in weights:
-        weights.pop("lm_head.weight")
-    missing = [k for k in want if k not in weights]
+    found = tensor_index(path)
+    missing = [k for k in want if k not in found]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise SpecctlError(f"{path}: checkpoint lacks tensor {missing[0]}{more}; "
                            "it does not match config.json")
     for k, shape in want.items():
-        if tuple(weights[k].shape) != shape:
-            raise SpecctlError(f"{path}: tensor {k} has shape {tuple(weights[k].shape)}, "
+        if found[k].shape != shape:
+            raise SpecctlError(f"{path}: tensor {k} has shape {found[k].shape}, "
                                f"config.json implies {shape}")
-    weights = split_fused({k: v.to(device=dev, dtype=dt) for k, v in weights.items()}, cfg)
+    weights = split_fused({k: read_tensor(found[k], dt, dev) for k in want}, cfg)
     model = Model(cfg, weights)
     model.name = str(path)
     try:

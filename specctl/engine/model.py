@@ -110,7 +110,9 @@ def _residual(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, b: torch.Tensor
 
 class Model:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
-        """weights: HF-named tensors already on the target device and dtype."""
+        """weights: HF-named tensors already on the target device and dtype. A layer's are
+        taken out of the dict as the layer is built, so the ones it concatenates are freed
+        one layer at a time (a second copy of the weights never builds up)."""
         self.cfg = cfg
         self.embed = weights["model.embed_tokens.weight"]
         self.lm_head = weights["model.embed_tokens.weight"] if cfg.tie_embeddings \
@@ -119,15 +121,15 @@ class Model:
         self.layers = []
         for i in range(cfg.num_layers):
             pre = f"model.layers.{i}."
-            self.layers.append(Layer({k[len(pre):]: v for k, v in weights.items()
-                                      if k.startswith(pre)}, cfg))
+            mine = [k for k in weights if k.startswith(pre)]
+            self.layers.append(Layer({k[len(pre):]: weights.pop(k) for k in mine}, cfg))
         self.device = self.embed.device
         self.dtype = self.embed.dtype
         # Gemma's scale is rounded to the model's dtype first (transformers' normalizer);
         # Granite's multiplier is applied as it is
         self._embed_scale = torch.tensor(cfg.embed_scale, dtype=self.dtype).item() \
             if cfg.model_type in ("gemma2", "gemma3_text") else cfg.embed_scale
-        self._plain = plain(cfg)   # Llama's layers: the fused layer's and the lean loop's
+        self._plain = plain(cfg)   # Llama's layers: the lean loop's (the fused layer runs every family)
         self._ropes = [Rope(cfg.rope, cfg.head_dim, self.device)]
         if cfg.local_rope is not None:   # the windowed layers' own (Gemma 3)
             self._ropes.append(Rope(cfg.local_rope, cfg.head_dim, self.device))
@@ -154,9 +156,11 @@ class Model:
                 importlib.util.find_spec("triton") is not None else "sdpa"
         if backend == "fused":
             self._fused = load_fused(self.device)
-            if not self._plain:
-                warnings.warn(f"the fused layer runs Llama's layers only: this "
-                              f"{self.cfg.model_type} model runs the unfused ones", stacklevel=2)
+            why = self._fused.unsupported(self.cfg)
+            if why:   # (then it is sdpa throughout: forwards, --exact, graphs)
+                warnings.warn(f"the fused layer cannot run this {self.cfg.model_type} model's "
+                              f"{why}: it runs the unfused layer (sdpa)", stacklevel=2)
+                backend, self._fused = "sdpa", None
         elif backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r} (one of "
                              f"{', '.join(ATTENTION)})")
@@ -320,7 +324,7 @@ class Model:
 
     def _layers(self, x, positions, meta, kv: KVCache, plan: LayerPlan, end: int):
         """The layer loop over packed tokens (shared by the eager and the CUDA-graph path)."""
-        if self.attention == "fused" and self._plain and (
+        if self.attention == "fused" and (
                 self.exact or meta.n_max <= self._fused.FUSED_N):
             # (under --exact every forward: which kernels a row meets must not follow the batch)
             return self._fused.layers(self, x, positions, meta, kv, plan, end)

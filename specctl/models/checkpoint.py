@@ -82,6 +82,38 @@ def resolve_model(spec: str | None, store: Store, log: Log = quiet) -> Path:
     )
 
 
+# what marks a config.json as a model the engine cannot run whatever its model_type says: a
+# mixture of experts (its expert count) or a model with a vision (or audio) tower
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+_TOWER_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "audio_config")
+
+
+def refusal(cfg: dict) -> str | None:
+    """Why a parsed config.json is a model the engine cannot run (one line, naming the
+    families it runs), or None. Read from the config alone, before any weight."""
+    mtype = cfg.get("model_type", "llama")
+    archs = cfg.get("architectures")
+    named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
+    experts = [k for k in _MOE_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    towers = [k for k in _TOWER_KEYS if cfg.get(k) is not None]
+    inner = cfg.get("text_config")
+    if experts or (isinstance(mtype, str) and "moe" in mtype) or mtype == "mixtral":
+        why = f" (a mixture of experts{f': {experts[0]} {cfg[experts[0]]}' if experts else ''})"
+    elif towers or isinstance(inner, dict):
+        has = f"it has a {towers[0]}" if towers else "it wraps a text_config"
+        alone = (f"; its text model, model_type {inner['model_type']!r}, runs from a "
+                 "checkpoint of its own" if isinstance(inner, dict)
+                 and inner.get("model_type") in SUPPORTED_TYPES else "")
+        why = f" (multimodal: {has}{alone})"
+    elif not isinstance(mtype, str) or mtype not in SUPPORTED_TYPES:
+        why = ""
+    else:
+        return None
+    return (f"model_type {mtype!r}{named} is not supported{why}: specctl runs dense text "
+            f"decoders of the families {', '.join(SUPPORTED_TYPES)} (no mixture of experts, "
+            "no vision-language)")
+
+
 def _check_architecture(config: Path) -> None:
     """A config.json of an architecture the engine cannot run is the first thing said about a
     folder (before its missing files: no file would make it work)."""
@@ -89,13 +121,9 @@ def _check_architecture(config: Path) -> None:
         cfg = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return   # (the loader names what is wrong with it)
-    mtype = cfg.get("model_type", "llama") if isinstance(cfg, dict) else None
-    if isinstance(mtype, str) and mtype not in SUPPORTED_TYPES:
-        archs = cfg.get("architectures")
-        named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
-        raise SpecctlError(f"{config}: model_type {mtype!r}{named} is not supported: specctl "
-                           f"runs dense text decoders of the families {', '.join(SUPPORTED_TYPES)} "
-                           "(docs/families.md; no mixture of experts, no vision-language)")
+    why = refusal(cfg) if isinstance(cfg, dict) else None
+    if why:
+        raise SpecctlError(f"{config}: {why}")
 
 
 def validate_hf_folder(path: Path) -> Path:
