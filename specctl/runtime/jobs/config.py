@@ -17,6 +17,8 @@ METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
 VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                            "no-context": {"context_cache": False},
                            "prompt-grams": {"prompt_grams": True},
+                           "job": {"job_cache": True},
+                           "no-job": {"job_cache": False},
                            # few extra tokens per step: for hardware where they are not free
                            "light": {"prompt_grams": True, "branches": 0, "context_cands": 4,
                                      "corpus_cands": 1}}}
@@ -183,6 +185,11 @@ class GenerateConfig:
                                        "grams (a specctl addition, not in the paper; default: "
                                        "on under --speculate auto, off under fixed).",
                                        flag="--prompt-grams/--no-prompt-grams", method=_SD)
+    job_cache: bool = option(False, "Also draft from the job cache: n-grams of the job's own "
+                             "prompts and finished answers (longest match of the last 2-8 "
+                             "tokens, up to 16-token continuations), for jobs whose answers "
+                             "repeat each other. Per process; --resume rebuilds it.",
+                             flag="--job-cache/--no-job-cache", method=_SD)
 
     def __post_init__(self):
         if self.method not in METHODS + ("auto",):
@@ -243,7 +250,8 @@ class GenerateConfig:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,
                                    corpus_cache=self.corpus_cache != "none",
-                                   prompt_grams=grams, seed=self.seed)
+                                   prompt_grams=grams, seed=self.seed,
+                                   job_cache=self.job_cache)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 
@@ -280,7 +288,7 @@ class GenerateConfig:
             d.pop(name)
         for name, default in (("attention", "auto"), ("cuda_graphs", True), ("exact", False),
                               ("cudnn_attention", False), ("ray", None), ("actors", 2),
-                              ("speculate", "fixed"), ("logprobs", None)):
+                              ("speculate", "fixed"), ("logprobs", None), ("job_cache", False)):
             if name in d and d[name] == default:   # at their defaults left out: keys
                 # without them still match (ray and actors: unkeyed but in legacy keys)
                 d.pop(name)

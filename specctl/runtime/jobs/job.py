@@ -312,6 +312,7 @@ def _plan(job: _Job) -> None:
                 job.errors.append({**record_meta(rec), "error": msg})
                 continue
             job.requests.append((req, rows))
+        _rebuild_job_cache(job)
         job.writer = RecordWriter(record_file(job.run_dir, env))
         for e in job.errors:
             _persist(job, e)
@@ -330,6 +331,25 @@ def _plan(job: _Job) -> None:
         n = [p["requests"] for p in job.plans]
         job.say(f"{env.world} processes: {sum(n)} requests to generate, {min(n)} to {max(n)} "
                 "per rank")
+
+
+def _rebuild_job_cache(job: _Job) -> None:
+    """--resume: Self-Draft's job cache learns the answers already written (index order), so a
+    resumed job drafts as an unbroken one would. Rank 0 holds them (job.done); other ranks of a
+    torchrun job start with an empty cache, as each process keeps its own."""
+    learn = getattr(job.drafter, "learn_finished", None)
+    if learn is None or getattr(job.drafter, "job", None) is None or not job.done:
+        return
+    recs = {r.index: r for r in job.records}
+    n = 0
+    for ix in sorted(job.done):
+        line, rec = job.done[ix], recs.get(ix)
+        ids = line.get("token_ids")
+        if rec is None or rec.error is not None or "error" in line or not ids:
+            continue
+        learn(job.tk.render(to_request(rec, job.cfg.max_tokens)), ids[0])
+        n += 1
+    job.say(f"self-draft: the job cache learnt the {n} answers already written")
 
 
 def _persist(job: _Job, line: dict) -> None:

@@ -1,0 +1,119 @@
+"""Self-Draft's job cache (speculative/job_cache.py): longest match, counts, continuations cut at
+their text's end, the memory bound on a 10,000-answer job; lossless greedy (batch 1 and 8, a
+cache pre-filled with wrong continuations) and sampling with its candidates; where accepted
+drafts came from."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import check_three_token_sampling, random_prompts, run_ids
+from specctl.speculative.job_cache import JobCache, JobCacheParams
+from specctl.speculative.sampling import SamplingParams
+from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+
+
+def test_longest_match_first_and_frequent_continuations_rank_first():
+    c = JobCache()
+    c.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    c.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 11])
+    c.add([1, 2, 3, 4, 5, 6, 7, 8, 9, 11])
+    c.add([30, 8, 9, 12])
+    # the key [7, 8, 9] (longest present) says 11 twice, 10 once; [8, 9] alone would say 12
+    assert c.lookup([0, 7, 8, 9], 3) == [(11,), (10,)]
+    assert c.lookup([30, 8, 9], 3) == [(12,)]
+    # the continuation is the text after the latest occurrence, up to cont_len, cut at its end
+    assert c.lookup([2, 3], 1) == [(4, 5, 6, 7, 8, 9, 11)]
+    assert JobCache(JobCacheParams(cont_len=3)).lookup([2, 3], 1) == []
+    short = JobCache(JobCacheParams(cont_len=3))
+    short.add([1, 2, 3, 4, 5, 6])
+    assert short.lookup([1, 2], 2) == [(3, 4, 5)]
+    assert c.lookup([5], 3) == [] and c.lookup([99, 98], 3) == [] and c.lookup([2, 3], 0) == []
+
+
+def test_counts_reorder_and_the_rarest_entry_gives_way():
+    c = JobCache(JobCacheParams(min_key=1, max_key=1, nexts=2))
+    for nxt in (5, 6, 6, 7):   # 6 overtakes 5; 7 then replaces the least frequent (5)
+        c.add([1, nxt])
+    assert c.lookup([1], 3) == [(6,), (7,)]
+
+
+def test_memory_stays_within_its_bound_on_a_10000_answer_job():
+    p = JobCacheParams(max_keys=4096, max_tokens=8192)
+    c = JobCache(p)
+    rng = random.Random(0)
+    frame = [7, 8, 9, 10]   # (a frame every answer repeats, and a random tail)
+    for _ in range(10_000):
+        c.add(frame + [rng.randrange(5000) for _ in range(8)])
+        assert len(c) <= p.max_keys and len(c.buf) <= p.max_tokens + 13
+    assert c.added == 10_000
+    assert all(len(v) <= 3 * p.nexts for v in c.table.values())
+    assert all(0 <= v[i] < len(c.buf) for v in c.table.values() for i in range(2, len(v), 3))
+    # the frame is the most frequent text: it survives every pruning
+    assert c.lookup([7, 8], 1)[0][:2] == (9, 10)
+
+
+def test_arrays_round_trip_and_malformed_arrays_are_refused():
+    c = JobCache()
+    for i in range(20):
+        c.add([1, 2, 3, i, 4, 5])
+    back = JobCache.from_arrays(c.prm, c.arrays())
+    assert back.table == c.table and back.buf == c.buf
+    bad = c.arrays()
+    bad["entries"] = bad["entries"].copy()
+    bad["entries"][0, 2] = len(c.buf) + 5   # a position outside the buffer
+    with pytest.raises(ValueError):
+        JobCache.from_arrays(c.prm, bad)
+    with pytest.raises(ValueError):
+        JobCache.from_arrays(JobCacheParams(max_keys=16), c.arrays())   # over the bound
+
+
+@pytest.fixture(scope="module")
+def repeated(model):
+    """Prompts that come back (a job's second pass): later answers repeat earlier ones."""
+    base = random_prompts(4, seed=11)
+    prompts = base + base[::-1] + base
+    ref, _ = run_ids(model, prompts, batch_size=1, max_tokens=24)
+    return prompts, ref
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_greedy_equals_ar_and_the_job_cache_drafts(model, repeated, batch_size):
+    prompts, ref = repeated
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=2), None)
+    got, stats = run_ids(model, prompts, batch_size=batch_size, max_tokens=24, drafter=dr)
+    assert got == ref
+    assert dr.accepted_from["job"] > 0 and stats.accepted_from["job"] == dr.accepted_from["job"]
+    assert len(dr.job) > 0
+    if batch_size == 1:   # (every repeat follows its first: whole answers drafted)
+        plain = SelfDraftDrafter(SelfDraftParams(branches=2), None)
+        _, st0 = run_ids(model, prompts, batch_size=1, max_tokens=24, drafter=plain)
+        assert stats.steps < 0.7 * st0.steps and plain.accepted_from["job"] == 0
+
+
+def test_a_job_cache_of_wrong_continuations_changes_no_token(model, repeated):
+    prompts, ref = repeated
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0, context_cache=False), None)
+    for p, r in zip(prompts, ref):   # every prompt and answer context continued wrongly
+        text = p + r
+        for j in range(2, len(text)):
+            dr.job.add(text[j - 2:j] + [t + 1 for t in text[j:j + 16]])
+    dr.job.add = lambda ids: None   # (stays wrong: the run's answers are not learnt)
+    got, stats = run_ids(model, prompts, batch_size=4, max_tokens=24, drafter=dr)
+    assert got == ref
+    # (long wrong drafts were verified: far more tokens than the answers')
+    assert stats.step_tokens > 3 * stats.generated
+
+
+def test_sampling_with_job_candidates_is_lossless(model):
+    """3,000 samples of one prompt: the job cache drafts the most frequent earlier samples,
+    and the three tokens' joint distribution is still the target's."""
+    sp = SamplingParams(temperature=1.0, top_k=3, seed=17)
+    prompt = random_prompts(1, seed=5)[0]
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0, context_cache=False,
+                                          corpus_cache=False), None)
+    stats = check_three_token_sampling(model, prompt, sp, dr)
+    assert dr.accepted_from["job"] > 100
+    assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
