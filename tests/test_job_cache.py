@@ -117,3 +117,48 @@ def test_sampling_with_job_candidates_is_lossless(model):
     stats = check_three_token_sampling(model, prompt, sp, dr)
     assert dr.accepted_from["job"] > 100
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100
+
+
+def test_learning_the_written_answers_rebuilds_a_batch_1_runs_cache(model, repeated):
+    """--resume's rebuild (SelfDraftDrafter.learn_finished, in index order) gives exactly the
+    cache an unbroken batch-1 run had after the same answers."""
+    prompts, ref = repeated
+    ran = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0), None)
+    run_ids(model, prompts[:6], batch_size=1, max_tokens=24, drafter=ran)
+    learnt = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0), None)
+    for p, r in zip(prompts[:6], ref[:6]):
+        learnt.learn_finished(p, r)
+    assert learnt.job.table == ran.job.table and learnt.job.buf == ran.job.buf
+
+
+def test_a_resumed_job_drafts_as_an_unbroken_one(tiny_llama, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from specctl.cli import app
+    inp = tmp_path / "p.jsonl"
+    words = ("cats", "the sea", "rain", "a fox")
+    inp.write_text("".join(json.dumps({"prompt": f"Tell me about {w}."}) + "\n"
+                           for w in words * 3))
+
+    def generate(tag, store, *args):
+        out = tmp_path / f"{tag}.jsonl"
+        r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama),
+                                     "--store", str(tmp_path / store), "--out", str(out),
+                                     "--max-tokens", "16", "--device", "cpu", "-b", "1",
+                                     "--method", "self-draft", "--job-cache", "--corpus-cache",
+                                     "none", "--speculate", "fixed", *args])
+        assert r.exit_code == 0, r.output
+        return r.output, {l["index"]: l for l in map(json.loads, out.read_text().splitlines())}
+
+    _, whole = generate("whole", "a")
+    generate("part", "b", "--limit", "6")
+    said, resumed = generate("resumed", "b", "--resume")
+    assert all(resumed[i]["token_ids"] == whole[i]["token_ids"] for i in range(12))
+    late = range(6, 12)
+    steps = sum(resumed[i]["steps"] for i in late), sum(whole[i]["steps"] for i in late)
+    assert abs(steps[0] - steps[1]) <= 0.05 * steps[1], steps
+    assert "learnt the 6 answers already written" in " ".join(said.split())
+    # (and without the rebuild the late answers would have drafted less)
+    assert sum(whole[i]["steps"] for i in late) < sum(whole[i]["steps"] for i in range(6))

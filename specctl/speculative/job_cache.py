@@ -9,8 +9,9 @@ its count and the buffer position of its latest occurrence, highest count first.
 finds the longest of the context's last min_key..max_key tokens that is a key (longest match
 first) by a binary search on k (a key's suffixes are keys too): ~3 dict probes. Its
 continuations are the buffer's text after each next token's latest occurrence, up to
-`cont_len` tokens and never past the end of its text: a slice, no further probes. Keys are Python's hash of the token tuple (deterministic for ints;
-a collision costs a wrong draft, which verification rejects: never a wrong token).
+`cont_len` tokens and never past the end of its text: a slice, no further probes. Keys are
+Python's hash of the token tuple (deterministic for ints; a collision costs a wrong draft,
+which verification rejects: never a wrong token).
 
 Memory bound (enforced on every `add`): at most `max_keys` keys, each with at most `nexts`
 entries, and at most `max_tokens` buffered tokens. Over max_keys, the least frequent keys (the

@@ -17,9 +17,11 @@ too (and, with `prompt_grams`, a specctl addition, the prompt's own grams when a
 admitted). The context cache is shared by all sequences of a run and persists across prompts; every
 `trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
 
-Candidates for a step: up to `context_cands` grams keyed by the pending token (newest first),
-then up to `corpus_cands` continuations from the corpus cache (built offline by build-cache;
-longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
+Candidates for a step: with `job_cache` (a specctl addition, job_cache.py), first up to
+`job_cands` continuations of up to `job_len` tokens from the job cache (the run's prompts and
+finished answers; longest key of the last 2..8 tokens); then up to `context_cands` grams keyed
+by the pending token (newest first), then up to `corpus_cands` continuations from the corpus
+cache (built offline by build-cache; longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
 agreeing path of the trie (the candidate with the longest agreeing prefix); sampling walks the
 trie the same way against the target's own draws (verify.verify_sampling_batch: a candidate is
 accepted with probability p(x), as by sequential rejection, and the text is exactly what ar
