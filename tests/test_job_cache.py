@@ -162,3 +162,38 @@ def test_a_resumed_job_drafts_as_an_unbroken_one(tiny_llama, tmp_path):
     assert "learnt the 6 answers already written" in " ".join(said.split())
     # (and without the rebuild the late answers would have drafted less)
     assert sum(whole[i]["steps"] for i in late) < sum(whole[i]["steps"] for i in range(6))
+    # --job-cache-file: a second job starts with the first one's cache (saved when it ended)
+    f = tmp_path / "job-cache.safetensors"
+    said, first = generate("night1", "c", "--job-cache-file", str(f))
+    assert "starts empty" in " ".join(said.split()) and f.is_file()
+    said, second = generate("night2", "d", "--job-cache-file", str(f))
+    assert f"jobcache{f}(" in "".join(said.split())   # (loaded: the rich log may wrap)
+    assert sum(l["steps"] for l in second.values()) < sum(l["steps"] for l in first.values())
+
+
+def test_job_cache_file_starts_the_next_job_warm_and_is_refused_for_another_model(
+        tiny_llama, tmp_path):
+    from specctl.errors import SpecctlError
+    from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
+    from tiny import make_tiny_model
+    said = []
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True), None)
+    path = tmp_path / "nightly" / "job.safetensors"
+    load_job_cache(str(path), dr, tiny_llama, said.append)   # (none yet: starts empty)
+    assert len(dr.job) == 0 and "does not exist yet" in said[-1]
+    dr.learn_finished([5, 6, 7, 8], [9, 10, 11, 12])
+    save_job_cache(str(path), dr, tiny_llama)
+    assert [p.name for p in path.parent.iterdir()] == ["job.safetensors"]   # (no temporary)
+    warm = SelfDraftDrafter(SelfDraftParams(job_cache=True), None)
+    load_job_cache(str(path), warm, tiny_llama, said.append)
+    assert warm.job.table == dr.job.table and warm.job.buf == dr.job.buf
+    assert warm.job.lookup([7, 8], 1) == [(9, 10, 11, 12)]
+    other = make_tiny_model(tmp_path / "other", "llama", seed=1)
+    with pytest.raises(SpecctlError, match="differs in: model"):
+        load_job_cache(str(path), warm, other, said.append)
+    longer = SelfDraftDrafter(SelfDraftParams(job_cache=True, job_len=8), None)
+    with pytest.raises(SpecctlError, match="params"):
+        load_job_cache(str(path), longer, tiny_llama, said.append)
+    path.write_bytes(path.read_bytes()[:40])   # a torn file
+    with pytest.raises(SpecctlError):
+        load_job_cache(str(path), warm, tiny_llama, said.append)

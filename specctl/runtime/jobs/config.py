@@ -57,7 +57,7 @@ def check_attention(name: str) -> None:
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
 # given: the caller keys the device type and dtype the model runs in instead)
 UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
-           "threads", "kv_memory", "gpu_memory", "ray", "actors")
+           "threads", "kv_memory", "gpu_memory", "ray", "actors", "job_cache_file")
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -190,6 +190,11 @@ class GenerateConfig:
                              "tokens, up to 16-token continuations), for jobs whose answers "
                              "repeat each other. Per process; --resume rebuilds it.",
                              flag="--job-cache/--no-job-cache", method=_SD)
+    job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
+                                        "file when the job starts (where it exists) and save "
+                                        "it there when the job ends, so a later job over new "
+                                        "inputs starts warm (refused for another model).",
+                                        method=_SD)
 
     def __post_init__(self):
         if self.method not in METHODS + ("auto",):
@@ -225,6 +230,8 @@ class GenerateConfig:
             raise SpecctlError(f"--gpu-memory must be in (0, 1], got {self.gpu_memory}")
         if self.speculate not in SPECULATE:
             raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
+        if self.job_cache_file is not None and not self.job_cache:
+            raise SpecctlError("--job-cache-file needs --job-cache")
         self.exit_params()
         self.self_draft_params()
         try:
@@ -288,7 +295,8 @@ class GenerateConfig:
             d.pop(name)
         for name, default in (("attention", "auto"), ("cuda_graphs", True), ("exact", False),
                               ("cudnn_attention", False), ("ray", None), ("actors", 2),
-                              ("speculate", "fixed"), ("logprobs", None), ("job_cache", False)):
+                              ("speculate", "fixed"), ("logprobs", None), ("job_cache", False),
+                              ("job_cache_file", None)):
             if name in d and d[name] == default:   # at their defaults left out: keys
                 # without them still match (ray and actors: unkeyed but in legacy keys)
                 d.pop(name)

@@ -39,6 +39,7 @@ from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resu
                                      read_input, record_file, runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, record_meta, to_request
 from specctl.store import Store, atomic_write_json, make_manifest, new_id
 
@@ -107,6 +108,9 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         _open_run(job, resume)
         _plan(job)
         stats, mine_wall, wall = _generate(job)
+        if cfg.job_cache_file and job.lead and not cfg.ray and \
+                getattr(job.drafter, "job", None) is not None:   # (rank 0's: one file)
+            save_job_cache(cfg.job_cache_file, job.drafter, job.model_dir)
         return finish(job, out, stats, mine_wall, wall)
     except BaseException:
         if job is not None and job.lead and job.created:
@@ -312,6 +316,8 @@ def _plan(job: _Job) -> None:
                 job.errors.append({**record_meta(rec), "error": msg})
                 continue
             job.requests.append((req, rows))
+        if cfg.job_cache_file:
+            load_job_cache(cfg.job_cache_file, job.drafter, job.model_dir, job.say)
         _rebuild_job_cache(job)
         job.writer = RecordWriter(record_file(job.run_dir, env))
         for e in job.errors:
