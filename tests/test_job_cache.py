@@ -33,6 +33,22 @@ def test_longest_match_first_and_frequent_continuations_rank_first():
     assert c.lookup([5], 3) == [] and c.lookup([99, 98], 3) == [] and c.lookup([2, 3], 0) == []
 
 
+def test_a_run_kept_lean_indexes_nothing_and_the_first_drafting_step_catches_up():
+    from specctl.speculative.drafter import DraftLimits
+    from specctl.runtime.step.sequence import Request, Sequence
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0), None)
+    s = Sequence(Request(0, [[]], 8), [1, 2, 3, 4], 0)
+    dr.admit(s)
+    s.out_ids, s.pending = [5, 6], 6
+    dr.retire(s)
+    dr.propose([s], None, DraftLimits((0,)))   # an ar step: still nothing indexed
+    assert len(dr.job) == 0 and len(dr.job_pending) == 2
+    dr.admit(s)
+    dr.propose([s], None, DraftLimits((4,)))
+    assert dr.job_pending == [] and dr.job.lookup([1, 2], 1) == [(3, 4)]
+    assert dr.job.lookup([3, 4], 1) == [(5, 6)]   # (the answer after its prompt's tail)
+
+
 def test_counts_reorder_and_the_rarest_entry_gives_way():
     c = JobCache(JobCacheParams(min_key=1, max_key=1, nexts=2))
     for nxt in (5, 6, 6, 7):   # 6 overtakes 5; 7 then replaces the least frequent (5)
@@ -128,6 +144,7 @@ def test_learning_the_written_answers_rebuilds_a_batch_1_runs_cache(model, repea
     learnt = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0), None)
     for p, r in zip(prompts[:6], ref[:6]):
         learnt.learn_finished(p, r)
+    ran.flush_job(), learnt.flush_job()   # (the texts a drafting step had not indexed yet)
     assert learnt.job.table == ran.job.table and learnt.job.buf == ran.job.buf
 
 
@@ -182,7 +199,7 @@ def test_job_cache_file_starts_the_next_job_warm_and_is_refused_for_another_mode
     load_job_cache(str(path), dr, tiny_llama, said.append)   # (none yet: starts empty)
     assert len(dr.job) == 0 and "does not exist yet" in said[-1]
     dr.learn_finished([5, 6, 7, 8], [9, 10, 11, 12])
-    save_job_cache(str(path), dr, tiny_llama)
+    save_job_cache(str(path), dr, tiny_llama)   # (indexes what waits: flush_job)
     assert [p.name for p in path.parent.iterdir()] == ["job.safetensors"]   # (no temporary)
     warm = SelfDraftDrafter(SelfDraftParams(job_cache=True), None)
     load_job_cache(str(path), warm, tiny_llama, said.append)

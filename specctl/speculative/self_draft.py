@@ -186,6 +186,9 @@ class SelfDraftProposal(Proposal):
     ctx_nodes: int = 0
 
 
+JOB_PENDING = 4096   # texts waiting for the job cache at most (SelfDraftDrafter.job_pending)
+
+
 # a sequence's proposal in the controller's lean step (Drafter.idle; shared: never edited):
 # the text of such steps is indexed into the context cache when a later step drafts (propose),
 # not after each (in a lean stretch the grams cost a lean step ~10% over ar's at batch 64 on
@@ -207,6 +210,10 @@ class SelfDraftDrafter(Drafter):
         self.corpus_id = corpus_id if self.corpus is not None else None
         self.ctx = ContextCache(params.lru)
         self.job = JobCache(JobCacheParams(cont_len=params.job_len)) if params.job_cache else None
+        # texts for the job cache, indexed when a step next drafts (flush_job): a run the
+        # controller keeps lean pays nothing for it (indexing 32 admitted prompts cost a
+        # drain of 32 on the simulated H200 ~7% with every step lean); at most JOB_PENDING
+        self.job_pending: list[list[int]] = []
         # a corpus continuation is cut to the length the step's rows were counted with
         glen = self.glen = getattr(self.corpus, "gram_len", params.gram)
         # (a branch starts at 1-2 tokens and is trimmed back to at least 2: max(L, 2))
@@ -248,26 +255,37 @@ class SelfDraftDrafter(Drafter):
             self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1]))
                                for j in range(len(ids) - g))
         if self.job is not None:
-            self.job.add(seq.prompt_ids)
+            self._job_text(seq.prompt_ids)
 
     def retire(self, seq) -> None:
         self.finished_prompts += 1
+        if self.finished_prompts % self.prm.trim_every == 0:
+            self.ctx.trim(self.prm.trim_to)
         if self.job is not None and seq.out_ids:
             self._job_answer(seq.prompt_ids, seq.out_ids)
 
     def _job_answer(self, prompt_ids, answer_ids) -> None:
         # (with the prompt's tail: an answer's first tokens follow its prompt's last ones)
-        self.job.add(list(prompt_ids[-self.job.prm.max_key:]) + list(answer_ids))
+        self._job_text(list(prompt_ids[-self.job.prm.max_key:]) + list(answer_ids))
+
+    def _job_text(self, ids) -> None:
+        self.job_pending.append(ids)
+        if len(self.job_pending) > JOB_PENDING:   # (a long lean stretch: the oldest go)
+            del self.job_pending[0]
+
+    def flush_job(self) -> None:
+        """Index the texts waiting for the job cache, in the order they came."""
+        for ids in self.job_pending:
+            self.job.add(ids)
+        self.job_pending = []
 
     def learn_finished(self, prompt_ids, answer_ids) -> None:
         """What admitting and retiring a sequence with this prompt and answer teach the job
         cache (--resume: the answers already written, in order, as a batch-1 run learnt them)."""
         if self.job is not None:
-            self.job.add(prompt_ids)
+            self._job_text(prompt_ids)
             if answer_ids:
                 self._job_answer(prompt_ids, answer_ids)
-        if self.finished_prompts % self.prm.trim_every == 0:
-            self.ctx.trim(self.prm.trim_to)
 
     # -- one step -----------------------------------------------------------------------------
     def candidates(self, seq) -> tuple[list[tuple[int, ...]], int, int]:
@@ -308,6 +326,8 @@ class SelfDraftDrafter(Drafter):
             if grams:
                 self.ctx.push_many(grams)
             self.unindexed = False
+        if self.job_pending and any(r > 0 for r in limits.room):
+            self.flush_job()
         out = []
         for i, s in enumerate(seqs):
             r = limits.room[i]

@@ -59,6 +59,7 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
 def save_job_cache(path: str, drafter, model_dir: Path) -> None:
     """The drafter's job cache into `path`, atomically."""
     from safetensors.numpy import save_file
+    drafter.flush_job()   # (texts still waiting for a drafting step)
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + f".tmp{os.getpid()}")
