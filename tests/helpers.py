@@ -172,7 +172,7 @@ def method_drafters(m, prompts, ref, adapter=None):
                                          SamplingParams(), ExitParams(K=4, gamma0=0.0)),
         "kangaroo": KangarooDrafter(m, adapter or Adapter.init_from_model(m, 1),
                                     SamplingParams(), KangarooParams(eta=0.0, gamma=4)),
-        "self-draft": SelfDraftDrafter(SelfDraftParams(),
+        "self-draft": SelfDraftDrafter(SelfDraftParams(job_cache=True),
                                        Oracle([p + r for p, r in zip(prompts, ref)])),
     }
 

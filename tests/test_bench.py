@@ -33,7 +33,8 @@ ROW_KEYS = {"method", "engine", "batch_size", "requests", "new_tokens", "steps",
             "wall_s", "speedup_vs_ar", "speedup_runs", "mean_accepted_tokens", "acceptance_rate", "ctar",
             "zero_accept_share", "padding_ratio", "peak_memory_mb", "run_memory_mb",
             "exact", "matches_ar", "matches_ar_b1", "mismatch", "repeats_identical", "speculation",
-            "effective_batch", "drain_bound", "captures", "captures_runs", "time_split"}
+            "effective_batch", "drain_bound", "captures", "captures_runs", "time_split",
+            "accepted_from"}
 ACCEPT_KEYS = ("new_tokens", "steps", "mean_accepted_tokens", "acceptance_rate", "ctar",
                "zero_accept_share", "padding_ratio")
 

@@ -152,7 +152,7 @@ def test_every_method_under_exact_at_the_demo_models_shapes_is_ar_at_batch_1(dem
     for speculate in ("fixed", "auto"):
         for b in (1, 8):
             drafters = {
-                "self-draft": SelfDraftDrafter(SelfDraftParams(),
+                "self-draft": SelfDraftDrafter(SelfDraftParams(job_cache=True),
                                                Oracle([p + r for p, r in zip(ids, ref)])),
                 "draft-verify": LayerSkipDrafter(m, skip, SamplingParams(), ExitParams()),
             }

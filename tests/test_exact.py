@@ -256,7 +256,7 @@ def test_the_same_command_twice_gives_the_same_answers(tiny_llama, tmp_path):
         return [json.dumps({k: line[k] for k in ("text", "token_ids", "finish_reason")})
                 for line in map(json.loads, out.read_text().splitlines())]
 
-    sd = ["--method", "self-draft", "--corpus-cache", "none", "-b", "3"]
+    sd = ["--method", "self-draft", "--corpus-cache", "none", "--job-cache", "-b", "3"]
     # (--exact with --dtype auto runs bf16, on the CPU too: the first run's dtype is auto)
     ref = answers("ar", "--exact", "-b", "1", dtype=())
     assert answers("x1", "--exact", *sd) == answers("x2", "--exact", *sd) == ref

@@ -391,5 +391,5 @@ def test_corpus_continuations_are_cut_to_the_declared_gram_length():
                           Long())
     s = Sequence(Request(0, [[]], 8), [1] * 7, 0)
     s.pending = 9
-    assert dr.candidates(s) == ([(1, 2), (6, 7)], 0)
+    assert dr.candidates(s) == ([(1, 2), (6, 7)], 0, 0)
     assert dr.price().max_draft == 10 * 4 + 2 * 2

@@ -47,7 +47,9 @@ def _drafter(rng, kind, m, eager, texts):
                                                                 gamma=rng.randint(1, 8)))
     prm = SelfDraftParams(branches=rng.randint(0, 6), branch_len=rng.randint(1, 6),
                           gram=rng.randint(1, 5), context_cands=rng.randint(0, 10),
-                          corpus_cands=rng.randint(0, 3), prompt_grams=rng.random() < 0.5)
+                          corpus_cands=rng.randint(0, 3), prompt_grams=rng.random() < 0.5,
+                          job_cache=rng.random() < 0.5, job_cands=rng.randint(0, 3),
+                          job_len=rng.randint(1, 24))
     return SelfDraftDrafter(prm, rng.choice([None, Oracle(texts)]))
 
 

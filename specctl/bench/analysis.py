@@ -39,7 +39,8 @@ def accept_numbers(gcfg, lines: list[dict], stats, device) -> dict:
             "ctar": {str(w): m["ctar"][w] for w in CTAR_W},
             "zero_accept_share": m["zero_accept_share"],
             "padding_ratio": m["padding_ratio"] if stats is not None else None,
-            "speculation": m["speculation"], "time_split": m["time_split"]}
+            "speculation": m["speculation"], "time_split": m["time_split"],
+            "accepted_from": m["accepted_from"]}
 
 
 def compare(got: dict[int, list[list[int]]], ref: dict[int, list[list[int]]], vs: str) -> dict | None:

@@ -37,6 +37,9 @@ RESULTS_SCHEMA = """
     "speculation": {...} | null,       # --speculate auto's record (metrics.speculation_metrics)
     "time_split": {"steps_s", "prefill_s", "prefill_forwards", "search_s"} | null,
                                        # the first repeat's decode steps and prefill
+    "accepted_from": {"tokens", "job", "context", "corpus"} | null,
+                                       # Self-Draft: the first repeat's accepted drafts and
+                                       # the share each cache's candidates made
     "peak_memory_mb",                  # see peak_memory_kind
     "run_memory_mb": float | null,     # CUDA: peak minus what was allocated before the run
                                        # (KV cache + activations); null on CPU

@@ -156,6 +156,22 @@ def time_rows(res: dict) -> list[list[str]]:
     return out
 
 
+SOURCE_COLUMNS = ("method", "batch", "accepted drafts", "job cache", "context cache",
+                  "corpus cache")
+
+
+def source_rows(res: dict) -> list[list[str]]:
+    """Self-Draft rows: the share of the accepted drafts each cache's candidates made (the
+    first repeat's; rows stored before the field was kept have none)."""
+    out = []
+    for r in res["rows"]:
+        a = r.get("accepted_from")
+        if a:
+            out.append([r["method"], str(r["batch_size"]), str(a["tokens"])]
+                       + [_f(a.get(k), pct=True) for k in ("job", "context", "corpus")])
+    return out
+
+
 def title(res: dict) -> str:
     c = res["config"]
     model = Path(res["model"]).name
@@ -226,6 +242,10 @@ def markdown(results: list[dict]) -> str:
         if times:
             parts.append("Where the time went (each row's first repeat):\n")
             parts.append(_md_table(TIME_COLUMNS, times) + "\n")
+        sources = source_rows(res)
+        if sources:
+            parts.append("Where the accepted drafts came from (each row's first repeat):\n")
+            parts.append(_md_table(SOURCE_COLUMNS, sources) + "\n")
     return "\n".join(parts)
 
 

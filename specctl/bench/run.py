@@ -248,7 +248,7 @@ def _row(b: _Bench, m: str, bs: int) -> dict:
            "speedup_vs_ar": None, "speedup_runs": None, "mean_accepted_tokens": None,
            "acceptance_rate": None,
            "ctar": None, "zero_accept_share": None, "padding_ratio": None,
-           "speculation": None, "time_split": None,
+           "speculation": None, "time_split": None, "accepted_from": None,
            "peak_memory_mb": b.peak[(m, bs)], "run_memory_mb": b.extra.get((m, bs)),
            "exact": b.runners[m].engine == "specctl" and b.cfg.generate_config(m, bs).exact,
            "matches_ar": None, "matches_ar_b1": None,

@@ -17,9 +17,11 @@ too (and, with `prompt_grams`, a specctl addition, the prompt's own grams when a
 admitted). The context cache is shared by all sequences of a run and persists across prompts; every
 `trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
 
-Candidates for a step: up to `context_cands` grams keyed by the pending token (newest first),
-then up to `corpus_cands` continuations from the corpus cache (built offline by build-cache;
-longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
+Candidates for a step: with `job_cache` (a specctl addition, job_cache.py), first up to
+`job_cands` continuations of up to `job_len` tokens from the job cache (the run's prompts and
+finished answers; longest key of the last 2..8 tokens); then up to `context_cands` grams keyed
+by the pending token (newest first), then up to `corpus_cands` continuations from the corpus
+cache (built offline by build-cache; longest key of the last 1..4 tokens first), deduplicated. Greedy verification keeps the longest
 agreeing path of the trie (the candidate with the longest agreeing prefix); sampling walks the
 trie the same way against the target's own draws (verify.verify_sampling_batch: a candidate is
 accepted with probability p(x), as by sequential rejection, and the text is exactly what ar
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
+from specctl.speculative.job_cache import JobCache, JobCacheParams
 from specctl.speculative.verify import DraftTree
 
 
@@ -50,12 +53,15 @@ class SelfDraftParams:
     corpus_cache: bool = True
     prompt_grams: bool = False  # specctl: also push the prompt's grams (not in the paper)
     seed: int = 0
+    job_cache: bool = False   # specctl: draft from the job's prompts and answers (job_cache.py)
+    job_cands: int = 2        # candidates from the job cache per step (its most frequent)
+    job_len: int = 16         # tokens a job-cache candidate drafts at most
 
     def __post_init__(self):
-        for name in ("branches", "context_cands", "corpus_cands", "trim_to"):
+        for name in ("branches", "context_cands", "corpus_cands", "trim_to", "job_cands"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        for name in ("branch_len", "gram", "lru", "trim_every"):
+        for name in ("branch_len", "gram", "lru", "trim_every", "job_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
 
@@ -63,7 +69,9 @@ class SelfDraftParams:
         return (f"N{self.branches}L{self.branch_len}G{self.gram}c{self.context_cands}"
                 f"k{self.corpus_cands}lru{self.lru}t{self.trim_every}/{self.trim_to}"
                 f"{'' if self.context_cache else '-noctx'}{'' if self.corpus_cache else '-nocorpus'}"
-                f"{'-pg' if self.prompt_grams else ''}s{self.seed}")
+                f"{'-pg' if self.prompt_grams else ''}s{self.seed}"
+                # (only when on: runs recorded without a job cache keep their signature)
+                f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}")
 
 
 class ContextCache:
@@ -172,7 +180,13 @@ class SelfDraftState:
 
 @dataclass
 class SelfDraftProposal(Proposal):
-    ctx_nodes: int = 0   # the draft's first nodes, made by context-cache candidates
+    # the draft's first job_nodes nodes were made by job-cache candidates, the nodes up to
+    # ctx_nodes by context-cache ones, the rest by corpus-cache ones (candidates' trie order)
+    job_nodes: int = 0
+    ctx_nodes: int = 0
+
+
+JOB_PENDING = 4096   # texts waiting for the job cache at most (SelfDraftDrafter.job_pending)
 
 
 # a sequence's proposal in the controller's lean step (Drafter.idle; shared: never edited):
@@ -195,22 +209,31 @@ class SelfDraftDrafter(Drafter):
         self.corpus = corpus if params.corpus_cache else None
         self.corpus_id = corpus_id if self.corpus is not None else None
         self.ctx = ContextCache(params.lru)
+        self.job = JobCache(JobCacheParams(cont_len=params.job_len)) if params.job_cache else None
+        # texts for the job cache, indexed when a step next drafts (flush_job): a run the
+        # controller keeps lean pays nothing for it (indexing 32 admitted prompts cost a
+        # drain of 32 on the simulated H200 ~7% with every step lean); at most JOB_PENDING
+        self.job_pending: list[list[int]] = []
         # a corpus continuation is cut to the length the step's rows were counted with
         glen = self.glen = getattr(self.corpus, "gram_len", params.gram)
         # (a branch starts at 1-2 tokens and is trimmed back to at least 2: max(L, 2))
         most = (params.branches * max(params.branch_len, 2) + params.context_cands * params.gram
-                + params.corpus_cands * glen)
+                + params.corpus_cands * glen + self._job_draft())
         self.kv_headroom = -(-most // 16) * 16 + 16
         self.step_rows = 1 + most   # the pending token, candidates and branches
         self.finished_prompts = 0
         self.unindexed = False   # a lean step's text waits for the next drafting step (IDLE)
         # where the candidates of accepted tokens came from, for the ablation report
-        self.accepted_from = {"context": 0, "corpus": 0}
+        self.accepted_from = {"job": 0, "context": 0, "corpus": 0}
+
+    def _job_draft(self) -> int:
+        return self.prm.job_cands * self.prm.job_len if self.job is not None else 0
 
     def price(self) -> DraftPrice:
         """Its drafts are a trie of cache candidates; its branches a probe beside them."""
         p = self.prm
-        return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * self.glen,
+        return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * self.glen
+                          + self._job_draft(),
                           tree=True,
                           probe=p.branches * p.branch_len)
 
@@ -231,29 +254,65 @@ class SelfDraftDrafter(Drafter):
             ids, g = seq.prompt_ids, p.gram
             self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1]))
                                for j in range(len(ids) - g))
+        if self.job is not None:
+            self._job_text(seq.prompt_ids)
 
     def retire(self, seq) -> None:
         self.finished_prompts += 1
         if self.finished_prompts % self.prm.trim_every == 0:
             self.ctx.trim(self.prm.trim_to)
+        if self.job is not None and seq.out_ids:
+            self._job_answer(seq.prompt_ids, seq.out_ids)
+
+    def _job_answer(self, prompt_ids, answer_ids) -> None:
+        # (with the prompt's tail: an answer's first tokens follow its prompt's last ones)
+        self._job_text(list(prompt_ids[-self.job.prm.max_key:]) + list(answer_ids))
+
+    def _job_text(self, ids) -> None:
+        self.job_pending.append(ids)
+        if len(self.job_pending) > JOB_PENDING:   # (a long lean stretch: the oldest go)
+            del self.job_pending[0]
+
+    def flush_job(self) -> None:
+        """Index the texts waiting for the job cache, in the order they came."""
+        for ids in self.job_pending:
+            self.job.add(ids)
+        self.job_pending = []
+
+    def learn_finished(self, prompt_ids, answer_ids) -> None:
+        """What admitting and retiring a sequence with this prompt and answer teach the job
+        cache (--resume: the answers already written, in order, as a batch-1 run learnt them)."""
+        if self.job is not None:
+            self._job_text(prompt_ids)
+            if answer_ids:
+                self._job_answer(prompt_ids, answer_ids)
 
     # -- one step -----------------------------------------------------------------------------
-    def candidates(self, seq) -> tuple[list[tuple[int, ...]], int]:
-        """(candidates in priority order, how many came from the context cache)."""
+    def candidates(self, seq) -> tuple[list[tuple[int, ...]], int, int]:
+        """(candidates in priority order, how many came from the job cache, how many from the
+        context cache after them). The job cache's come first: a match of 2-8 tokens of
+        context continued by the job's own text; the controller's budget (acceptance learnt
+        per trie node) cuts them where they are seldom right."""
         p = self.prm
-        cands = self.ctx.get(seq.pending, p.context_cands) if p.context_cache else []
-        n_ctx = len(cands)
-        if self.corpus is not None and p.corpus_cands:
+        tail = None
+        if self.job is not None or (self.corpus is not None and p.corpus_cands):
             tail = seq.out_ids[-8:]
             if len(tail) < 8:
                 tail = seq.prompt_ids[len(tail) - 8:] + tail
+        cands = self.job.lookup(tail, p.job_cands) if self.job is not None else []
+        n_job = len(cands)
+        if p.context_cache:
+            got = self.ctx.get(seq.pending, p.context_cands)
+            cands += [c for c in got if c not in cands] if n_job else got
+        n_ctx = len(cands) - n_job
+        if self.corpus is not None and p.corpus_cands:
             seen = set(cands)
             for c in self.corpus.lookup(tail, p.corpus_cands):
                 c = tuple(c[:self.glen])
                 if c not in seen:
                     seen.add(c)
                     cands.append(c)
-        return cands, n_ctx
+        return cands, n_job, n_ctx
 
     def idle(self, seqs, kv) -> list[SelfDraftProposal]:
         self.unindexed = True
@@ -267,21 +326,25 @@ class SelfDraftDrafter(Drafter):
             if grams:
                 self.ctx.push_many(grams)
             self.unindexed = False
+        if self.job_pending and any(r > 0 for r in limits.room):
+            self.flush_job()
         out = []
         for i, s in enumerate(seqs):
             r = limits.room[i]
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
                 out.append(SelfDraftProposal())
                 continue
-            cands, n_ctx = self.candidates(s)
+            cands, n_job, n_ctx = self.candidates(s)
             sizes: list[int] = []
             draft = build_trie(cands, r, sizes)
             probe = DraftTree()
             fit = limits.probe_room(i, len(draft))
             if self.prm.branches and fit:   # (cut to the KV rows left: observe skips a
                 probe = branch_probe(s.state.branches).prefix(fit)   # branch cut short)
-            # nodes made by the context-cache candidates (they come first in the trie)
-            out.append(SelfDraftProposal(draft, probe, ctx_nodes=sizes[n_ctx - 1] if n_ctx else 0))
+            # nodes made by the job's and the context cache's candidates (first in the trie)
+            n = n_job + n_ctx
+            out.append(SelfDraftProposal(draft, probe, job_nodes=sizes[n_job - 1] if n_job else 0,
+                                         ctx_nodes=sizes[n - 1] if n else 0))
         return out
 
     def observe(self, seqs, proposals, verdicts, probe_out) -> None:
@@ -290,8 +353,10 @@ class SelfDraftDrafter(Drafter):
         p, g = self.prm, self.prm.gram
         grams: list = []   # the step's context grams, pushed in one call, in order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
-            if v.accepted:
-                src = "context" if v.accepted[0] < pr.ctx_nodes else "corpus"
+            if v.accepted:   # (the candidate that made the path's deepest node)
+                last = v.accepted[-1]
+                src = ("job" if last < pr.job_nodes else "context" if last < pr.ctx_nodes
+                       else "corpus")
                 self.accepted_from[src] += len(v.accepted)
             if len(pr.probe) and out is not None:
                 at = 0

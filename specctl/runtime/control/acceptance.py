@@ -16,10 +16,13 @@ Expected emitted tokens of a step with draft budget k (gain):
 - Trees (Self-Draft's trie of cache candidates, verified in node order): the accepted path's
   nodes have increasing indices (parents precede children), so a trie cut to its first n nodes
   keeps exactly the accepted nodes with index < n. Per node index j, how often node j was on
-  the accepted path (hits[j]) over the steps that drafted (S):
-      gain(n) = 1 + sum_{j<n} hits[j] / S
-  i.e. the tree is trimmed by expected value in the trie's own priority order. Same pooled
-  prior as chains (node j's prior rate is prior_accept ** (j + 1)).
+  the accepted path (hits[j]) over the steps whose budget verified it (tried[j]):
+      gain(n) = 1 + sum_{j<n} hits[j] / tried[j]
+  i.e. the tree is trimmed by expected value in the trie's own priority order. (Over all the
+  steps that drafted instead, a node past the usual budget, verified only in exploring steps,
+  would read ~explore_every times too rare: a job cache's long right candidates stayed cut
+  at the budget they started with.) Same pooled prior as chains (node j's prior rate is
+  prior_accept ** (j + 1)).
 - Confidence (chains): acceptance given the drafter's probability of its token, learnt over
   the run per bin of tenths (`calibrated`), each bin shrunk toward the pooled acceptance with
   `prior_weight` pseudo-trials, so it says nothing until the run has evidence. The policy's
@@ -88,10 +91,8 @@ class Acceptance:
         base = self.prior_accept ** (j + 1) if self.tree else np.full(len(j), self.prior_accept)
         p, w = self.pool, self.prior_weight
         seen = p.tried > 0
-        if self.tree:
-            r = np.where(seen, (p.hit + w * base) / (p.steps + w), base)
-        else:
-            r = np.where(seen, (p.hit + w * base) / (p.tried + w), base)
+        r = np.where(seen, (p.hit + w * base) / (p.tried + w), base)
+        if not self.tree:
             last = np.maximum.accumulate(np.where(seen, j, -1))   # deepest tried at or before
             r = np.where(~seen & (last >= 0), r[np.maximum(last, 0)], r)
         self._pooled = r
@@ -104,13 +105,7 @@ class Acceptance:
         prior = self._pool_rates()[None, :]
         rows = np.array([self.rows.get(k, 0) for k in keys], dtype=np.int64)
         w = self.prior_weight
-        hit = self.hit[rows]
-        if self.tree:
-            n = np.broadcast_to(self.steps[rows][:, None], hit.shape)
-            inside = np.arange(hit.shape[1])[None, :] < self.grown[rows][:, None]
-            hit, n = np.where(inside, hit, 0.0), np.where(inside, n, 0.0)
-        else:
-            n = self.tried[rows]
+        hit, n = self.hit[rows], self.tried[rows]
         if z is None:
             return (hit + w * prior) / (n + w)
         W = self.spread_weight()   # (the centre shrunk as far as the width: a lucky short

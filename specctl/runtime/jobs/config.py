@@ -17,6 +17,8 @@ METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
 VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                            "no-context": {"context_cache": False},
                            "prompt-grams": {"prompt_grams": True},
+                           "job": {"job_cache": True},
+                           "no-job": {"job_cache": False},
                            # few extra tokens per step: for hardware where they are not free
                            "light": {"prompt_grams": True, "branches": 0, "context_cands": 4,
                                      "corpus_cands": 1}}}
@@ -55,7 +57,7 @@ def check_attention(name: str) -> None:
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
 # given: the caller keys the device type and dtype the model runs in instead)
 UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
-           "threads", "kv_memory", "gpu_memory", "ray", "actors")
+           "threads", "kv_memory", "gpu_memory", "ray", "actors", "job_cache_file")
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -183,6 +185,16 @@ class GenerateConfig:
                                        "grams (a specctl addition, not in the paper; default: "
                                        "on under --speculate auto, off under fixed).",
                                        flag="--prompt-grams/--no-prompt-grams", method=_SD)
+    job_cache: bool = option(False, "Also draft from the job cache: n-grams of the job's own "
+                             "prompts and finished answers (longest match of the last 2-8 "
+                             "tokens, up to 16-token continuations), for jobs whose answers "
+                             "repeat each other. Per process; --resume rebuilds it.",
+                             flag="--job-cache/--no-job-cache", method=_SD)
+    job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
+                                        "file when the job starts (where it exists) and save "
+                                        "it there when the job ends, so a later job over new "
+                                        "inputs starts warm (refused for another model).",
+                                        method=_SD)
 
     def __post_init__(self):
         if self.method not in METHODS + ("auto",):
@@ -218,6 +230,8 @@ class GenerateConfig:
             raise SpecctlError(f"--gpu-memory must be in (0, 1], got {self.gpu_memory}")
         if self.speculate not in SPECULATE:
             raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
+        if self.job_cache_file is not None and not self.job_cache:
+            raise SpecctlError("--job-cache-file needs --job-cache")
         self.exit_params()
         self.self_draft_params()
         try:
@@ -243,7 +257,8 @@ class GenerateConfig:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,
                                    corpus_cache=self.corpus_cache != "none",
-                                   prompt_grams=grams, seed=self.seed)
+                                   prompt_grams=grams, seed=self.seed,
+                                   job_cache=self.job_cache)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 
@@ -280,7 +295,8 @@ class GenerateConfig:
             d.pop(name)
         for name, default in (("attention", "auto"), ("cuda_graphs", True), ("exact", False),
                               ("cudnn_attention", False), ("ray", None), ("actors", 2),
-                              ("speculate", "fixed"), ("logprobs", None)):
+                              ("speculate", "fixed"), ("logprobs", None), ("job_cache", False),
+                              ("job_cache_file", None)):
             if name in d and d[name] == default:   # at their defaults left out: keys
                 # without them still match (ray and actors: unkeyed but in legacy keys)
                 d.pop(name)

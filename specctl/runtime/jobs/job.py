@@ -39,6 +39,7 @@ from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resu
                                      read_input, record_file, runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
+from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, record_meta, to_request
 from specctl.store import Store, atomic_write_json, make_manifest, new_id
 
@@ -107,6 +108,9 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
         _open_run(job, resume)
         _plan(job)
         stats, mine_wall, wall = _generate(job)
+        if cfg.job_cache_file and job.lead and not cfg.ray and \
+                getattr(job.drafter, "job", None) is not None:   # (rank 0's: one file)
+            save_job_cache(cfg.job_cache_file, job.drafter, job.model_dir)
         return finish(job, out, stats, mine_wall, wall)
     except BaseException:
         if job is not None and job.lead and job.created:
@@ -312,6 +316,9 @@ def _plan(job: _Job) -> None:
                 job.errors.append({**record_meta(rec), "error": msg})
                 continue
             job.requests.append((req, rows))
+        if cfg.job_cache_file:
+            load_job_cache(cfg.job_cache_file, job.drafter, job.model_dir, job.say)
+        _rebuild_job_cache(job)
         job.writer = RecordWriter(record_file(job.run_dir, env))
         for e in job.errors:
             _persist(job, e)
@@ -330,6 +337,25 @@ def _plan(job: _Job) -> None:
         n = [p["requests"] for p in job.plans]
         job.say(f"{env.world} processes: {sum(n)} requests to generate, {min(n)} to {max(n)} "
                 "per rank")
+
+
+def _rebuild_job_cache(job: _Job) -> None:
+    """--resume: Self-Draft's job cache learns the answers already written (index order), so a
+    resumed job drafts as an unbroken one would. Rank 0 holds them (job.done); other ranks of a
+    torchrun job start with an empty cache, as each process keeps its own."""
+    learn = getattr(job.drafter, "learn_finished", None)
+    if learn is None or getattr(job.drafter, "job", None) is None or not job.done:
+        return
+    recs = {r.index: r for r in job.records}
+    n = 0
+    for ix in sorted(job.done):
+        line, rec = job.done[ix], recs.get(ix)
+        ids = line.get("token_ids")
+        if rec is None or rec.error is not None or "error" in line or not ids:
+            continue
+        learn(job.tk.render(to_request(rec, job.cfg.max_tokens)), ids[0])
+        n += 1
+    job.say(f"self-draft: the job cache learnt the {n} answers already written")
 
 
 def _persist(job: _Job, line: dict) -> None:

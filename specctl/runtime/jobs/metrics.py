@@ -74,6 +74,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
         "time_split": time_split(stats),
         "speculation": speculation_metrics(cfg, stats),
         "kv_cache": kv_metrics(stats),
+        "accepted_from": accepted_shares(stats),
         "per_sample": [{k: l.get(k) for k in ("index", "new_tokens", "steps", "wall_time_s")}
                        for l in good],
     }
@@ -177,6 +178,17 @@ def speculation_metrics(cfg, stats) -> dict:
             if stats.measured_step_ms else 0.0,
             "profile_s": round(stats.profile_s, 3)})
     return out
+
+
+def accepted_shares(stats) -> dict | None:
+    """Self-Draft: the share of its accepted drafts each cache's candidates made (job, context,
+    corpus; a path is the candidate's that made its deepest node), with the counts; None for
+    a method without caches."""
+    got = stats.accepted_from if stats is not None else {}
+    if not got:
+        return None
+    n = sum(got.values())
+    return {"tokens": n, **{k: round(v / n, 4) if n else 0.0 for k, v in sorted(got.items())}}
 
 
 def kv_metrics(stats) -> dict:

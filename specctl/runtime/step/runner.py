@@ -136,12 +136,17 @@ class Runner:
         ctl = self.controller
         marks = (ctl.searches, ctl.guard.trips, ctl.guard.held, ctl.guard.job_trips) \
             if ctl is not None else None
+        # (a drafter that says where its accepted tokens came from, Self-Draft's caches: a
+        # drafter may serve several runs, so this run's share is the difference)
+        came = dict(getattr(self.drafter, "accepted_from", {}))
         if ctl is not None:
             ctl.new_run()
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         finally:
             torch.set_num_threads(cpu_threads)
+            self.stats.accepted_from = {k: v - came.get(k, 0) for k, v in
+                                        getattr(self.drafter, "accepted_from", {}).items()}
             if ctl is not None:
                 self.accounting.flush()
                 st = self.stats

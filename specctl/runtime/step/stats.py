@@ -18,6 +18,8 @@ class RunStats:
     generated: int = 0
     probe_tokens: int = 0          # probe rows (Self-Draft's branches) within step_tokens
     accept_hist: dict[int, int] = field(default_factory=dict)   # accepted drafts -> steps
+    # accepted drafts by the cache whose candidate made them (Self-Draft: job, context, corpus)
+    accepted_from: dict[str, int] = field(default_factory=dict)
     # speculation control (runtime/control/controller.py): budgets chosen (budget ->
     # sequence-steps), the controller's predicted ms of the steps and their measured ms, its expected tokens
     # and the tokens the steps verified (all summed over the controlled steps), and the

@@ -1,0 +1,72 @@
+"""--job-cache-file PATH: Self-Draft's job cache (speculative/job_cache.py) saved when a job ends
+and loaded when the next starts, so that a nightly job over new inputs drafts from the answers
+of the nights before.
+
+The file is safetensors (int64 arrays only, never pickle; read through the validating reader
+of corpus_cache.py), written atomically (a temporary file fsynced and renamed). Its metadata
+names the model's and the tokenizer's fingerprints, the cache's settings and Python's hash of
+a token tuple (keys are hashes: another interpreter's would not find them): a file made for
+anything else is refused, never half-used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from specctl.errors import SpecctlError
+from specctl.models.fingerprint import model_fingerprint, tokenizer_fingerprint
+from specctl.speculative.corpus_cache import read_safetensors_mmap
+from specctl.speculative.job_cache import JobCache
+
+KIND = "specctl-job-cache"
+FORMAT = "1"
+
+
+def _identity(cache: JobCache, model_dir: Path) -> dict[str, str]:
+    return {"kind": KIND, "format": FORMAT, "model": model_fingerprint(model_dir),
+            "tokenizer": tokenizer_fingerprint(model_dir),
+            "params": json.dumps(asdict(cache.prm), sort_keys=True),
+            "hash": str(hash((1, 2, 3))) + f":{sys.hash_info.algorithm}"}
+
+
+def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
+    """The drafter's job cache from `path` where the file exists (else it starts empty)."""
+    cache = getattr(drafter, "job", None)
+    if cache is None:
+        raise SpecctlError("--job-cache-file needs --method self-draft with --job-cache")
+    p = Path(path).expanduser()
+    if not p.exists():
+        log(f"self-draft: {p} does not exist yet: the job cache starts empty and is saved there")
+        return
+    arrays, meta = read_safetensors_mmap(p)
+    want = _identity(cache, model_dir)
+    bad = [k for k in want if meta.get(k) != want[k]]
+    if bad:
+        raise SpecctlError(f"{p}: not a job cache for this model and settings (differs in: "
+                           f"{', '.join(bad)}); give another --job-cache-file or remove it")
+    try:
+        drafter.job = JobCache.from_arrays(cache.prm, {k: arrays[k] for k in
+                                                       ("keys", "offsets", "entries", "buf")})
+    except (KeyError, ValueError) as e:
+        raise SpecctlError(f"{p}: a malformed job cache ({e})") from None
+    log(f"self-draft: job cache {p} ({len(drafter.job)} keys)")
+
+
+def save_job_cache(path: str, drafter, model_dir: Path) -> None:
+    """The drafter's job cache into `path`, atomically."""
+    from safetensors.numpy import save_file
+    drafter.flush_job()   # (texts still waiting for a drafting step)
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    try:
+        save_file(drafter.job.arrays(), str(tmp), metadata=_identity(drafter.job, model_dir))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
