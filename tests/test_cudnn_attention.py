@@ -167,7 +167,8 @@ def test_grouped_queries_fold_into_rows(model, sdpa_calls, monkeypatch, counts):
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     out = attention.sdpa_attention(q, kc, vc, meta)
     [(qs, ks, kws)] = handed
-    assert qs[1] == ks[1] == KV and qs[2] == (H // KV) * meta.n_max and kws == ["attn_mask"]
+    assert qs[1] == ks[1] == KV and qs[2] == (H // KV) * meta.n_max
+    assert "attn_mask" in kws and "enable_gqa" not in kws   # (scale: the family's, or None)
     rows = attention._rows
     ref = _reference(attention._per_seq(q, meta), rows(kc, meta), rows(vc, meta), meta.mask)
     ref = attention._packed(ref.float(), meta, T)
