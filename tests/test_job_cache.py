@@ -211,6 +211,15 @@ def test_job_cache_file_starts_the_next_job_warm_and_is_refused_for_another_mode
     longer = SelfDraftDrafter(SelfDraftParams(job_cache=True, job_len=8), None)
     with pytest.raises(SpecctlError, match="params"):
         load_job_cache(str(path), longer, tiny_llama, said.append)
+    link = tmp_path / "link.safetensors"   # a symlink: its target written, the link kept
+    link.symlink_to(path)
+    save_job_cache(str(link), dr, tiny_llama)
+    assert link.is_symlink() and path.is_file()
     path.write_bytes(path.read_bytes()[:40])   # a torn file
     with pytest.raises(SpecctlError):
         load_job_cache(str(path), warm, tiny_llama, said.append)
+    from specctl.runtime.jobs.config import GenerateConfig
+    for bad in ("/dev/null", str(tmp_path)):   # a device, a folder: refused as the job starts
+        with pytest.raises(SpecctlError, match="--job-cache-file .* not a regular file"):
+            GenerateConfig(input="in.jsonl", method="self-draft", job_cache=True,
+                           job_cache_file=bad)

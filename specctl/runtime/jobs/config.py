@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import unencodable
@@ -232,6 +233,9 @@ class GenerateConfig:
             raise SpecctlError(f"--speculate must be auto or fixed, got {self.speculate!r}")
         if self.job_cache_file is not None and not self.job_cache:
             raise SpecctlError("--job-cache-file needs --job-cache")
+        if self.job_cache_file is not None:   # (a device, FIFO or folder there: said now,
+            from specctl.store import writable_file   # before the model loads)
+            writable_file(Path(self.job_cache_file).expanduser(), "--job-cache-file")
         self.exit_params()
         self.self_draft_params()
         try:

@@ -3,7 +3,7 @@ and loaded when the next starts, so that a nightly job over new inputs drafts fr
 of the nights before.
 
 The file is safetensors (int64 arrays only, never pickle; read through the validating reader
-of corpus_cache.py), written atomically (a temporary file fsynced and renamed). Its metadata
+of corpus_cache.py), written atomically by the store's writer (store/files.py). Its metadata
 names the model's and the tokenizer's fingerprints, the cache's settings and Python's hash of
 a token tuple (keys are hashes: another interpreter's would not find them): a file made for
 anything else is refused, never half-used.
@@ -12,7 +12,6 @@ anything else is refused, never half-used.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +20,7 @@ from specctl.errors import SpecctlError
 from specctl.models.fingerprint import model_fingerprint, tokenizer_fingerprint
 from specctl.speculative.corpus_cache import read_safetensors_mmap
 from specctl.speculative.job_cache import JobCache
+from specctl.store import atomic_write_bytes, writable_file
 
 KIND = "specctl-job-cache"
 FORMAT = "1"
@@ -57,16 +57,9 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
 
 
 def save_job_cache(path: str, drafter, model_dir: Path) -> None:
-    """The drafter's job cache into `path`, atomically."""
-    from safetensors.numpy import save_file
+    """The drafter's job cache into `path`, atomically (the store's one writer: a symlink's
+    target, never a device or a folder)."""
+    from safetensors.numpy import save
     drafter.flush_job()   # (texts still waiting for a drafting step)
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    try:
-        save_file(drafter.job.arrays(), str(tmp), metadata=_identity(drafter.job, model_dir))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
+    data = save(drafter.job.arrays(), metadata=_identity(drafter.job, model_dir))
+    atomic_write_bytes(writable_file(Path(path).expanduser(), "--job-cache-file"), data)
