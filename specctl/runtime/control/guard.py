@@ -30,8 +30,8 @@ length.
 
 The steps are not the whole job. A lean step that searched and found nothing and slots held
 free for a grouped admission fall outside the step account, so the guard keeps the job's
-too: every controlled step's (held ones too) `excess`, the ms it took beyond what `ar` takes for the same tokens
-(runtime/step/accounting.py prices each), in a second balance,
+too: every controlled step's (held ones too) `excess`, the ms it took beyond what `ar` takes
+for the same tokens (runtime/step/accounting.py prices each), in a second balance,
 
     job_balance += eps * ms - excess        (each step, up to `credit` steps' time)
 
@@ -39,9 +39,9 @@ behind once it has lost JOB_SLACK (2) steps' time. A job that loses a share x of
 to its searches, admissions or bookkeeping falls back to `ar` within (2 + credit) / x steps
 at most, 2 / x from a balance of 0 (4 steps at x = 50%, 20 at 10%). Such a trip holds the run
 to `ar` for the job's own hold, which doubles at each job trip until the job has won a step's
-time back (held steps are `ar`'s: not counted): a job that keeps losing pays ~2 steps' time in each doubling of its length. The
-summary's "vs ar" takes the run's total excess off its time (jobs/metrics.gain_vs_ar): the
-same measure.
+time back (held steps are `ar`'s: not counted): a job that keeps losing pays ~2 steps' time
+in each doubling of its length. The summary's "vs ar" takes the run's total excess off its
+time (jobs/metrics.gain_vs_ar): the same measure.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Guard:
         self.hold = 0                      # ar steps still to hold to
         self.trips = 0                     # times the balance fell behind
         self.held = 0                      # steps held to ar
-        self.excess = 0.0                  # the job's ms beyond ar's, all the run (job)
+        self.excess = 0.0                  # the job's ms beyond ar's, all told (job)
         self.job_balance = 0.0             # the job's ms saved against ar (job)
         self.job_won = 0.0                 # its savings since its last trip, eps aside
         self.step_ms = 0.0                 # a controlled step's ms, recent mean
@@ -102,9 +102,9 @@ class Guard:
     def job(self, excess: float, ms: float, steps: int = 1) -> None:
         """Part of the job took ms, excess of them beyond what `ar` takes for the same tokens:
         `steps` controlled steps (held ones too: the job's time is all of it; 0: told at once
-        for a step tallied later). The job's balance, behind (module docstring), holds the run to `ar` for the
-        job's own hold, doubling at each such trip until the balance wins a step's time back
-        (the step account's trips and wins do not move it)."""
+        for a step tallied later). The job's balance, behind (module docstring), holds the run
+        to `ar` for the job's own hold, doubling at each such trip until the job has won a
+        step's time back (the step account's trips and wins do not move it)."""
         self.excess += excess
         if steps:   # (a mean over the last ~AR_MEMORY steps: the balance's unit)
             self.step_ms += (ms / steps - self.step_ms) * \

@@ -20,7 +20,7 @@ from specctl.errors import SpecctlError
 from specctl.models.fingerprint import model_fingerprint, tokenizer_fingerprint
 from specctl.speculative.corpus_cache import read_safetensors_mmap
 from specctl.speculative.job_cache import JobCache
-from specctl.store import atomic_write_bytes, writable_file
+from specctl.store import atomic_write_bytes
 
 KIND = "specctl-job-cache"
 FORMAT = "1"
@@ -58,8 +58,8 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
 
 def save_job_cache(path: str, drafter, model_dir: Path) -> None:
     """The drafter's job cache into `path`, atomically (the store's one writer: a symlink's
-    target, never a device or a folder)."""
+    target, never a device or a folder; the option was checked as the job started)."""
     from safetensors.numpy import save
     drafter.flush_job()   # (texts still waiting for a drafting step)
     data = save(drafter.job.arrays(), metadata=_identity(drafter.job, model_dir))
-    atomic_write_bytes(writable_file(Path(path).expanduser(), "--job-cache-file"), data)
+    atomic_write_bytes(Path(path).expanduser(), data)

@@ -85,9 +85,8 @@ def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool) -> 
     The run's busy time less its job excess (RunStats.job_excess_ms, the measured guard's job
     account: drafting steps against what their tokens cost as `ar` steps measured in this
     run, searches that found nothing, slots held for grouped admissions); the rest (prefill,
-    output) is kept. A run that decoded as `ar`
-    is its own estimate; a run without the controller (--speculate fixed) has no table to
-    price by: None."""
+    output) is kept. A run that decoded as `ar` is its own estimate; a run without the
+    controller (--speculate fixed) has no table to price by: None."""
     if plain:
         return {"ar_tokens_per_s_est": tps, "gain_vs_ar_est": 1.0 if tps else None}
     if stats is None or not stats.controlled_steps or busy <= 0 or not tps:

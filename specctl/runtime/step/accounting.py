@@ -10,16 +10,15 @@ A lean step (every budget 0: `ar`'s path) teaches only its time, and learning on
 than a lean step's own host work on a small model, so lean steps of one batch size are tallied
 and learnt as their mean, up to LEAN_LEARN of them at once (Controller.lean_batch).
 
-Every step, and every prefill, also goes into the job's account (Guard.job): its excess, the
-ms beyond what `ar` takes for the same tokens. A drafting step's is its time less `ar`'s for its
-progress; a lean step's, the search it made in vain (a prefetched search runs under the
-forward on CUDA when short, but not always: counted, the guard's safe side); a step run with
-slots held free for a grouped admission while requests wait pays what `ar`, admitting at once,
-would not: its step at n sequences
-against n / (n + h) of its step at n + h. Prefill is taken as `ar`'s (what a grouped admission
-saves there is not credited: `ar`'s own prefill forwards depend on when its answers end, which
-this run does not know; the guard's safe side). The run's total excess is
-RunStats.job_excess_ms.
+Every step also goes into the job's account (Guard.job): its excess, the ms beyond what `ar`
+takes for the same tokens. A drafting step's is its time less `ar`'s for its progress; a lean
+step's, the search it made in vain (a prefetched search runs under the forward on CUDA when
+short, but not always: counted, the guard's safe side); a step run with slots held free for a
+grouped admission while requests wait pays what `ar`, admitting at once, would not: its step
+at n sequences against n / (n + h) of its step at n + h. Prefill is taken as `ar`'s (what a
+grouped admission saves there is not credited: `ar`'s own prefill forwards depend on when its
+answers end, which this run does not know; the guard's safe side). The run's total excess is
+RunStats.job_excess_ms (the runner takes it from the guard, as its trips).
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ class Accounting:
         b, t, n = plan.budgets, self.tally, len(seqs)
         excess = 0.0 if t0 is None else self._held(n, held)
         if b.lean and t0 is not None and (excess or searched):   # (at once: the job's
-            self._job(excess + searched, took + searched, 0)     # account judges now)
+            self.ctl.guard.job(excess + searched, took + searched, 0)   # account judges now)
         if b.lean and t0 is not None and not b.contrast and t.b == n and t.steps < t.most:
             t.steps += 1
             t.ms += took
@@ -83,7 +82,7 @@ class Accounting:
         ar = ctl.drafted(n, total, _progress(seqs, had, drain))
         st.ar_step_ms += ar
         if total is not None:
-            self._job(excess + total - ar, total, 1)
+            self.ctl.guard.job(excess + total - ar, total, 1)
         self._count(plan, out, expected, took if total is None else total)
         return work
 
@@ -94,10 +93,6 @@ class Accounting:
         ar = self.ctl.ar_ms
         return max(0.0, ar(n) - ar(n + h) * n / (n + h))
 
-    def _job(self, excess: float, ms: float, steps: int) -> None:
-        self.stats.job_excess_ms += excess
-        self.ctl.guard.job(excess, ms, steps)
-
     def flush(self) -> None:
         """The tally of lean steps so far into the controller and the stats, as their mean."""
         t = self.tally
@@ -105,7 +100,7 @@ class Accounting:
             self.stats.lean(t.b, t.steps, t.ms, self.ctl.lean_done(t.b, t.ms / t.steps, t.steps),
                             t.contrast)
             self.tally = LeanTally()
-            self._job(0.0, t.ms, t.steps)   # (their excess was told at once)
+            self.ctl.guard.job(0.0, t.ms, t.steps)   # (their excess was told at once)
 
     def _count(self, plan: StepPlan, out: StepOutcome, expected: float, took: float) -> None:
         st, b = self.stats, plan.budgets

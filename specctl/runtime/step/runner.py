@@ -134,8 +134,8 @@ class Runner:
             on_tokens: Callable[[int], None] | None = None) -> RunStats:
         cpu_threads = torch.get_num_threads()
         ctl = self.controller
-        marks = (ctl.searches, ctl.guard.trips, ctl.guard.held, ctl.guard.job_trips) \
-            if ctl is not None else None
+        marks = (ctl.searches, ctl.guard.trips, ctl.guard.held, ctl.guard.job_trips,
+                 ctl.guard.excess) if ctl is not None else None
         # (a drafter that says where its accepted tokens came from, Self-Draft's caches: a
         # drafter may serve several runs, so this run's share is the difference)
         came = dict(getattr(self.drafter, "accepted_from", {}))
@@ -154,6 +154,7 @@ class Runner:
                 st.guard_trips += ctl.guard.trips - marks[1]
                 st.guard_held += ctl.guard.held - marks[2]
                 st.guard_job_trips += ctl.guard.job_trips - marks[3]
+                st.job_excess_ms += ctl.guard.excess - marks[4]
 
     def _tuner(self) -> ThreadTuner | None:
         if self.model.device.type != "cpu":
