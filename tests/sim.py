@@ -218,8 +218,8 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
         finally:
             clock.paused = False
     runner._prefill = untimed
-    if controller is not None:   # (its next step's search runs while the forward does)
-        controller.prefetch = clock.overlapped(controller.prefetch)
+    # (the last step's learning and the next step's search run while the forward does)
+    runner.under_forward = clock.overlapped(runner.under_forward)
     clock.host_from_now()
     stats = runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))], stats

@@ -162,7 +162,9 @@ def test_branch_growth_and_harvested_grams():
     [prop] = dr.propose([s], None, DraftLimits((10,)))
     assert prop.probe.tokens == [1, 2, 3, 7] and prop.probe.parents == [-1, 0, 1, -1]
     # target's argmax after 1, 1 2, 1 2 3, 7
-    dr.observe([s], [prop], [Verdict([], 11)], [[20, 21, 22, 23]])
+    learn = dr.observe([s], [prop], [Verdict([], 11)], [[20, 21, 22, 23]])
+    assert s.state.branches == [[1, 2, 3, 22], [7, 23]] and len(dr.ctx) == 0   # (grams: later)
+    learn()
     # branch 0 grows by its last prediction; windows of G = 2 + the prediction after them
     assert s.state.branches == [[1, 2, 3, 22], [7, 23]]
     assert dr.ctx.get(1, 10) == [(2, 21)] and dr.ctx.get(2, 10) == [(3, 22)]
@@ -205,7 +207,9 @@ def test_lean_steps_index_their_text_when_a_step_next_drafts():
                 dr.propose([s], None, DraftLimits((0,)))
             s.out_ids.append(tok)
             s.pending = tok
-            dr.observe([s], props, [Verdict([], tok)], [None])
+            learn = dr.observe([s], props, [Verdict([], tok)], [None])
+            if learn:
+                learn()
     assert fixed.ctx.get(9, 10) == [(8, 7)] and fixed.ctx.get(3, 10) == [(4, 9)]
     assert lean.ctx.get(9, 10) == [] and len(lean.ctx) == 0
     lean.propose([seqs["lean"]], None, DraftLimits((4,)))   # a step that drafts

@@ -106,8 +106,12 @@ class Drafter:
         return self.propose(seqs, kv, DraftLimits((0,) * len(seqs)))
 
     def observe(self, seqs: list, proposals: list[Proposal], verdicts: list,
-                probe_out: list) -> None:
-        pass
+                probe_out: list) -> Callable[[], None] | None:
+        """A step's outcome, after its commit: what the next proposal needs is learnt now;
+        what may wait (a cache's update) is returned as a function, which the runner calls
+        before any sequence retires, at once on a CPU or under the next step's forward where
+        the host goes on beside it (Runner.under_forward). None: nothing waits."""
+        return None
 
     # a drafter may verify its own way (kangaroo starts at its exit layer from saved states);
     # the default is one full forward of the target over [pending + drafts]

@@ -320,11 +320,9 @@ class SelfDraftDrafter(Drafter):
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if self.unindexed and self.prm.context_cache and any(r > 0 for r in limits.room):
-            grams: list = []   # (the text of lean steps since: IDLE)
-            for s in seqs:
-                self._text_grams(s, grams)
-            if grams:
-                self.ctx.push_many(grams)
+            made = [(t, None) for t in map(self._text_tail, seqs) if t]
+            if made:   # (the text of lean steps since: IDLE)
+                self.ctx.push_many(self._grams(made))
             self.unindexed = False
         if self.job_pending and any(r > 0 for r in limits.room):
             self.flush_job()
@@ -347,11 +345,15 @@ class SelfDraftDrafter(Drafter):
                                          ctx_nodes=sizes[n - 1] if n else 0))
         return out
 
-    def observe(self, seqs, proposals, verdicts, probe_out) -> None:
+    def observe(self, seqs, proposals, verdicts, probe_out):
+        """A step's verdicts and probe outputs: each branch grows now (the next step probes
+        it); the grams they and the emitted text make go into the context cache by the
+        function returned (None: nothing to push), which the runner may call a step later,
+        under the next forward (Runner.under_forward)."""
         if all(pr is IDLE for pr in proposals):   # a lean step: its text is indexed when a
-            return                                 # step next drafts (propose)
-        p, g = self.prm, self.prm.gram
-        grams: list = []   # the step's context grams, pushed in one call, in order
+            return None                            # step next drafts (propose)
+        p = self.prm
+        made: list = []   # (tokens, a branch's predictions or None: text), in push order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
             if v.accepted:   # (the candidate that made the path's deepest node)
                 last = v.accepted[-1]
@@ -366,23 +368,36 @@ class SelfDraftDrafter(Drafter):
                     if len(d) < len(br):    # the probe was cut to fit the context
                         continue
                     if p.context_cache:
-                        grams += [(br[k - g], (*br[k - g + 1:k], d[k - 1]))
-                                  for k in range(g, len(br) + 1)]
+                        made.append((br[:], d))
                     br.append(d[-1])
                     if len(br) > p.branch_len:
                         del br[0]
             if p.context_cache and pr is not IDLE:
-                self._text_grams(s, grams)
-        if grams:
-            self.ctx.push_many(grams)
+                tail = self._text_tail(s)
+                if tail:
+                    made.append((tail, None))
+        return (lambda: self.ctx.push_many(self._grams(made))) if made else None
 
-    def _text_grams(self, s, grams: list) -> None:
-        """Grams of the emitted text (with the prompt's tail before it), added to `grams`."""
+    def _grams(self, made) -> list:
+        """The context grams of observe's branches (each window of G branch tokens and the
+        target's prediction after its last) and texts (each window of G + 1 tokens)."""
+        g, grams = self.prm.gram, []
+        for toks, d in made:
+            if d is None:
+                grams += [(toks[j], tuple(toks[j + 1:j + g + 1])) for j in range(len(toks) - g)]
+            else:
+                grams += [(toks[k - g], (*toks[k - g + 1:k], d[k - 1]))
+                          for k in range(g, len(toks) + 1)]
+        return grams
+
+    def _text_tail(self, s) -> list[int] | None:
+        """The emitted text not yet pushed as grams, with the G tokens before it (the
+        prompt's tail first), marked pushed; None when it makes no gram."""
         g, out = self.prm.gram, s.out_ids
         need = len(out) - s.state.pushed + g   # windows of g + 1 tokens ending in a new token
         if need <= g:
-            return
+            return None
         # (the tail only: copying the whole answer every step grows with its length)
         tail = out[-need:] if len(out) >= need else s.prompt_ids[len(out) - need:] + out
-        grams += [(tail[j], tuple(tail[j + 1:j + g + 1])) for j in range(len(tail) - g)]
         s.state.pushed = len(out)
+        return tail

@@ -52,13 +52,14 @@ class Accounting:
 
     def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence], had: list[int],
              took: float, t0: float | None, drain: bool, held: int = 0,
-             searched: float = 0.0) -> float:
+             searched: float = 0.0, end: float | None = None) -> float:
         """A controlled step that took `took` ms (a lean step's without its search; t0: its
         start on the clock; None: a graph was captured in it, so its time is no step's cost),
         its sequences' output lengths before it `had`; drain: no request waited; held: slots
         held free for a grouped admission; searched: the ms of its searches (a prefetched one
-        too: hidden under the forward on CUDA when short, an upper bound). Returns its work
-        for the thread tuner (its table ms)."""
+        too: hidden under the forward on CUDA when short, an upper bound); end: the clock as it
+        ended, when it is learnt later (Runner.under_forward; else now, this learning
+        included). Returns its work for the thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
         excess = 0.0 if t0 is None else self._held(n, held)
         if b.lean and t0 is not None and (excess or searched):   # (at once: the job's
@@ -78,7 +79,8 @@ class Accounting:
             return work
         work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
                                      None if t0 is None else took)
-        total = (self.clock() - t0) * 1e3 if t0 is not None else None   # (observe too)
+        total = ((self.clock() if end is None else end) - t0) * 1e3 if t0 is not None \
+            else None   # (observe too, unless learnt later)
         ar = ctl.drafted(n, total, _progress(seqs, had, drain))
         st.ar_step_ms += ar
         if total is not None:

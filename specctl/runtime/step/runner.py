@@ -97,6 +97,7 @@ class Runner:
         self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         self._admitted = 0
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
+        self._later: list[Callable[[], object]] = []   # the last step's learning (under_forward)
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -144,6 +145,7 @@ class Runner:
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         finally:
+            self.catch_up()
             torch.set_num_threads(cpu_threads)
             self.stats.accepted_from = {k: v - came.get(k, 0) for k, v in
                                         getattr(self.drafter, "accepted_from", {}).items()}
@@ -261,6 +263,7 @@ class Runner:
                  waiting: deque) -> None:
         """Give seq's slot and blocks back and queue its stage to start again: everything the
         stage added to its request and to the run's counts is undone."""
+        self.catch_up()
         req = seq.req
         steps, accepts, drafts = seq.mark
         req.steps = steps
@@ -280,6 +283,7 @@ class Runner:
         waiting.appendleft(req)
 
     def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
+        self.catch_up()
         req = seq.req
         if seq.prefilled or seq.out_ids:
             self.drafter.retire(seq)
@@ -385,13 +389,14 @@ class Runner:
         emitted = self.stats.generated
         plan = self.planner.plan(seqs, drain, self.clock)
         h = self.planner.execute(plan)
-        # (on CUDA the forward runs on while the host searches for the next step: verify's
-        # argmax is the step's first wait)
-        ahead = self.planner.prefetch(plan, drain, self.clock)
+        # (on CUDA the forward runs on while the host learns from the last step and searches
+        # for the next: verify's argmax is the step's first wait)
+        ahead = self.under_forward(plan, drain)
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
-        self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts), list(out.probe_out))
+        later = [self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
+                                      list(out.probe_out))]
         work = float(plan.batch.num_tokens)
         new = g.captures - captures if g is not None else 0
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
@@ -403,11 +408,34 @@ class Runner:
                 took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;
                 # the next step's, `ahead`, is hidden under the forward on CUDA, and taking it
                 # off where it was errs low on ar's price, the guard's safe side)
-            work = self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain,
-                                        self._held, plan.search_ms + ahead)
+            args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
+                    plan.search_ms + ahead)
+            if self.planner.overlaps:   # (its total: the step as it ends now)
+                later.append(lambda end=self.clock(): self.accounting.step(*args, end=end))
+            else:
+                work = self.accounting.step(*args)
+        if self.planner.overlaps:
+            self._later = [f for f in later if f is not None]
+        elif later[0] is not None:
+            later[0]()
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             self._logprobs(plan, out, h, had)
         return work
+
+    def under_forward(self, plan: StepPlan, drain: bool) -> float:
+        """The host's work while a step's forward computes, where forwards run on without
+        the host (Planner.overlaps): what the last step taught (the drafter's caches, the
+        controller's acceptance, step time and guard: each a step late), then the next step's
+        search (Planner.prefetch, its ms returned)."""
+        self.catch_up()
+        return self.planner.prefetch(plan, drain, self.clock)
+
+    def catch_up(self) -> None:
+        """The last step's learning, if it waits (under_forward): now, before a sequence
+        retires (its slot and what was learnt of it are forgotten) and as the run ends."""
+        later, self._later = self._later, []
+        for f in later:
+            f()
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
         """The accepted rows into the KV cache, the emitted tokens into the sequences."""

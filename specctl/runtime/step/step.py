@@ -107,6 +107,14 @@ class Planner:
         return [max(0, min(self.max_len - lens[s.slot] - 2,
                            s.req.max_tokens - len(s.out_ids) - 1)) for s in seqs]
 
+    @property
+    def overlaps(self) -> bool:
+        """Whether the host goes on while a step's forward computes: on CUDA, where a
+        controller's steps replay captured graphs (it prices them padded: a simulated clock's
+        too), or with no controller. On a CPU the forward has finished when it returns."""
+        ctl = self.controller
+        return ctl.cost.padded if ctl is not None else self.model.device.type == "cuda"
+
     def prefetch(self, plan: StepPlan, drain: bool, clock=None) -> float:
         """The controller's search for the next step, run while this step's forward does
         (Controller.prefetch); returns its ms on `clock`. Only where steps replay captured
@@ -114,7 +122,7 @@ class Planner:
         so there is nothing to hide the search behind, and it would read acceptance a step
         older for nothing."""
         ctl = self.controller
-        if ctl is None or not ctl.cost.padded or not ctl.searches_next(drain):
+        if ctl is None or not self.overlaps or not ctl.searches_next(drain):
             return 0.0
         t = clock() if clock else 0.0
         ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
