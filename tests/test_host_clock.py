@@ -157,3 +157,61 @@ def test_host_work_under_a_forward_costs_only_past_its_device_time(model, monkey
     assert clock() - c0 < 0.1 * window
     clock.overlapped(burn)(window / HOST)   # (the window's other 4/5 hidden, 1/5 past it)
     assert clock() - c0 == pytest.approx(0.2 * window, rel=0.4)
+
+
+def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch):
+    """Where the host goes on beside the forward (the padded clock, as CUDA's graphs), a
+    step's learning (Self-Draft's context grams, the controller's accounting) runs after the
+    next step's forward is issued and before its output is read; none of it is left waiting
+    when a sequence retires (its slot is forgotten, and a new sequence takes it) or the run
+    ends; and the output is ar's. On a CPU's clock (no padding) it runs at once: the same
+    text, and no step's learning waits."""
+    from specctl.runtime.step.accounting import Accounting
+    from specctl.runtime.step.runner import Runner
+    from specctl.speculative.self_draft import ContextCache
+    prompts = _prompts(24, seed=3)
+    clock = SimClock(h200_fused_table(), 8, prefill=prefill_table())
+    timed_model(model, clock, monkeypatch)
+    ref, _ = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=32)
+    events, runners = [], []
+    for obj, name, tag in ((model, "run", "forward"), (model, "argmax", "read"),
+                           (ContextCache, "push_many", "learn"), (Accounting, "step", "learn"),
+                           (Runner, "catch_up", "catch_up")):
+        fn = getattr(obj, name)
+
+        def logged(*a, _fn=fn, _tag=tag, **kw):
+            events.append(_tag)
+            if _tag == "catch_up" and not runners:
+                runners.append(a[0])
+            return _fn(*a, **kw)
+        monkeypatch.setattr(obj, name, logged)
+    for padded in (True, False):
+        dr = method_drafters(model, prompts, ref)["self-draft"].fresh()
+        ctl = sim_controller(dr, clock.table)
+        ctl.cost.padded = padded
+        forget = ctl.forget
+
+        def forgetting(key, _f=forget):
+            assert not runners or not runners[-1]._later   # (caught up before)
+            return _f(key)
+        ctl.forget = forgetting
+        events.clear()
+        runners.clear()
+        clock.reset()
+        got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=32, controller=ctl)
+        assert got == ref
+        assert not runners[-1]._later
+        inside = depth = learnt = 0
+        for e in events:
+            if e == "forward":
+                depth = 1
+            elif e == "read":
+                depth = 0
+            elif e == "learn":
+                learnt += 1
+                inside += depth
+        assert learnt > 50
+        if padded:   # (the rest: caught up at the steps where a sequence ended)
+            assert inside >= 0.5 * learnt, (inside, learnt)
+        else:
+            assert inside == 0, (inside, learnt)
