@@ -229,6 +229,7 @@ class KangarooDrafter(Drafter):
                                                  for k, t in adapter.w.items()})
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
+        self._whole_plan = LayerPlan(capture=self.l)   # (made once: ~2 us a lean step)
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
         self.head: AdapterHead | None = None
@@ -332,7 +333,7 @@ class KangarooDrafter(Drafter):
     def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals) -> torch.Tensor:
         """The double early exit: layers [l, L) only, from the saved layer-l states."""
         if all(p.whole for p in proposals):
-            (h,) = self.model.run(batch, kv, LayerPlan(capture=self.l), head=self._head(kv).whole)
+            (h,) = self.model.run(batch, kv, self._whole_plan, head=self._head(kv).whole)
             return h
         rows = []
         for p, n in zip(proposals, batch.num_new):

@@ -163,7 +163,7 @@ class Controller:
         (a contrast step is due, the guard holds, or a lean stretch goes on and no exploring
         step can be due): plan's decision, at a lean step's cost. None: ask decide."""
         s = self.steps + 1
-        if self._contrast_due(s):
+        if s - self.last_bare > 1 and self._contrast_due(s):   # (in a lean stretch: never)
             self.contrasts += 1
             self.steps = self.last_bare = s
             return self._lean_budgets(b, contrast=True)

@@ -61,7 +61,7 @@ class Accounting:
         ended, when it is learnt later (Runner.under_forward; else now, this learning
         included). Returns its work for the thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
-        excess = 0.0 if t0 is None else self._held(n, held)
+        excess = self._held(n, held) if held and t0 is not None else 0.0
         if b.lean and t0 is not None and (excess or searched):   # (at once: the job's
             self.ctl.guard.job(excess + searched, took + searched, 0)   # account judges now)
         if b.lean and t0 is not None and not b.contrast and t.b == n and t.steps < t.most:
