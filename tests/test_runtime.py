@@ -175,7 +175,7 @@ def test_a_stop_string_of_many_tokens_a_character_is_found(model, tmp_path, stop
                     render=lambda r: [], decode=decode, stop=(stop,))
     s = Sequence(Request(0, [[]], 200), [1, 2], 0)
     for t in ids:
-        runner._emit(s, [t])
+        runner.answers.emit(s, [t])
         if s.finished:
             break
     assert s.finish_reason == "stop_string"

@@ -45,7 +45,8 @@ from specctl.errors import SpecctlError
 from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
-from specctl.runtime.step.logprobs import token_logprobs
+from specctl.runtime.step.answers import Answers
+from specctl.runtime.step.logprobs import step_logprobs, token_logprobs
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
 from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, verify
@@ -67,15 +68,7 @@ class Runner:
         self.controller = controller
         self.model, self.drafter, self.sp = model, drafter, sampling
         self.batch_size, self.max_len = batch_size, max_len
-        self.eos_ids, self.stop = set(eos_ids), tuple(s for s in stop if s)
-        # the tokens a stop check decodes: a stop string ends in the newest token's text (an
-        # earlier end would have ended the answer there), so its length in UTF-8 bytes (every
-        # token but a skipped special one is at least a byte: a character may take several
-        # tokens) and a slack for tokens that decode to nothing find it; at most 64 (decoding
-        # 64 tokens per emitted token cost more than a small model's step)
-        self.stop_window = min(64, 8 + max((len(x.encode("utf-8", "surrogatepass"))
-                                            for x in self.stop), default=0))
-        self.render, self.decode = render, decode
+        self.render = render
         self.prefill_chunk = prefill_chunk
         self.logprobs = logprobs   # None, or how many alternatives per token to record
         headroom = drafter.kv_headroom
@@ -103,6 +96,7 @@ class Runner:
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
+        self.answers = Answers(eos_ids, stop, decode, self.kv, max_len, self.stats, logprobs)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
         self.accounting: Accounting | None = None   # (set_controller)
         self.admission = Admission(batch_size)   # (groups only under a controller)
@@ -287,29 +281,13 @@ class Runner:
         req = seq.req
         if seq.prefilled or seq.out_ids:
             self.drafter.retire(seq)
-        ids = seq.out_ids
-        text_ids = [t for t in ids if t not in self.eos_ids]
-        text = self.decode(text_ids)
-        if seq.finish_reason == "stop_string":
-            cut = min((text.find(s) for s in self.stop if s in text), default=-1)
-            text = text[:cut] if cut >= 0 else text
-        req.answers.append(text)
-        req.answer_ids.append(ids)
-        if self.logprobs is not None:
-            req.logprobs.append(seq.logprobs[:len(ids)])
-        req.finish_reasons.append(seq.finish_reason or "length")
+        done = self.answers.finish(seq)
         if self.controller is not None:
             self.controller.forget(seq.slot)
         self.kv.reset(seq.slot)
         free.append(seq.slot)
         free.sort()
-        if req.done or seq.finish_reason == "context":
-            while not req.done:   # later stages cannot run once the context is full
-                req.answers.append("")
-                req.answer_ids.append([])
-                if self.logprobs is not None:
-                    req.logprobs.append([])
-                req.finish_reasons.append("context")
+        if done:
             req.wall_time = time.perf_counter() - req.started
             on_done(req)
         else:
@@ -357,7 +335,7 @@ class Runner:
                     # the prefill forward emits the first token: a step for CR (so ar's CR is
                     # exactly 1), but no verification, so no entry in the accept statistics
                     s.req.steps += 1
-                    self._emit(s, [tok])
+                    self.answers.emit(s, [tok])
             todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
 
     def _sample_rows(self, h: torch.Tensor, seqs: list[Sequence]) -> list[int]:
@@ -419,7 +397,7 @@ class Runner:
         elif later[0] is not None:
             later[0]()
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
-            self._logprobs(plan, out, h, had)
+            step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
 
     def under_forward(self, plan: StepPlan, drain: bool) -> float:
@@ -447,48 +425,9 @@ class Runner:
             s.req.accept_lengths.append(len(v.accepted))
             s.req.draft_lengths.append(len(p.draft))
             st.accept_hist[len(v.accepted)] = st.accept_hist.get(len(v.accepted), 0) + 1
-            self._emit(s, v.tokens(p.draft))
+            self.answers.emit(s, v.tokens(p.draft))
         ran = [n + m for n, m in zip(plan.verified, plan.probed)]
         st.steps += 1
         st.step_tokens += sum(ran)
         st.probe_tokens += sum(plan.probed)
         st.padded_tokens += max(ran) * len(ran)
-
-    def _logprobs(self, plan: StepPlan, out: StepOutcome, h: torch.Tensor,
-                  had: list[int]) -> None:
-        """The log-probabilities of the tokens each sequence emitted this step, each from the
-        row that predicted it (the root's, then each accepted node's: the committed rows)."""
-        cu, rows, seqs = plan.batch.cu_seqlens, [], plan.seqs
-        for b, (s, v) in enumerate(zip(seqs, out.verdicts)):
-            n = len(s.out_ids) - had[b]
-            rows += [cu[b] + r for r in ([0] + [j + 1 for j in v.accepted])[:n]]
-        if not rows:
-            return
-        toks = [t for s, n0 in zip(seqs, had) for t in s.out_ids[n0:]]
-        recs = iter(token_logprobs(self.model, h[rows], toks, self.logprobs))
-        for s, n0 in zip(seqs, had):
-            s.logprobs.extend(next(recs) for _ in range(len(s.out_ids) - n0))
-
-    def _emit(self, s: Sequence, tokens: list[int]) -> None:
-        """Append a step's tokens, each checked as ar checks its one token per step: the
-        answer ends at the token that completes EOS, the budget or a stop string, not at the
-        end of the step's accepted drafts."""
-        for t in tokens:
-            if len(s.out_ids) >= s.req.max_tokens:
-                s.finish_reason = "length"
-                break
-            s.out_ids.append(t)
-            self.stats.generated += 1
-            if t in self.eos_ids:
-                s.finish_reason = "stop"
-                break
-            if self.stop:
-                text = self.decode(s.out_ids[-self.stop_window:])
-                if any(x in text for x in self.stop):
-                    s.finish_reason = "stop_string"
-                    break
-        if not s.finished and len(s.out_ids) >= s.req.max_tokens:
-            s.finish_reason = "length"
-        if not s.finished and self.kv.lens[s.slot] + 1 >= self.max_len:
-            s.finish_reason = "context"
-        s.pending = s.out_ids[-1] if s.out_ids else None
