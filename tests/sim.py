@@ -10,9 +10,11 @@ The host-charged clock (host > 0) also charges what the GPU's host pays serially
 launches: every second of this process's own CPU time outside the model's forwards (the
 controller's search, drafting logic, verification, commit, admission, the prefill's
 bookkeeping) times `host`, the ratio of the GPU machine's host to this one on the same work
-(HOST: the H200 machine ran `ar`'s batch-64 step bookkeeping at 40.5 us a sequence-step,
-bench-results/2026-11-28-gpu-74f1c5f/host-profile-b64.md, this 2-core EPYC 18.7 on the tiny
-model's: ~2.2; the issue's 2.5 from the H100's is kept, the larger), and prices each prefill
+(HOST: the H200 machine's host ran `ar`'s step bookkeeping at 0.12 / 0.22 / 0.32 ms a step
+at batch 1 / 8 / 32, bench-results/2026-11-28-gpu-74f1c5f/host-profile.md, without a profiler;
+this 2-core EPYC at 0.037 / 0.076 / 0.12 with `recipes/host_profile.py --repeats 3` on the tiny
+model, the same prompts' count and lengths: 3.3 / 2.9 / 2.7x, so 3.0; the issue's 2.5 came from
+the H100's machine), and prices each prefill
 forward by the GPU's measured prefill table (prefill_table(): eager, 8.5 ms for one prompt,
 ~15 for 4 or 16, whatever their tokens). CPU time, not wall: another process on the machine
 does not count as this one's host work.
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "bench-results/2026-11-23-engine-step/steps-demo.json"
 H200_FUSED = ROOT / "bench-results/2026-11-28-gpu-74f1c5f/steps-demo-fused.json"
 PREFILL = ROOT / "bench-results/2026-11-28-gpu-74f1c5f/prefill-cost.json"
-HOST = 2.5   # the GPU machine's host time per unit of this machine's (module docstring)
+HOST = 3.0   # the GPU machine's host time per unit of this machine's (module docstring)
 
 
 def h100_table() -> StepTable:

@@ -293,4 +293,5 @@ def test_the_prediction_beside_bench_batch_has_a_row_per_batch_size():
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [r for r in p.stdout.splitlines() if r.startswith("| 1 |") or r.startswith("| 2 |")]
     assert len(rows) == 2 and all(r.count("x |") == 4 for r in rows), p.stdout
-    assert "host x2.5" in p.stdout
+    from sim import HOST
+    assert f"host x{HOST:g}" in p.stdout

@@ -2,7 +2,7 @@
 GPU run is measured against a prediction made before it).
 
     python recipes/gpu/predict.py [--prompts 256] [--max-tokens 64] [--batch-sizes 8,32,64]
-                                  [--host 2.5] > prediction.md
+                                  [--host 3.0] > prediction.md
 
 The tests' simulation (tests/sim.py) on this CPU: every forward priced by the committed H200
 step table of the demo shape with the fused layer, every prefill forward by its prefill table,
