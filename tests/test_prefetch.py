@@ -40,15 +40,20 @@ def test_the_next_step_takes_it_capped_by_its_room(counted):
     assert len(searched) == 3
 
 
-def test_a_drain_takes_it_only_for_the_same_sequences(counted):
-    """A drain's budgets are its sequences' critical path: another batch searches anew."""
+def test_a_drain_takes_it_only_for_its_own_sequences(counted):
+    """A drain's budgets are its sequences' critical path: the same sequences, or some of them
+    as others end, take the prefetched budgets; a sequence it did not price searches anew."""
     ctl, searched = counted
     ctl.prefetch([0, 1], lambda: [9, 9], True)
-    ctl.decide([0], [9], True)
-    assert len(searched) == 2
+    k = ctl._next.ks[0]
+    b = ctl.decide([0], [9], True)   # (sequence 1 ended)
+    assert len(searched) == 1 and b.ks == (k,)
     ctl.prefetch([0, 1], lambda: [9, 9], True)
     ctl.decide([0, 1], [9, 9], True)
-    assert len(searched) == 3
+    assert len(searched) == 2
+    ctl.prefetch([0, 1], lambda: [9, 9], True)
+    ctl.decide([0, 2], [9, 9], True)
+    assert len(searched) == 4
 
 
 def test_a_slot_given_to_another_sequence_gets_nothing_of_the_last(counted):

@@ -205,14 +205,15 @@ class Controller:
         caps = self._caps(room)
         nxt, self._next = self._next, None
         same = nxt is not None and nxt.order == tuple(keys)
-        # (prefetch's for this step; a drain's only for the same sequences: its budgets are
-        # the critical path of those)
+        # (prefetch's for this step; a drain's for the same sequences or some of them, as
+        # they end: its budgets are the critical path of those, near enough for the rest
+        # for one step, where a search of its own costs a step a third of its time at b8)
         if nxt is not None and (nxt.step, nxt.drain) == (self.steps, drain) and \
-                (same or not drain):
+                (same or not drain or all(k in nxt.ks for k in keys)):
             gains, probes = nxt.gains, nxt.probes
             ks = [min(int(cap), nxt.ks.get(k, nxt.fill)) for k, cap in zip(keys, caps)]
             if not same:   # (its gains are rows of the prefetched sequences; probes, their b)
-                gains = self.acc.gains_many(keys, slowest=1)
+                gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
                 probes = policy.probes_pay(c, len(keys), self.probe_share)
         else:
             probes, gains, ks = self._search(keys, caps, room, drain)
