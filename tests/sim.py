@@ -131,10 +131,10 @@ class SimClock:
 
     def forward(self, batch, plan) -> None:
         if self.paused:
-            fixed = self.prefill(len(batch.seqs)) if self.prefill else self.prefill_ms
+            fixed = self.prefill(len(batch.num_new)) if self.prefill else self.prefill_ms
             self.t += (fixed + self.token_us * batch.num_tokens / 1e3) / 1e3
             return
-        b, n = len(batch.seqs), grid_n(max(batch.num_new))
+        b, n = len(batch.num_new), grid_n(max(batch.num_new))
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)
         if plan.start > 0:
             ms *= self.price.verify_frac

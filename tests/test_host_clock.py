@@ -32,16 +32,19 @@ def _prompts(n, seed=0, vocab=30):
     return [[rng.randrange(vocab) for _ in range(rng.randint(3, 12))] for _ in range(n)]
 
 
-def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, rounds: int = 2):
+def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, rounds: int = 2,
+                        table=None, prefill=None):
     """ar, then each drafter under auto, on one host-charged clock, `rounds` times over
     (ar at each round's start): ({name: x ar}, {name: RunStats of its last run}, ar's
     RunStats), each name's time its least over the rounds: another process on the machine
     only ever adds to a run's host time (2 vCPUs may share a core), so the least is the run's
-    own. Each output is checked against ar's."""
+    own. Each output is checked against ar's. table, prefill: the forwards' prices (default:
+    the demo shape's on the H200, sim.h200_fused_table and sim.prefill_table)."""
     known = traces()
     prompts = _prompts(n, seed=batch)
     lens = [min(x, MAX_TOKENS) for x in trace_lengths(n, known)]
-    clock = SimClock(h200_fused_table(), batch, host=HOST, prefill=prefill_table())
+    clock = SimClock(table or h200_fused_table(), batch, host=HOST,
+                     prefill=prefill or prefill_table())
     timed_model(model, clock, monkeypatch)
     best, stats, ref, drafters, ar = {}, {}, None, {}, None
     for _ in range(rounds):

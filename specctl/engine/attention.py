@@ -113,7 +113,7 @@ def sdpa_meta(batch: ForwardBatch, kv) -> SdpaMeta:
     if batch._attn_meta is not None and batch._attn_meta.tables is kv.tables:
         return batch._attn_meta
     dev = batch.device
-    B = len(batch.seqs)
+    B = len(batch.num_new)
     n_max = max(batch.num_new)
     L = batch.max_kv_len
     prefix = torch.tensor(batch.prefix_lens, device=dev)

@@ -175,7 +175,7 @@ class ForwardBatch:
     def __init__(self, seqs: list[SeqInput], device: torch.device | str = "cpu"):
         if not seqs:
             raise ValueError("empty batch")
-        self.seqs = seqs
+        self._seqs = seqs
         self.device = torch.device(device)
         toks, pos, slots, rows, counts, trees, hand = [], [], [], [], [], [], []
         for b, s in enumerate(seqs):   # (lists: for one decode token numpy's calls cost more)
@@ -224,6 +224,35 @@ class ForwardBatch:
                 self.local[b] = np.tri(n, dtype=bool)
                 self.local[b, :k, :k] = seqs[b].mask.cpu().numpy()
         self._attn_meta = None
+
+    @classmethod
+    def decode(cls, slots: list[int], tokens: list[int], lens: list[int],
+               device: torch.device | str = "cpu") -> "ForwardBatch":
+        """A step of one new token per sequence (every sequence's `ar` step): token i of
+        slot slots[i] at position lens[i], its cache that many rows deep. The batch
+        SeqInput(slots[i], [tokens[i]], lens[i]) each would make, from the lists directly
+        (~1.5 us a sequence less: the host's share of an `ar` step at batch 64 on a GPU)."""
+        if not slots:
+            raise ValueError("empty batch")
+        self = cls.__new__(cls)
+        n = len(slots)
+        self._seqs, self.device = None, torch.device(device)
+        self.num_new, self.num_tokens = [1] * n, n
+        self.token_list, self.position_list = list(tokens), list(lens)
+        self._slots, self._rows = list(slots), list(lens)
+        self.seq_slots, self.prefix_lens = self._slots, self._rows
+        self.cu_seqlens = list(range(n + 1))
+        self.max_kv_len = max(lens) + 1
+        self.local, self.masked, self._attn_meta = None, [], None
+        return self
+
+    @property
+    def seqs(self) -> list[SeqInput]:
+        """Each sequence's share (a decode batch's made when first asked for)."""
+        if self._seqs is None:
+            self._seqs = [SeqInput(s, [t], p) for s, t, p in
+                          zip(self.seq_slots, self.token_list, self.prefix_lens)]
+        return self._seqs
 
     def _dev(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

@@ -208,7 +208,7 @@ class CudaGraphs:
         n = self._shape(batch, kv)
         if n is None:
             return None
-        B = len(batch.seqs)
+        B = len(batch.num_new)
         if kv.paged:   # a real row past its slot's blocks would land in the null block
             kv.check_reserved(batch.seq_slots, [p + k for p, k in zip(batch.prefix_lens,
                                                                        batch.num_new)])
@@ -247,7 +247,7 @@ class CudaGraphs:
         Returns whether any sequence was padded."""
         if self._staged is not None:
             self._staged.synchronize()   # the host buffers' last copy has been read
-        B, counts = len(batch.seqs), batch.num_new
+        B, counts = len(batch.num_new), batch.num_new
         padded = any(k != n for k in counts)
         ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
         tok, pos, slots, prefix, real, table = np.split(

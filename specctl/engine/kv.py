@@ -148,6 +148,19 @@ class KVCache:
         """Keep the new rows at offsets `kept` (ascending) after `lens[slot]`, compacted."""
         self.commit_many([(slot, kept)])
 
+    def advance(self, slots: list[int]) -> None:
+        """commit(slot, [0]) for each of distinct slots (an `ar` step's: each keeps its one
+        new row, already in place)."""
+        if len(set(slots)) != len(slots):
+            raise ValueError("advance: a slot appears twice")
+        lens, tables, block = self.lens, self.tables, self.block
+        for slot in slots:
+            if lens[slot] >= len(tables[slot]) * block:
+                raise ValueError(f"slot {slot}: kept row {lens[slot]} is past the cache "
+                                 f"({len(tables[slot]) * block} rows)")
+        for slot in slots:
+            lens[slot] += 1
+
     def commit_many(self, items: list[tuple[int, list[int]]]) -> None:
         """commit(slot, kept) for each (slot, kept) of distinct slots, the moves batched.
         Everything is checked before anything moves."""

@@ -89,6 +89,11 @@ class Drafter:
     step_rows = 1
     # layers of KV cache the drafter keeps beside the target's (same rows): a budget covers both
     kv_layers = 0
+    # False: it never drafts (`ar`): each step is its lean step (idle), without room or limits
+    drafts = True
+    # whether the runner calls what observe returns under the next step's forward (set as a
+    # run starts, Runner.run): work there is hidden from the step, so a drafter may do more
+    overlapped = False
 
     def admit(self, seq) -> None:
         pass
@@ -155,8 +160,12 @@ class Drafter:
 class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""
     name = "ar"
+    drafts = False
 
     def propose(self, seqs, kv, limits) -> list[Proposal]:
+        return [NO_DRAFT] * len(seqs)
+
+    def idle(self, seqs, kv) -> list[Proposal]:
         return [NO_DRAFT] * len(seqs)
 
     def fresh(self) -> "NoDraft":

@@ -351,7 +351,8 @@ class SelfDraftDrafter(Drafter):
         function returned (None: nothing to push), which the runner may call a step later,
         under the next forward (Runner.under_forward)."""
         if all(pr is IDLE for pr in proposals):   # a lean step: its text is indexed when a
-            return None                            # step next drafts (propose)
+            # step next drafts (propose), or under the next forward where that is hidden
+            return (lambda: self._index_lean(seqs)) if self.overlapped else None
         p = self.prm
         made: list = []   # (tokens, a branch's predictions or None: text), in push order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
@@ -377,6 +378,16 @@ class SelfDraftDrafter(Drafter):
                 if tail:
                     made.append((tail, None))
         return (lambda: self.ctx.push_many(self._grams(made))) if made else None
+
+    def _index_lean(self, seqs) -> None:
+        """A lean step's text into the context cache (observe's, under the next forward: a
+        drafting step after a lean stretch then finds it indexed, not its own work). The job
+        cache's texts still wait for a drafting step (flush_job: ~0.5 ms a text on this CPU,
+        more than a forward hides at batch 64 when several finish at once)."""
+        if self.prm.context_cache:
+            made = [(t, None) for t in map(self._text_tail, seqs) if t]
+            if made:
+                self.ctx.push_many(self._grams(made))
 
     def _grams(self, made) -> list:
         """The context grams of observe's branches (each window of G branch tokens and the

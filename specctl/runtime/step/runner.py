@@ -121,7 +121,9 @@ class Runner:
         """Speculate under `controller` (--speculate auto): made after the runner, so the
         step-cost table it may measure runs on this runner's cache and graphs."""
         self.controller = self.planner.controller = controller
-        self.stats.profile_s = controller.profile_s
+        t0 = time.perf_counter()
+        controller.warm(self.batch_size)   # (its searches' tables: made now, not in a step)
+        self.stats.profile_s = controller.profile_s + time.perf_counter() - t0
         self.accounting = Accounting(controller, self.stats, lambda: self.clock())
 
     # -- the loop ---------------------------------------------------------------------------
@@ -136,6 +138,7 @@ class Runner:
         came = dict(getattr(self.drafter, "accepted_from", {}))
         if ctl is not None:
             ctl.new_run()
+        self.drafter.overlapped = self.planner.overlaps
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         finally:
@@ -417,9 +420,23 @@ class Runner:
 
     def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
         """The accepted rows into the KV cache, the emitted tokens into the sequences."""
+        st, n = self.stats, len(plan.seqs)
+        if plan.batch.num_tokens == n:   # an ar step (a row each): its token, nothing moves
+            self.kv.advance([s.slot for s in plan.seqs])
+            emit = self.answers.emit
+            for s, v in zip(plan.seqs, out.verdicts):
+                r = s.req
+                r.steps += 1
+                r.accept_lengths.append(0)
+                r.draft_lengths.append(0)
+                emit(s, [v.bonus])
+            st.accept_hist[0] = st.accept_hist.get(0, 0) + n
+            st.steps += 1
+            st.step_tokens += n
+            st.padded_tokens += n
+            return
         self.kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
                              for s, v in zip(plan.seqs, out.verdicts)])
-        st = self.stats
         for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
             s.req.steps += 1
             s.req.accept_lengths.append(len(v.accepted))

@@ -73,6 +73,8 @@ class Planner:
         """drain: no request waits (the controller then prices the job's critical path);
         clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
         kv, ctl = self.kv, self.controller
+        if not self.drafter.drafts:   # (`ar`: its every step a lean one)
+            return self._planned(seqs, None, self.drafter.idle(seqs, kv))
         if ctl is not None:
             budgets = ctl.plan_lean(len(seqs), drain)
             if budgets is not None:   # ar's step: no room, limits nor checks to work out
@@ -130,7 +132,13 @@ class Planner:
 
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
                  props: list[Proposal], search_ms: float = 0.0) -> StepPlan:
-        lens = self.kv.lens
+        lens, p0 = self.kv.lens, props[0]
+        if not len(p0.draft) and not len(p0.probe) and all(p is p0 for p in props):
+            n = len(seqs)   # (an ar step: one shared empty proposal, the lists directly)
+            batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
+                                        [lens[s.slot] for s in seqs], self.model.device)
+            return StepPlan(tuple(seqs), budgets, tuple(props), batch, (1,) * n, (0,) * n,
+                            search_ms)
         inputs = [seq_input(s, p, lens[s.slot]) for s, p in zip(seqs, props)]
         return StepPlan(tuple(seqs), budgets, tuple(props),
                         ForwardBatch(inputs, self.model.device),
@@ -157,7 +165,9 @@ def verify(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams,
         target = model.argmax(h).tolist()   # one read-back for verification and probes
     probe_out = tuple(target[cu[b] + real[b]:cu[b] + real[b] + probed[b]] if probed[b] else None
                       for b in range(len(props)))
-    if sp.greedy:   # probe rows (if any) are ignored
+    if sp.greedy and plan.batch.num_tokens == len(props):   # (an ar step: a row each)
+        verdicts = [Verdict([], t) for t in target]
+    elif sp.greedy:   # probe rows (if any) are ignored
         verdicts = [verify_greedy(p.draft, target[cu[b]:cu[b] + real[b]])
                     for b, p in enumerate(props)]
     else:   # fp32 logits of the verified rows only
