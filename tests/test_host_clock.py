@@ -18,13 +18,16 @@ from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table, s
 
 MAX_TOKENS = 64   # (the traces' answers cut there: time)
 # Floors, not yet the issue's targets (every method >= 0.98x ar, the trace's chains >= 1.25x at
-# batch 1 and 8 with requests waiting). On 2026-11-28 the idle 2-core EPYC measured 0.95-1.30x
-# for every method (lowest: the drains and Kangaroo at batch 1) and 1.27x / 1.03x for the
-# trace's chains at batch 1 / 8 (bench-results/2026-11-28-host-clock/host_clock.md). A busy
-# machine moves a run's host time by ~5% even at the least of 2 rounds, so these leave room for
-# that and catch a regression of the kind fixed then (a search of ~1 ms a step, a lean step
-# that made a proposal per sequence, a drain that drafted on: 0.84-0.93x)
-FLOOR, TRACE_FLOOR = 0.90, {1: 1.15, 8: 0.95}
+# batch 1 and 8 with requests waiting). Since ar's own step takes its short path (no search for
+# drafts it never makes, one token a sequence without per-row work: its host at batch 64 a
+# third of what it was), the idle-ish 2-core EPYC measured 0.92-1.07x for the drains and the
+# non-drafting methods, Self-Draft's drain at batch 64 0.90-1.00 (its exploring drafting steps
+# cost ~1.5-3 ms of CPU each there), and the trace's chains 1.19-1.29x / 0.95-0.99x at batch 1
+# / 8 with requests waiting (bench-results/2026-11-28-host-clock-2). A busy machine moves a
+# run's host time by ~5% even at the least of several rounds, so these leave room for that;
+# they catch a gross regression (a search of ~1 ms on each step's critical path read 0.80-0.84x
+# before), and smaller ones need the results folder's script, run on a quiet machine
+FLOOR, TRACE_FLOOR = 0.85, {1: 1.12, 8: 0.90}
 
 
 def _prompts(n, seed=0, vocab=30):
