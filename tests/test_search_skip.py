@@ -61,6 +61,28 @@ def test_dev_eval_is_repeatable_and_counts_match(model):
     assert a.drafted >= a.accepted and a.steps >= 1
 
 
+def test_dev_eval_drafts_with_the_skip_set_it_scores(model, monkeypatch):
+    """Each candidate is run with its own drafter (the one that proposes: the runner's
+    planner's), not the one the DevSet's runner was built with (no layer skipped)."""
+    from specctl.speculative.draft_verify import LayerSkipDrafter
+    seen = []
+    propose = LayerSkipDrafter.propose
+
+    def logged(self, *a, **kw):
+        seen.append(self.skip)
+        return propose(self, *a, **kw)
+    monkeypatch.setattr(LayerSkipDrafter, "propose", logged)
+    prompts = [[5 + i, 9, 17, 33 + i, 40] for i in range(4)]
+    dev = DevSet(model, prompts, max_new=12, K=4)
+    t = b1_table(lambda n: 10.0 + n)
+    for skip in (SkipSet(4, frozenset({1, 3}), frozenset({2})),
+                 SkipSet(4, frozenset({0}), frozenset())):
+        seen.clear()
+        dev.evaluate(skip, t)
+        assert seen and set(seen) == {skip}
+    assert dev.runner.drafter is dev.runner.planner.drafter
+
+
 def test_search_end_to_end_and_resume_reproduces(tiny_llama, dev_file, tmp_path):
     store = tmp_path / "store"
     base = ["search-skip", "--model", str(tiny_llama), "--dev", str(dev_file), "--max-new", "8",

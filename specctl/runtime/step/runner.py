@@ -66,7 +66,7 @@ class Runner:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.controller = controller
-        self.model, self.drafter, self.sp = model, drafter, sampling
+        self.model, self.sp = model, sampling
         self.batch_size, self.max_len = batch_size, max_len
         self.render = render
         self.prefill_chunk = prefill_chunk
@@ -105,6 +105,16 @@ class Runner:
             self.set_controller(controller)
         # CPU threads: a fixed count, or (None) measured as the run goes (runtime/step/threads.py)
         self.threads = threads
+
+    @property
+    def drafter(self) -> Drafter:
+        """The run's drafter: the planner's, which proposes (one object, so a drafter set here
+        is the one that drafts: search-skip's DevSet sets each candidate's in turn)."""
+        return self.planner.drafter
+
+    @drafter.setter
+    def drafter(self, drafter: Drafter) -> None:
+        self.planner.drafter = drafter
 
     def _warm(self) -> None:
         """Capture every graph shape the drafter's steps can meet, now, on the run's own
