@@ -96,8 +96,6 @@ def test_step_mask_and_positions_worked_example(model):
     # a proposal past the step's limits (here the room: 2 drafts before the token budget) is
     # an error, never cut after the fact: what a drafter proposes is what is verified
     class Overdraft(NoDraft):
-        drafts = True
-
         def propose(self, seqs, kv, limits):
             assert limits.room == (2,)
             return [Proposal(build_trie([[a, b], [a, c]], budget=10))]
@@ -117,8 +115,6 @@ def test_a_proposal_past_the_reserved_rows_is_an_error(model):
     from helpers import kv_budget
 
     class Overprobe(NoDraft):   # declares 1 row a step, proposes 40 probe nodes
-        drafts = True
-
         def propose(self, seqs, kv, limits):
             return [Proposal(DraftTree(), branch_probe([[5] * 40])) for _ in seqs]
     dr = Overprobe()

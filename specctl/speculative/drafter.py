@@ -160,7 +160,10 @@ class Drafter:
 class NoDraft(Drafter):
     """`ar`: the degenerate case, an empty tree, so one token per step."""
     name = "ar"
-    drafts = False
+
+    @property
+    def drafts(self) -> bool:   # (a subclass with a propose of its own drafts)
+        return type(self).propose is not NoDraft.propose
 
     def propose(self, seqs, kv, limits) -> list[Proposal]:
         return [NO_DRAFT] * len(seqs)

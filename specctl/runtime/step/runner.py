@@ -372,8 +372,9 @@ class Runner:
     def step(self, seqs: list[Sequence], drain: bool = False) -> float:
         """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences
         (drain: no request waits); returns the step's work for the thread tuner (module
-        docstring of runtime/step/threads.py): its packed tokens, or its step-cost-table ms where a
-        controller prices steps."""
+        docstring of runtime/step/threads.py): its packed tokens, or its step-cost-table ms
+        where a controller prices steps and the step's learning is not left for the next
+        (under_forward: CUDA, where no thread tuner runs)."""
         g = self.model.graphs
         captures = g.captures if g is not None else 0
         t0 = self.clock()
@@ -386,8 +387,12 @@ class Runner:
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
-        later = [self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
-                                      list(out.probe_out))]
+        learn = self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
+                                     list(out.probe_out))
+        # (a step in which a sequence ended learns at once: its slot is about to be given up)
+        defer = self.planner.overlaps and not any(s.finished for s in seqs)
+        if learn is not None and not defer:   # (in the step's time, as before)
+            learn()
         work = float(plan.batch.num_tokens)
         new = g.captures - captures if g is not None else 0
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
@@ -401,14 +406,14 @@ class Runner:
                 # off where it was errs low on ar's price, the guard's safe side)
             args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
                     plan.search_ms + ahead)
-            if self.planner.overlaps:   # (its total: the step as it ends now)
-                later.append(lambda end=self.clock(): self.accounting.step(*args, end=end))
+            if defer:   # (its total: the step as it ends now)
+                if learn is not None:
+                    self._later.append(learn)
+                self._later.append(lambda end=self.clock(): self.accounting.step(*args, end=end))
             else:
                 work = self.accounting.step(*args)
-        if self.planner.overlaps:
-            self._later = [f for f in later if f is not None]
-        elif later[0] is not None:
-            later[0]()
+        elif defer and learn is not None:
+            self._later.append(learn)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
