@@ -39,14 +39,13 @@ from typing import Callable, Iterable
 
 import torch
 
-from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.model import Model
-from specctl.errors import SpecctlError
 from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.answers import Answers
-from specctl.runtime.step.logprobs import step_logprobs, token_logprobs
+from specctl.runtime.step.logprobs import step_logprobs
+from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
 from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, verify
@@ -308,48 +307,8 @@ class Runner:
 
     # -- prefill ----------------------------------------------------------------------------
     def _prefill(self, seqs: list[Sequence]) -> None:
-        todo = list(seqs)
-        while todo:
-            budget, parts = self.prefill_chunk, []
-            for s in todo:
-                if budget <= 0:
-                    break
-                n = min(len(s.prompt_ids) - s.prefilled, budget)
-                parts.append((s, n))
-                budget -= n
-            batch = ForwardBatch([SeqInput(s.slot, s.prompt_ids[s.prefilled:s.prefilled + n],
-                                           s.prefilled) for s, n in parts], self.model.device)
-            layer = self.drafter.prefill_capture
-            if layer is None:
-                hidden = self.model.forward(batch, self.kv)
-            else:
-                hidden, h = self.model.forward(batch, self.kv, LayerPlan(capture=layer))
-                self.drafter.prefilled(batch, self.kv, h)
-            self.stats.prefill_forwards += 1
-            self.stats.prefill_tokens += batch.num_tokens
-            ends = []
-            for b, (s, n) in enumerate(parts):
-                s.prefilled += n
-                self.kv.lens[s.slot] = s.prefilled
-                if s.prefilled == len(s.prompt_ids):
-                    ends.append((s, batch.cu_seqlens[b + 1] - 1))
-            if ends:
-                last = hidden[[i for _, i in ends]]
-                if not bool(torch.isfinite(last).all()):   # (once per prompt, not per step)
-                    raise SpecctlError(f"{self.model.name}: the model's activations are not "
-                                       "finite (NaN or inf): its weights are damaged, or do not "
-                                       "fit this --dtype")
-                first = self._sample_rows(last, [s for s, _ in ends])
-                if self.logprobs is not None:
-                    for (s, _), rec in zip(ends, token_logprobs(self.model, last, first,
-                                                                self.logprobs)):
-                        s.logprobs.append(rec)
-                for (s, _), tok in zip(ends, first):
-                    # the prefill forward emits the first token: a step for CR (so ar's CR is
-                    # exactly 1), but no verification, so no entry in the accept statistics
-                    s.req.steps += 1
-                    self.answers.emit(s, [tok])
-            todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
+        prefill(self.model, self.kv, self.drafter, seqs, self.prefill_chunk, self.stats,
+                self.answers, self._sample_rows, self.logprobs)
 
     def _sample_rows(self, h: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Each sequence's next token from its row of last-layer states h [B, D]: the argmax,
