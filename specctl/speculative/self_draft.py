@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from itertools import islice
-
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
+from specctl.speculative.context_cache import ContextCache
 from specctl.speculative.job_cache import JobCache, JobCacheParams
+from specctl.speculative.trie import branch_probe, build_trie
 from specctl.speculative.verify import DraftTree
 
 
@@ -72,102 +72,6 @@ class SelfDraftParams:
                 f"{'-pg' if self.prompt_grams else ''}s{self.seed}"
                 # (only when on: runs recorded without a job cache keep their signature)
                 f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}")
-
-
-class ContextCache:
-    """key token -> LRU queue of continuations (tuples of G tokens), newest last: a dict of
-    continuations kept in insertion order (a plain dict's delete and insert cost ~30% less a
-    gram than an OrderedDict's move_to_end and popitem)."""
-
-    def __init__(self, lru: int):
-        self.lru = lru
-        self.grams: dict[int, dict] = {}
-        # keys added to since the last trim, and its keep (a key untouched since then holds
-        # at most that many: the next trim to as many or more need not visit it; a full scan
-        # grows with the keys the run has seen, every second finished prompt)
-        self.touched: set[int] = set()
-        self.kept: int | None = None
-
-    def push(self, key: int, cont: tuple[int, ...]) -> None:
-        self.push_many([(key, cont)])
-
-    def push_many(self, grams) -> None:
-        """push(key, cont) of each (key, cont) in order, in one call (a step's grams)."""
-        table, lru, touched = self.grams, self.lru, self.touched
-        for key, cont in grams:
-            q = table.get(key)
-            if q is None:
-                table[key] = {cont: None}
-                touched.add(key)
-            elif q.pop(cont, 0) is None:   # it was there: now the newest
-                q[cont] = None
-            else:
-                q[cont] = None
-                touched.add(key)
-                if len(q) > lru:
-                    del q[next(iter(q))]
-
-    def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
-        q = self.grams.get(key)
-        if not q or limit <= 0:
-            return []
-        return list(islice(reversed(q), limit))
-
-    def trim(self, keep: int) -> None:
-        """Every key keeps only its `keep` newest continuations."""
-        visit = self.touched if self.kept is not None and keep >= self.kept else list(self.grams)
-        for key in visit:
-            q = self.grams.get(key)
-            if q is None:
-                continue
-            while len(q) > keep:
-                del q[next(iter(q))]
-            if not q:
-                del self.grams[key]
-        self.touched, self.kept = set(), keep
-
-    def __len__(self) -> int:
-        return sum(len(q) for q in self.grams.values())
-
-
-def build_trie(candidates: list[list[int]], budget: int,
-               sizes: list[int] | None = None) -> DraftTree:
-    """Candidates (in priority order) merged into a tree below the root, at most `budget` nodes
-    (a candidate that does not fit is cut; a prefix of a candidate is still a valid draft).
-    `sizes`, if given, receives the node count after each candidate."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    child: dict[tuple[int, int], int] = {}   # (parent node, token) -> node
-    n = 0
-    for cand in candidates:
-        at = -1
-        for t in cand:
-            key = (at, t)
-            nxt = child.get(key)
-            if nxt is None:
-                if n >= budget:
-                    break
-                child[key] = nxt = n
-                n += 1
-                tokens.append(t)
-                parents.append(at)
-            at = nxt
-        if sizes is not None:
-            sizes.append(n)
-    return DraftTree.trusted(tokens, parents)
-
-
-def branch_probe(branches: list[list[int]]) -> DraftTree:
-    """The branches as chains below the root, one after the other."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    for br in branches:
-        if br:
-            n = len(tokens)
-            parents.append(-1)
-            parents.extend(range(n, n + len(br) - 1))
-            tokens.extend(br)
-    return DraftTree.trusted(tokens, parents)
 
 
 @dataclass
