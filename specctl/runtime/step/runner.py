@@ -150,8 +150,11 @@ class Runner:
         self.drafter.overlapped = self.planner.overlaps
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
+        except BaseException:
+            self._later = []   # (a run that failed learns nothing more from its last step)
+            raise
         finally:
-            self.catch_up()
+            self.catch_up()   # (a whole run's loop leaves none: its last step ended sequences)
             torch.set_num_threads(cpu_threads)
             self.stats.accepted_from = {k: v - came.get(k, 0) for k, v in
                                         getattr(self.drafter, "accepted_from", {}).items()}
