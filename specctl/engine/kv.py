@@ -153,13 +153,17 @@ class KVCache:
         new row, already in place)."""
         if len(set(slots)) != len(slots):
             raise ValueError("advance: a slot appears twice")
-        lens, tables, block = self.lens, self.tables, self.block
+        lens = self.lens
         for slot in slots:
-            if lens[slot] >= len(tables[slot]) * block:
-                raise ValueError(f"slot {slot}: kept row {lens[slot]} is past the cache "
-                                 f"({len(tables[slot]) * block} rows)")
+            self._check_kept(slot, lens[slot])
         for slot in slots:
             lens[slot] += 1
+
+    def _check_kept(self, slot: int, row: int) -> None:
+        """A kept row must lie within the slot's blocks."""
+        if row >= len(self.tables[slot]) * self.block:
+            raise ValueError(f"slot {slot}: kept row {row} is past the cache "
+                             f"({len(self.tables[slot]) * self.block} rows)")
 
     def commit_many(self, items: list[tuple[int, list[int]]]) -> None:
         """commit(slot, kept) for each (slot, kept) of distinct slots, the moves batched.
@@ -171,9 +175,8 @@ class KVCache:
             base, n = self.lens[slot], len(kept)
             if any(b <= a for a, b in zip(kept, kept[1:])) or (n and kept[0] < 0):
                 raise ValueError(f"kept offsets must be ascending, got {kept}")
-            if n and base + kept[-1] >= len(self.tables[slot]) * self.block:
-                raise ValueError(f"slot {slot}: kept row {base + kept[-1]} is past the cache "
-                                 f"({len(self.tables[slot]) * self.block} rows)")
+            if n:
+                self._check_kept(slot, base + kept[-1])
             for j, o in enumerate(kept):   # a contiguous prefix is already in place
                 if o != j:
                     slots.append(slot)

@@ -223,10 +223,8 @@ class SelfDraftDrafter(Drafter):
         return [IDLE] * len(seqs)
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
-        if self.unindexed and self.prm.context_cache and any(r > 0 for r in limits.room):
-            made = [(t, None) for t in map(self._text_tail, seqs) if t]
-            if made:   # (the text of lean steps since: IDLE)
-                self.ctx.push_many(self._grams(made))
+        if self.unindexed and any(r > 0 for r in limits.room):
+            self._index_lean(seqs)   # (the text of lean steps since: IDLE)
             self.unindexed = False
         if self.job_pending and any(r > 0 for r in limits.room):
             self.flush_job()
@@ -284,8 +282,9 @@ class SelfDraftDrafter(Drafter):
         return (lambda: self.ctx.push_many(self._grams(made))) if made else None
 
     def _index_lean(self, seqs) -> None:
-        """A lean step's text into the context cache (observe's, under the next forward: a
-        drafting step after a lean stretch then finds it indexed, not its own work). The job
+        """Lean steps' text into the context cache: by the next drafting step (propose), or
+        by observe's, under the next forward (a drafting step after a lean stretch then finds
+        it indexed, not its own work). The job
         cache's texts still wait for a drafting step (flush_job: ~0.5 ms a text on this CPU,
         more than a forward hides at batch 64 when several finish at once)."""
         if self.prm.context_cache:

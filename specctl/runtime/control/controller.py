@@ -375,11 +375,10 @@ class Controller:
             return
         sizes = set(range(max(1, slots - 15), slots + 1))
         sizes |= {1 << i for i in range(slots.bit_length()) if 1 << i < slots}
+        ghost = copy.copy(self)   # (its own acceptance and counts: what _search touches)
+        ghost.acc = copy.deepcopy(self.acc)
         for b in sorted(sizes, reverse=True):   # (the largest first: smaller ones reuse it)
             for drain in (False, True):
-                ghost = copy.copy(self)
-                ghost.acc, ghost.guard = copy.deepcopy(self.acc), copy.deepcopy(self.guard)
-                ghost._next, ghost.lean_until = None, 0
                 ghost._search(list(range(-b, 0)), self._caps([self.K] * b), [self.K] * b, drain)
 
     def new_run(self) -> None:

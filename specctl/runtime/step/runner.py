@@ -353,7 +353,9 @@ class Runner:
                                      list(out.probe_out))
         # (a step in which a sequence ended learns at once: its slot is about to be given up)
         defer = self.planner.overlaps and not any(s.finished for s in seqs)
-        if learn is not None and not defer:   # (in the step's time, as before)
+        if learn is not None and defer:
+            self._later.append(learn)
+        elif learn is not None:   # (in the step's time, as before)
             learn()
         work = float(plan.batch.num_tokens)
         new = g.captures - captures if g is not None else 0
@@ -369,13 +371,9 @@ class Runner:
             args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
                     plan.search_ms + ahead)
             if defer:   # (its total: the step as it ends now)
-                if learn is not None:
-                    self._later.append(learn)
                 self._later.append(lambda end=self.clock(): self.accounting.step(*args, end=end))
             else:
                 work = self.accounting.step(*args)
-        elif defer and learn is not None:
-            self._later.append(learn)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
