@@ -160,6 +160,17 @@ class Oracle:
         return out[:limit]
 
 
+
+def triton_module(name: str):
+    """The specctl module `name` of Triton kernels, for a test module to import at its top:
+    under Triton's interpreter where there is no GPU (TRITON_INTERPRET is read when triton
+    is first imported), the test module skipped where triton or the module is missing."""
+    import pytest
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    pytest.importorskip("triton")
+    return pytest.importorskip(name)
+
 def method_drafters(m, prompts, ref, adapter=None):
     """{method: drafter} (None for ar) for the tiny 4-layer model: one drafter of every method,
     each set up so that drafts get accepted."""

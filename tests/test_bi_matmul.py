@@ -4,15 +4,12 @@ place and keys past it weighted 0."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"   # (read when triton is first imported)
-pytest.importorskip("triton")
-bi = pytest.importorskip("specctl.engine.bi_matmul")
+from helpers import triton_module
+
+bi = triton_module("specctl.engine.bi_matmul")   # (under Triton's interpreter on a CPU)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 

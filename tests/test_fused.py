@@ -9,17 +9,14 @@ round two or three times); a whole bf16 forward within a few steps per layer."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"   # (read when triton is first imported)
-pytest.importorskip("triton")
-fused = pytest.importorskip("specctl.engine.fused")
+from helpers import (HostReads, method_drafters, random_prompts, run_ids, tree_input,
+                     triton_module)
 
-from helpers import HostReads, method_drafters, random_prompts, run_ids, tree_input  # noqa: E402
+fused = triton_module("specctl.engine.fused")   # (under Triton's interpreter on a CPU)
+
 from specctl.engine import launches  # noqa: E402
 from specctl.engine.batch import ForwardBatch, SeqInput  # noqa: E402
 from specctl.engine.config import ModelConfig  # noqa: E402

@@ -6,18 +6,15 @@ the fused layer leaves to the unfused one. Tolerances as tests/test_fused.py's."
 
 from __future__ import annotations
 
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"   # (read when triton is first imported)
-pytest.importorskip("triton")
-fused = pytest.importorskip("specctl.engine.fused")
+from helpers import tree_input, triton_module
 
-from helpers import tree_input  # noqa: E402
+fused = triton_module("specctl.engine.fused")   # (under Triton's interpreter on a CPU)
+
 from specctl.engine.attention import sdpa_meta  # noqa: E402
 from specctl.engine.batch import ForwardBatch, SeqInput  # noqa: E402
 from specctl.engine.kv import BLOCK, KVCache  # noqa: E402
