@@ -149,8 +149,9 @@ def update_threshold(st: ExitState, accepted: int, drafted: int, full_k: bool,
 @dataclass
 class LayerSkipState:
     """A sequence's own: after a step whose drafts were all rejected it rests (plain ar steps)
-    for `backoff` steps, doubling up to max_backoff while drafting keeps failing."""
-    rest: int = 0
+    for `backoff` steps, up to the drafter's step `rest_until`, doubling up to max_backoff
+    while drafting keeps failing."""
+    rest_until: int = 0
     backoff: int = 0
     draft_forwards: int = 0   # draft forwards it ran (search-skip's cost model)
 
@@ -168,18 +169,15 @@ class LayerSkipDrafter(Drafter):
         self.step_rows = 1 + params.K
         self.state = ExitState(params.gamma0)
         self.draft_forwards = 0
+        self.t = 0   # steps so far (every running sequence is in each: a rest is a stretch)
 
     def admit(self, seq) -> None:
         seq.state = LayerSkipState()
 
     def propose(self, seqs, kv, limits) -> list[Proposal]:
-        caps = []
-        for s, r in zip(seqs, limits.room):
-            if s.state.rest > 0:   # backing off: a plain ar step for this sequence
-                s.state.rest -= 1
-                caps.append(0)
-            else:
-                caps.append(min(max(r, 0), self.prm.K))
+        self.t = t = self.t + 1
+        caps = [0 if s.state.rest_until >= t else min(max(r, 0), self.prm.K)
+                for s, r in zip(seqs, limits.room)]   # (resting: a plain ar step)
         if not any(caps):   # an ar step for every sequence (the controller's budget 0)
             return [NO_DRAFT] * len(seqs)
 
@@ -200,9 +198,7 @@ class LayerSkipDrafter(Drafter):
         return out
 
     def idle(self, seqs, kv) -> list[Proposal]:
-        for s in seqs:   # (an ar step counts toward a sequence's rest, as in propose)
-            if s.state.rest > 0:
-                s.state.rest -= 1
+        self.t += 1   # (an ar step counts toward a sequence's rest, as in propose)
         return [NO_DRAFT] * len(seqs)
 
     def graph_forwards(self, kv) -> list[tuple]:
@@ -234,7 +230,7 @@ class LayerSkipDrafter(Drafter):
                 st.backoff = 0
             elif self.prm.max_backoff:
                 st.backoff = min(2 * st.backoff or 1, self.prm.max_backoff)
-                st.rest = st.backoff
+                st.rest_until = self.t + st.backoff
         drafted = sum(len(p.draft) for p in proposals)
         accepted = sum(len(v.accepted) for v in verdicts)
         full_k = any(len(p.draft) >= self.prm.K for p in proposals)

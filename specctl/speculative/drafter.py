@@ -106,8 +106,9 @@ class Drafter:
 
     def idle(self, seqs: list, kv) -> list[Proposal]:
         """The proposals of a step in which no sequence may draft (the controller's lean
-        step, `ar`'s): propose's with room 0 everywhere, which a drafter may give without
-        propose's per-step work (a lean step is to cost what `ar`'s does)."""
+        step, `ar`'s): propose's with room 0 everywhere, with neither drafts nor probes (the
+        step is ar's, a row a sequence), which a drafter may give without propose's
+        per-sequence work (a lean step is to cost what `ar`'s does: one shared proposal)."""
         return self.propose(seqs, kv, DraftLimits((0,) * len(seqs)))
 
     def observe(self, seqs: list, proposals: list[Proposal], verdicts: list,
@@ -118,11 +119,16 @@ class Drafter:
         the host goes on beside it (Runner.under_forward). None: nothing waits."""
         return None
 
+    def observe_lean(self, seqs: list) -> Callable[[], None] | None:
+        """observe for a lean step (its proposals idle's): what it teaches, without a look at
+        each sequence's verdict where the drafter learns nothing from it (the default)."""
+        return None
+
     # a drafter may verify its own way (kangaroo starts at its exit layer from saved states);
     # the default is one full forward of the target over [pending + drafts]
     custom_verify = False
 
-    def verify_hidden(self, batch, kv, seqs, proposals):
+    def verify_hidden(self, batch, kv, seqs, proposals, lean: bool = False):
         """The verify forward's last-layer states [T, D] (the runner applies the LM head)."""
         raise NotImplementedError
 

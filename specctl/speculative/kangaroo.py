@@ -330,9 +330,11 @@ class KangarooDrafter(Drafter):
 
     custom_verify = True
 
-    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals) -> torch.Tensor:
-        """The double early exit: layers [l, L) only, from the saved layer-l states."""
-        if all(p.whole for p in proposals):
+    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals,
+                      lean: bool = False) -> torch.Tensor:
+        """The double early exit: layers [l, L) only, from the saved layer-l states (lean:
+        the proposals are idle's, WHOLE, with no look at each)."""
+        if lean or all(p.whole for p in proposals):
             (h,) = self.model.run(batch, kv, self._whole_plan, head=self._head(kv).whole)
             return h
         rows = []

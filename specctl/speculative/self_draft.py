@@ -222,6 +222,11 @@ class SelfDraftDrafter(Drafter):
         self.unindexed = True
         return [IDLE] * len(seqs)
 
+    def observe_lean(self, seqs):
+        """A lean step's text is indexed when a step next drafts (propose), or under the next
+        forward where that is hidden."""
+        return (lambda: self._index_lean(seqs)) if self.overlapped else None
+
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if self.unindexed and any(r > 0 for r in limits.room):
             self._index_lean(seqs)   # (the text of lean steps since: IDLE)
@@ -252,9 +257,8 @@ class SelfDraftDrafter(Drafter):
         it); the grams they and the emitted text make go into the context cache by the
         function returned (None: nothing to push), which the runner may call a step later,
         under the next forward (Runner.under_forward)."""
-        if all(pr is IDLE for pr in proposals):   # a lean step: its text is indexed when a
-            # step next drafts (propose), or under the next forward where that is hidden
-            return (lambda: self._index_lean(seqs)) if self.overlapped else None
+        if all(pr is IDLE for pr in proposals):   # (a lean step's, from the base's idle)
+            return self.observe_lean(seqs)
         p = self.prm
         made: list = []   # (tokens, a branch's predictions or None: text), in push order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):

@@ -349,8 +349,9 @@ class Runner:
         out = verify(plan, h, self.model, self.sp, self._uniforms)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
-        learn = self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
-                                     list(out.probe_out))
+        learn = self.drafter.observe_lean(seqs) if plan.lean else \
+            self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
+                                 list(out.probe_out))
         # (a step in which a sequence ended learns at once: its slot is about to be given up)
         defer = self.planner.overlaps and not any(s.finished for s in seqs)
         if learn is not None and defer:

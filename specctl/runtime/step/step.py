@@ -40,6 +40,7 @@ class StepPlan:
     verified: tuple[int, ...]        # rows verified per sequence: 1 + its draft nodes
     probed: tuple[int, ...]          # probe rows after them
     search_ms: float = 0.0           # the controller's search (Controller.decide), if it ran
+    lean: bool = False               # `ar`'s step: every proposal the drafter's idle one
 
     @property
     def confidence_stops(self) -> int:
@@ -74,11 +75,11 @@ class Planner:
         clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
         kv, ctl = self.kv, self.controller
         if not self.drafter.drafts:   # (`ar`: its every step a lean one)
-            return self._planned(seqs, None, self.drafter.idle(seqs, kv))
+            return self._lean(seqs, None)
         if ctl is not None:
             budgets = ctl.plan_lean(len(seqs), drain)
             if budgets is not None:   # ar's step: no room, limits nor checks to work out
-                return self._planned(seqs, budgets, self.drafter.idle(seqs, kv))
+                return self._lean(seqs, budgets)
         room = self._room(seqs)
         budgets, search_ms = None, 0.0
         if ctl is not None:
@@ -86,7 +87,7 @@ class Planner:
             budgets = ctl.decide([s.slot for s in seqs], room, drain)   # (plan_lean gave none)
             search_ms = (clock() - t) * 1e3 if clock else 0.0
             if budgets.lean:
-                return self._planned(seqs, budgets, self.drafter.idle(seqs, kv), search_ms)
+                return self._lean(seqs, budgets, search_ms)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
         # them is an error here, not a write into a block nobody reserved)
@@ -130,11 +131,21 @@ class Planner:
         ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
         return (clock() - t) * 1e3 if clock else 0.0
 
+    def _lean(self, seqs: list[Sequence], budgets: Budgets | None,
+              search_ms: float = 0.0) -> StepPlan:
+        """`ar`'s step: the drafter's idle proposals (one shared empty one; a lean step's
+        cost is not to grow with the batch beyond ar's), a row a sequence."""
+        n, lens = len(seqs), self.kv.lens
+        batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
+                                    [lens[s.slot] for s in seqs], self.model.device)
+        return StepPlan(tuple(seqs), budgets, tuple(self.drafter.idle(seqs, self.kv)), batch,
+                        (1,) * n, (0,) * n, search_ms, lean=True)
+
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
                  props: list[Proposal], search_ms: float = 0.0) -> StepPlan:
         lens, p0 = self.kv.lens, props[0]
         if not len(p0.draft) and not len(p0.probe) and all(p is p0 for p in props):
-            n = len(seqs)   # (an ar step: one shared empty proposal, the lists directly)
+            n = len(seqs)   # (nothing drafted after all: ar's batch, the lists directly)
             batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
                                         [lens[s.slot] for s in seqs], self.model.device)
             return StepPlan(tuple(seqs), budgets, tuple(props), batch, (1,) * n, (0,) * n,
@@ -149,7 +160,7 @@ class Planner:
         """The verify forward's last-layer states [T, D]."""
         if self.drafter.custom_verify:
             return self.drafter.verify_hidden(plan.batch, self.kv, list(plan.seqs),
-                                              list(plan.proposals))
+                                              list(plan.proposals), lean=plan.lean)
         return self.model.run(plan.batch, self.kv)
 
 
