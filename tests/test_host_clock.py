@@ -222,3 +222,29 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
             assert inside >= 0.5 * learnt, (inside, learnt)
         else:
             assert inside == 0, (inside, learnt)
+
+
+@pytest.mark.parametrize("method", ["draft-verify", "kangaroo"])
+def test_a_lean_step_looks_at_no_sequence_of_the_drafters(model, monkeypatch, method):
+    """A lean step (`auto`'s choice of ar's step) costs what ar's does at any batch: the
+    planner takes the drafter's one shared idle proposal as it is, and the drafter is asked
+    neither to propose nor to read each verdict, nor reads a sequence's own state (a loop
+    over the batch in idle and observe made a lean step at batch 64 cost ~1.4x ar's host:
+    recipes/host_profile.py). The output stays ar's. (Self-Draft learns from a lean step's
+    text: under the next forward where that is hidden, else at its next drafting step.)"""
+    prompts = _prompts(16, seed=5)
+    clock = SimClock(h200_fused_table(), 16, prefill=prefill_table())
+    timed_model(model, clock, monkeypatch)
+    ref, _ = sim_run(model, prompts, None, clock, batch_size=16, max_tokens=24)
+    dr = method_drafters(model, prompts, ref)[method].fresh()
+
+    class Untouched:   # a sequence's drafter state that no lean step may read
+        def __getattr__(self, name):
+            raise AssertionError(f"a lean step read a sequence's {name}")
+    monkeypatch.setattr(dr, "admit", lambda seq: setattr(seq, "state", Untouched()))
+    for name in ("propose", "observe"):
+        monkeypatch.setattr(dr, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} asked"))
+    ctl = sim_controller(dr, clock.table)
+    monkeypatch.setattr(ctl, "plan_lean", lambda b, drain=False: ctl._lean_budgets(b))
+    got, st = sim_run(model, prompts, dr, clock, batch_size=16, max_tokens=24, controller=ctl)
+    assert got == ref and st.steps >= 23
