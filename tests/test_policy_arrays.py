@@ -268,7 +268,7 @@ def test_learnt_kinds_kept_up_to_date_equal_a_rebuild():
     sh = policy._ONE[(6, True)]
     assert np.array_equal(cost.prices(sh, True, memo=("one", 6)),
                           StepCost(cost.table, draft_frac=0.3, drift=cost.drift,
-                                   scale=cost.scale).prices(sh, True))
+                                   scale=cost.scale, _drafted=cost._drafted).prices(sh, True))
 
 
 def test_gains_are_kept_while_nothing_is_learnt_and_redone_after():

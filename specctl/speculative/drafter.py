@@ -119,6 +119,11 @@ class Drafter:
         the host goes on beside it (Runner.under_forward). None: nothing waits."""
         return None
 
+    def catch_up(self, seqs: list) -> None:
+        """Learning left for the next drafting step (Self-Draft: a lean stretch's text,
+        finished answers), done before its proposals: the planner times it apart, as what
+        lean steps left, not the drafting step's own host work (StepCost.learn_host)."""
+
     def observe_lean(self, seqs: list) -> Callable[[], None] | None:
         """observe for a lean step (its proposals idle's): what it teaches, without a look at
         each sequence's verdict where the drafter learns nothing from it (the default)."""

@@ -227,12 +227,18 @@ class SelfDraftDrafter(Drafter):
         forward where that is hidden."""
         return (lambda: self._index_lean(seqs)) if self.overlapped else None
 
-    def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
-        if self.unindexed and any(r > 0 for r in limits.room):
-            self._index_lean(seqs)   # (the text of lean steps since: IDLE)
+    def catch_up(self, seqs) -> None:
+        """The text of lean steps since (IDLE) into the context cache, and finished answers
+        into the job cache, before the next drafting step's proposals."""
+        if self.unindexed:
+            self._index_lean(seqs)
             self.unindexed = False
-        if self.job_pending and any(r > 0 for r in limits.room):
+        if self.job_pending:
             self.flush_job()
+
+    def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
+        if any(r > 0 for r in limits.room):   # (the planner's done it, unless called apart)
+            self.catch_up(seqs)
         out = []
         for i, s in enumerate(seqs):
             r = limits.room[i]

@@ -289,7 +289,8 @@ class Controller:
         one until the guard has `ar`'s step to judge drafting steps by."""
         return LEAN_LEARN if self.guard.ar_log is not None else 1
 
-    def lean_done(self, b: int, ms: float | None, steps: int = 1) -> float:
+    def lean_done(self, b: int, ms: float | None, steps: int = 1,
+                  host: float | None = None) -> float:
         """`steps` lean steps of b sequences took ms each on average (None: not to be learnt,
         a graph was captured in it): learnt as the price of a step without drafts and as the
         guard's `ar` step. Returns what `ar` takes for them: their measured ms, else the
@@ -298,6 +299,8 @@ class Controller:
             return self.ar_ms(b) * steps
         if self.correct:
             self.cost.learn([0] * b, ms, False)
+            if host is not None:   # (their host time, a mean: host_seq's baseline)
+                self.cost.learn_host(b, host, 0, steps)
         self.guard.lean(self.cost.ar_table_ms(b), ms, steps)
         return ms * steps
 
@@ -325,12 +328,13 @@ class Controller:
                 for k, p in zip(b.ks, proposals)]
 
     def observe(self, keys: list, b: Budgets, proposals, verdicts,
-                measured_ms: float | None) -> tuple[float, float]:
+                measured_ms: float | None, host_ms: float | None = None) -> tuple[float, float]:
         """Learn from a verified step: each sequence's acceptance (a chain against its budget
         as spent, since a draft forward whose token the drafter's own exit dropped was paid
         for and added nothing; a tree against the nodes it verified), and the step's measured
-        ms (all of it: planning, drafting, verify, bookkeeping). Returns (the step's table ms
-        as run, the tokens it was expected to emit)."""
+        ms (all of it: planning, drafting, verify, bookkeeping), host_ms of it the host's own
+        (StepCost.learn_host; None: not known). Returns (the step's table ms as run, the
+        tokens it was expected to emit)."""
         ks = self.spent(b, proposals)
         if any(v.accepted for v in verdicts):   # drafting may pay now: search the next step
             self.lean_until = 0                  # (backing off as before if it still does not)
@@ -343,10 +347,14 @@ class Controller:
             found = any(len(v.accepted) > k for v, k in zip(verdicts, b.base))
             self.period = self.explore_every if found else \
                 min(2 * self.period, EXPLORE_BACKOFF * self.explore_every)
+        # (priced as it ran: a sequence whose drafter found nothing ran ar's rows, but its
+        # proposal's host work was spent: the step's sequences with a budget)
         if self.correct and measured_ms is not None:
-            table = self.cost.learn(ks, measured_ms, b.probes)
+            extra = 0.0 if host_ms is None else \
+                self.cost.learn_host(len(ks), host_ms, sum(k > 0 for k in ks))
+            table = self.cost.learn(tried, measured_ms, b.probes, extra)
         else:
-            table = self.cost.table_ms(ks, b.probes)[0]
+            table = self.cost.table_ms(tried, b.probes)[0]
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
 
     def ar_ms(self, b: int) -> float:

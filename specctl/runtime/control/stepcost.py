@@ -23,7 +23,13 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
   draft_frac = (l layers + adapter + head) / model, verify_frac = (L - l layers + head) / model;
   its last shallow forward drafts nothing when no sequence has budget left, and then costs only
   the l layers (tail_frac: the adapter's KV rows are written without its attention or head).
-  Self-Draft's host work per candidate is negligible against a forward (not modelled).
+- host work: what a drafting sequence costs the host (its proposal, its tree's layout, its
+  verification and commit) grows with the sequences drafting, not with the forward. The
+  runner times each step's host work apart from its forward (its planning, and all after
+  the forward's output is read) and it is learnt as ms per drafting sequence beyond a lean
+  step's (host_seq, learn_host), added to every candidate's price: at batch 64 on a GPU a
+  drafting step's host work may cost more than its forward, while at batch 1 the same work
+  is a small share of one; a ratio on the table's price cannot be right at both.
 Measured against predicted: the table is measured once, on an idle moment, at one context
 length, and prices the model's forwards only; a run's steps also pay the drafter's host
 work, attention over longer contexts, and whatever else shares the machine (on the 2-core CPU
@@ -49,6 +55,8 @@ with the same drafter prices (StepCost.of).
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +93,11 @@ class StepCost:
     _factors: dict = field(default_factory=dict, repr=False)
     _kinds: dict = field(default_factory=dict, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)   # prices(memo=): table side
+    lean_host: float = 0.0     # ms of host time a sequence of a step without drafts costs
+    lean_steps: int = 0        # steps lean_host was learnt from
+    # the last drafting steps (host ms, batch size, sequences drafting): host_seq's
+    _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
+    _host: float | None = None   # host_seq as of the last learn_host (None: to work out)
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -160,7 +173,8 @@ class StepCost:
             got[3], got[4] = codes, _kind_index(codes, code)
             at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
-        return ms * np.exp(base + rel[at])
+        out = ms * np.exp(base + rel[at])
+        return out + self.host_seq * sh.drafting if self.host_seq > 0 else out
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
@@ -237,29 +251,36 @@ class StepCost:
 
     def counts_step_ms(self, counts: tuple, probes: bool = True) -> float:
         ms, kind = self.counts_ms(counts, probes)
-        return ms * self.factor(kind) if ms else 0.0
+        if not ms:
+            return 0.0
+        host = self.host_seq * (sum(counts) - counts[0]) if self.host_seq > 0 else 0.0
+        return ms * self.factor(kind) + host
 
-    def learn(self, ks: list[int], measured_ms: float, probes: bool = True) -> float:
+    def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
+              extra_host: float = 0.0) -> float:
         """A step with budgets ks took measured_ms (returns its table ms); x = log(measured /
         table ms) is modelled
         as drift + class + kind:
         - the drift, what every step costs beyond the table now (the machine's state, the
           context length): a moving average of x less the other two over the last
           ~SCALE_MEMORY steps;
-        - the class (whether the step drafts: the drafter's host work, what the table's
-          drafting points misprice) and the kind (table_ms: batch size, table point, draft
+        - the class (whether the step drafts: what the table's drafting points misprice,
+          the host's measured share taken off first, extra_host) and the kind (table_ms: batch size, table point, draft
           forwards): moving averages of what is left of x over their last ~4 x SCALE_MEMORY
           steps, each shrunk toward 0 with SCALE_PRIOR steps, so a kind never run is priced
           by the drift and its class.
         In logs, and a step more than twice off what it was expected to cost counts as twice
         (one step that hit a page-in or a neighbour's burst must not price its kind for the
         next dozen), unless its class has never been timed: a contrast step's first timing
-        is the news it was run for."""
-        ms, kind = self.table_ms(ks, probes)
+        is the news it was run for. extra_host: the ms of it that drafting's host work added
+        (learn_host: priced per drafting sequence, not as a ratio)."""
+        counts = budget_counts(ks)
+        ms, kind = self.counts_ms(counts, probes)
         if not ms > 0 or not measured_ms > 0:
             return ms
         self._factors.clear()
         cls = kind[3:]
+        measured_ms = max(measured_ms - extra_host, 0.5 * measured_ms)
         x = math.log(measured_ms / ms)
         if cls in self.scale:
             e = math.log(self.factor(kind))
@@ -275,6 +296,33 @@ class StepCost:
             x -= self._rel(key)
         self._relearnt(kind)
         return ms
+
+    @property
+    def host_seq(self) -> float:
+        """ms a drafting sequence's host work adds to a step: over the last SCALE_MEMORY
+        drafting steps, the median (one page-in is not a price) of each one's host time (its
+        planning and what it did after its forward's output was read: measured, not inferred
+        from its total) beyond what a step without drafts of as many sequences spends there
+        (lean_host a sequence), per sequence drafting."""
+        if self._host is None:
+            d = self._drafted
+            self._host = statistics.median((h - self.lean_host * b) / n for h, b, n in d) \
+                if d else 0.0
+        return self._host
+
+    def learn_host(self, b: int, host_ms: float, drafting: int = 0, steps: int = 1) -> float:
+        """A step of b sequences, `drafting` of them drafting (0: a lean step; `steps` of
+        them, host_ms their mean), spent host_ms of host time (host_seq). Returns the ms of
+        it that drafting added (what the ratio model is not to learn)."""
+        if not drafting:
+            self.lean_steps += steps
+            self.lean_host += (host_ms / b - self.lean_host) * \
+                min(1.0, steps / min(self.lean_steps, SCALE_MEMORY))
+            self._host = None
+            return 0.0
+        self._drafted.append((host_ms, b, drafting))
+        self._host = None
+        return max(0.0, host_ms - self.lean_host * b)
 
 
 def grid_n_many(n: np.ndarray) -> np.ndarray:

@@ -43,6 +43,8 @@ class LeanTally:
     ms: float = 0.0
     work: float = 0.0
     contrast: bool = False
+    host: float = 0.0   # the host's ms of them, in all
+    hosted: int = 0     # those whose host time is known
 
 
 class Accounting:
@@ -52,12 +54,14 @@ class Accounting:
 
     def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence], had: list[int],
              took: float, t0: float | None, drain: bool, held: int = 0,
-             searched: float = 0.0, end: float | None = None) -> float:
+             searched: float = 0.0, host: float | None = None,
+             end: float | None = None) -> float:
         """A controlled step that took `took` ms (a lean step's without its search; t0: its
         start on the clock; None: a graph was captured in it, so its time is no step's cost),
         its sequences' output lengths before it `had`; drain: no request waited; held: slots
         held free for a grouped admission; searched: the ms of its searches (a prefetched one
-        too: hidden under the forward on CUDA when short, an upper bound); end: the clock as it
+        too: hidden under the forward on CUDA when short, an upper bound); host: the ms of
+        `took` the host spent apart from the forward (None: not known); end: the clock as it
         ended, when it is learnt later (Runner.under_forward; else now, this learning
         included). Returns its work for the thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
@@ -67,6 +71,9 @@ class Accounting:
         if b.lean and t0 is not None and not b.contrast and t.b == n and t.steps < t.most:
             t.steps += 1
             t.ms += took
+            if host is not None:
+                t.host += host
+                t.hosted += 1
             return t.work
         self.flush()
         ctl, st = self.ctl, self.stats
@@ -75,10 +82,12 @@ class Accounting:
             if t0 is None:
                 st.lean(n, 1, took, ctl.lean_done(n, None), b.contrast)
             else:    # the first of a tally of lean steps of n sequences
-                self.tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast)
+                self.tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast,
+                                       host or 0.0, host is not None)
             return work
         work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
-                                     None if t0 is None else took)
+                                     None if t0 is None else took,
+                                     None if t0 is None else host)
         total = ((self.clock() if end is None else end) - t0) * 1e3 if t0 is not None \
             else None   # (observe too, unless learnt later)
         ar = ctl.drafted(n, total, _progress(seqs, had, drain))
@@ -99,7 +108,9 @@ class Accounting:
         """The tally of lean steps so far into the controller and the stats, as their mean."""
         t = self.tally
         if t.steps:
-            self.stats.lean(t.b, t.steps, t.ms, self.ctl.lean_done(t.b, t.ms / t.steps, t.steps),
+            self.stats.lean(t.b, t.steps, t.ms,
+                            self.ctl.lean_done(t.b, t.ms / t.steps, t.steps,
+                                               t.host / t.hosted if t.hosted else None),
                             t.contrast)
             self.tally = LeanTally()
             self.ctl.guard.job(0.0, t.ms, t.steps)   # (their excess was told at once)

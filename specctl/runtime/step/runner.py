@@ -48,7 +48,7 @@ from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
-from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, verify
+from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, read, verify
 from specctl.runtime.control.steptables import STEP_TABLE_ROWS
 from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
@@ -342,11 +342,14 @@ class Runner:
         t0 = self.clock()
         emitted = self.stats.generated
         plan = self.planner.plan(seqs, drain, self.clock)
+        t1 = self.clock()
         h = self.planner.execute(plan)
         # (on CUDA the forward runs on while the host learns from the last step and searches
-        # for the next: verify's argmax is the step's first wait)
+        # for the next: the argmax read is the step's first wait)
         ahead = self.under_forward(plan, drain)
-        out = verify(plan, h, self.model, self.sp, self._uniforms)
+        target = read(plan, h, self.model, self.sp)
+        t2 = self.clock() if target is not None else None
+        out = verify(plan, h, self.model, self.sp, self._uniforms, target)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
         learn = self.drafter.observe_lean(seqs) if plan.lean else \
@@ -363,16 +366,22 @@ class Runner:
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
         b = plan.budgets
         if b is not None:
-            took = (self.clock() - t0) * 1e3
+            end = self.clock()
+            took = (end - t0) * 1e3
+            # (the host's own time: planning, and all after the read; not the search, nor
+            # the drafter's catch-up, nor what ran under the forward. None: no read apart,
+            # under sampling)
+            host = None if t2 is None else \
+                (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.learn_ms
             self.stats.search_ms += plan.search_ms + ahead
             if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
                 took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;
                 # the next step's, `ahead`, is hidden under the forward on CUDA, and taking it
                 # off where it was errs low on ar's price, the guard's safe side)
             args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
-                    plan.search_ms + ahead)
+                    plan.search_ms + ahead, host)
             if defer:   # (its total: the step as it ends now)
-                self._later.append(lambda end=self.clock(): self.accounting.step(*args, end=end))
+                self._later.append(lambda end=end: self.accounting.step(*args, end=end))
             else:
                 work = self.accounting.step(*args)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)

@@ -18,7 +18,7 @@ for their argmax only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -41,6 +41,7 @@ class StepPlan:
     probed: tuple[int, ...]          # probe rows after them
     search_ms: float = 0.0           # the controller's search (Controller.decide), if it ran
     lean: bool = False               # `ar`'s step: every proposal the drafter's idle one
+    learn_ms: float = 0.0            # the drafter's catch-up learning before its proposals
 
     @property
     def confidence_stops(self) -> int:
@@ -95,12 +96,16 @@ class Planner:
         limits = DraftLimits(tuple(room), tuple(rows),
                              probes=budgets.probes if budgets is not None else True,
                              stop=ctl.stop_rule(budgets) if budgets is not None else None)
+        t = clock() if clock else 0.0
+        if any(room):
+            self.drafter.catch_up(seqs)
+        learn_ms = (clock() - t) * 1e3 if clock else 0.0
         props = self.drafter.propose(seqs, kv, limits)
         for p, r, n in zip(props, room, rows):
             if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
-        return self._planned(seqs, budgets, props, search_ms)
+        return replace(self._planned(seqs, budgets, props, search_ms), learn_ms=learn_ms)
 
     def _room(self, seqs: list[Sequence]) -> list[int]:
         """The drafts each sequence may accept: with the bonus token after them, a step emits
@@ -164,16 +169,23 @@ class Planner:
         return self.model.run(plan.batch, self.kv)
 
 
+def read(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams) -> list[int] | None:
+    """The target's argmax of every row of h, where verify needs it (greedy, or probes): the
+    step's one read-back, its first wait for the forward on CUDA. None: not needed."""
+    return model.argmax(h).tolist() if sp.greedy or any(plan.probed) else None
+
+
 def verify(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams,
-           uniforms: Callable[[Sequence, int], list[float]]) -> StepOutcome:
+           uniforms: Callable[[Sequence, int], list[float]],
+           target: list[int] | None = None) -> StepOutcome:
     """Every sequence's verdict from the forward's states h [T, D] (one verifier for every
     method: greedy, or lossless sampling), and the argmax after each probe node. uniforms(s,
-    n): the uniforms of s's next n output positions (one-hot drafts are verified at them)."""
+    n): the uniforms of s's next n output positions (one-hot drafts are verified at them).
+    target: read's, if read already."""
     cu, real, probed = plan.batch.cu_seqlens, plan.verified, plan.probed
     props = plan.proposals
-    target = None
-    if sp.greedy or any(probed):
-        target = model.argmax(h).tolist()   # one read-back for verification and probes
+    if target is None:
+        target = read(plan, h, model, sp)   # one read-back for verification and probes
     probe_out = tuple(target[cu[b] + real[b]:cu[b] + real[b] + probed[b]] if probed[b] else None
                       for b in range(len(props)))
     if sp.greedy and plan.batch.num_tokens == len(props):   # (an ar step: a row each)
