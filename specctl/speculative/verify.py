@@ -111,6 +111,8 @@ def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
     as long as one exists."""
     tokens, parents = tree.tokens, tree.parents
     accepted, at, want = [], -1, target[0]
+    if want not in tokens:   # (most trees: no node has the root's token; a raise costs more)
+        return Verdict(accepted, want)
     # (one scan for the wanted token at C speed, from the last accepted node on: a node's
     # children come after it, so the first node there with its token and parent `at` is the
     # first such child; no children lists, ~3x less a tree of 50 nodes)
