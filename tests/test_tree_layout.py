@@ -32,7 +32,7 @@ def _random_tree(rng: random.Random, n: int) -> DraftTree:
                      [rng.randrange(-1, j) for j in range(n)])
 
 
-@pytest.mark.parametrize("count", [1, 3, 30])   # (Python bit rows up to 384 nodes, then numpy)
+@pytest.mark.parametrize("count", [1, 3, 30])   # (Python bit rows up to ROWS_NODES nodes, then numpy)
 def test_layout_of_a_batch_equals_each_trees_own(count):
     rng = random.Random(count)
     trees = [_random_tree(rng, rng.choice([0, 1, 3, 17, 40, 70])) for _ in range(count)]
@@ -92,3 +92,17 @@ def test_positions_and_mask_of_a_mixed_step():
         want[:, :p] = True
         want[:, p:p + k] = torch.ones(k, k, dtype=torch.bool).tril() if ref is None else ref
         assert torch.equal(host[b, :k], want), b
+
+
+@pytest.mark.parametrize("count", [3, 40])   # (every sequence a tree: positions from depths)
+def test_a_step_of_trees_packs_each_trees_positions_slots_and_rows(count):
+    rng = random.Random(count)
+    trees = [_random_tree(rng, rng.choice([0, 2, 9, 30])) for _ in range(count)]
+    seqs = [SeqInput(7 - b % 5 + 5 * b, [1] * (len(t) + 1), 3 * b + 1, parents=t.parents)
+            for b, t in enumerate(trees)]
+    fb = ForwardBatch(seqs)
+    assert fb.position_list == [s.prefix_len + d for s, t in zip(seqs, trees)
+                                for d in [0] + t.depths()]
+    assert fb.slots.tolist() == [s.slot for s in seqs for _ in s.tokens]
+    assert fb.rows.tolist() == [s.prefix_len + i for s in seqs for i in range(len(s.tokens))]
+    assert fb.masked == list(range(count)) and fb.local.shape[0] == count

@@ -3,6 +3,8 @@ sampling is lossless (emitted tokens follow p whatever the drafts)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -40,6 +42,34 @@ def test_greedy_chain_and_tree():
     tree = DraftTree([5, 6, 8, 9], [-1, 0, -1, 2])
     v = verify_greedy(tree, [8, 0, 0, 9, 2])
     assert v.accepted == [2, 3] and v.tokens(tree) == [8, 9, 2]
+
+
+
+def _greedy_by_children(tree: DraftTree, target: list[int]) -> Verdict:
+    """The definition: from the root, the first child (in node order) holding the target's
+    token, while there is one."""
+    ch = tree.children()
+    accepted, row = [], 0
+    while True:
+        nxt = next((j for j in ch[row] if tree.tokens[j] == target[row]), None)
+        if nxt is None:
+            return Verdict(accepted, target[row])
+        accepted.append(nxt)
+        row = nxt + 1
+
+
+def test_greedy_follows_the_first_matching_child_of_any_tree():
+    """verify_greedy's one scan equals the walk by children lists, on trees whose siblings
+    share tokens (a trie's never do; a hand-built tree's may) and whose nodes repeat tokens
+    of their ancestors and cousins."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        n = rng.choice([0, 1, 2, 5, 12, 40])
+        tree = DraftTree([rng.randrange(3) for _ in range(n)],
+                         [rng.randrange(-1, j) for j in range(n)])
+        target = [rng.randrange(3) for _ in range(n + 1)]
+        assert verify_greedy(tree, target) == _greedy_by_children(tree, target)
+        assert tree.is_chain == (tree.parents == list(range(-1, n - 1)))
 
 
 V = 6

@@ -67,7 +67,7 @@ class SeqInput:
                 raise ValueError("every token must attend to itself (mask diagonal)")
 
 
-ROWS_NODES = 384   # where tree_layout's two ways cost about the same (measured on a CPU)
+ROWS_NODES = 96   # where tree_layout's two ways cost about the same (measured on a CPU)
 
 
 class BadTree(ValueError):
@@ -83,36 +83,42 @@ def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarra
     j + 1 among tokens 1.., -1 = the root), all at once: (ancestors [B, n, n] bool, each token
     seeing itself and its ancestors; depth [B, n], the root's 0). Padding past a tree's end
     sees itself only. Raises BadTree unless every parent precedes its node.
-    Up to ROWS_NODES nodes in all: a Python bit row per node (measured ~0.25 us a node); more:
-    one pointer step per tree level over the whole batch (~60 us + ~0.08 us a node: at 64
-    Self-Draft trees of 89 tokens 0.5 ms against 1.4 by rows)."""
-    if sum(len(p) for p in parents) <= ROWS_NODES:
+    Up to ROWS_NODES nodes in all: a Python bit row per node (measured ~0.35 us a node); more:
+    the nodes flat, each walked up to the root one level a pass, only those not there yet
+    (~40 us + ~0.04 us a node: at 64 Self-Draft trees of 50 tokens 0.17 ms against 0.25 by
+    pointer steps over the padded [B, n] grid, 0.8 by rows)."""
+    if sum(map(len, parents)) <= ROWS_NODES:
         return _layout_rows(parents, n)
     B = len(parents)
-    lens = np.fromiter((len(p) for p in parents), np.int64, B)
-    flat = np.fromiter(chain.from_iterable(parents), np.int64, int(lens.sum()))
-    idx = np.arange(n)
-    par = np.broadcast_to(idx, (B, n)).copy()              # the root and padding: itself
-    inside = (idx[None, 1:] <= lens[:, None])              # token j + 1 is a node
-    node = np.broadcast_to(idx[1:], (B, n - 1))[inside]
-    bad = np.flatnonzero((flat < -1) | (flat >= node - 1))
+    lens = np.fromiter(map(len, parents), np.int64, B)
+    N = int(lens.sum())
+    flat = np.fromiter(chain.from_iterable(parents), np.int64, N)
+    start = np.zeros(B, np.int64)   # each tree's first node in `flat`
+    np.cumsum(lens[:-1], out=start[1:])
+    tree = np.repeat(np.arange(B), lens)
+    node = np.arange(N) - start[tree]   # j: the tree's node j, its token j + 1
+    bad = np.flatnonzero((flat < -1) | (flat >= node))
     if len(bad):
         i = int(bad[0])
-        b = int(np.searchsorted(np.cumsum(lens), i, side="right"))
-        raise BadTree(b, int(node[i]) - 1, int(flat[i]))
-    par[:, 1:][inside] = flat + 1
+        raise BadTree(int(tree[i]), int(node[i]), int(flat[i]))
+    up = np.where(flat >= 0, flat + start[tree], -1)   # the parent's index in `flat`, or -1
     anc = np.zeros((B, n, n), dtype=bool)
-    anc[:, idx, idx] = True
-    depth = np.zeros((B, n), dtype=np.int64)
-    rows, cur = np.arange(B)[:, None], np.broadcast_to(idx, (B, n))
-    while True:
-        up = par[rows, cur]
-        moved = up != cur
-        if not moved.any():
-            return anc, depth
-        depth += moved
-        anc[rows, idx[None, :], up] = True
-        cur = up
+    anc.reshape(B, n * n)[:, ::n + 1] = True   # (each token sees itself)
+    cells = anc.reshape(-1)
+    row = tree * (n * n) + (node + 1) * n      # each node's row of `anc`, flat
+    cells[row] = True                          # (and the root)
+    depth = np.ones(N, np.int64)
+    at = np.flatnonzero(up >= 0)   # nodes with an ancestor below the root, and that ancestor
+    cur = up[at]
+    while len(at):
+        depth[at] += 1
+        cells[row[at] + node[cur] + 1] = True
+        cur = up[cur]
+        keep = cur >= 0
+        at, cur = at[keep], cur[keep]
+    out = np.zeros((B, n), dtype=np.int64)
+    out.reshape(-1)[tree * n + node + 1] = depth
+    return anc, out
 
 
 def _layout_rows(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -177,22 +183,24 @@ class ForwardBatch:
             raise ValueError("empty batch")
         self._seqs = seqs
         self.device = torch.device(device)
-        toks, pos, slots, rows, counts, trees, hand = [], [], [], [], [], [], []
+        trees = [b for b, s in enumerate(seqs) if s.parents is not None]
+        every = len(trees) == len(seqs)   # (Self-Draft's steps: positions come from depths)
+        toks, pos, counts, hand = [], [], [], []
         for b, s in enumerate(seqs):   # (lists: for one decode token numpy's calls cost more)
             n = len(s.tokens)
-            if s.parents is not None or s.mask is not None:
-                (hand if s.parents is None else trees).append(b)
-            toks.extend(s.tokens)
-            pos.extend(s.positions if s.positions is not None
-                       else range(s.prefix_len, s.prefix_len + n))
-            slots.extend([s.slot] * n)
-            rows.extend(range(s.prefix_len, s.prefix_len + n))
+            toks += s.tokens
             counts.append(n)
+            if every:
+                continue
+            if s.mask is not None and s.parents is None:
+                hand.append(b)
+            pos += (s.positions if s.positions is not None
+                    else range(s.prefix_len, s.prefix_len + n))
         self.num_new = counts
         self.num_tokens = len(toks)  # T: the sum of real tokens, nothing padded
         # host lists; the device tensors are made on first use (a CUDA-graph replay copies the
         # lists into its static buffers in one transfer and never needs them)
-        self.token_list, self.position_list, self._slots, self._rows = toks, pos, slots, rows
+        self.token_list, self.position_list = toks, pos
         self.seq_slots = [s.slot for s in seqs]
         self.prefix_lens = [s.prefix_len for s in seqs]
         cu = [0]
@@ -205,13 +213,18 @@ class ForwardBatch:
         self.local = None
         self.masked = sorted(trees + hand)
         if trees:
+            n = max(counts)
             try:
-                anc, depth = tree_layout([seqs[b].parents for b in trees], max(counts))
+                anc, depth = tree_layout([seqs[b].parents for b in trees], n)
             except BadTree as e:
                 raise ValueError(f"slot {seqs[trees[e.tree]].slot}: {e}") from None
             depth += np.asarray([self.prefix_lens[b] for b in trees])[:, None]
-            for b, d in zip(trees, depth.tolist()):   # positions at prefix + depth
-                pos[cu[b]:cu[b + 1]] = d[:counts[b]]
+            if every:   # positions at prefix + depth: each tree's first counts[b] columns
+                real = np.arange(n)[None, :] < np.asarray(counts)[:, None]
+                pos += depth[real].tolist()
+            else:
+                for b, d in zip(trees, depth.tolist()):
+                    pos[cu[b]:cu[b + 1]] = d[:counts[b]]
         if len(trees) == len(seqs):
             self.local = anc
         elif self.masked:   # (only the masked sequences' rows are read)
@@ -239,8 +252,7 @@ class ForwardBatch:
         self._seqs, self.device = None, torch.device(device)
         self.num_new, self.num_tokens = [1] * n, n
         self.token_list, self.position_list = list(tokens), list(lens)
-        self._slots, self._rows = list(slots), list(lens)
-        self.seq_slots, self.prefix_lens = self._slots, self._rows
+        self.seq_slots, self.prefix_lens = list(slots), list(lens)
         self.cu_seqlens = list(range(n + 1))
         self.max_kv_len = max(lens) + 1
         self.local, self.masked, self._attn_meta = None, [], None
@@ -265,13 +277,20 @@ class ForwardBatch:
     def positions(self) -> torch.Tensor:   # [T]
         return self._dev(self.position_list)
 
+    # (slots and rows repeat a value a sequence: made from the per-sequence lists in numpy,
+    # not kept as lists of T a step that no replay reads)
     @cached_property
     def slots(self) -> torch.Tensor:       # [T]
-        return self._dev(self._slots)
+        return self._host(np.repeat(np.asarray(self.seq_slots, np.int64), self.num_new))
 
     @cached_property
-    def rows(self) -> torch.Tensor:        # [T]
-        return self._dev(self._rows)
+    def rows(self) -> torch.Tensor:        # [T]: prefix_len + index among the new tokens
+        cu, n = np.asarray(self.cu_seqlens, np.int64), self.num_new
+        start = np.asarray(self.prefix_lens, np.int64) - cu[:-1]
+        return self._host(np.arange(self.num_tokens, dtype=np.int64) + np.repeat(start, n))
+
+    def _host(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
 
     def last_index(self) -> list[int]:
         """Index in the flat batch of each sequence's last new token."""

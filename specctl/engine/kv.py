@@ -171,12 +171,18 @@ class KVCache:
         if len({slot for slot, _ in items}) != len(items):
             raise ValueError("commit_many: a slot appears twice")
         slots, dst, src = [], [], []
+        lens, tables, block = self.lens, self.tables, self.block
         for slot, kept in items:
-            base, n = self.lens[slot], len(kept)
-            if any(b <= a for a, b in zip(kept, kept[1:])) or (n and kept[0] < 0):
+            n = len(kept)
+            if not n:
+                continue
+            if kept[0] < 0 or n > 1 and any(b <= a for a, b in zip(kept, kept[1:])):
                 raise ValueError(f"kept offsets must be ascending, got {kept}")
-            if n:
-                self._check_kept(slot, base + kept[-1])
+            base, last = lens[slot], kept[-1]
+            if base + last >= len(tables[slot]) * block:
+                self._check_kept(slot, base + last)   # (raises, naming the row)
+            if last == n - 1:   # ascending from 0 to n - 1: all in place (most steps' rows)
+                continue
             for j, o in enumerate(kept):   # a contiguous prefix is already in place
                 if o != j:
                     slots.append(slot)

@@ -202,7 +202,9 @@ class CorpusCache:
         self.gram_len = int(config["gram_len"])
         self.tokenizer_fingerprint = str(config["tokenizer_fingerprint"])
         self.tokenizer = str(config.get("tokenizer", ""))
-        self._first: dict[int, int] = {}   # _find's rows of one-token keys
+        # _conts of one-token keys, kept once found (at most a token's few continuations for
+        # each token of the vocabulary; their slice of the mmapped table cost ~1 us a lookup)
+        self._first: dict[int, tuple[tuple[int, ...], ...]] = {}
 
     # -- loading
 
@@ -251,28 +253,26 @@ class CorpusCache:
             sums.append(s)
         seen: set[tuple[int, ...]] = set()
         for k in range(kmax, 0, -1):
-            i = self._find(k, tail, sums[k - 1])
-            if i < 0:
-                continue
-            t = self.tables[k]
-            for c in t.conts[t.ov[i]:t.ov[i + 1]].tolist():
-                tc = tuple(c)
+            for tc in self._conts(k, tail, sums[k - 1]):
                 if tc not in seen:
                     seen.add(tc)
-                    out.append(c)
+                    out.append(list(tc))
                     if len(out) >= limit:
                         return out
         return out
 
-    def _find(self, k: int, tail: list[int], s: int) -> int:
-        """The row of the key tail[-k:] in its table, or -1; a one-token key's is kept once
-        found (at most one int a token of the vocabulary)."""
-        if k == 1 and (i := self._first.get(tail[-1])) is not None:
-            return i
-        i = _row(self.tables[k], tail[-k:]) if self.tables[k].may_hold(s) else -1
+    def _conts(self, k: int, tail: list[int], s: int) -> tuple[tuple[int, ...], ...]:
+        """The continuations of the key tail[-k:] (its filter sum s), () when it is absent.
+        (_Table.may_hold inline: most keys are absent, and a call cost a lookup ~15%.)"""
+        if k == 1 and (c := self._first.get(tail[-1])) is not None:
+            return c
+        t = self.tables[k]
+        h = ((s * _FIB) & _M) >> t.shift
+        i = _row(t, tail[-k:]) if (t.bits[h >> 3] >> (h & 7)) & 1 else -1
+        c = tuple(map(tuple, t.conts[t.ov[i]:t.ov[i + 1]].tolist())) if i >= 0 else ()
         if k == 1:
-            self._first[tail[-1]] = i
-        return i
+            self._first[tail[-1]] = c
+        return c
 
     def entries(self, key: list[int]) -> list[tuple[list[int], int]]:
         """(continuation, count) pairs stored for exactly this key (diagnostics and tests)."""

@@ -100,6 +100,8 @@ JOB_PENDING = 4096   # texts waiting for the job cache at most (SelfDraftDrafter
 # order, and the tail of a sequence that ends inside a lean stretch is not indexed; `fixed`
 # never makes a lean step and indexes every step's text as it comes.
 IDLE = SelfDraftProposal()
+NO_PROBE = DraftTree.trusted([], [])   # (the probe of a step without branches: shared, as
+# every proposal is, never edited)
 
 
 class SelfDraftDrafter(Drafter):
@@ -239,19 +241,21 @@ class SelfDraftDrafter(Drafter):
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if any(r > 0 for r in limits.room):   # (the planner's done it, unless called apart)
             self.catch_up(seqs)
-        out = []
+        out, room, branches = [], limits.room, self.prm.branches
         for i, s in enumerate(seqs):
-            r = limits.room[i]
+            r = room[i]
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
                 out.append(SelfDraftProposal())
                 continue
             cands, n_job, n_ctx = self.candidates(s)
             sizes: list[int] = []
             draft = build_trie(cands, r, sizes)
-            probe = DraftTree()
-            fit = limits.probe_room(i, len(draft))
-            if self.prm.branches and fit:   # (cut to the KV rows left: observe skips a
-                probe = branch_probe(s.state.branches).prefix(fit)   # branch cut short)
+            probe = NO_PROBE
+            fit = limits.probe_room(i, len(draft.tokens)) if branches else 0
+            if fit:   # (cut to the KV rows left: observe skips a branch cut short)
+                probe = branch_probe(s.state.branches)
+                if fit < len(probe.tokens):
+                    probe = probe.prefix(fit)
             # nodes made by the job's and the context cache's candidates (first in the trie)
             n = n_job + n_ctx
             out.append(SelfDraftProposal(draft, probe, job_nodes=sizes[n_job - 1] if n_job else 0,
@@ -266,6 +270,7 @@ class SelfDraftDrafter(Drafter):
         if all(pr is IDLE for pr in proposals):   # (a lean step's, from the base's idle)
             return self.observe_lean(seqs)
         p = self.prm
+        ctx, keep = p.context_cache, p.branch_len
         made: list = []   # (tokens, a branch's predictions or None: text), in push order
         for s, pr, v, out in zip(seqs, proposals, verdicts, probe_out):
             if v.accepted:   # (the candidate that made the path's deepest node)
@@ -273,17 +278,18 @@ class SelfDraftDrafter(Drafter):
                 src = ("job" if last < pr.job_nodes else "context" if last < pr.ctx_nodes
                        else "corpus")
                 self.accepted_from[src] += len(v.accepted)
-            if len(pr.probe) and out is not None:
+            if out is not None and pr.probe.tokens:
                 at = 0
                 for br in s.state.branches:
-                    d = out[at:at + len(br)]
-                    at += len(br)
-                    if len(d) < len(br):    # the probe was cut to fit the context
+                    n = len(br)
+                    d = out[at:at + n]
+                    at += n
+                    if len(d) < n:    # the probe was cut to fit the context
                         continue
-                    if p.context_cache:
+                    if ctx:
                         made.append((br[:], d))
                     br.append(d[-1])
-                    if len(br) > p.branch_len:
+                    if n >= keep:
                         del br[0]
             if p.context_cache and pr is not IDLE:
                 tail = self._text_tail(s)

@@ -66,7 +66,8 @@ class DraftTree:
 
     @property
     def is_chain(self) -> bool:
-        return self.parents == list(range(-1, len(self.tokens) - 1))
+        ps = self.parents   # (a tree of two roots or more, a trie's, is told at C speed)
+        return ps.count(-1) <= 1 and ps == list(range(-1, len(self.tokens) - 1))
 
     def prefix(self, n: int) -> "DraftTree":
         """The first n nodes (still a tree: parents precede their children)."""
@@ -108,17 +109,23 @@ def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:
     """target: the target's token for each of the n + 1 rows: its argmax, or (sampling, one-hot
     drafts: verify_sampling_batch) its draw. Follow the child that equals the target's choice
     as long as one exists."""
-    if not tree.tokens:   # (ar's steps, and budget 0 under --speculate auto)
-        return Verdict([], target[0])
-    ch = tree.children()
-    accepted, row = [], 0
-    while True:
-        want = target[row]
-        nxt = next((j for j in ch[row] if tree.tokens[j] == want), None)
-        if nxt is None:
-            return Verdict(accepted, want)
-        accepted.append(nxt)
-        row = nxt + 1
+    tokens, parents = tree.tokens, tree.parents
+    accepted, at, want = [], -1, target[0]
+    if want not in tokens:   # (most trees: no node has the root's token; a raise costs more)
+        return Verdict(accepted, want)
+    # (one scan for the wanted token at C speed, from the last accepted node on: a node's
+    # children come after it, so the first node there with its token and parent `at` is the
+    # first such child; no children lists, ~3x less a tree of 50 nodes)
+    j = 0
+    try:
+        while True:
+            j = tokens.index(want, j)   # (ValueError: no node past j has it)
+            if parents[j] == at:
+                accepted.append(j)
+                at, want = j, target[j + 1]
+            j += 1
+    except ValueError:
+        return Verdict(accepted, want)
 
 
 def verify_sampling(tree: DraftTree, p: torch.Tensor, rng: torch.Generator | None = None,

@@ -420,14 +420,18 @@ class Runner:
             st.step_tokens += n
             st.padded_tokens += n
             return
-        self.kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted])
+        root = [0]   # (a sequence that accepts nothing keeps its root's row; commit_many
+        # reads its lists, never keeps nor edits them)
+        self.kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted] if v.accepted else root)
                              for s, v in zip(plan.seqs, out.verdicts)])
+        emit, hist = self.answers.emit, st.accept_hist
         for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
-            s.req.steps += 1
-            s.req.accept_lengths.append(len(v.accepted))
-            s.req.draft_lengths.append(len(p.draft))
-            st.accept_hist[len(v.accepted)] = st.accept_hist.get(len(v.accepted), 0) + 1
-            self.answers.emit(s, v.tokens(p.draft))
+            r, a = s.req, len(v.accepted)
+            r.steps += 1
+            r.accept_lengths.append(a)
+            r.draft_lengths.append(len(p.draft.tokens))
+            hist[a] = hist.get(a, 0) + 1
+            emit(s, v.tokens(p.draft) if a else [v.bonus])
         ran = [n + m for n, m in zip(plan.verified, plan.probed)]
         st.steps += 1
         st.step_tokens += sum(ran)
