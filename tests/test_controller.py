@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from specctl.engine.steptable import StepTable
-from specctl.runtime.control.controller import (FIRST_DRAFTERS, Budgets, Controller,
-                                                 make_controller)
+from specctl.runtime.control.controller import Budgets, Controller, make_controller
 from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
@@ -705,8 +704,7 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
     wide = table(lambda b, n: 2.0 + 0.02 * b * n, batches=(1, 2, 4, 8, 16, 32, 64))
     ctl = Ctl(StepCost(wide), 4, prior_accept=0.7, explore_every=0)
     big, one = list(range(64)), [100]
-    first = ctl.budgets(big, [100] * 64)   # (before any drafting step is timed: a few)
-    assert sum(k > 0 for k in first) == FIRST_DRAFTERS and ctl.budgets(one, [100]) == [4]
+    assert min(ctl.budgets(big, [100] * 64)) > 0 and ctl.budgets(one, [100]) == [4]
     c = ctl.cost
     for _ in range(8):   # lean steps: 1.5 us of host a sequence
         c.learn_host(64, 0.096)

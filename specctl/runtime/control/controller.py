@@ -87,7 +87,6 @@ from specctl.engine.steptable import StepTable
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
 LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
-FIRST_DRAFTERS = 8     # sequences the run's first drafting step drafts for, at most
 
 
 @dataclass
@@ -219,8 +218,6 @@ class Controller:
                 probes = policy.probes_pay(c, len(keys), self.probe_share)
         else:
             probes, gains, ks = self._search(keys, caps, room, drain)
-        if not self.timed_steps:   # (what drafting costs the host is not known yet)
-            ks = first_drafters(ks, gains)
         if any(ks):
             self.idle = 0
         else:   # nothing pays: lean steps until the next search, backing off
@@ -395,20 +392,6 @@ class Controller:
     def new_run(self) -> None:
         """A runner's run starts: a search prefetched at the end of the last one is not its."""
         self._next = None
-
-
-def first_drafters(ks, gains: np.ndarray) -> list[int]:
-    """ks cut to the FIRST_DRAFTERS sequences expected to gain most from theirs: the run's
-    first drafting step, before any has been timed. What drafting costs the host grows with
-    the sequences drafting (StepCost.host_seq) and is not in the table: at batch 64 on a GPU a
-    step of 64 drafting sequences may cost several of ar's, which a first step of a few
-    measures for a fraction of that."""
-    ks = list(ks)
-    if sum(k > 0 for k in ks) <= FIRST_DRAFTERS:
-        return ks
-    more = gains[np.arange(len(ks)), ks] - gains[:, 0]
-    keep = set(np.argsort(-more, kind="stable")[:FIRST_DRAFTERS].tolist())
-    return [k if i in keep else 0 for i, k in enumerate(ks)]
 
 
 def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,
