@@ -724,3 +724,25 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
         extra = slow.cost.learn_host(64, 0.1, 64)
         slow.cost.learn([4] * 64, 3 * slow.cost.table_ms([4] * 64)[0], False, extra)
     assert slow.cost.host_seq == pytest.approx(0.0, abs=1e-9)
+
+
+def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
+    """What a drafting step's host work costs beyond a lean step's: a part every drafting step
+    pays (its search's verdicts, the controller's learning of it) and a part per sequence
+    drafting, fitted over steps of different drafting counts, robust to one page-in; while
+    every step had as many drafting, the whole is that count's share a sequence (no step part
+    can be told apart then)."""
+    c = StepCost(table(lambda b, n: 2.0 + 0.02 * b * n, batches=(1, 2, 4, 8, 16, 32, 64)))
+    c.learn_host(64, 0.064)   # a lean step: 1 us of host a sequence
+    for n in (8, 64, 8):
+        c.learn_host(64, 0.064 + 1.0 + 0.05 * n, n)
+    assert c.host_fit() == (pytest.approx(1.0), pytest.approx(0.05))
+    c.learn_host(64, 0.064 + 1.0 + 0.05 * 32 + 30.0, 32)   # a page-in
+    assert c.host_fit() == (pytest.approx(1.0), pytest.approx(0.05))
+    assert float(c.host_ms(64)) == pytest.approx(4.2) and float(c.host_ms(0)) == 0.0
+    ms, kind = c.counts_ms((56, 8))   # (a step's price: the table's, corrected, + the host's)
+    assert c.counts_step_ms((56, 8)) == pytest.approx(ms * c.factor(kind) + 1.4)
+    one = StepCost(c.table)
+    one.learn_host(8, 0.008)
+    one.learn_host(8, 0.008 + 1.0 + 0.05 * 8, 8)   # one count only: its share a sequence
+    assert one.host_fit() == (0.0, pytest.approx(1.4 / 8))

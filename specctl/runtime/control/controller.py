@@ -290,7 +290,7 @@ class Controller:
         return LEAN_LEARN if self.guard.ar_log is not None else 1
 
     def lean_done(self, b: int, ms: float | None, steps: int = 1,
-                  host: float | None = None) -> float:
+                  host: float | None = None, hosted: int = 0) -> float:
         """`steps` lean steps of b sequences took ms each on average (None: not to be learnt,
         a graph was captured in it): learnt as the price of a step without drafts and as the
         guard's `ar` step. Returns what `ar` takes for them: their measured ms, else the
@@ -299,8 +299,8 @@ class Controller:
             return self.ar_ms(b) * steps
         if self.correct:
             self.cost.learn([0] * b, ms, False)
-            if host is not None:   # (their host time, a mean: host_seq's baseline)
-                self.cost.learn_host(b, host, 0, steps)
+            if host is not None:   # (the mean host time of `hosted` of them: the baseline
+                self.cost.learn_host(b, host, 0, hosted)   # of drafting's, host_fit)
         self.guard.lean(self.cost.ar_table_ms(b), ms, steps)
         return ms * steps
 
@@ -347,14 +347,15 @@ class Controller:
             found = any(len(v.accepted) > k for v, k in zip(verdicts, b.base))
             self.period = self.explore_every if found else \
                 min(2 * self.period, EXPLORE_BACKOFF * self.explore_every)
-        # (priced as it ran: a sequence whose drafter found nothing ran ar's rows, but its
-        # proposal's host work was spent: the step's sequences with a budget)
+        # (priced as it ran: a sequence whose drafter found nothing ran ar's rows, its probe's
+        # if it had one, but its proposal's host work was spent: the sequences with a budget)
+        ran = [max(t, 1) if len(p.probe) else t for t, p in zip(tried, proposals)]
         if self.correct and measured_ms is not None:
             extra = 0.0 if host_ms is None else \
                 self.cost.learn_host(len(ks), host_ms, sum(k > 0 for k in ks))
-            table = self.cost.learn(tried, measured_ms, b.probes, extra)
+            table = self.cost.learn(ran, measured_ms, b.probes, extra)
         else:
-            table = self.cost.table_ms(tried, b.probes)[0]
+            table = self.cost.table_ms(ran, b.probes)[0]
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
 
     def ar_ms(self, b: int) -> float:

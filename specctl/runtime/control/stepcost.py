@@ -26,8 +26,9 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
 - host work: what a drafting sequence costs the host (its proposal, its tree's layout, its
   verification and commit) grows with the sequences drafting, not with the forward. The
   runner times each step's host work apart from its forward (its planning, and all after
-  the forward's output is read) and it is learnt as ms per drafting sequence beyond a lean
-  step's (host_seq, learn_host), added to every candidate's price: at batch 64 on a GPU a
+  the forward's output is read) and what drafting adds beyond a lean step's is fitted as a
+  step's part plus a part per drafting sequence (host_fit, learn_host), added to every
+  candidate's price: at batch 64 on a GPU a
   drafting step's host work may cost more than its forward, while at batch 1 the same work
   is a small share of one; a ratio on the table's price cannot be right at both.
 Measured against predicted: the table is measured once, on an idle moment, at one context
@@ -97,7 +98,7 @@ class StepCost:
     lean_steps: int = 0        # steps lean_host was learnt from
     # the last drafting steps (host ms, batch size, sequences drafting): host_seq's
     _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
-    _host: float | None = None   # host_seq as of the last learn_host (None: to work out)
+    _host: tuple | None = None   # host_fit as of the last learn_host (None: to work out)
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -173,8 +174,7 @@ class StepCost:
             got[3], got[4] = codes, _kind_index(codes, code)
             at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
-        out = ms * np.exp(base + rel[at])
-        return out + self.host_seq * sh.drafting if self.host_seq > 0 else out
+        return ms * np.exp(base + rel[at]) + self.host_ms(sh.drafting)
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
@@ -253,8 +253,7 @@ class StepCost:
         ms, kind = self.counts_ms(counts, probes)
         if not ms:
             return 0.0
-        host = self.host_seq * (sum(counts) - counts[0]) if self.host_seq > 0 else 0.0
-        return ms * self.factor(kind) + host
+        return ms * self.factor(kind) + float(self.host_ms(sum(counts) - counts[0]))
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
@@ -280,7 +279,7 @@ class StepCost:
             return ms
         self._factors.clear()
         cls = kind[3:]
-        measured_ms = max(measured_ms - extra_host, 0.5 * measured_ms)
+        measured_ms = max(measured_ms - extra_host, 0.1 * measured_ms)
         x = math.log(measured_ms / ms)
         if cls in self.scale:
             e = math.log(self.factor(kind))
@@ -299,16 +298,35 @@ class StepCost:
 
     @property
     def host_seq(self) -> float:
-        """ms a drafting sequence's host work adds to a step: over the last SCALE_MEMORY
-        drafting steps, the median (one page-in is not a price) of each one's host time (its
-        planning and what it did after its forward's output was read: measured, not inferred
-        from its total) beyond what a step without drafts of as many sequences spends there
-        (lean_host a sequence), per sequence drafting."""
+        """ms a drafting sequence's host work adds to a step (host_fit's slope)."""
+        return self.host_fit()[1]
+
+    def host_fit(self) -> tuple[float, float]:
+        """(a, s): a drafting step's host time beyond what a step without drafts of as many
+        sequences spends there (lean_host a sequence), fitted as a + s x its sequences
+        drafting over the last SCALE_MEMORY drafting steps. Each step's host time is
+        measured (its planning, and all after its forward's output was read), not inferred
+        from its total. Theil-Sen (one page-in is not a price): s the median slope between
+        steps of different drafting counts, a the median of what is left; while every step
+        had as many drafting, a is 0 and s that count's median share. Both at least 0."""
         if self._host is None:
-            d = self._drafted
-            self._host = statistics.median((h - self.lean_host * b) / n for h, b, n in d) \
-                if d else 0.0
+            pts = [(n, h - self.lean_host * b) for h, b, n in self._drafted]
+            slopes = [(e2 - e1) / (n2 - n1) for i, (n1, e1) in enumerate(pts)
+                      for n2, e2 in pts[i + 1:] if n2 != n1]
+            if slopes:
+                sl = max(0.0, statistics.median(slopes))
+                self._host = (max(0.0, statistics.median(e - sl * n for n, e in pts)), sl)
+            else:
+                self._host = (0.0, max(0.0, statistics.median(e / n for n, e in pts))
+                              if pts else 0.0)
         return self._host
+
+    def host_ms(self, drafting):
+        """The host time a step with `drafting` sequences drafting adds (an int or an array of
+        them): host_fit's a + s x drafting, 0 where none drafts."""
+        a, sl = self.host_fit()
+        return np.where(np.asarray(drafting) > 0, a + sl * np.asarray(drafting), 0.0) \
+            if a or sl else 0.0
 
     def learn_host(self, b: int, host_ms: float, drafting: int = 0, steps: int = 1) -> float:
         """A step of b sequences, `drafting` of them drafting (0: a lean step; `steps` of

@@ -110,7 +110,8 @@ class Accounting:
         if t.steps:
             self.stats.lean(t.b, t.steps, t.ms,
                             self.ctl.lean_done(t.b, t.ms / t.steps, t.steps,
-                                               t.host / t.hosted if t.hosted else None),
+                                               t.host / t.hosted if t.hosted else None,
+                                               t.hosted),
                             t.contrast)
             self.tally = LeanTally()
             self.ctl.guard.job(0.0, t.ms, t.steps)   # (their excess was told at once)

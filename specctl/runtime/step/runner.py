@@ -348,7 +348,7 @@ class Runner:
         # for the next: the argmax read is the step's first wait)
         ahead = self.under_forward(plan, drain)
         target = read(plan, h, self.model, self.sp)
-        t2 = self.clock() if target is not None else None
+        t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
         out = verify(plan, h, self.model, self.sp, self._uniforms, target)
         had = [len(s.out_ids) for s in seqs]
         self._commit(plan, out)
@@ -369,10 +369,10 @@ class Runner:
             end = self.clock()
             took = (end - t0) * 1e3
             # (the host's own time: planning, and all after the read; not the search, nor
-            # the drafter's catch-up, nor what ran under the forward. None: no read apart,
-            # under sampling)
+            # planning apart from drafting's host work (StepPlan.apart_ms), nor what ran under
+            # the forward. None: under sampling, verify's own device work follows the read)
             host = None if t2 is None else \
-                (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.learn_ms
+                (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.apart_ms
             self.stats.search_ms += plan.search_ms + ahead
             if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
                 took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;

@@ -18,7 +18,7 @@ for their argmax only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -41,7 +41,7 @@ class StepPlan:
     probed: tuple[int, ...]          # probe rows after them
     search_ms: float = 0.0           # the controller's search (Controller.decide), if it ran
     lean: bool = False               # `ar`'s step: every proposal the drafter's idle one
-    learn_ms: float = 0.0            # the drafter's catch-up learning before its proposals
+    apart_ms: float = 0.0            # planning that is not drafting's host work (Planner.plan)
 
     @property
     def confidence_stops(self) -> int:
@@ -96,16 +96,22 @@ class Planner:
         limits = DraftLimits(tuple(room), tuple(rows),
                              probes=budgets.probes if budgets is not None else True,
                              stop=ctl.stop_rule(budgets) if budgets is not None else None)
+        # (apart_ms: the drafter's catch-up learning, and its proposals where they run draft
+        # forwards, which the step table prices: not host work a drafting sequence adds)
         t = clock() if clock else 0.0
         if any(room):
             self.drafter.catch_up(seqs)
-        learn_ms = (clock() - t) * 1e3 if clock else 0.0
+        forwards = ctl is not None and ctl.cost.draft_frac > 0
+        if not forwards:
+            apart_ms = (clock() - t) * 1e3 if clock else 0.0
         props = self.drafter.propose(seqs, kv, limits)
+        if forwards:
+            apart_ms = (clock() - t) * 1e3 if clock else 0.0
         for p, r, n in zip(props, room, rows):
             if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
-        return replace(self._planned(seqs, budgets, props, search_ms), learn_ms=learn_ms)
+        return self._planned(seqs, budgets, props, search_ms, apart_ms)
 
     def _room(self, seqs: list[Sequence]) -> list[int]:
         """The drafts each sequence may accept: with the bonus token after them, a step emits
@@ -147,19 +153,20 @@ class Planner:
                         (1,) * n, (0,) * n, search_ms, lean=True)
 
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
-                 props: list[Proposal], search_ms: float = 0.0) -> StepPlan:
+                 props: list[Proposal], search_ms: float = 0.0,
+                 apart_ms: float = 0.0) -> StepPlan:
         lens, p0 = self.kv.lens, props[0]
         if not len(p0.draft) and not len(p0.probe) and all(p is p0 for p in props):
             n = len(seqs)   # (nothing drafted after all: ar's batch, the lists directly)
             batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
                                         [lens[s.slot] for s in seqs], self.model.device)
             return StepPlan(tuple(seqs), budgets, tuple(props), batch, (1,) * n, (0,) * n,
-                            search_ms)
+                            search_ms, apart_ms=apart_ms)
         inputs = [seq_input(s, p, lens[s.slot]) for s, p in zip(seqs, props)]
         return StepPlan(tuple(seqs), budgets, tuple(props),
                         ForwardBatch(inputs, self.model.device),
                         tuple(1 + len(p.draft) for p in props), tuple(len(p.probe) for p in props),
-                        search_ms)
+                        search_ms, apart_ms=apart_ms)
 
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """The verify forward's last-layer states [T, D]."""
