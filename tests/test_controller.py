@@ -713,7 +713,7 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
         host = 0.096 + 64 * 0.08
         extra = c.learn_host(64, host, 64)
         c.learn([4] * 64, c.table_ms([4] * 64)[0] + host, False, extra)
-    assert c.host_seq == pytest.approx(0.08)
+    assert c.host_fit() == (0.0, pytest.approx(0.08))
     assert c.step_ms([4] * 64, False) > c.table_ms([4] * 64)[0] + 5.0
     assert ctl.budgets(big, [100] * 64) == [0] * 64
     assert ctl.budgets(one, [100]) == [4]   # 80 us on a ~2 ms step: still worth it
@@ -723,7 +723,7 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
         slow.cost.learn([0] * 64, 3 * slow.cost.table_ms([0] * 64)[0], False)
         extra = slow.cost.learn_host(64, 0.1, 64)
         slow.cost.learn([4] * 64, 3 * slow.cost.table_ms([4] * 64)[0], False, extra)
-    assert slow.cost.host_seq == pytest.approx(0.0, abs=1e-9)
+    assert slow.cost.host_fit() == (0.0, pytest.approx(0.0, abs=1e-9))
 
 
 def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():

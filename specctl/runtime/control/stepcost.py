@@ -28,9 +28,9 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
   runner times each step's host work apart from its forward (its planning, and all after
   the forward's output is read) and what drafting adds beyond a lean step's is fitted as a
   step's part plus a part per drafting sequence (host_fit, learn_host), added to every
-  candidate's price: at batch 64 on a GPU a
-  drafting step's host work may cost more than its forward, while at batch 1 the same work
-  is a small share of one; a ratio on the table's price cannot be right at both.
+  candidate's price: at batch 64 on a GPU a drafting step's host work may cost more than its
+  forward, while at batch 1 the same work is a small share of one; a ratio on the table's
+  price cannot be right at both.
 Measured against predicted: the table is measured once, on an idle moment, at one context
 length, and prices the model's forwards only; a run's steps also pay the drafter's host
 work, attention over longer contexts, and whatever else shares the machine (on the 2-core CPU
@@ -96,7 +96,7 @@ class StepCost:
     _memo: dict = field(default_factory=dict, repr=False)   # prices(memo=): table side
     lean_host: float = 0.0     # ms of host time a sequence of a step without drafts costs
     lean_steps: int = 0        # steps lean_host was learnt from
-    # the last drafting steps (host ms, batch size, sequences drafting): host_seq's
+    # the last drafting steps (host ms, batch size, sequences drafting): host_fit's
     _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
     _host: tuple | None = None   # host_fit as of the last learn_host (None: to work out)
 
@@ -264,8 +264,8 @@ class StepCost:
           context length): a moving average of x less the other two over the last
           ~SCALE_MEMORY steps;
         - the class (whether the step drafts: what the table's drafting points misprice,
-          the host's measured share taken off first, extra_host) and the kind (table_ms: batch size, table point, draft
-          forwards): moving averages of what is left of x over their last ~4 x SCALE_MEMORY
+          the host's measured share taken off first, extra_host) and the kind (table_ms:
+          batch size, table point, draft forwards): moving averages of what is left of x over their last ~4 x SCALE_MEMORY
           steps, each shrunk toward 0 with SCALE_PRIOR steps, so a kind never run is priced
           by the drift and its class.
         In logs, and a step more than twice off what it was expected to cost counts as twice
@@ -296,11 +296,6 @@ class StepCost:
         self._relearnt(kind)
         return ms
 
-    @property
-    def host_seq(self) -> float:
-        """ms a drafting sequence's host work adds to a step (host_fit's slope)."""
-        return self.host_fit()[1]
-
     def host_fit(self) -> tuple[float, float]:
         """(a, s): a drafting step's host time beyond what a step without drafts of as many
         sequences spends there (lean_host a sequence), fitted as a + s x its sequences
@@ -330,7 +325,7 @@ class StepCost:
 
     def learn_host(self, b: int, host_ms: float, drafting: int = 0, steps: int = 1) -> float:
         """A step of b sequences, `drafting` of them drafting (0: a lean step; `steps` of
-        them, host_ms their mean), spent host_ms of host time (host_seq). Returns the ms of
+        them, host_ms their mean), spent host_ms of host time (host_fit). Returns the ms of
         it that drafting added (what the ratio model is not to learn)."""
         if not drafting:
             self.lean_steps += steps

@@ -75,6 +75,7 @@ class Planner:
         """drain: no request waits (the controller then prices the job's critical path);
         clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
         kv, ctl = self.kv, self.controller
+        now = clock or _no_clock
         if not self.drafter.drafts:   # (`ar`: its every step a lean one)
             return self._lean(seqs, None)
         if ctl is not None:
@@ -84,9 +85,9 @@ class Planner:
         room = self._room(seqs)
         budgets, search_ms = None, 0.0
         if ctl is not None:
-            t = clock() if clock else 0.0
+            t = now()
             budgets = ctl.decide([s.slot for s in seqs], room, drain)   # (plan_lean gave none)
-            search_ms = (clock() - t) * 1e3 if clock else 0.0
+            search_ms = (now() - t) * 1e3
             if budgets.lean:
                 return self._lean(seqs, budgets, search_ms)
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
@@ -98,15 +99,13 @@ class Planner:
                              stop=ctl.stop_rule(budgets) if budgets is not None else None)
         # (apart_ms: the drafter's catch-up learning, and its proposals where they run draft
         # forwards, which the step table prices: not host work a drafting sequence adds)
-        t = clock() if clock else 0.0
+        t = now()
         if any(room):
             self.drafter.catch_up(seqs)
-        forwards = ctl is not None and ctl.cost.draft_frac > 0
-        if not forwards:
-            apart_ms = (clock() - t) * 1e3 if clock else 0.0
+        caught = now()
         props = self.drafter.propose(seqs, kv, limits)
-        if forwards:
-            apart_ms = (clock() - t) * 1e3 if clock else 0.0
+        forwards = ctl is not None and ctl.cost.draft_frac > 0
+        apart_ms = ((now() if forwards else caught) - t) * 1e3
         for p, r, n in zip(props, room, rows):
             if len(p.draft) > r or len(p.draft) + len(p.probe) > n:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
@@ -138,30 +137,34 @@ class Planner:
         ctl = self.controller
         if ctl is None or not self.overlaps or not ctl.searches_next(drain):
             return 0.0
-        t = clock() if clock else 0.0
+        now = clock or _no_clock
+        t = now()
         ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
-        return (clock() - t) * 1e3 if clock else 0.0
+        return (now() - t) * 1e3
 
     def _lean(self, seqs: list[Sequence], budgets: Budgets | None,
               search_ms: float = 0.0) -> StepPlan:
         """`ar`'s step: the drafter's idle proposals (one shared empty one; a lean step's
         cost is not to grow with the batch beyond ar's), a row a sequence."""
+        return self._decode(seqs, budgets, self.drafter.idle(seqs, self.kv), search_ms,
+                            lean=True)
+
+    def _decode(self, seqs: list[Sequence], budgets: Budgets | None, props: list[Proposal],
+                search_ms: float, apart_ms: float = 0.0, lean: bool = False) -> StepPlan:
+        """A step of a row a sequence (every proposal empty): ar's batch, from the lists
+        directly."""
         n, lens = len(seqs), self.kv.lens
         batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
                                     [lens[s.slot] for s in seqs], self.model.device)
-        return StepPlan(tuple(seqs), budgets, tuple(self.drafter.idle(seqs, self.kv)), batch,
-                        (1,) * n, (0,) * n, search_ms, lean=True)
+        return StepPlan(tuple(seqs), budgets, tuple(props), batch, (1,) * n, (0,) * n,
+                        search_ms, lean, apart_ms)
 
     def _planned(self, seqs: list[Sequence], budgets: Budgets | None,
                  props: list[Proposal], search_ms: float = 0.0,
                  apart_ms: float = 0.0) -> StepPlan:
         lens, p0 = self.kv.lens, props[0]
         if not len(p0.draft) and not len(p0.probe) and all(p is p0 for p in props):
-            n = len(seqs)   # (nothing drafted after all: ar's batch, the lists directly)
-            batch = ForwardBatch.decode([s.slot for s in seqs], [s.pending for s in seqs],
-                                        [lens[s.slot] for s in seqs], self.model.device)
-            return StepPlan(tuple(seqs), budgets, tuple(props), batch, (1,) * n, (0,) * n,
-                            search_ms, apart_ms=apart_ms)
+            return self._decode(seqs, budgets, props, search_ms, apart_ms)   # (nothing drafted)
         inputs = [seq_input(s, p, lens[s.slot]) for s, p in zip(seqs, props)]
         return StepPlan(tuple(seqs), budgets, tuple(props),
                         ForwardBatch(inputs, self.model.device),
@@ -174,6 +177,10 @@ class Planner:
             return self.drafter.verify_hidden(plan.batch, self.kv, list(plan.seqs),
                                               list(plan.proposals), lean=plan.lean)
         return self.model.run(plan.batch, self.kv)
+
+
+def _no_clock() -> float:   # (Planner.plan without a clock: nothing timed)
+    return 0.0
 
 
 def read(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams) -> list[int] | None:
