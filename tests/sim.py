@@ -188,6 +188,27 @@ def timed_model(model, clock: SimClock, monkeypatch):
     return model
 
 
+class NoUndo:
+    """pytest's monkeypatch outside pytest (bench-results' scripts on this clock): setattr,
+    without undo (one process, one model)."""
+
+    def setattr(self, obj, name, value):
+        setattr(obj, name, value)
+
+
+def script_model():
+    """(the tests' tiny Llama on the CPU in fp32, one thread, a NoUndo): what a script that
+    runs this clock outside pytest starts from."""
+    import tempfile
+
+    import torch
+    from conftest import make_tiny_model
+    from specctl.engine.loader import load_model
+    torch.set_num_threads(1)
+    return load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32"), \
+        NoUndo()
+
+
 def sim_controller(drafter, table: StepTable, **kw) -> Controller:
     """--speculate auto's controller as on CUDA: steps priced padded, on `table`."""
     price = drafter.price()

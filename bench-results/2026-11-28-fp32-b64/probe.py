@@ -10,24 +10,14 @@ prompt and the common prefix) in fp32 rounding steps of the top logit.
 tokens: every answer that long (default: the traces' lengths, at most 64).
 """
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, "tests")
-import torch  # noqa: E402
-
-from conftest import make_tiny_model  # noqa: E402
 from helpers import method_drafters, run_ids  # noqa: E402
 from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table,  # noqa: E402
-                 sim_controller, sim_run, timed_model, trace_lengths, traces)
+                 script_model, sim_controller, sim_run, timed_model, trace_lengths,
+                 traces)
 from test_host_clock import _prompts  # noqa: E402
 from specctl.bench.analysis import tie_gap  # noqa: E402
-from specctl.engine.loader import load_model  # noqa: E402
-
-
-class Patch:
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
 
 
 def gap(model, prompt, ref, got):
@@ -40,8 +30,7 @@ def gap(model, prompt, ref, got):
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 256
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    torch.set_num_threads(1)
-    m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+    m, patch = script_model()
     known = traces()
     prompts = _prompts(n, seed=64)
     lens = [min(x, 64) for x in trace_lengths(n, known)] if len(sys.argv) < 4 else \
@@ -49,7 +38,7 @@ def main():
     ref = [run_ids(m, [p], batch_size=1, max_tokens=k)[0][0] for p, k in zip(prompts, lens)]
     clock = SimClock(h200_fused_table(), 64, host=HOST, prefill=prefill_table())
     max_len = max(len(p) for p in prompts) + max(lens) + 16
-    timed_model(m, clock, Patch())
+    timed_model(m, clock, patch)
     out, _ = sim_run(m, prompts, None, clock, batch_size=64, max_tokens=lens, max_len=max_len)
     runs = {"ar b64": [out]}
     drafters = {"trace": TraceChains(ref, known), **method_drafters(m, prompts, ref)}

@@ -3,17 +3,11 @@ time (inclusive; `~forward` is the forwards' own, not charged), ar then one meth
 
     python bench-results/2026-11-28-host-clock-2/attribute.py BATCH waiting|drain trace|draft-verify|kangaroo|self-draft
 """
-import sys, tempfile, time, collections, importlib
-from pathlib import Path
+import sys, time, collections
 sys.path.insert(0, "tests")
-import torch
 import test_host_clock as T
-from conftest import make_tiny_model
 from helpers import method_drafters
-from specctl.engine.loader import load_model
-from sim import SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run, timed_model, trace_lengths, traces, HOST
-class Patch:
-    def setattr(self, obj, name, value): setattr(obj, name, value)
+from sim import SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run, timed_model, trace_lengths, traces, HOST, script_model
 acc = collections.Counter(); cnt = collections.Counter(); depth = [0]
 def wrap(obj, name, tag):
     fn = getattr(obj, name)
@@ -25,13 +19,12 @@ def wrap(obj, name, tag):
 from specctl.runtime.control.controller import Controller
 from specctl.runtime.step import step as S, runner as R
 from specctl.runtime.step.accounting import Accounting
-torch.set_num_threads(1)
-m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+m, patch = script_model()
 b = int(sys.argv[1]); n = 4*b if sys.argv[2] == "waiting" else b
 known = traces(); prompts = T._prompts(n, seed=b)
 lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
 clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, Patch())
+timed_model(m, clock, patch)
 for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller, "prefetch"), (S.Planner, "_planned"), (R.Runner, "_commit"), (R.Runner, "_retire"), (R.Runner, "_admit"), (R.Runner, "step")):
     wrap(obj, name, name)
 wrap(Accounting, "step", "accounting")

@@ -10,25 +10,12 @@ measured on the H200 (bench-results/2026-11-28-gpu-74f1c5f/step-table-7b.json, S
 1/8/32: no batch-64 row), each prefill forward priced as that table's step of 64 tokens a
 prompt (no 7B prefill was measured: an estimate), the host charged as for the demo shape.
 """
+import json
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, "tests")
-import torch  # noqa: E402
-
 import test_host_clock as T  # noqa: E402
-from conftest import make_tiny_model  # noqa: E402
-from specctl.engine.loader import load_model  # noqa: E402
-
-
-class Patch:   # (pytest's monkeypatch, without undo: one process, one model)
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
-
-
-import json  # noqa: E402
-from sim import ROOT  # noqa: E402
+from sim import ROOT, script_model  # noqa: E402
 from specctl.engine.steptable import StepTable  # noqa: E402
 
 shape = sys.argv[1] if len(sys.argv) > 1 else "demo"
@@ -42,14 +29,13 @@ if shape == "7b":
 
     def prefill(p):
         return table.ms(p, 64)
-torch.set_num_threads(1)
-m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+m, patch = script_model()
 print("| batch | work | " + " | ".join(["trace", "draft-verify", "kangaroo", "self-draft"])
       + " | ar steps, prefill forwards | each method's steps / guard trips / prefill forwards |")
 print("|---|---|---|---|---|---|---|---|")
 for b in batches:
     for w in ("waiting", "drain"):
-        r, st, ar = T.host_charged_ratios(m, b, 4 * b if w == "waiting" else b, Patch(),
+        r, st, ar = T.host_charged_ratios(m, b, 4 * b if w == "waiting" else b, patch,
                                           rounds=rounds, table=table, prefill=prefill)
         print(f"| {b} | {w} | " + " | ".join(f"{r[k]:.3f}x" for k in r)
               + f" | {ar.steps}, {ar.prefill_forwards} | "

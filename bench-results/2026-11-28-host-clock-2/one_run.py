@@ -4,26 +4,19 @@ acceptance (what the table's one number hides).
 
     python bench-results/2026-11-28-host-clock-2/one_run.py BATCH waiting|drain trace,draft-verify,kangaroo,self-draft
 """
-import sys, tempfile
-from pathlib import Path
+import sys
 sys.path.insert(0, "tests")
-import torch
 import test_host_clock as T
-from conftest import make_tiny_model
 from helpers import method_drafters
-from specctl.engine.loader import load_model
-from sim import SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run, timed_model, trace_lengths, traces, HOST
+from sim import SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run, timed_model, trace_lengths, traces, HOST, script_model
 
-class Patch:
-    def setattr(self, obj, name, value): setattr(obj, name, value)
-torch.set_num_threads(1)
-m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+m, patch = script_model()
 b = int(sys.argv[1]); n = 4*b if sys.argv[2] == "waiting" else b
 names = sys.argv[3].split(",")
 known = traces(); prompts = T._prompts(n, seed=b)
 lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
 clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, Patch())
+timed_model(m, clock, patch)
 for r in range(2):
     clock.reset(); out, ar = sim_run(m, prompts, None, clock, batch_size=b, max_tokens=lens)
     art = clock()

@@ -7,19 +7,14 @@ inclusive and nest (`step` holds the rest and the forward's own CPU, which is no
 """
 import collections
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 sys.path.insert(0, "tests")
-import torch  # noqa: E402
-
 import test_host_clock as T  # noqa: E402
-from conftest import make_tiny_model  # noqa: E402
 from helpers import method_drafters  # noqa: E402
 from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table,  # noqa: E402
-                 sim_controller, sim_run, timed_model, trace_lengths, traces)
-from specctl.engine.loader import load_model  # noqa: E402
+                 script_model, sim_controller, sim_run, timed_model, trace_lengths,
+                 traces)
 from specctl.runtime.control.controller import Controller  # noqa: E402
 from specctl.runtime.step import runner as R, step as S  # noqa: E402
 from specctl.runtime.step.accounting import Accounting  # noqa: E402
@@ -43,11 +38,6 @@ def wrap(obj, name, tag, hides=False):
     setattr(obj, name, w)
 
 
-class Patch:
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
-
-
 wrap(R.Runner, "under_forward", "(under the forward)", hides=True)
 wrap(Controller, "warm", "(warm, before the run)", hides=True)
 for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller, "_search"),
@@ -56,14 +46,13 @@ for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller
                   (R.Runner, "step"), (R.Runner, "catch_up"), (Accounting, "step"),
                   (Accounting, "flush"), (Controller, "observe")):
     wrap(obj, name, name)
-torch.set_num_threads(1)
-m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+m, patch = script_model()
 b = int(sys.argv[1])
 n = 4 * b if sys.argv[2] == "waiting" else b
 known, prompts = traces(), T._prompts(n, seed=b)
 lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
 clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, Patch())
+timed_model(m, clock, patch)
 
 
 def show(tag, st):

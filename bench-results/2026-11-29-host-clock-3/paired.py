@@ -10,29 +10,17 @@ before and after in the same window.
 """
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 sys.path.insert(0, "tests")
-import torch  # noqa: E402
-
 import test_host_clock as T  # noqa: E402
-from conftest import make_tiny_model  # noqa: E402
-from specctl.engine.loader import load_model  # noqa: E402
+from sim import script_model  # noqa: E402
 
-
-class Patch:   # (pytest's monkeypatch, without undo: one process, one model)
-    def setattr(self, obj, name, value):
-        setattr(obj, name, value)
-
-
-torch.set_num_threads(1)
-m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
+m, patch = script_model()
 b = int(sys.argv[1])
 n = 4 * b if sys.argv[2] == "waiting" else b
 got = {}
 for _ in range(int(sys.argv[4])):
-    ratios, stats, ar = T.host_charged_ratios(m, b, n, Patch(), methods=sys.argv[3].split(","),
+    ratios, stats, ar = T.host_charged_ratios(m, b, n, patch, methods=sys.argv[3].split(","),
                                               rounds=1)
     for k, v in ratios.items():
         if k != "ar":
