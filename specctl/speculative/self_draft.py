@@ -30,7 +30,6 @@ samples with the same seed). The probe rows' KV is never committed.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
@@ -72,6 +71,24 @@ class SelfDraftParams:
                 f"{'-pg' if self.prompt_grams else ''}s{self.seed}"
                 # (only when on: runs recorded without a job cache keep their signature)
                 f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}")
+
+
+_M64 = (1 << 64) - 1
+
+
+def first_branches(key: tuple[int, ...], pool: list[int], n: int) -> list[list[int]]:
+    """n branches of 1 or 2 tokens drawn from pool, the same for the same key on any machine
+    (a splitmix64 stream from the tuple's hash, which for ints Python does not salt): what a
+    branch starts from only sets how soon the probe makes it useful. (random.Random seeded by
+    a string cost ~12 us an admission, at batch 64 a whole step's host work every few steps.)"""
+    x, out, m = hash(key) & _M64, [], len(pool)
+    for _ in range(n):
+        x = (x + 0x9E3779B97F4A7C15) & _M64
+        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        z ^= z >> 31
+        out.append([pool[(z >> 8) % m], pool[(z >> 36) % m]] if z & 1 else [pool[(z >> 8) % m]])
+    return out
 
 
 @dataclass
@@ -152,10 +169,8 @@ class SelfDraftDrafter(Drafter):
     # -- per-sequence life --------------------------------------------------------------------
     def admit(self, seq) -> None:
         p = self.prm
-        rng = random.Random(f"{p.seed}:{seq.req.index}:{len(seq.req.answers)}")
-        pool = seq.prompt_ids or [0]
-        seq.state = SelfDraftState([[rng.choice(pool) for _ in range(rng.randint(1, 2))]
-                                    for _ in range(p.branches)])
+        seq.state = SelfDraftState(first_branches(
+            (p.seed, seq.req.index, len(seq.req.answers)), seq.prompt_ids or [0], p.branches))
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
             ids, g = seq.prompt_ids, p.gram
             self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1]))
