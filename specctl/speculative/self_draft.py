@@ -78,10 +78,12 @@ _M64 = (1 << 64) - 1
 
 def first_branches(key: tuple[int, ...], pool: list[int], n: int) -> list[list[int]]:
     """n branches of 1 or 2 tokens drawn from pool, the same for the same key on any machine
-    (a splitmix64 stream from the tuple's hash, which for ints Python does not salt): what a
-    branch starts from only sets how soon the probe makes it useful. (random.Random seeded by
-    a string cost ~12 us an admission, at batch 64 a whole step's host work every few steps.)"""
-    x, out, m = hash(key) & _M64, [], len(pool)
+    (a splitmix64 stream from the key's ints): what a branch starts from only sets how soon
+    the probe makes it useful. (random.Random seeded by a string cost ~12 us an admission, at
+    batch 64 a whole step's host work every few steps.)"""
+    x, out, m = 0, [], len(pool)
+    for k in key:
+        x = ((x ^ k) * 0x100000001B3 + 0x9E3779B97F4A7C15) & _M64
     for _ in range(n):
         x = (x + 0x9E3779B97F4A7C15) & _M64
         z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
