@@ -9,10 +9,12 @@ the real ones did. Two workloads a batch: requests waiting (4x the batch) and a 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from helpers import method_drafters
+from specctl.speculative.self_draft import SelfDraftDrafter
 from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller,
                  sim_run, timed_model, trace_lengths, traces)
 
@@ -57,8 +59,7 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
         if ref is None:
             ref = out
             drafters = {"trace": TraceChains(ref, known)}
-            drafters.update({k: v for k, v in method_drafters(model, prompts, ref).items()
-                             if v is not None and (methods is None or k in methods)})
+            drafters.update(_drafters(model, prompts, ref, methods))
         assert out == ref
         for name, dr in drafters.items():
             dr = dr.fresh()
@@ -69,6 +70,17 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
             assert got == ref, name
             best[name] = min(best.get(name, float("inf")), clock())
     return {k: best["ar"] / t for k, t in best.items() if k != "ar"}, stats, ar
+
+
+def _drafters(model, prompts, ref, methods=None) -> dict:
+    """Every method's drafter (helpers.method_drafters), Self-Draft as a user runs it by
+    default ("self-draft": no job cache) and with --job-cache ("self-draft:job"; the lossless
+    tests' Self-Draft), each apart: the job cache's indexing is host work of its own."""
+    got = {k: v for k, v in method_drafters(model, prompts, ref).items() if v is not None}
+    job = got.pop("self-draft")
+    got["self-draft"] = SelfDraftDrafter(replace(job.prm, job_cache=False), job.corpus)
+    got["self-draft:job"] = job
+    return {k: v for k, v in got.items() if methods is None or k in methods}
 
 
 @pytest.mark.parametrize("batch", [1, 8, 32, 64])
