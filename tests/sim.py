@@ -132,7 +132,9 @@ class SimClock:
     def forward(self, batch, plan) -> None:
         if self.paused:
             fixed = self.prefill(len(batch.num_new)) if self.prefill else self.prefill_ms
-            self.t += (fixed + self.token_us * batch.num_tokens / 1e3) / 1e3
+            ms = fixed + self.token_us * batch.num_tokens / 1e3
+            self.t += ms / 1e3
+            self.window = ms / 1e3   # (a prefill's forward computes while the host goes on too)
             return
         b, n = len(batch.num_new), grid_n(max(batch.num_new))
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)
@@ -236,15 +238,17 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     runner.clock = clock
     prefill = runner._prefill
 
-    def untimed(seqs):
+    def untimed(seqs, under=None):
         clock.paused = True
         try:
-            prefill(seqs)
+            prefill(seqs, under)
         finally:
             clock.paused = False
     runner._prefill = untimed
-    # (the last step's learning and the next step's search run while the forward does)
+    # (the last step's learning and the next step's search run while the forward does; the
+    # run's first search, and one a drain's first step needs, while a prefill's does)
     runner.under_forward = clock.overlapped(runner.under_forward)
+    runner.under_prefill = clock.overlapped(runner.under_prefill)
     clock.host_from_now()
     stats = runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))], stats

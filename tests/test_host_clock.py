@@ -100,25 +100,30 @@ def test_auto_keeps_up_with_ar_with_the_host_charged(model, batch, work, monkeyp
         assert ratios["trace"] >= TRACE_FLOOR[batch], seen
 
 
-def test_the_next_search_runs_while_the_forward_does(model, monkeypatch):
-    """The controller searches for the next step after a step's forward is issued and before
-    its output is first read (verify's argmax: on CUDA the forward computes meanwhile), and
-    nearly every search of a drafting run is made there, so the step loop does not wait for
-    it. (On the device's clock alone: the run's decisions do not follow this machine's load.)"""
+@pytest.mark.parametrize("batch,n", [(8, 32), (64, 64)])
+def test_the_next_search_runs_while_the_forward_does(model, monkeypatch, batch, n):
+    """The controller searches for the next step after a forward is issued and before its
+    output is first read (verify's argmax, or the prefill's first token: on CUDA the forward
+    computes meanwhile), and every search of a drafting run is made there, so the step loop
+    never waits for one: the run's first, under the first prefill's forward, and a drain's
+    first step's, under the prefill that admitted the last waiting request, too (only
+    Controller.warm's, before the run, are not). Waiting requests and a drain, batch 8 and
+    64. (On the device's clock alone: the run's decisions do not follow this machine's
+    load.)"""
     from specctl.runtime.control import policy
     known, events = traces(), []
-    prompts = _prompts(32, seed=5)
-    lens = [min(x, 48) for x in trace_lengths(32, known)]
-    clock = SimClock(h200_fused_table(), 8, prefill=prefill_table())
+    prompts = _prompts(n, seed=5)
+    lens = [min(x, 48) for x in trace_lengths(n, known)]
+    clock = SimClock(h200_fused_table(), batch, prefill=prefill_table())
     timed_model(model, clock, monkeypatch)
-    ref, _ = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens)
-    for name, obj in (("forward", model), ("read", model)):
-        fn = getattr(obj, "run" if name == "forward" else "argmax")
+    ref, _ = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens)
+    for name, attr in (("forward", "run"), ("forward", "forward"), ("read", "argmax")):
+        fn = getattr(model, attr)   # (forward: a step's, or a prefill's)
 
         def logged(*a, _fn=fn, _name=name, **kw):
             events.append(_name)
             return _fn(*a, **kw)
-        monkeypatch.setattr(obj, "run" if name == "forward" else "argmax", logged)
+        monkeypatch.setattr(model, attr, logged)
     search = policy.search
 
     def searched(*a, **kw):
@@ -137,20 +142,22 @@ def test_the_next_search_runs_while_the_forward_does(model, monkeypatch):
             events.append(")")
     ctl.prefetch = prefetching
     clock.reset()
-    got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=lens, controller=ctl)
+    got, st = sim_run(model, prompts, dr, clock, batch_size=batch, max_tokens=lens,
+                      controller=ctl)
     assert got == ref
     inside, depth, searches = 0, 0, 0
-    for i, e in enumerate(events):
+    for i in range(events.index("forward"), len(events)):   # (Controller.warm's before)
+        e = events[i]
         if e == "(":
             assert events[i - 1] == "forward", events[i - 3:i + 3]
             depth = 1
         elif e == ")":
-            assert events[i + 1] == "read", events[i - 2:i + 3]   # (the step's first read)
+            assert events[i + 1] == "read", events[i - 2:i + 3]   # (the forward's first read)
             depth = 0
         elif e == "search":
             searches += 1
             inside += depth
-    assert searches > 50 and inside >= 0.8 * searches, (inside, searches)
+    assert searches >= 5 and inside == searches, (inside, searches)
 
 
 def test_host_work_under_a_forward_costs_only_past_its_device_time(model, monkeypatch):

@@ -206,11 +206,7 @@ class Controller:
         caps = self._caps(room)
         nxt, self._next = self._next, None
         same = nxt is not None and nxt.order == tuple(keys)
-        # (prefetch's for this step; a drain's for the same sequences or some of them, as
-        # they end: its budgets are the critical path of those, near enough for the rest
-        # for one step, where a search of its own costs a step a third of its time at b8)
-        if nxt is not None and (nxt.step, nxt.drain) == (self.steps, drain) and \
-                (same or not drain or all(k in nxt.ks for k in keys)):
+        if self._serves(nxt, self.steps, keys, drain):
             gains, probes = nxt.gains, nxt.probes
             ks = [min(int(cap), nxt.ks.get(k, nxt.fill)) for k, cap in zip(keys, caps)]
             if not same:   # (its gains are rows of the prefetched sequences; probes, their b)
@@ -275,9 +271,36 @@ class Controller:
         if s < self.lean_until and not self._explore_due(room, s):
             return   # (decide would not search: as its own lean-stretch test; a drain never
                      # gets here in a lean stretch, _may_search)
-        probes, gains, ks = self._search(keys, self._caps(room), room, drain)
+        caps = self._caps(room)
+        probes, gains, ks = self._search(keys, caps, room, drain)
         fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
+        # the prices decide will read, worked out now (StepCost keeps each step shape's: a new
+        # one costs ~0.1 ms at b64): its step's, and an exploring step's widened one
+        self.cost.step_ms(ks, probes)
+        if not drain and self._explore_due(room, s):
+            self.cost.step_ms(np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist(),
+                              probes)
+
+    @staticmethod
+    def _serves(nxt: Prefetched | None, step: int, keys: list, drain: bool) -> bool:
+        """Whether a prefetched search serves step `step` over these sequences: made for that
+        step and drain flag; a drain's, for the same sequences or some of them, as they end
+        (its budgets are the critical path of those, near enough for the rest for one step,
+        where a search of its own costs a step a third of its time at b8)."""
+        return nxt is not None and (nxt.step, nxt.drain) == (step, drain) and \
+            (not drain or nxt.order == tuple(keys) or all(k in nxt.ks for k in keys))
+
+    def prefetch_missing(self, keys: list, room, drain: bool) -> None:
+        """prefetch, unless the search prefetched already is for the next step's very
+        sequences: under a prefill's forward, the run's first search, one whose step became a
+        drain as the last waiting request was admitted (decide would search on the step's
+        critical path for them), and one for the sequences admitted (decide would work out
+        their gains and whether probes pay on it, ~0.1 ms at b64)."""
+        nxt = self._next
+        if nxt is None or (nxt.step, nxt.drain, nxt.order) != (self.steps + 1, drain,
+                                                                tuple(keys)):
+            self.prefetch(keys, room, drain)
 
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""

@@ -20,9 +20,11 @@ from specctl.runtime.step.stats import RunStats
 
 def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStats,
             answers: Answers, sample_rows: Callable[[torch.Tensor, list[Sequence]], list[int]],
-            logprobs: int | None = None) -> None:
+            logprobs: int | None = None, under: Callable[[], None] | None = None) -> None:
     """seqs' prompts (what is left of each) into kv, their first tokens emitted
-    (sample_rows: each finished prompt's token from its last row's states)."""
+    (sample_rows: each finished prompt's token from its last row's states). under: host
+    work run once the last forward is issued and before its output is first read (on CUDA
+    while it computes)."""
     todo = list(seqs)
     while todo:
         budget, parts = chunk, []
@@ -48,6 +50,8 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
             kv.lens[s.slot] = s.prefilled
             if s.prefilled == len(s.prompt_ids):
                 ends.append((s, batch.cu_seqlens[b + 1] - 1))
+        if under is not None and all(s.prefilled == len(s.prompt_ids) for s in todo):
+            under()   # (the last forward's: the read below is the first wait for it)
         if ends:
             last = hidden[[i for _, i in ends]]
             if not bool(torch.isfinite(last).all()):   # (once per prompt, not per step)

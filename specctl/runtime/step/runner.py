@@ -206,7 +206,8 @@ class Runner:
             if fresh:
                 t, st = self.clock(), self.stats
                 forwards, tokens = st.prefill_forwards, st.prefill_tokens
-                self._prefill(fresh)
+                self._prefill(fresh, under=lambda: self.under_prefill(
+                    [s for s in running if not s.finished] + fresh, not waiting))
                 took = self.clock() - t
                 st.prefill_s += took
                 self.admission.prefilled(st.prefill_forwards - forwards,
@@ -309,9 +310,9 @@ class Runner:
             waiting.appendleft(req)
 
     # -- prefill ----------------------------------------------------------------------------
-    def _prefill(self, seqs: list[Sequence]) -> None:
+    def _prefill(self, seqs: list[Sequence], under: Callable[[], None] | None = None) -> None:
         prefill(self.model, self.kv, self.drafter, seqs, self.prefill_chunk, self.stats,
-                self.answers, self._sample_rows, self.logprobs)
+                self.answers, self._sample_rows, self.logprobs, under)
 
     def _sample_rows(self, h: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Each sequence's next token from its row of last-layer states h [B, D]: the argmax,
@@ -394,7 +395,14 @@ class Runner:
         controller's acceptance, step time and guard: each a step late), then the next step's
         search (Planner.prefetch, its ms returned)."""
         self.catch_up()
-        return self.planner.prefetch(plan, drain, self.clock)
+        return self.planner.prefetch(list(plan.seqs), drain, self.clock)
+
+    def under_prefill(self, seqs: list[Sequence], drain: bool) -> None:
+        """The host's work while a prefill's forward computes (prefill's `under`): the next
+        step's search over these sequences, unless the one prefetched serves it (the run's
+        first; a step that became a drain as the last waiting request came in)."""
+        self.stats.search_ms += self.planner.prefetch(sorted(seqs, key=lambda s: s.slot),
+                                                      drain, self.clock, missing=True)
 
     def catch_up(self) -> None:
         """The last step's learning, if it waits (under_forward): now, before a sequence

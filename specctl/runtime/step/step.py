@@ -128,7 +128,8 @@ class Planner:
         ctl = self.controller
         return ctl.cost.padded if ctl is not None else self.model.device.type == "cuda"
 
-    def prefetch(self, plan: StepPlan, drain: bool, clock=None) -> float:
+    def prefetch(self, seqs: list[Sequence], drain: bool, clock=None,
+                 missing: bool = False) -> float:
         """The controller's search for the next step, run while this step's forward does
         (Controller.prefetch); returns its ms on `clock`. Only where steps replay captured
         graphs (CUDA: the forward is asynchronous): on a CPU the forward has finished by now,
@@ -139,7 +140,8 @@ class Planner:
             return 0.0
         now = clock or _no_clock
         t = now()
-        ctl.prefetch([s.slot for s in plan.seqs], lambda: self._room(plan.seqs), drain)
+        fetch = ctl.prefetch_missing if missing else ctl.prefetch
+        fetch([s.slot for s in seqs], lambda: self._room(seqs), drain)
         return (now() - t) * 1e3
 
     def _lean(self, seqs: list[Sequence], budgets: Budgets | None,
