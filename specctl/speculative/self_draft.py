@@ -31,12 +31,8 @@ samples with the same seed). The probe rows' KV is never committed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import numpy as np
-
-from specctl.speculative import batch_trie
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
-from specctl.speculative.corpus_cache import CorpusCache
 from specctl.speculative.job_cache import JobCache, JobCacheParams
 from specctl.speculative.trie import branch_probe, build_trie
 from specctl.speculative.verify import DraftTree
@@ -113,7 +109,6 @@ class SelfDraftProposal(Proposal):
     ctx_nodes: int = 0
 
 
-BATCH_MIN = 8   # sequences from which a step's candidates and tries are made for all at once
 JOB_PENDING = 4096   # texts waiting for the job cache at most (SelfDraftDrafter.job_pending)
 
 
@@ -151,11 +146,6 @@ class SelfDraftDrafter(Drafter):
                 + params.corpus_cands * glen + self._job_draft())
         self.kv_headroom = -(-most // 16) * 16 + 16
         self.step_rows = 1 + most   # the pending token, candidates and branches
-        # whether a step's candidates and tries may be made for the whole batch at once
-        # (batch_trie: the context and corpus caches only; a duck-typed corpus is asked per
-        # sequence)
-        self.batched = self.job is None and (self.corpus is None
-                                             or isinstance(self.corpus, CorpusCache))
         self.finished_prompts = 0
         self.unindexed = False   # a lean step's text waits for the next drafting step (IDLE)
         # where the candidates of accepted tokens came from, for the ablation report
@@ -268,9 +258,7 @@ class SelfDraftDrafter(Drafter):
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if any(r > 0 for r in limits.room):   # (the planner's done it, unless called apart)
             self.catch_up(seqs)
-        if self.batched and len(seqs) >= BATCH_MIN:
-            return self._propose_batch(seqs, limits)
-        out, room = [], limits.room
+        out, room, branches = [], limits.room, self.prm.branches
         for i, s in enumerate(seqs):
             r = room[i]
             if r <= 0:   # an ar step (the controller's budget 0, or the answer's last token)
@@ -279,49 +267,16 @@ class SelfDraftDrafter(Drafter):
             cands, n_job, n_ctx = self.candidates(s)
             sizes: list[int] = []
             draft = build_trie(cands, r, sizes)
+            probe = NO_PROBE
+            fit = limits.probe_room(i, len(draft.tokens)) if branches else 0
+            if fit:   # (cut to the KV rows left: observe skips a branch cut short)
+                probe = branch_probe(s.state.branches)
+                if fit < len(probe.tokens):
+                    probe = probe.prefix(fit)
             # nodes made by the job's and the context cache's candidates (first in the trie)
             n = n_job + n_ctx
-            out.append(SelfDraftProposal(draft, self._probe(s, i, len(draft), limits),
-                                         job_nodes=sizes[n_job - 1] if n_job else 0,
+            out.append(SelfDraftProposal(draft, probe, job_nodes=sizes[n_job - 1] if n_job else 0,
                                          ctx_nodes=sizes[n - 1] if n else 0))
-        return out
-
-    def _probe(self, s, i: int, drafted: int, limits) -> DraftTree:
-        fit = limits.probe_room(i, drafted) if self.prm.branches else 0
-        if not fit:
-            return NO_PROBE
-        probe = branch_probe(s.state.branches)   # (cut to the KV rows left: observe skips a
-        return probe.prefix(fit) if fit < len(probe.tokens) else probe   # branch cut short)
-
-    def _propose_batch(self, seqs, limits) -> list[SelfDraftProposal]:
-        """propose's proposals, every sequence's candidates and trie made at once
-        (batch_trie: the same drafts; no job cache)."""
-        p, room = self.prm, limits.room
-        out = [None if r > 0 else SelfDraftProposal() for r in room]
-        act = [i for i, r in enumerate(room) if r > 0]
-        if not act:
-            return out
-        run = [seqs[i] for i in act]
-        width = p.gram if self.corpus is None else max(p.gram, self.glen)
-        parts, n_ctx = [], 0
-        if p.context_cache and p.context_cands:
-            get, n_ctx = self.ctx.get, p.context_cands
-            parts.append(batch_trie.pack([get(s.pending, n_ctx) for s in run], n_ctx, width))
-        if self.corpus is not None and p.corpus_cands:
-            tail, have = batch_trie.tails(run, min(self.corpus.max_key_len, 8))
-            got = batch_trie.corpus_lookup(self.corpus, tail, have, p.corpus_cands)
-            parts.append(np.pad(got[:, :, :self.glen], ((0, 0), (0, 0), (0, width - self.glen)),
-                                constant_values=-1))
-        if parts:
-            toks, pars, sizes = batch_trie.tries(np.concatenate(parts, axis=1),
-                                                 np.array([room[i] for i in act], np.int64))
-            ctx = sizes[:, n_ctx - 1].tolist() if n_ctx else [0] * len(act)
-        else:
-            toks, pars, ctx = [[] for _ in act], [[] for _ in act], [0] * len(act)
-        for j, i in enumerate(act):
-            draft = DraftTree.trusted(toks[j], pars[j])
-            out[i] = SelfDraftProposal(draft, self._probe(seqs[i], i, len(draft), limits),
-                                       ctx_nodes=ctx[j])
         return out
 
     def observe(self, seqs, proposals, verdicts, probe_out):
