@@ -292,15 +292,18 @@ class Controller:
             (not drain or nxt.order == tuple(keys) or all(k in nxt.ks for k in keys))
 
     def prefetch_missing(self, keys: list, room, drain: bool) -> None:
-        """prefetch, unless the search prefetched already is for the next step's very
-        sequences: under a prefill's forward, the run's first search, one whose step became a
-        drain as the last waiting request was admitted (decide would search on the step's
-        critical path for them), and one for the sequences admitted (decide would work out
-        their gains and whether probes pay on it, ~0.1 ms at b64)."""
+        """What decide would work out on the step's critical path for the next step over
+        these sequences, done now (under a prefill's forward): the search, unless the one
+        prefetched serves it (_serves: the run's first, one whose step became a drain as the
+        last waiting request was admitted); else, where sequences were admitted since, their
+        gains and whether probes pay (~0.1 ms at b64), as decide computes them."""
         nxt = self._next
-        if nxt is None or (nxt.step, nxt.drain, nxt.order) != (self.steps + 1, drain,
-                                                                tuple(keys)):
+        if not self._serves(nxt, self.steps + 1, keys, drain):
             self.prefetch(keys, room, drain)
+        elif nxt.order != tuple(keys):   # (nothing is learnt between now and decide)
+            nxt.gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
+            nxt.probes = policy.probes_pay(self.cost, len(keys), self.probe_share)
+            nxt.order = tuple(keys)
 
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""
