@@ -65,16 +65,19 @@ class Accounting:
         ended, when it is learnt later (Runner.under_forward; else now, this learning
         included). Returns its work for the thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
+        if b.lean and t0 is not None:   # (most steps: what they do first is what is short)
+            if held or searched:   # (at once: the job's account judges now)
+                excess = self._held(n, held) + searched
+                if excess:
+                    self.ctl.guard.job(excess, took + searched, 0)
+            if t.b == n and t.steps < t.most and not b.contrast:
+                t.steps += 1
+                t.ms += took
+                if host is not None:
+                    t.host += host
+                    t.hosted += 1
+                return t.work
         excess = self._held(n, held) if held and t0 is not None else 0.0
-        if b.lean and t0 is not None and (excess or searched):   # (at once: the job's
-            self.ctl.guard.job(excess + searched, took + searched, 0)   # account judges now)
-        if b.lean and t0 is not None and not b.contrast and t.b == n and t.steps < t.most:
-            t.steps += 1
-            t.ms += took
-            if host is not None:
-                t.host += host
-                t.hosted += 1
-            return t.work
         self.flush()
         ctl, st = self.ctl, self.stats
         if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
