@@ -172,8 +172,9 @@ class Controller:
         g = self.guard
         if g.hold:
             g.holding()   # (counts a held step)
-        elif self._may_search(s, drain):
-            return None
+        elif s >= self.lean_until or self.explore_every and not drain and \
+                s - self.last_explore >= self.period and s >= self.next_try:
+            return None   # (_may_search's test, inline: most steps ask it)
         self.steps = self.last_bare = s
         got = self._lean.get(b)   # (the lean step's own: one look-up, not _lean_budgets')
         return got if got is not None else self._lean_budgets(b)

@@ -44,7 +44,7 @@ class LeanTally:
     work: float = 0.0
     contrast: bool = False
     host: float = 0.0   # the host's ms of them, in all
-    hosted: int = 0     # those whose host time is known
+    timed: bool = False   # their host time is known (every step's of a run, or none's)
 
 
 class Accounting:
@@ -75,7 +75,6 @@ class Accounting:
                 t.ms += took
                 if host is not None:
                     t.host += host
-                    t.hosted += 1
                 return t.work
         excess = self._held(n, held) if held and t0 is not None else 0.0
         self.flush()
@@ -113,8 +112,8 @@ class Accounting:
         if t.steps:
             self.stats.lean(t.b, t.steps, t.ms,
                             self.ctl.lean_done(t.b, t.ms / t.steps, t.steps,
-                                               t.host / t.hosted if t.hosted else None,
-                                               t.hosted),
+                                               t.host / t.steps if t.timed else None,
+                                               t.steps if t.timed else 0),
                             t.contrast)
             self.tally = LeanTally()
             self.ctl.guard.job(0.0, t.ms, t.steps)   # (their excess was told at once)
