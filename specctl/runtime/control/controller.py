@@ -303,7 +303,7 @@ class Controller:
         if ms is None:
             return self.ar_ms(b) * steps
         if self.correct:
-            self.cost.learn([0] * b, ms, False)
+            self.cost.learn_counts((b,), ms, False)   # (learn's [0] * b, in O(1))
             if host is not None:   # (the mean host time of `hosted` of them: the baseline
                 self.cost.learn_host(b, host, 0, hosted)   # of drafting's, host_fit)
         self.guard.lean(self.cost.ar_table_ms(b), ms, steps)
