@@ -134,7 +134,8 @@ class Drafter:
     custom_verify = False
 
     def verify_hidden(self, batch, kv, seqs, proposals, lean: bool = False):
-        """The verify forward's last-layer states [T, D] (the runner applies the LM head)."""
+        """The verify forward's last-layer states [T, D] (the runner applies the LM head);
+        seqs and proposals: the step's, as sequences to read (the StepPlan's tuples)."""
         raise NotImplementedError
 
     # a drafter that needs the prompt's hidden states entering layer `prefill_capture` (Kangaroo:

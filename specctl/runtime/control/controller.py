@@ -143,14 +143,15 @@ class Controller:
         self.lean_until = 0      # no search before this step (but an exploring step's)
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
-        self._lean: dict[tuple, Budgets] = {}   # (batch, contrast) -> its lean Budgets
+        self._lean: dict = {}   # batch, or (batch, True) a contrast step's -> lean Budgets
         self._next: Prefetched | None = None   # prefetch's search for the next step
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
-        got = self._lean.get((b, contrast))
+        key = (b, True) if contrast else b
+        got = self._lean.get(key)
         if got is None:
-            got = self._lean[(b, contrast)] = Budgets((0,) * b, False, None, 0.0,
-                                                      contrast=contrast, lean=True)
+            got = self._lean[key] = Budgets((0,) * b, False, None, 0.0, contrast=contrast,
+                                            lean=True)
         return got
 
     def _explore_due(self, room: list[int], s: int | None = None) -> bool:
@@ -168,11 +169,15 @@ class Controller:
             self.contrasts += 1
             self.steps = self.last_bare = s
             return self._lean_budgets(b, contrast=True)
-        if not self.guard.hold and self._may_search(s, drain):
-            return None
+        g = self.guard
+        if g.hold:
+            g.holding()   # (counts a held step)
+        elif s >= self.lean_until or self.explore_every and not drain and \
+                s - self.last_explore >= self.period and s >= self.next_try:
+            return None   # (_may_search's test, inline: most steps ask it)
         self.steps = self.last_bare = s
-        self.guard.holding()   # (counts a held step)
-        return self._lean_budgets(b)
+        got = self._lean.get(b)   # (the lean step's own: one look-up, not _lean_budgets')
+        return got if got is not None else self._lean_budgets(b)
 
     def _may_search(self, s: int, drain: bool) -> bool:
         """Whether step s may search: past a lean stretch, or an exploring step may be due
@@ -324,7 +329,7 @@ class Controller:
         if ms is None:
             return self.ar_ms(b) * steps
         if self.correct:
-            self.cost.learn([0] * b, ms, False)
+            self.cost.learn_counts((b,), ms, False)   # (learn's [0] * b, in O(1))
             if host is not None:   # (the mean host time of `hosted` of them: the baseline
                 self.cost.learn_host(b, host, 0, hosted)   # of drafting's, host_fit)
         self.guard.lean(self.cost.ar_table_ms(b), ms, steps)

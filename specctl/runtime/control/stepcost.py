@@ -257,7 +257,13 @@ class StepCost:
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
-        """A step with budgets ks took measured_ms (returns its table ms); x = log(measured /
+        """learn_counts of a step with budgets ks."""
+        return self.learn_counts(budget_counts(ks), measured_ms, probes, extra_host)
+
+    def learn_counts(self, counts: tuple, measured_ms: float, probes: bool = True,
+                     extra_host: float = 0.0) -> float:
+        """A step in which counts[k] sequences had budget k (budget_counts: a lean step of b,
+        (b,)) took measured_ms (returns its table ms); x = log(measured /
         table ms) is modelled
         as drift + class + kind:
         - the drift, what every step costs beyond the table now (the machine's state, the
@@ -273,20 +279,20 @@ class StepCost:
         next dozen), unless its class has never been timed: a contrast step's first timing
         is the news it was run for. extra_host: the ms of it that drafting's host work added
         (learn_host: priced per drafting sequence, not as a ratio)."""
-        counts = budget_counts(ks)
         ms, kind = self.counts_ms(counts, probes)
         if not ms > 0 or not measured_ms > 0:
             return ms
         self._factors.clear()
         cls = kind[3:]
+        rel_cls, rel_kind = self._rel(cls), self._rel(kind)   # (as they stand before it)
         measured_ms = max(measured_ms - extra_host, 0.1 * measured_ms)
         x = math.log(measured_ms / ms)
-        if cls in self.scale:
-            e = math.log(self.factor(kind))
+        if cls in self.scale:   # (factor(kind) as it stands, and kept as factor keeps it)
+            f = self._factors[kind] = math.exp(self.drift + rel_cls + rel_kind)
+            e = math.log(f)
             x = min(e + math.log(2), max(e - math.log(2), x))
         self.steps += 1
-        self.drift += (x - self._rel(cls) - self._rel(kind) - self.drift) / \
-            min(self.steps, SCALE_MEMORY)
+        self.drift += (x - rel_cls - rel_kind - self.drift) / min(self.steps, SCALE_MEMORY)
         x -= self.drift
         for key in (cls, kind):
             s = self.scale.setdefault(key, [0.0, 0])

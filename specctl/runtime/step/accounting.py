@@ -44,7 +44,7 @@ class LeanTally:
     work: float = 0.0
     contrast: bool = False
     host: float = 0.0   # the host's ms of them, in all
-    hosted: int = 0     # those whose host time is known
+    timed: bool = False   # their host time is known (every step's of a run, or none's)
 
 
 class Accounting:
@@ -65,16 +65,18 @@ class Accounting:
         ended, when it is learnt later (Runner.under_forward; else now, this learning
         included). Returns its work for the thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
+        if b.lean and t0 is not None:   # (most steps: what they do first is what is short)
+            if held or searched:   # (at once: the job's account judges now)
+                excess = self._held(n, held) + searched
+                if excess:
+                    self.ctl.guard.job(excess, took + searched, 0)
+            if t.b == n and t.steps < t.most and not b.contrast:
+                t.steps += 1
+                t.ms += took
+                if host is not None:
+                    t.host += host
+                return t.work
         excess = self._held(n, held) if held and t0 is not None else 0.0
-        if b.lean and t0 is not None and (excess or searched):   # (at once: the job's
-            self.ctl.guard.job(excess + searched, took + searched, 0)   # account judges now)
-        if b.lean and t0 is not None and not b.contrast and t.b == n and t.steps < t.most:
-            t.steps += 1
-            t.ms += took
-            if host is not None:
-                t.host += host
-                t.hosted += 1
-            return t.work
         self.flush()
         ctl, st = self.ctl, self.stats
         if b.lean:   # ar's path: its time is all there is to learn (RunStats.lean)
@@ -110,8 +112,8 @@ class Accounting:
         if t.steps:
             self.stats.lean(t.b, t.steps, t.ms,
                             self.ctl.lean_done(t.b, t.ms / t.steps, t.steps,
-                                               t.host / t.hosted if t.hosted else None,
-                                               t.hosted),
+                                               t.host / t.steps if t.timed else None,
+                                               t.steps if t.timed else 0),
                             t.contrast)
             self.tally = LeanTally()
             self.ctl.guard.job(0.0, t.ms, t.steps)   # (their excess was told at once)

@@ -93,6 +93,7 @@ class Runner:
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
+        self._overlaps = self.planner.overlaps   # (its every step reads it: kept, not asked)
         self.stats = RunStats(kv_bytes=self.kv.bytes,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.answers = Answers(eos_ids, stop, decode, self.kv, max_len, self.stats, logprobs)
@@ -130,6 +131,7 @@ class Runner:
         """Speculate under `controller` (--speculate auto): made after the runner, so the
         step-cost table it may measure runs on this runner's cache and graphs."""
         self.controller = self.planner.controller = controller
+        self._overlaps = self.planner.overlaps
         t0 = time.perf_counter()
         controller.warm(self.batch_size)   # (its searches' tables: made now, not in a step)
         self.stats.profile_s = controller.profile_s + time.perf_counter() - t0
@@ -147,7 +149,7 @@ class Runner:
         came = dict(getattr(self.drafter, "accepted_from", {}))
         if ctl is not None:
             ctl.new_run()
-        self.drafter.overlapped = self.planner.overlaps
+        self.drafter.overlapped = self._overlaps = self.planner.overlaps
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         except BaseException:
@@ -357,7 +359,7 @@ class Runner:
             self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
                                  list(out.probe_out))
         # (a step in which a sequence ended learns at once: its slot is about to be given up)
-        defer = self.planner.overlaps and not any(s.finished for s in seqs)
+        defer = self._overlaps and not any(s.finished for s in seqs)
         if learn is not None and defer:
             self._later.append(learn)
         elif learn is not None:   # (in the step's time, as before)
@@ -366,7 +368,7 @@ class Runner:
         new = g.captures - captures if g is not None else 0
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
         b = plan.budgets
-        if b is not None:
+        if b is not None:   # (a lean step's is most steps': kept to a few operations)
             end = self.clock()
             took = (end - t0) * 1e3
             # (the host's own time: planning, and all after the read; not the search, nor
@@ -374,17 +376,20 @@ class Runner:
             # the forward. None: under sampling, verify's own device work follows the read)
             host = None if t2 is None else \
                 (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.apart_ms
-            self.stats.search_ms += plan.search_ms + ahead
-            if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
-                took -= plan.search_ms + ahead   # for by its backoff: ar's step has none;
-                # the next step's, `ahead`, is hidden under the forward on CUDA, and taking it
-                # off where it was errs low on ar's price, the guard's safe side)
-            args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
-                    plan.search_ms + ahead, host)
+            searched = plan.search_ms + ahead
+            if searched:
+                self.stats.search_ms += searched
+                if b.lean:   # (a search that gave no drafts is the controller's overhead,
+                    took -= searched   # paid for by its backoff: ar's step has none; the
+                    # next step's, `ahead`, is hidden under the forward on CUDA, and taking it
+                    # off where it was errs low on ar's price, the guard's safe side)
             if defer:   # (its total: the step as it ends now)
-                self._later.append(lambda end=end: self.accounting.step(*args, end=end))
+                args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
+                        searched, host)
+                self._later.append(lambda: self.accounting.step(*args, end=end))
             else:
-                work = self.accounting.step(*args)
+                work = self.accounting.step(plan, out, seqs, had, took, None if new else t0,
+                                            drain, self._held, searched, host)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
@@ -395,14 +400,17 @@ class Runner:
         controller's acceptance, step time and guard: each a step late), then the next step's
         search (Planner.prefetch, its ms returned)."""
         self.catch_up()
-        return self.planner.prefetch(list(plan.seqs), drain, self.clock)
+        # (a CPU's run searches at the step: Planner.prefetch would say so, a call later)
+        return self.planner.prefetch(list(plan.seqs), drain, self.clock) if self._overlaps \
+            else 0.0
 
     def under_prefill(self, seqs: list[Sequence], drain: bool) -> None:
-        """The host's work while a prefill's forward computes (prefill's `under`): the next
-        step's search over these sequences, unless the one prefetched serves it (the run's
-        first; a step that became a drain as the last waiting request came in)."""
-        self.stats.search_ms += self.planner.prefetch(sorted(seqs, key=lambda s: s.slot),
-                                                      drain, self.clock, missing=True)
+        """The host's work while a prefill's forward computes (prefill's `under`): what the
+        next step's decide would work out over these sequences (Controller.prefetch_missing:
+        the search where none prefetched serves it, else the admitted sequences' gains)."""
+        if self._overlaps:
+            self.stats.search_ms += self.planner.prefetch(
+                sorted(seqs, key=lambda s: s.slot), drain, self.clock, missing=True)
 
     def catch_up(self) -> None:
         """The last step's learning, if it waits (under_forward): now, before a sequence

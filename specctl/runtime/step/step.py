@@ -176,8 +176,8 @@ class Planner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """The verify forward's last-layer states [T, D]."""
         if self.drafter.custom_verify:
-            return self.drafter.verify_hidden(plan.batch, self.kv, list(plan.seqs),
-                                              list(plan.proposals), lean=plan.lean)
+            return self.drafter.verify_hidden(plan.batch, self.kv, plan.seqs, plan.proposals,
+                                              lean=plan.lean)   # (read, never kept: no copies)
         return self.model.run(plan.batch, self.kv)
 
 
