@@ -746,3 +746,15 @@ def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
     one.learn_host(8, 0.008)
     one.learn_host(8, 0.008 + 1.0 + 0.05 * 8, 8)   # one count only: its share a sequence
     assert one.host_fit() == (0.0, pytest.approx(1.4 / 8))
+
+
+def test_a_steps_learning_prices_its_own_kind_at_once():
+    """After a step is learnt, its kind's next price reads the drift and ratios the step just
+    moved, as every other kind's does (learn once cached its kind's factor as it stood before
+    the step: that kind was priced a step late)."""
+    c = StepCost(table(lambda b, n: 2.0 + 0.02 * b * n))
+    for ms in (3.0, 3.1, 2.9, 6.0, 6.2, 5.8, 6.1):   # the machine turns slower midway
+        c.learn([2] * 8, ms, False)
+        kind = c.counts_ms((0, 0, 8), False)[1]
+        assert c.factor(kind) == pytest.approx(
+            math.exp(c.drift + c._rel(kind[3:]) + c._rel(kind)), rel=1e-12)

@@ -287,9 +287,8 @@ class StepCost:
         rel_cls, rel_kind = self._rel(cls), self._rel(kind)   # (as they stand before it)
         measured_ms = max(measured_ms - extra_host, 0.1 * measured_ms)
         x = math.log(measured_ms / ms)
-        if cls in self.scale:   # (factor(kind) as it stands, and kept as factor keeps it)
-            f = self._factors[kind] = math.exp(self.drift + rel_cls + rel_kind)
-            e = math.log(f)
+        if cls in self.scale:   # (log factor(kind) as it stands: not cached, the step moves it)
+            e = self.drift + rel_cls + rel_kind
             x = min(e + math.log(2), max(e - math.log(2), x))
         self.steps += 1
         self.drift += (x - rel_cls - rel_kind - self.drift) / min(self.steps, SCALE_MEMORY)
