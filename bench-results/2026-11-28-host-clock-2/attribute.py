@@ -25,7 +25,7 @@ known = traces(); prompts = T._prompts(n, seed=b)
 lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
 clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
 timed_model(m, clock, patch)
-for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller, "prefetch"), (S.Planner, "_planned"), (R.Runner, "_commit"), (R.Runner, "_retire"), (R.Runner, "_admit"), (R.Runner, "step")):
+for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller, "prefetch"), (S.Planner, "_planned"), (R, "commit"), (R.Runner, "_retire"), (R.Runner, "_admit"), (R.Runner, "step")):
     wrap(obj, name, name)
 wrap(Accounting, "step", "accounting")
 wrap(Controller, "observe", "ctl.observe")

@@ -42,7 +42,7 @@ wrap(R.Runner, "under_forward", "(under the forward)", hides=True)
 wrap(Controller, "warm", "(warm, before the run)", hides=True)
 for obj, name in ((Controller, "plan_lean"), (Controller, "decide"), (Controller, "_search"),
                   (S.Planner, "_planned"), (S.Planner, "_lean"), (S.Planner, "plan"),
-                  (R.Runner, "_commit"), (R.Runner, "_retire"), (R.Runner, "_admit"),
+                  (R, "commit"), (R.Runner, "_retire"), (R.Runner, "_admit"),
                   (R.Runner, "step"), (R.Runner, "catch_up"), (Accounting, "step"),
                   (Accounting, "flush"), (Controller, "observe")):
     wrap(obj, name, name)

@@ -28,7 +28,7 @@ Speculation: without a controller each drafter drafts its own amount (`--specula
 papers' settings); with one (`--speculate auto`, runtime/control/controller.py) every step
 gives each sequence a draft budget before the drafter proposes: the budget caps the sequence's
 room, so budget 0 is an `ar` step for it (no draft forward, no probe). The step itself is in
-runtime/step/step.py: plan -> forward -> verify, then commit here.
+runtime/step/step.py: plan -> forward -> verify, then commit (runtime/step/commit.py).
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.answers import Answers
+from specctl.runtime.step.commit import commit
 from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
-from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, read, verify
+from specctl.runtime.step.step import Planner, StepPlan, read, verify
 from specctl.runtime.control.steptables import STEP_TABLE_ROWS
 from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
@@ -354,7 +355,7 @@ class Runner:
         t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
         out = verify(plan, h, self.model, self.sp, self._uniforms, target)
         had = [len(s.out_ids) for s in seqs]
-        self._commit(plan, out)
+        commit(plan, out, self.kv, self.answers, self.stats)
         learn = self.drafter.observe_lean(seqs) if plan.lean else \
             self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
                                  list(out.probe_out))
@@ -418,38 +419,3 @@ class Runner:
         later, self._later = self._later, []
         for f in later:
             f()
-
-    def _commit(self, plan: StepPlan, out: StepOutcome) -> None:
-        """The accepted rows into the KV cache, the emitted tokens into the sequences."""
-        st, n = self.stats, len(plan.seqs)
-        if plan.batch.num_tokens == n:   # an ar step (a row each): its token, nothing moves
-            self.kv.advance([s.slot for s in plan.seqs])
-            emit = self.answers.emit
-            for s, v in zip(plan.seqs, out.verdicts):
-                r = s.req
-                r.steps += 1
-                r.accept_lengths.append(0)
-                r.draft_lengths.append(0)
-                emit(s, [v.bonus])
-            st.accept_hist[0] = st.accept_hist.get(0, 0) + n
-            st.steps += 1
-            st.step_tokens += n
-            st.padded_tokens += n
-            return
-        root = [0]   # (a sequence that accepts nothing keeps its root's row; commit_many
-        # reads its lists, never keeps nor edits them)
-        self.kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted] if v.accepted else root)
-                             for s, v in zip(plan.seqs, out.verdicts)])
-        emit, hist = self.answers.emit, st.accept_hist
-        for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
-            r, a = s.req, len(v.accepted)
-            r.steps += 1
-            r.accept_lengths.append(a)
-            r.draft_lengths.append(len(p.draft.tokens))
-            hist[a] = hist.get(a, 0) + 1
-            emit(s, v.tokens(p.draft) if a else [v.bonus])
-        ran = [n + m for n, m in zip(plan.verified, plan.probed)]
-        st.steps += 1
-        st.step_tokens += sum(ran)
-        st.probe_tokens += sum(plan.probed)
-        st.padded_tokens += max(ran) * len(ran)

@@ -1,0 +1,48 @@
+"""A step's commit: the accepted rows into the KV cache, the emitted tokens into the
+sequences (Answers.emit: each checked against EOS, stop strings, the token budget and the
+context), and the step's counts into the run's stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specctl.runtime.step.answers import Answers
+    from specctl.runtime.step.stats import RunStats
+    from specctl.runtime.step.step import StepOutcome, StepPlan
+
+
+def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats) -> None:
+    """Commit a verified step (Runner.step, after verify)."""
+    n = len(plan.seqs)
+    if plan.batch.num_tokens == n:   # an ar step (a row each): its token, nothing moves
+        kv.advance([s.slot for s in plan.seqs])
+        emit = answers.emit
+        for s, v in zip(plan.seqs, out.verdicts):
+            r = s.req
+            r.steps += 1
+            r.accept_lengths.append(0)
+            r.draft_lengths.append(0)
+            emit(s, [v.bonus])
+        st.accept_hist[0] = st.accept_hist.get(0, 0) + n
+        st.steps += 1
+        st.step_tokens += n
+        st.padded_tokens += n
+        return
+    root = [0]   # (a sequence that accepts nothing keeps its root's row; commit_many reads
+    # its lists, never keeps nor edits them)
+    kv.commit_many([(s.slot, [0] + [j + 1 for j in v.accepted] if v.accepted else root)
+                    for s, v in zip(plan.seqs, out.verdicts)])
+    emit, hist = answers.emit, st.accept_hist
+    for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
+        r, a = s.req, len(v.accepted)
+        r.steps += 1
+        r.accept_lengths.append(a)
+        r.draft_lengths.append(len(p.draft.tokens))
+        hist[a] = hist.get(a, 0) + 1
+        emit(s, v.tokens(p.draft) if a else [v.bonus])
+    ran = [n + m for n, m in zip(plan.verified, plan.probed)]
+    st.steps += 1
+    st.step_tokens += sum(ran)
+    st.probe_tokens += sum(plan.probed)
+    st.padded_tokens += max(ran) * len(ran)
