@@ -212,11 +212,10 @@ class Controller:
         nxt, self._next = self._next, None
         same = nxt is not None and nxt.order == tuple(keys)
         if self._serves(nxt, self.steps, keys, drain):
+            if not same:   # (its gains are rows of the prefetched sequences; probes, their b)
+                self._refit(nxt, keys, drain)
             gains, probes = nxt.gains, nxt.probes
             ks = [min(int(cap), nxt.ks.get(k, nxt.fill)) for k, cap in zip(keys, caps)]
-            if not same:   # (its gains are rows of the prefetched sequences; probes, their b)
-                gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
-                probes = policy.probes_pay(c, len(keys), self.probe_share)
         else:
             probes, gains, ks = self._search(keys, caps, room, drain)
         if any(ks):
@@ -306,9 +305,14 @@ class Controller:
         if not self._serves(nxt, self.steps + 1, keys, drain):
             self.prefetch(keys, room, drain)
         elif nxt.order != tuple(keys):   # (nothing is learnt between now and decide)
-            nxt.gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
-            nxt.probes = policy.probes_pay(self.cost, len(keys), self.probe_share)
-            nxt.order = tuple(keys)
+            self._refit(nxt, keys, drain)
+
+    def _refit(self, nxt: Prefetched, keys: list, drain: bool) -> None:
+        """A prefetched search made over other sequences, for these: their gains and whether
+        probes pay at their batch size (its budgets stay, and its level for a newcomer)."""
+        nxt.gains = self.acc.gains_many(keys, slowest=len(keys) if drain else 1)
+        nxt.probes = policy.probes_pay(self.cost, len(keys), self.probe_share)
+        nxt.order = tuple(keys)
 
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""

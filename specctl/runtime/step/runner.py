@@ -384,13 +384,12 @@ class Runner:
                     took -= searched   # paid for by its backoff: ar's step has none; the
                     # next step's, `ahead`, is hidden under the forward on CUDA, and taking it
                     # off where it was errs low on ar's price, the guard's safe side)
+            args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
+                    searched, host)
             if defer:   # (its total: the step as it ends now)
-                args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
-                        searched, host)
                 self._later.append(lambda: self.accounting.step(*args, end=end))
             else:
-                work = self.accounting.step(plan, out, seqs, had, took, None if new else t0,
-                                            drain, self._held, searched, host)
+                work = self.accounting.step(*args)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
