@@ -22,6 +22,10 @@ class Ctl(Controller):
     explored = 0
     last: Budgets | None = None
 
+    def __init__(self, *a, probe_seqs=0, **kw):   # (the search's own budgets: the cap on a
+        super().__init__(*a, probe_seqs=probe_seqs, **kw)   # run's first drafting steps has
+                                                            # its own test)
+
     def budgets(self, keys, room):
         self.last = self.plan(keys, room)
         self.explored += self.last.explored
@@ -724,6 +728,33 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
         extra = slow.cost.learn_host(64, 0.1, 64)
         slow.cost.learn([4] * 64, 3 * slow.cost.table_ms([4] * 64)[0], False, extra)
     assert slow.cost.host_fit() == (0.0, pytest.approx(0.0, abs=1e-9))
+
+
+def test_until_a_drafting_step_is_timed_only_a_few_sequences_draft():
+    """Before any drafting step has been timed, the host price of drafting is unknown (priced
+    at nothing): the run's first drafting steps draft only the PROBE_SEQS sequences the search
+    expects the most of, so learning that price at batch 64 costs a few sequences' host work,
+    not 64; once one step is timed (its host work 80 us a drafting sequence) the search prices
+    it, and at batch 64 drafting stops while batch 1 still drafts."""
+    from specctl.runtime.control.controller import PROBE_SEQS
+    wide = table(lambda b, n: 2.0 + 0.02 * b * n, batches=(1, 2, 4, 8, 16, 32, 64))
+    ctl = Ctl(StepCost(wide), 4, prior_accept=0.7, explore_every=0, probe_seqs=PROBE_SEQS)
+    big = list(range(64))
+    for key, acc in ((5, 4), (9, 3), (17, 4), (40, 2), (41, 1)):   # some sequences accept more
+        ctl.acc.learn_many([key] * 6, [4] * 6, [[0] * acc] * 6)
+    for _ in range(2):   # (not timed yet: still a few)
+        ks = ctl.budgets(big, [100] * 64)
+        assert sorted(i for i, k in enumerate(ks) if k) == [5, 9, 17, 40]
+    b = ctl.last
+    props = [Proposal(DraftTree.chain([0] * k)) for k in b.ks]
+    host = 0.1 + 4 * 0.08
+    ctl.cost.learn_host(64, 0.1)   # (a lean step's, as the runner's contrast steps teach it)
+    ctl.observe(big, b, props, [Verdict([0] * k, 0) for k in b.ks],
+                ctl.cost.table_ms(list(b.ks))[0] + host, host)
+    assert ctl.cost.host_fit() == (0.0, pytest.approx(0.08))
+    assert ctl.budgets(big, [100] * 64) == [0] * 64
+    assert ctl.budgets([3], [100]) == [4]
+    assert min(Ctl(StepCost(wide), 4, prior_accept=0.7).budgets(big, [100] * 64)) > 0
 
 
 def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():

@@ -62,6 +62,17 @@ changes until a draft is accepted), but for an exploring step when it is due and
 paid for. And the measured guard (runtime/control/guard.py) holds the run to lean steps when its
 drafting steps fall behind what `ar` takes for the same progress.
 
+The first drafting steps: what drafting costs the host (a proposal, a tree's layout, its
+verification and commit, per drafting sequence: StepCost.host_fit) is known only once a
+drafting step has been timed, and until then the search prices it at nothing. At batch 64
+with a GPU's step that is wrong by a whole step or more (Self-Draft's drafting steps cost
+~3x a lean step's host time there: on the host-charged clock a 64-sequence drain paid two of
+them, 3% of the run, before it learnt that drafting does not pay). So until a drafting step
+has been timed at most PROBE_SEQS sequences draft in a step (those the search expects the
+most of): the step's device price barely moves (the graphs pad to the longest sequence)
+and its host time, fitted per drafting sequence, prices every later search. (A step is
+learnt a step late where the host runs beside the forward: two such steps.)
+
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
 slowest of the batch's sequences may be (Acceptance.gains_many's `slowest`).
@@ -87,6 +98,17 @@ from specctl.engine.steptable import StepTable
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
 LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
+PROBE_SEQS = 4         # the most sequences drafting before a drafting step is timed
+
+
+def _probe(ks: list[int], gains: np.ndarray, n: int) -> list[int]:
+    """ks with only the n sequences of the largest expected gain drafting (the module
+    docstring's first drafting steps)."""
+    ks = list(ks)
+    gain = gains[np.arange(len(ks)), ks] - gains[:, 0]
+    for i in np.argsort(-gain, kind="stable")[n:]:
+        ks[i] = 0
+    return ks
 
 
 @dataclass
@@ -121,7 +143,8 @@ class Controller:
     def __init__(self, cost: StepCost, max_budget: int, *, tree: bool = False,
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
                  explore_budget: int | None = None, explore_cost: float = 0.02,
-                 probe_share: float = 0.1, correct: bool = True, guard: bool = True):
+                 probe_share: float = 0.1, correct: bool = True, guard: bool = True,
+                 probe_seqs: int = PROBE_SEQS):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
@@ -131,6 +154,7 @@ class Controller:
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
         self.explore_cost = explore_cost
         self.probe_share = probe_share
+        self.probe_seqs = probe_seqs   # 0: no cap on the first drafting steps
         self.correct = correct   # step costs corrected by measured step times (stepcost)
         self.steps = 0
         self.last_explore = 0
@@ -223,6 +247,8 @@ class Controller:
         else:   # nothing pays: lean steps until the next search, backing off
             self.idle = min(2 * self.idle, LEAN_MAX) if self.idle else 1
             self.lean_until = self.steps + self.idle
+        if not self.timed_steps and self.probe_seqs and np.count_nonzero(ks) > self.probe_seqs:
+            ks = _probe(ks, gains, self.probe_seqs)
         explored, contrast, base = 0, False, None
         since = self.steps - self.last_explore
         if due:
@@ -422,6 +448,7 @@ class Controller:
         ghost = copy.copy(self)   # (its own acceptance and counts: what _search touches)
         ghost.acc = copy.deepcopy(self.acc)
         for b in sorted(sizes, reverse=True):   # (the largest first: smaller ones reuse it)
+            self.cost.ar_table_ms(b)   # (the guard's and the accounting's `ar` price)
             for drain in (False, True):
                 ghost._search(list(range(-b, 0)), self._caps([self.K] * b), [self.K] * b, drain)
 

@@ -33,6 +33,7 @@ runtime/step/step.py: plan -> forward -> verify, then commit (runtime/step/commi
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import deque
 from typing import Callable, Iterable
@@ -123,6 +124,9 @@ class Runner:
         of `ar`'s steps and be learnt as what drafting costs."""
         g = self.model.graphs
         if g is None:
+            # (what the drafter keeps per cache, Kangaroo's adapter head and its KV rows, is
+            # made now as graphs make it: not in the run's first prefill, on its clock)
+            self.drafter.graph_forwards(self.kv)
             return
         t0 = self.clock()
         self.stats.captures += g.warm(self.kv, self.drafter.graph_forwards(self.kv))
@@ -151,12 +155,19 @@ class Runner:
         if ctl is not None:
             ctl.new_run()
         self.drafter.overlapped = self._overlaps = self.planner.overlaps
+        # what exists now (the model's and the drafter's objects, a corpus cache's tables)
+        # is out of the cyclic GC's sight for the run: a collection in a step scanned it all
+        # (Self-Draft's first steps at batch 64 paid ~2 ms for one, as much as a step's
+        # forward on a GPU); the run's own objects are collected as ever, and all of them
+        # again after it (what is garbage now is freed then)
+        gc.freeze()
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         except BaseException:
             self._later = []   # (a run that failed learns nothing more from its last step)
             raise
         finally:
+            gc.unfreeze()
             self.catch_up()   # (a whole run's loop leaves none: its last step ended sequences)
             torch.set_num_threads(cpu_threads)
             self.stats.accepted_from = {k: v - came.get(k, 0) for k, v in
