@@ -742,9 +742,10 @@ def test_until_a_drafting_step_is_timed_only_a_few_sequences_draft():
     big = list(range(64))
     for key, acc in ((5, 4), (9, 3), (17, 4), (40, 2), (41, 1)):   # some sequences accept more
         ctl.acc.learn_many([key] * 6, [4] * 6, [[0] * acc] * 6)
-    for _ in range(2):   # (not timed yet: still a few)
+    for _ in range(2):   # (its drafts accepted, but not timed yet: still a few)
         ks = ctl.budgets(big, [100] * 64)
         assert sorted(i for i, k in enumerate(ks) if k) == [5, 9, 17, 40]
+        ctl.verified([Verdict([0] * k, 0) for k in ks])
     b = ctl.last
     props = [Proposal(DraftTree.chain([0] * k)) for k in b.ks]
     host = 0.1 + 4 * 0.08
@@ -755,6 +756,25 @@ def test_until_a_drafting_step_is_timed_only_a_few_sequences_draft():
     assert ctl.budgets(big, [100] * 64) == [0] * 64
     assert ctl.budgets([3], [100]) == [4]
     assert min(Ctl(StepCost(wide), 4, prior_accept=0.7).budgets(big, [100] * 64)) > 0
+
+
+@pytest.mark.parametrize("accepted", [False, True])
+def test_the_step_after_the_runs_first_drafting_step_waits_for_its_verdicts(accepted):
+    """Where a step is learnt a step late (under the next one's forward), the step after the
+    run's first drafting step is decided before that one is learnt: it drafts on the prior
+    only where the first had a draft accepted (Controller.verified, told at once), else it is
+    a lean step; once a drafting step is learnt, steps draft as the search says."""
+    from specctl.runtime.control.controller import PROBE_SEQS
+    ctl = Ctl(StepCost(flat, True), 4, prior_accept=0.7, explore_every=0,
+              probe_seqs=PROBE_SEQS)
+    keys = list(range(4))
+    first = ctl.plan(keys, [100] * 4)
+    assert min(first.ks) > 0 and ctl.unlearnt == 1
+    ctl.verified([Verdict([0] if accepted and i == 2 else [], 0) for i in keys])
+    assert (min(ctl.plan(keys, [100] * 4).ks) > 0) == accepted
+    props = [Proposal(DraftTree.chain([0] * k)) for k in first.ks]
+    ctl.observe(keys, first, props, [Verdict([], 0)] * 4, 10.0, 0.1)   # (learnt: timed)
+    assert min(ctl.plan(keys, [100] * 4).ks) > 0
 
 
 def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():

@@ -70,8 +70,13 @@ with a GPU's step that is wrong by a whole step or more (Self-Draft's drafting s
 them, 3% of the run, before it learnt that drafting does not pay). So until a drafting step
 has been timed at most PROBE_SEQS sequences draft in a step (those the search expects the
 most of): the step's device price barely moves (the graphs pad to the longest sequence)
-and its host time, fitted per drafting sequence, prices every later search. (A step is
-learnt a step late where the host runs beside the forward: two such steps.)
+and its host time, fitted per drafting sequence, prices every later search. And where the
+host runs beside the forward a step is learnt a step late (under the next one's forward), so
+the step after the run's first drafting step would draft on the prior too, before the first
+is learnt: where that step had no draft accepted (Controller.verified, told at once) the
+next is a lean step instead (on the host-charged clock a method that accepts nothing paid
+two drafting steps, ~4% of a 64-token drain at batch 1; and the lean step times the step
+that drafting must beat).
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
@@ -154,7 +159,7 @@ class Controller:
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
         self.explore_cost = explore_cost
         self.probe_share = probe_share
-        self.probe_seqs = probe_seqs   # 0: no cap on the first drafting steps
+        self.probe_seqs = probe_seqs   # 0: the first drafting steps are as any (docstring)
         self.correct = correct   # step costs corrected by measured step times (stepcost)
         self.steps = 0
         self.last_explore = 0
@@ -166,6 +171,8 @@ class Controller:
         self.idle = 0            # lean steps granted after the last search that gave 0s
         self.lean_until = 0      # no search before this step (but an exploring step's)
         self.next_try = 0        # the first step an exploring step due may pay for itself
+        self.unlearnt = 0        # drafting steps decided and not yet observed
+        self.hit = False         # whether the last one verified had a draft accepted
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict = {}   # batch, or (batch, True) a contrast step's -> lean Budgets
         self._next: Prefetched | None = None   # prefetch's search for the next step
@@ -227,6 +234,10 @@ class Controller:
     def decide(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """plan's decision where plan_lean gave none (its caller asked it first)."""
         self.steps += 1
+        if self.unlearnt and not self.timed_steps and not self.hit and self.probe_seqs:
+            self._next = None   # (the run's first drafting step got nothing: module docstring)
+            self.last_bare = self.steps
+            return self._lean_budgets(len(keys))
         due = not drain and self._explore_due(room)   # (draining, a lesson comes too late)
         if self.steps < self.lean_until and not due:   # (in a lean stretch only an exploring
             self.last_bare = self.steps                # step due, and paid for, searches)
@@ -264,6 +275,7 @@ class Controller:
         if not any(ks):
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
+        self.unlearnt += 1
         return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
@@ -397,6 +409,7 @@ class Controller:
         (StepCost.learn_host; None: not known). Returns (the step's table ms as run, the
         tokens it was expected to emit)."""
         ks = self.spent(b, proposals)
+        self.unlearnt = max(0, self.unlearnt - 1)
         if any(v.accepted for v in verdicts):   # drafting may pay now: search the next step
             self.lean_until = 0                  # (backing off as before if it still does not)
         self.timed_steps += measured_ms is not None
@@ -418,6 +431,10 @@ class Controller:
         else:
             table = self.cost.table_ms(ran, b.probes)[0]
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
+
+    def verified(self, verdicts) -> None:
+        """A drafting step's verdicts, before it is learnt (observe: maybe a step later)."""
+        self.hit = any(v.accepted for v in verdicts)
 
     def ar_ms(self, b: int) -> float:
         """ms of an `ar` step of b sequences: as this run's lean steps measure it, else the
@@ -454,7 +471,7 @@ class Controller:
 
     def new_run(self) -> None:
         """A runner's run starts: a search prefetched at the end of the last one is not its."""
-        self._next = None
+        self._next, self.unlearnt, self.hit = None, 0, False
 
 
 def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,
