@@ -22,9 +22,9 @@ class Ctl(Controller):
     explored = 0
     last: Budgets | None = None
 
-    def __init__(self, *a, probe_seqs=0, **kw):   # (the search's own budgets: the cap on a
-        super().__init__(*a, probe_seqs=probe_seqs, **kw)   # run's first drafting steps has
-                                                            # its own test)
+    def __init__(self, *a, wait_first=False, **kw):   # (the search's own budgets: the rule
+        super().__init__(*a, wait_first=wait_first, **kw)   # on a run's first drafting step
+                                                            # has its own test)
 
     def budgets(self, keys, room):
         self.last = self.plan(keys, room)
@@ -730,43 +730,13 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
     assert slow.cost.host_fit() == (0.0, pytest.approx(0.0, abs=1e-9))
 
 
-def test_until_a_drafting_step_is_timed_only_a_few_sequences_draft():
-    """Before any drafting step has been timed, the host price of drafting is unknown (priced
-    at nothing): the run's first drafting steps draft only the PROBE_SEQS sequences the search
-    expects the most of, so learning that price at batch 64 costs a few sequences' host work,
-    not 64; once one step is timed (its host work 80 us a drafting sequence) the search prices
-    it, and at batch 64 drafting stops while batch 1 still drafts."""
-    from specctl.runtime.control.controller import PROBE_SEQS
-    wide = table(lambda b, n: 2.0 + 0.02 * b * n, batches=(1, 2, 4, 8, 16, 32, 64))
-    ctl = Ctl(StepCost(wide), 4, prior_accept=0.7, explore_every=0, probe_seqs=PROBE_SEQS)
-    big = list(range(64))
-    for key, acc in ((5, 4), (9, 3), (17, 4), (40, 2), (41, 1)):   # some sequences accept more
-        ctl.acc.learn_many([key] * 6, [4] * 6, [[0] * acc] * 6)
-    for _ in range(2):   # (its drafts accepted, but not timed yet: still a few)
-        ks = ctl.budgets(big, [100] * 64)
-        assert sorted(i for i, k in enumerate(ks) if k) == [5, 9, 17, 40]
-        ctl.verified([Verdict([0] * k, 0) for k in ks])
-    b = ctl.last
-    props = [Proposal(DraftTree.chain([0] * k)) for k in b.ks]
-    host = 0.1 + 4 * 0.08
-    ctl.cost.learn_host(64, 0.1)   # (a lean step's, as the runner's contrast steps teach it)
-    ctl.observe(big, b, props, [Verdict([0] * k, 0) for k in b.ks],
-                ctl.cost.table_ms(list(b.ks))[0] + host, host)
-    assert ctl.cost.host_fit() == (0.0, pytest.approx(0.08))
-    assert ctl.budgets(big, [100] * 64) == [0] * 64
-    assert ctl.budgets([3], [100]) == [4]
-    assert min(Ctl(StepCost(wide), 4, prior_accept=0.7).budgets(big, [100] * 64)) > 0
-
-
 @pytest.mark.parametrize("accepted", [False, True])
 def test_the_step_after_the_runs_first_drafting_step_waits_for_its_verdicts(accepted):
     """Where a step is learnt a step late (under the next one's forward), the step after the
     run's first drafting step is decided before that one is learnt: it drafts on the prior
     only where the first had a draft accepted (Controller.verified, told at once), else it is
     a lean step; once a drafting step is learnt, steps draft as the search says."""
-    from specctl.runtime.control.controller import PROBE_SEQS
-    ctl = Ctl(StepCost(flat, True), 4, prior_accept=0.7, explore_every=0,
-              probe_seqs=PROBE_SEQS)
+    ctl = Ctl(StepCost(flat, True), 4, prior_accept=0.7, explore_every=0, wait_first=True)
     keys = list(range(4))
     first = ctl.plan(keys, [100] * 4)
     assert min(first.ks) > 0 and ctl.unlearnt == 1

@@ -23,9 +23,9 @@ def counted(monkeypatch):
     search = policy.search
     monkeypatch.setattr(policy, "search",
                         lambda *a, **kw: searched.append(1) or search(*a, **kw))
-    # (probe_seqs=0: each decide is the search's, not the first drafting steps' rule)
+    # (each decide is the search's, not the rule on a run's first drafting step)
     return Controller(StepCost.of(FLAT, DraftPrice(max_draft=6), padded=True), 6,
-                      probe_seqs=0), searched
+                      wait_first=False), searched
 
 
 def test_the_next_step_takes_it_capped_by_its_room(counted):

@@ -62,21 +62,15 @@ changes until a draft is accepted), but for an exploring step when it is due and
 paid for. And the measured guard (runtime/control/guard.py) holds the run to lean steps when its
 drafting steps fall behind what `ar` takes for the same progress.
 
-The first drafting steps: what drafting costs the host (a proposal, a tree's layout, its
-verification and commit, per drafting sequence: StepCost.host_fit) is known only once a
-drafting step has been timed, and until then the search prices it at nothing. At batch 64
-with a GPU's step that is wrong by a whole step or more (Self-Draft's drafting steps cost
-~3x a lean step's host time there: on the host-charged clock a 64-sequence drain paid two of
-them, 3% of the run, before it learnt that drafting does not pay). So until a drafting step
-has been timed at most PROBE_SEQS sequences draft in a step (those the search expects the
-most of): the step's device price barely moves (the graphs pad to the longest sequence)
-and its host time, fitted per drafting sequence, prices every later search. And where the
-host runs beside the forward a step is learnt a step late (under the next one's forward), so
-the step after the run's first drafting step would draft on the prior too, before the first
-is learnt: where that step had no draft accepted (Controller.verified, told at once) the
-next is a lean step instead (on the host-charged clock a method that accepts nothing paid
-two drafting steps, ~4% of a 64-token drain at batch 1; and the lean step times the step
-that drafting must beat).
+The run's first drafting step: where the host runs beside the forward a step is learnt a step
+late (under the next one's forward), so the step after the run's first drafting step would
+draft on the prior too, before the first is learnt. Where that step had no draft accepted
+(Controller.verified, told at once) the next is a lean step instead: on the host-charged
+clock a method that accepts nothing paid two drafting steps, ~4% of a 64-token drain at
+batch 1, and the lean step times the step drafting must beat. (Drafting only a few
+sequences until a drafting step's host work is timed was tried too: it cost Self-Draft ~3
+steps of 90 at batch 8 with requests waiting, where its first steps accept ~15 tokens, and
+saved ~0.4% of a 64-sequence drain; not kept.)
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
@@ -103,17 +97,6 @@ from specctl.engine.steptable import StepTable
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
 LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
-PROBE_SEQS = 4         # the most sequences drafting before a drafting step is timed
-
-
-def _probe(ks: list[int], gains: np.ndarray, n: int) -> list[int]:
-    """ks with only the n sequences of the largest expected gain drafting (the module
-    docstring's first drafting steps)."""
-    ks = list(ks)
-    gain = gains[np.arange(len(ks)), ks] - gains[:, 0]
-    for i in np.argsort(-gain, kind="stable")[n:]:
-        ks[i] = 0
-    return ks
 
 
 @dataclass
@@ -149,7 +132,7 @@ class Controller:
                  prior_accept: float = 0.7, prior_weight: float = 4.0, explore_every: int = 32,
                  explore_budget: int | None = None, explore_cost: float = 0.02,
                  probe_share: float = 0.1, correct: bool = True, guard: bool = True,
-                 probe_seqs: int = PROBE_SEQS):
+                 wait_first: bool = True):
         if max_budget < 0:
             raise ValueError("max_budget must be >= 0")
         self.cost, self.K, self.tree = cost, max_budget, tree
@@ -159,7 +142,7 @@ class Controller:
         self.explore_budget = explore_budget if explore_budget is not None else (4 if tree else 2)
         self.explore_cost = explore_cost
         self.probe_share = probe_share
-        self.probe_seqs = probe_seqs   # 0: the first drafting steps are as any (docstring)
+        self.wait_first = wait_first   # (the run's first drafting step: module docstring)
         self.correct = correct   # step costs corrected by measured step times (stepcost)
         self.steps = 0
         self.last_explore = 0
@@ -234,7 +217,7 @@ class Controller:
     def decide(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """plan's decision where plan_lean gave none (its caller asked it first)."""
         self.steps += 1
-        if self.unlearnt and not self.timed_steps and not self.hit and self.probe_seqs:
+        if self.unlearnt and not self.timed_steps and not self.hit and self.wait_first:
             self._next = None   # (the run's first drafting step got nothing: module docstring)
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
@@ -258,8 +241,6 @@ class Controller:
         else:   # nothing pays: lean steps until the next search, backing off
             self.idle = min(2 * self.idle, LEAN_MAX) if self.idle else 1
             self.lean_until = self.steps + self.idle
-        if not self.timed_steps and self.probe_seqs and np.count_nonzero(ks) > self.probe_seqs:
-            ks = _probe(ks, gains, self.probe_seqs)
         explored, contrast, base = 0, False, None
         since = self.steps - self.last_explore
         if due:
