@@ -734,13 +734,16 @@ def test_a_drafting_sequences_host_work_is_priced_per_sequence_not_as_a_ratio():
 def test_the_step_after_the_runs_first_drafting_step_waits_for_its_verdicts(accepted):
     """Where a step is learnt a step late (under the next one's forward), the step after the
     run's first drafting step is decided before that one is learnt: it drafts on the prior
-    only where the first had a draft accepted (Controller.verified, told at once), else it is
-    a lean step; once a drafting step is learnt, steps draft as the search says."""
+    only where the first had at least half the drafts it expected accepted (verified, told at
+    once), else it is a lean step; once a drafting step is learnt, steps draft as the search
+    says."""
     ctl = Ctl(StepCost(flat, True), 4, prior_accept=0.7, explore_every=0, wait_first=True)
     keys = list(range(4))
     first = ctl.plan(keys, [100] * 4)
     assert min(first.ks) > 0 and ctl.unlearnt == 1
-    ctl.verified([Verdict([0] if accepted and i == 2 else [], 0) for i in keys])
+    ctl.verified(first, [Verdict([0] if i == 2 else [], 0) for i in keys])   # (too few)
+    assert min(ctl.plan(keys, [100] * 4).ks) == 0
+    ctl.verified(first, [Verdict([0, 0, 0] if accepted else [], 0) for i in keys])
     assert (min(ctl.plan(keys, [100] * 4).ks) > 0) == accepted
     props = [Proposal(DraftTree.chain([0] * k)) for k in first.ks]
     ctl.observe(keys, first, props, [Verdict([], 0)] * 4, 10.0, 0.1)   # (learnt: timed)

@@ -64,13 +64,14 @@ drafting steps fall behind what `ar` takes for the same progress.
 
 The run's first drafting step: where the host runs beside the forward a step is learnt a step
 late (under the next one's forward), so the step after the run's first drafting step would
-draft on the prior too, before the first is learnt. Where that step had no draft accepted
-(Controller.verified, told at once) the next is a lean step instead: on the host-charged
-clock a method that accepts nothing paid two drafting steps, ~4% of a 64-token drain at
-batch 1, and the lean step times the step drafting must beat. (Drafting only a few
-sequences until a drafting step's host work is timed was tried too: it cost Self-Draft ~3
-steps of 90 at batch 8 with requests waiting, where its first steps accept ~15 tokens, and
-saved ~0.4% of a 64-sequence drain; not kept.)
+draft on the prior too, before the first is learnt. Where that step got fewer than half the
+drafts it expected accepted (Controller.verified, told at once) the next is a lean step
+instead: on the host-charged clock a method that accepts nothing paid two drafting steps,
+~4% of a 64-token drain at batch 1, and the lean step times the step drafting must beat.
+(Any accepted draft is too weak a sign: at batch 27 a random adapter hits one. Drafting only
+a few sequences until a drafting step's host work is timed was tried too: it cost
+Self-Draft ~3 steps of 90 at batch 8 with requests waiting, where its first steps accept ~15
+tokens, and saved ~0.4% of a 64-sequence drain; not kept.)
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
@@ -413,9 +414,12 @@ class Controller:
             table = self.cost.table_ms(ran, b.probes)[0]
         return table, float(b.gains[np.arange(len(ks)), ks].sum())
 
-    def verified(self, verdicts) -> None:
-        """A drafting step's verdicts, before it is learnt (observe: maybe a step later)."""
-        self.hit = any(v.accepted for v in verdicts)
+    def verified(self, b: Budgets, verdicts) -> None:
+        """A drafting step's verdicts, before it is learnt (observe: maybe a step later):
+        whether it got at least half the drafts it was expected to (its gains)."""
+        if not self.timed_steps:
+            want = b.gains[np.arange(len(b.ks)), b.ks].sum() - b.gains[:, 0].sum()
+            self.hit = sum(len(v.accepted) for v in verdicts) >= 0.5 * want
 
     def ar_ms(self, b: int) -> float:
         """ms of an `ar` step of b sequences: as this run's lean steps measure it, else the

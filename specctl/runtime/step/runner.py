@@ -366,8 +366,8 @@ class Runner:
         t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
         out = verify(plan, h, self.model, self.sp, self._uniforms, target)
         if self.controller is not None and self.controller.unlearnt and not plan.lean:
-            self.controller.verified(out.verdicts)   # (the next decide reads it: observe
-                                                     # may come a step late)
+            # (the next decide reads it: observe may come a step late)
+            self.controller.verified(plan.budgets, out.verdicts)
         had = [len(s.out_ids) for s in seqs]
         commit(plan, out, self.kv, self.answers, self.stats)
         learn = self.drafter.observe_lean(seqs) if plan.lean else \
