@@ -175,6 +175,18 @@ def timed_model(model, clock: SimClock, monkeypatch):
             return cls.forward(model, batch, kv, plan, hidden)
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
+    # the LM head and its argmax over a step's (or a prefill's) last states are the device's
+    # too: with a real vocabulary (the demo model's 49k) they cost this CPU more than a
+    # small batch's layers, and nothing of them is the host's on a GPU
+    for name in ("argmax", "logits"):
+        fn = getattr(model, name)
+
+        def head(*a, _fn=fn, **kw):
+            if inside:   # (a forward's: counted there)
+                return _fn(*a, **kw)
+            with clock.device():
+                return _fn(*a, **kw)
+        monkeypatch.setattr(model, name, head)
     # Kangaroo's adapter is device work too (inside the captured forwards on a GPU; its
     # prefill rows a few eager kernels): its CPU time here is not the host's
     from specctl.speculative.kangaroo import Adapter
