@@ -772,6 +772,23 @@ def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
     assert one.host_fit() == (0.0, pytest.approx(1.4 / 8))
 
 
+def test_a_lean_steps_host_is_priced_by_its_batch_size():
+    """What drafting adds to a step's host time is measured against a lean step of the same
+    batch size: a lean step's host is part a step's, part a sequence's, so as a drain shrinks
+    to batch 1 its share a sequence grows (~190 us against ~40 at batch 8 on the demo model's
+    clock); read as a share a sequence it priced batch 8's lean step above its drafting steps,
+    and drafting's host work at nothing."""
+    c = StepCost(table(lambda b, n: 2.0 + 0.02 * b * n))
+    c.learn_host(8, 0.32)   # a lean step at batch 8: 40 us a sequence
+    for _ in range(3):      # drafting steps of 8: 0.1 ms a drafting sequence more
+        c.learn_host(8, 0.32 + 0.8, 8)
+    fit = c.host_fit()
+    assert float(c.host_ms(8)) == pytest.approx(0.8)
+    c.learn_host(1, 0.19, 0, 32)   # the drain's tail: lean steps of one sequence
+    assert c.host_fit() == fit and float(c.host_ms(8)) == pytest.approx(0.8)
+    assert c.lean_at(4) == pytest.approx(4 * c.lean_host)   # (a size never run lean)
+
+
 def test_a_steps_learning_prices_its_own_kind_at_once():
     """After a step is learnt, its kind's next price reads the drift and ratios the step just
     moved, as every other kind's does (learn once cached its kind's factor as it stood before

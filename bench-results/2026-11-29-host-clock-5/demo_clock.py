@@ -83,7 +83,8 @@ for r in range(rounds):   # (ar, then Self-Draft afresh: a round's ratio is one 
               f"steps {x.step_s * 1e3:.1f} ms; lean steps {x.lean_steps} "
               f"({x.lean_step_ms:.1f} ms), drafting {x.controlled_steps - x.lean_steps} "
               f"({x.measured_step_ms - x.lean_step_ms:.1f} ms, predicted "
-              f"{x.predicted_step_ms:.1f}), accepted {x.accept_hist}, held {x.guard_held}",
+              f"{x.predicted_step_ms:.1f}), tokens {x.verified_tokens} (predicted "
+              f"{x.predicted_tokens:.0f}), accepted {x.accept_hist}, held {x.guard_held}",
               flush=True)
 ratios.sort()
 print(f"batch {b}: self-draft x ar over {rounds} rounds: median "

@@ -96,6 +96,8 @@ class StepCost:
     _memo: dict = field(default_factory=dict, repr=False)   # prices(memo=): table side
     lean_host: float = 0.0     # ms of host time a sequence of a step without drafts costs
     lean_steps: int = 0        # steps lean_host was learnt from
+    # a step without drafts by its batch size: [host ms, steps learnt] (lean_at)
+    _lean_b: dict = field(default_factory=dict, repr=False)
     # the last drafting steps (host ms, batch size, sequences drafting): host_fit's
     _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
     _host: tuple | None = None   # host_fit as of the last learn_host (None: to work out)
@@ -303,14 +305,14 @@ class StepCost:
 
     def host_fit(self) -> tuple[float, float]:
         """(a, s): a drafting step's host time beyond what a step without drafts of as many
-        sequences spends there (lean_host a sequence), fitted as a + s x its sequences
+        sequences spends there (lean_at), fitted as a + s x its sequences
         drafting over the last SCALE_MEMORY drafting steps. Each step's host time is
         measured (its planning, and all after its forward's output was read), not inferred
         from its total. Theil-Sen (one page-in is not a price): s the median slope between
         steps of different drafting counts, a the median of what is left; while every step
         had as many drafting, a is 0 and s that count's median share. Both at least 0."""
         if self._host is None:
-            pts = [(n, h - self.lean_host * b) for h, b, n in self._drafted]
+            pts = [(n, h - self.lean_at(b)) for h, b, n in self._drafted]
             slopes = [(e2 - e1) / (n2 - n1) for i, (n1, e1) in enumerate(pts)
                       for n2, e2 in pts[i + 1:] if n2 != n1]
             if slopes:
@@ -336,11 +338,23 @@ class StepCost:
             self.lean_steps += steps
             self.lean_host += (host_ms / b - self.lean_host) * \
                 min(1.0, steps / min(self.lean_steps, SCALE_MEMORY))
+            at = self._lean_b.setdefault(b, [0.0, 0])
+            at[1] += steps
+            at[0] += (host_ms - at[0]) * min(1.0, steps / min(at[1], SCALE_MEMORY))
             self._host = None
             return 0.0
         self._drafted.append((host_ms, b, drafting))
         self._host = None
-        return max(0.0, host_ms - self.lean_host * b)
+        return max(0.0, host_ms - self.lean_at(b))
+
+    def lean_at(self, b: int) -> float:
+        """The host ms of a step without drafts of b sequences: as steps of that size took,
+        else lean_host's share a sequence times b. (A lean step's host is part a step's, part
+        a sequence's: one share a sequence learnt as a drain shrinks to batch 1, ~190 us a
+        sequence against ~40 at batch 8 on the demo model's clock, priced batch 8's lean step
+        above its drafting steps, and drafting's host work at nothing.)"""
+        at = self._lean_b.get(b)
+        return at[0] if at is not None else self.lean_host * b
 
 
 def grid_n_many(n: np.ndarray) -> np.ndarray:
