@@ -8,7 +8,7 @@ of 3-12: its drafting costs the host a fraction of what the demo model's does. S
 the clock's prediction of what `bench-batch` measures on the GPU (2026-11-26: Self-Draft
 0.88x / 0.71x / 0.61x ar at b8 / 32 / 64, 256 ShareGPT prompts x 64 tokens).
 
-    python bench-results/2026-11-29-host-clock-5/demo_clock.py BATCH [PROMPTS] [THREADS] [ROUNDS]
+    python bench-results/2026-11-29-host-clock-5/demo_clock.py BATCH [PROMPTS] [THREADS] [ROUNDS] [METHOD]
 
 PROMPTS (default 4 x BATCH) ShareGPT first turns, each cut to its first 96 tokens (prefill of
 whole turns on 2 cores would take longer than the run), answers of the lengths the demo
@@ -56,7 +56,10 @@ timed_model(model, clock, NoUndo())
 w0 = time.time()
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 lens = [min(x, 64) for x in trace_lengths(n, traces())]   # (the real answers' lengths)
-cfg = GenerateConfig(input="x", method="self-draft", batch_size=b, max_tokens=64)
+METHOD = sys.argv[5] if len(sys.argv) > 5 else "self-draft"   # (draft-verify: the skip set
+SKIP = str(ROOT / "recipes/gpu/skip-attn-16-20-24-28.json")     # the CPU bench uses)
+cfg = GenerateConfig(input="x", method=METHOD, batch_size=b, max_tokens=64,
+                     skip_set=SKIP if METHOD == "draft-verify" else None)
 base = make_drafter(cfg, model, model_dir, store, lambda *_: None)
 ratios = []
 for r in range(rounds):   # (ar, then Self-Draft afresh: a round's ratio is one pair's)
@@ -68,17 +71,17 @@ for r in range(rounds):   # (ar, then Self-Draft afresh: a round's ratio is one 
     clock.reset()
     got, st = sim_run(model, prompts, dr, clock, batch_size=b, max_tokens=lens, controller=ctl)
     t_sd = clock()
-    assert got == ref, "Self-Draft's output differs from ar's"
+    assert got == ref, f"{METHOD}'s output differs from ar's"
     ratios.append(t_ar / t_sd)
     drafting = sum(v for k, v in st.budget_hist.items() if k) if st.budget_hist else 0
     fit = ctl.cost.host_fit()
     print(f"batch {b}, {n} prompts x {sum(lens) / n:.0f} tokens, host x{HOST}, round {r + 1}: "
-          f"ar {t_ar * 1e3:.1f} ms ({ar.steps} steps), self-draft {t_sd * 1e3:.1f} ms "
+          f"ar {t_ar * 1e3:.1f} ms ({ar.steps} steps), {METHOD} {t_sd * 1e3:.1f} ms "
           f"({st.steps} steps, {drafting} sequence-steps with a budget, {st.searches} "
           f"searches, guard trips {st.guard_trips}): {t_ar / t_sd:.3f}x ar; host price of "
           f"drafting: {fit[0]:.3f} ms a step + {fit[1] * 1e3:.1f} us a drafting sequence; "
           f"wall {time.time() - w0:.0f} s", flush=True)
-    for name, x in (("ar", ar), ("self-draft", st)):
+    for name, x in (("ar", ar), (METHOD, st)):
         print(f"  {name}: prefill {x.prefill_s * 1e3:.1f} ms ({x.prefill_forwards} forwards), "
               f"steps {x.step_s * 1e3:.1f} ms; lean steps {x.lean_steps} "
               f"({x.lean_step_ms:.1f} ms), drafting {x.controlled_steps - x.lean_steps} "
@@ -87,5 +90,5 @@ for r in range(rounds):   # (ar, then Self-Draft afresh: a round's ratio is one 
               f"{x.predicted_tokens:.0f}), accepted {x.accept_hist}, held {x.guard_held}",
               flush=True)
 ratios.sort()
-print(f"batch {b}: self-draft x ar over {rounds} rounds: median "
+print(f"batch {b}: {METHOD} x ar over {rounds} rounds: median "
       f"{ratios[len(ratios) // 2]:.3f}, all {', '.join(f'{x:.3f}' for x in ratios)}")
