@@ -156,7 +156,7 @@ class Controller:
         self.lean_until = 0      # no search before this step (but an exploring step's)
         self.next_try = 0        # the first step an exploring step due may pay for itself
         self.unlearnt = 0        # drafting steps decided and not yet observed
-        self.hit = False         # whether the last one verified had a draft accepted
+        self.hit = False         # whether the last one verified got half its expected drafts
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict = {}   # batch, or (batch, True) a contrast step's -> lean Budgets
         self._next: Prefetched | None = None   # prefetch's search for the next step
@@ -219,7 +219,7 @@ class Controller:
         """plan's decision where plan_lean gave none (its caller asked it first)."""
         self.steps += 1
         if self.unlearnt and not self.timed_steps and not self.hit and self.wait_first:
-            self._next = None   # (the run's first drafting step got nothing: module docstring)
+            self._next = None   # (the run's first drafting step got too few: module docstring)
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
         due = not drain and self._explore_due(room)   # (draining, a lesson comes too late)
