@@ -175,30 +175,23 @@ def timed_model(model, clock: SimClock, monkeypatch):
             return cls.forward(model, batch, kv, plan, hidden)
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
+    def on_device(fn):   # (its CPU time is the device's: inside a forward, counted there)
+        def run_(*a, **kw):
+            if inside:
+                return fn(*a, **kw)
+            with clock.device():
+                return fn(*a, **kw)
+        return run_
     # the LM head and its argmax over a step's (or a prefill's) last states are the device's
     # too: with a real vocabulary (the demo model's 49k) they cost this CPU more than a
     # small batch's layers, and nothing of them is the host's on a GPU
     for name in ("argmax", "logits"):
-        fn = getattr(model, name)
-
-        def head(*a, _fn=fn, **kw):
-            if inside:   # (a forward's: counted there)
-                return _fn(*a, **kw)
-            with clock.device():
-                return _fn(*a, **kw)
-        monkeypatch.setattr(model, name, head)
+        monkeypatch.setattr(model, name, on_device(getattr(model, name)))
     # Kangaroo's adapter is device work too (inside the captured forwards on a GPU; its
     # prefill rows a few eager kernels): its CPU time here is not the host's
     from specctl.speculative.kangaroo import Adapter
     for name in ("decode", "write_rows"):
-        fn = getattr(Adapter, name)
-
-        def device(self, *a, _fn=fn, **kw):
-            if inside:   # (a forward's: counted there)
-                return _fn(self, *a, **kw)
-            with clock.device():
-                return _fn(self, *a, **kw)
-        monkeypatch.setattr(Adapter, name, device)
+        monkeypatch.setattr(Adapter, name, on_device(getattr(Adapter, name)))
     return model
 
 

@@ -218,13 +218,12 @@ class Controller:
     def decide(self, keys: list, room: list[int], drain: bool = False) -> Budgets:
         """plan's decision where plan_lean gave none (its caller asked it first)."""
         self.steps += 1
-        if self.unlearnt and not self.timed_steps and not self.hit and self.wait_first:
-            self._next = None   # (the run's first drafting step got too few: module docstring)
-            self.last_bare = self.steps
-            return self._lean_budgets(len(keys))
         due = not drain and self._explore_due(room)   # (draining, a lesson comes too late)
-        if self.steps < self.lean_until and not due:   # (in a lean stretch only an exploring
-            self.last_bare = self.steps                # step due, and paid for, searches)
+        # (in a lean stretch only an exploring step due, and paid for, searches; and none
+        # after the run's first drafting step if that one got too few: module docstring)
+        if self.steps < self.lean_until and not due or self.wait_first and self.unlearnt \
+                and not self.timed_steps and not self.hit:
+            self.last_bare = self.steps
             return self._lean_budgets(len(keys))
         c = self.cost
         caps = self._caps(room)

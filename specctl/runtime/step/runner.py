@@ -123,13 +123,13 @@ class Runner:
         cache (engine/graphs.py): a shape captured inside a step would cost that step 20-40
         of `ar`'s steps and be learnt as what drafting costs."""
         g = self.model.graphs
-        if g is None:
-            # (what the drafter keeps per cache, Kangaroo's adapter head and its KV rows, is
-            # made now as graphs make it: not in the run's first prefill, on its clock)
-            self.drafter.graph_forwards(self.kv)
-            return
         t0 = self.clock()
-        self.stats.captures += g.warm(self.kv, self.drafter.graph_forwards(self.kv))
+        # (asking makes what the drafter keeps per cache, Kangaroo's adapter head and its KV
+        # rows, without graphs too: now, not in the run's first prefill, on its clock)
+        forwards = self.drafter.graph_forwards(self.kv)
+        if g is None:
+            return
+        self.stats.captures += g.warm(self.kv, forwards)
         self.stats.capture_s += self.clock() - t0
 
     def set_controller(self, controller: Controller) -> None:
