@@ -49,6 +49,33 @@ def test_the_group_balances_idle_slots_against_prefill_forwards():
     assert dear.group() == 2
 
 
+def _fitted(slots: int, fixed: float, step: float, freed: float) -> Admission:
+    a = Admission(slots)
+    for f, t, p in ((1, 100, 1), (1, 400, 4), (2, 600, 6), (1, 300, 3)):
+        a.prefilled(f, t, fixed * f + 0.001 * t, p)
+    for i in range(64):
+        a.stepped(step, int(i * freed) != int((i + 1) * freed))
+    return a
+
+
+def test_free_slots_wait_for_a_sequence_whose_budget_ends_it_soon():
+    """F = 6 ms, 3 ms steps at batch 8, too few slots freed for the rate's group (1): one
+    free slot held until a sequence that must end within 5 steps does costs 5 x 3 / 8 =
+    1.9 ms against a second forward's 6: held; within 20 steps (7.5 ms): admitted now. Never
+    with nothing more waiting, nor where the next prompt needs a forward of its own (100-token
+    prompts, 512-token chunks: a sixth does)."""
+    a = _fitted(8, 6.0, 3.0, 0.0)
+    assert a.group() == 1 and a.prompt_tokens == pytest.approx(100.0)
+    asked = []
+    assert a.hold(1, 10, lambda: asked.append(1) or 5, 512)
+    assert not a.hold(1, 10, lambda: 20, 512)
+    assert a.hold(2, 10, lambda: 2, 512) and not a.hold(2, 10, lambda: 9, 512)
+    assert not a.hold(2, 2, lambda: 1, 512)
+    assert not a.hold(5, 10, lambda: 1, 512) and a.hold(4, 10, lambda: 1, 512)
+    assert not Admission(8).hold(1, 10, lambda: 1, 512)   # (F not known yet)
+    assert asked == [1]
+
+
 def _prompts(n, seed):
     rng = random.Random(seed)
     return [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(n)]
@@ -69,7 +96,7 @@ def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, mon
     runs = {}
     for grouped in (True, False):
         if not grouped:
-            monkeypatch.setattr(Admission, "group", lambda self: 1)
+            monkeypatch.setattr(Admission, "hold", lambda self, *a: False)
         clock.t = 0.0
         dr = OracleChains(ref, ps)
         got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64,
@@ -87,3 +114,29 @@ def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, mon
         assert got == ref
         fixed[group] = st.prefill_forwards
     assert fixed[8] == fixed[1] > pf_on, (fixed, pf_on)
+
+
+def test_sequences_desynced_by_drafts_are_admitted_in_the_clumps_ar_admits(model, monkeypatch):
+    """64 requests of one token budget at batch 8 on the H100's table, a prefill forward 9 ms
+    (3 steps, the H200's demo-shape eager prefill): `ar` ends each clump of 8 together and
+    admits it in one forward. Oracle chains of uneven acceptance end a clump's sequences a
+    few steps apart; waiting for those whose budgets end them soon (the known-end rule) takes
+    fewer prefill forwards, and less time, than the rate's group alone."""
+    table = h100_table()
+    prompts = _prompts(64, seed=5)
+    ref, ar = run_ids(model, prompts, batch_size=8, max_tokens=40)
+    clock = SimClock(table, 8, prefill_ms=9.0, token_us=5.0)
+    timed_model(model, clock, monkeypatch)
+    ps = [0.9 * (i % 4) / 3 for i in range(len(prompts))]
+    runs = {}
+    for rule in ("known", "rate"):
+        if rule == "rate":
+            monkeypatch.setattr(Admission, "hold", lambda self, f, w, soon, chunk:
+                                f < min(self.group(), w))
+        clock.t = 0.0
+        dr = OracleChains(ref, ps)
+        got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=40,
+                          controller=sim_controller(dr, table))
+        assert got == ref
+        runs[rule] = (clock.t, st.prefill_forwards)
+    assert runs["known"][1] < runs["rate"][1] and runs["known"][0] < runs["rate"][0], runs

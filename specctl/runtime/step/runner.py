@@ -203,7 +203,8 @@ class Runner:
             fresh = []
             # (under a controller, a few free slots are filled in one prefill: admission.py)
             hold = bool(running and free and waiting) and self.controller is not None and \
-                len(free) < min(self.admission.group(), len(waiting))
+                self.admission.hold(len(free), len(waiting), lambda: self._soon(running),
+                                    self.prefill_chunk)
             self._held = len(free) if hold else 0
             while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
@@ -225,7 +226,7 @@ class Runner:
                 took = self.clock() - t
                 st.prefill_s += took
                 self.admission.prefilled(st.prefill_forwards - forwards,
-                                         st.prefill_tokens - tokens, took * 1e3)
+                                         st.prefill_tokens - tokens, took * 1e3, len(fresh))
                 running.extend(fresh)
             running.sort(key=lambda s: s.slot)
             live = [s for s in running if not s.finished]
@@ -246,6 +247,13 @@ class Runner:
                 running.remove(s)
                 self._retire(s, free, waiting, on_done)
         return self.stats
+
+    def _soon(self, running: list[Sequence]) -> int:
+        """The fewest steps a running sequence may have left: its token budget, or the
+        context's end (a step emits at least a token)."""
+        lens, m = self.kv.lens, self.max_len
+        return min((min(s.req.max_tokens - len(s.out_ids), m - lens[s.slot] - 1)
+                    for s in running if not s.finished), default=m)
 
     def _admit(self, req: Request, slot: int) -> Sequence | None:
         """The request's next stage in `slot`, or None when the KV cache has too few free
