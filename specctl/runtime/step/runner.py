@@ -92,6 +92,7 @@ class Runner:
         self._admitted = 0
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
         self._later: list[Callable[[], object]] = []   # the last step's learning (under_forward)
+        self._later_lean = False   # it is a lean step's (it reads no slot)
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -315,7 +316,8 @@ class Runner:
         waiting.appendleft(req)
 
     def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
-        self.catch_up()
+        if not self._later_lean:   # (a lean step's learning waits on: step)
+            self.catch_up()
         req = seq.req
         if seq.prefilled or seq.out_ids:
             self.drafter.retire(seq)
@@ -381,8 +383,11 @@ class Runner:
         learn = self.drafter.observe_lean(seqs) if plan.lean else \
             self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
                                  list(out.probe_out))
-        # (a step in which a sequence ended learns at once: its slot is about to be given up)
-        defer = self._overlaps and not any(s.finished for s in seqs)
+        # (a drafting step in which a sequence ended learns at once: its slot is about to be
+        # given up, and what the controller learns is kept by slot; a lean step's learning
+        # reads no slot: it waits for the next forward even past a retirement, _retire)
+        defer = self._overlaps and (plan.lean or not any(s.finished for s in seqs))
+        self._later_lean = plan.lean
         if learn is not None and defer:
             self._later.append(learn)
         elif learn is not None:   # (in the step's time, as before)
