@@ -16,6 +16,8 @@ context cache (an LRU queue of at most `lru` grams per key). Text the sequence e
 too (and, with `prompt_grams`, a specctl addition, the prompt's own grams when a sequence is
 admitted). The context cache is shared by all sequences of a run and persists across prompts; every
 `trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
+(specctl pushes an admitted prompt's grams and makes the trims due at retirements when it
+next indexes text, before a drafting step or under a forward: _settle.)
 
 Candidates for a step: with `job_cache` (a specctl addition, job_cache.py), first up to
 `job_cands` continuations of up to `job_len` tokens from the job cache (the run's prompts and
