@@ -345,9 +345,13 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
     dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
     s = Sequence(Request(0, [[]], 8), prompts[0], 0)
     dr.admit(s)
-    assert len(dr.ctx) == 0   # (pushed when a step next drafts: catch_up)
-    dr.catch_up([])
     assert dr.ctx.get(5, 10) == [(6, 7, 8, 9)] and dr.ctx.get(10, 10) == [(11, 5, 6, 7)]
+    late = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
+    late.overlapped = True   # (the host beside the forward: pushed by the next learning)
+    late.admit(Sequence(Request(0, [[]], 8), prompts[0], 0))
+    assert len(late.ctx) == 0
+    late.catch_up([])
+    assert {k: late.ctx.get(k, 10) for k in (5, 10)} == {k: dr.ctx.get(k, 10) for k in (5, 10)}
     assert "-pg" in dr.signature()
     dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
     got, _ = run_ids(model, prompts, batch_size=2, max_tokens=24, drafter=dr)

@@ -16,8 +16,8 @@ context cache (an LRU queue of at most `lru` grams per key). Text the sequence e
 too (and, with `prompt_grams`, a specctl addition, the prompt's own grams when a sequence is
 admitted). The context cache is shared by all sequences of a run and persists across prompts; every
 `trim_every` finished prompts each key keeps only its `trim_to` newest grams (authors' code).
-(specctl pushes an admitted prompt's grams and makes the trims due at retirements when it
-next indexes text, before a drafting step or under a forward: _settle.)
+(Where the host runs beside the forward, specctl pushes an admitted prompt's grams and makes
+the trims due at retirements when it next learns, under a forward: _settle.)
 
 Candidates for a step: with `job_cache` (a specctl addition, job_cache.py), first up to
 `job_cands` continuations of up to `job_len` tokens from the job cache (the run's prompts and
@@ -151,10 +151,12 @@ class SelfDraftDrafter(Drafter):
         self.step_rows = 1 + most   # the pending token, candidates and branches
         self.finished_prompts = 0
         self.unindexed = False   # a lean step's text waits for the next drafting step (IDLE)
-        # admitted prompts' grams and the trims due at retirements wait for the next indexing
-        # (_settle): pushing and trimming at once was ~2% of a 64-sequence drain on the
-        # simulated H200 with every step lean, outside the forward's shadow; at most
-        # CTX_PENDING prompts (a long lean stretch on a CPU: the oldest go)
+        # where the host runs beside the forward (overlapped), admitted prompts' grams and the
+        # trims due at retirements wait for the next learning, under a forward (_settle):
+        # made at once they were ~2% of a 64-sequence drain on the simulated H200 with every
+        # step lean, outside the forward's shadow; at most CTX_PENDING prompts wait. On a
+        # CPU they are made at once (made at a drafting step, they were timed as its cost:
+        # Self-Draft at batch 1 on the CPU bench fell 1.19x -> 1.04x ar)
         self.ctx_pending: list[list[int]] = []
         self.trim_due = False
         # where the candidates of accepted tokens came from, for the ablation report
@@ -183,16 +185,22 @@ class SelfDraftDrafter(Drafter):
         seq.state = SelfDraftState(first_branches(
             (p.seed, seq.req.index, len(seq.req.answers)), seq.prompt_ids or [0], p.branches))
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
-            self.ctx_pending.append(seq.prompt_ids)   # (_settle)
-            if len(self.ctx_pending) > CTX_PENDING:
-                del self.ctx_pending[0]
+            if self.overlapped:   # (under a forward: _settle)
+                self.ctx_pending.append(seq.prompt_ids)
+                if len(self.ctx_pending) > CTX_PENDING:
+                    del self.ctx_pending[0]
+            else:
+                self._push_prompt(seq.prompt_ids)
         if self.job is not None:
             self._job_text(seq.prompt_ids)
 
     def retire(self, seq) -> None:
         self.finished_prompts += 1
         if self.finished_prompts % self.prm.trim_every == 0:
-            self.trim_due = True   # (_settle)
+            if self.overlapped:   # (under a forward: _settle)
+                self.trim_due = True
+            else:
+                self.ctx.trim(self.prm.trim_to)
         if self.job is not None and seq.out_ids:
             self._job_answer(seq.prompt_ids, seq.out_ids)
 
@@ -266,21 +274,24 @@ class SelfDraftDrafter(Drafter):
         if self.job_pending:
             self.flush_job()
 
-    def _settle(self, seqs=None) -> None:
-        """The admitted prompts' grams into the context cache, then seqs' lean text
-        (_index_lean), then the trim due since (the newest continuations stay)."""
+    def _push_prompt(self, ids) -> None:
         g = self.prm.gram
+        self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1])) for j in range(len(ids) - g))
+
+    def _settle(self, seqs=None) -> None:
+        """The trim due since, then the admitted prompts' grams into the context cache, then
+        seqs' lean text (_index_lean): the order of the retirements, admissions and steps
+        they wait for (a trim after them cut a prompt's grams to `trim_to` a key at once)."""
+        if self.trim_due:
+            self.ctx.trim(self.prm.trim_to)
+            self.trim_due = False
         for ids in self.ctx_pending:
-            self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1]))
-                               for j in range(len(ids) - g))
+            self._push_prompt(ids)
         self.ctx_pending = []
         if seqs is not None and self.prm.context_cache:
             made = [(t, None) for t in map(self._text_tail, seqs) if t]
             if made:
                 self.ctx.push_many(self._grams(made))
-        if self.trim_due:
-            self.ctx.trim(self.prm.trim_to)
-            self.trim_due = False
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if any(r > 0 for r in limits.room):   # (the planner's done it, unless called apart)
@@ -339,7 +350,14 @@ class SelfDraftDrafter(Drafter):
                 tail = self._text_tail(s)
                 if tail:
                     made.append((tail, None))
-        return (lambda: self.ctx.push_many(self._grams(made))) if made else None
+        if not made and not self.ctx_pending and not self.trim_due:
+            return None
+
+        def learn():   # (the admissions' and retirements' waiting work first: _settle)
+            self._settle()
+            if made:
+                self.ctx.push_many(self._grams(made))
+        return learn
 
     def _index_lean(self, seqs) -> None:
         """Lean steps' text into the context cache: by the next drafting step (propose), or
