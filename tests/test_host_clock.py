@@ -29,11 +29,13 @@ MAX_TOKENS = 64   # (the traces' answers cut there: time)
 # run's host time by ~5% even at the least of several rounds, so these leave room for that;
 # they catch a gross regression (a search of ~1 ms on each step's critical path read 0.80-0.84x
 # before), and smaller ones need the results folder's script, run on a quiet machine
-# The trace at batch 1 with requests waiting is bimodal: the guard trips on its first misses
-# in about half the rounds and holds the short run to ar for 128 of its ~210 steps (1.09-1.13x),
-# or never trips (1.30x) (bench-results/2026-11-29-host-clock-4/trips.py 1 waiting trace 6): a
-# floor of 1.12 sat inside the lower mode and failed ~1 run in 20 on either mode's tree
-FLOOR, TRACE_FLOOR = 0.85, {1: 1.07, 8: 0.90}
+# The trace at batch 1 with requests waiting has three modes on every tree: the guard trips on
+# the first request's early misses and holds the short run (4 requests) to ar for 128 of its
+# ~210 steps (1.09-1.13x) or 227 of 252 (0.99-1.00x), or never trips (1.30x); which one a round
+# lands in follows the host's timings, and in a busy window most rounds held 227 steps
+# (bench-results/2026-11-29-host-clock-4/trips.py 1 waiting trace 6; the guard's events:
+# bench-results/2026-11-29-drains/guard_events.py): so that row keeps up with ar, as the rest
+FLOOR, TRACE_FLOOR = 0.85, {1: 0.97, 8: 0.90}
 
 
 def _prompts(n, seed=0, vocab=30):
