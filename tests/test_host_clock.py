@@ -187,7 +187,9 @@ def test_host_work_under_a_forward_costs_only_past_its_device_time(model, monkey
     clock.overlapped(burn)(0.2 * window / HOST)   # (a fifth of the window: hidden)
     assert clock() - c0 < 0.1 * window
     clock.overlapped(burn)(window / HOST)   # (the window's other 4/5 hidden, 1/5 past it)
-    assert clock() - c0 == pytest.approx(0.2 * window, rel=0.4)
+    # (~0.2 of the window: charged in full it would be 1.2, hidden in full 0; the clock's own
+    # calls are charged too, x HOST, and on a busy CI machine they took 0.14 of it)
+    assert 0.1 * window < clock() - c0 < 0.5 * window, (clock() - c0) / window
 
 
 def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch):
