@@ -82,28 +82,38 @@ def _prompts(n, seed):
     return [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(n)]
 
 
+def _controlled_runs(model, monkeypatch, prompts, batch, max_tokens, prefill_ms, ps, holds):
+    """(ar's outputs, the clock, {name: (clock s, prefill forwards)}): oracle chains of
+    acceptance ps under a controller on the H100's table, a prefill forward prefill_ms, one
+    run for each of holds, in order, with Admission.hold patched to it (None: as it is, or
+    as the run before patched it); every output checked against ar's."""
+    table = h100_table()
+    ref, _ = run_ids(model, prompts, batch_size=batch, max_tokens=max_tokens)
+    clock = SimClock(table, batch, prefill_ms=prefill_ms, token_us=5.0)
+    timed_model(model, clock, monkeypatch)
+    runs = {}
+    for name, hold in holds.items():
+        if hold is not None:
+            monkeypatch.setattr(Admission, "hold", hold)
+        clock.t = 0.0
+        dr = OracleChains(ref, ps)
+        got, st = sim_run(model, prompts, dr, clock, batch_size=batch, max_tokens=max_tokens,
+                          controller=sim_controller(dr, table))
+        assert got == ref
+        runs[name] = (clock.t, st.prefill_forwards)
+    return ref, clock, runs
+
+
 def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, monkeypatch):
     """96 requests at batch 32 on the H100's step table, each prefill forward 5 ms (~2 of its
     steps; eager there, where steps replay graphs): oracle chains of uneven acceptance end
     sequences at different steps. Admitting as slots free up took 3x the prefill forwards
     and longer than admitting a few at once; outputs are ar's either way. Without a controller
     (`--speculate fixed`, ar) the runner admits at once, whatever the group would be."""
-    table = h100_table()
     prompts = _prompts(96, seed=21)
-    ref, _ = run_ids(model, prompts, batch_size=32, max_tokens=64)
-    clock = SimClock(table, 32, prefill_ms=5.0, token_us=5.0)
-    timed_model(model, clock, monkeypatch)
     ps = [0.95 * (i % 5) / 4 for i in range(len(prompts))]
-    runs = {}
-    for grouped in (True, False):
-        if not grouped:
-            monkeypatch.setattr(Admission, "hold", lambda self, *a: False)
-        clock.t = 0.0
-        dr = OracleChains(ref, ps)
-        got, st = sim_run(model, prompts, dr, clock, batch_size=32, max_tokens=64,
-                          controller=sim_controller(dr, table))
-        assert got == ref
-        runs[grouped] = (clock.t, st.prefill_forwards)
+    ref, clock, runs = _controlled_runs(model, monkeypatch, prompts, 32, 64, 5.0, ps,
+                                        {True: None, False: lambda self, *a: False})
     (t_on, pf_on), (t_off, pf_off) = runs[True], runs[False]
     assert pf_on * 3 <= pf_off, runs
     assert t_on < t_off, runs
@@ -123,21 +133,9 @@ def test_sequences_desynced_by_drafts_are_admitted_in_the_clumps_ar_admits(model
     admits it in one forward. Oracle chains of uneven acceptance end a clump's sequences a
     few steps apart; waiting for those whose budgets end them soon (the known-end rule) takes
     fewer prefill forwards, and less time, than the rate's group alone."""
-    table = h100_table()
     prompts = _prompts(64, seed=5)
-    ref, ar = run_ids(model, prompts, batch_size=8, max_tokens=40)
-    clock = SimClock(table, 8, prefill_ms=9.0, token_us=5.0)
-    timed_model(model, clock, monkeypatch)
     ps = [0.9 * (i % 4) / 3 for i in range(len(prompts))]
-    runs = {}
-    for rule in ("known", "rate"):
-        if rule == "rate":
-            monkeypatch.setattr(Admission, "hold", lambda self, f, w, soon, chunk:
-                                f < min(self.group(), w))
-        clock.t = 0.0
-        dr = OracleChains(ref, ps)
-        got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=40,
-                          controller=sim_controller(dr, table))
-        assert got == ref
-        runs[rule] = (clock.t, st.prefill_forwards)
+    rate = lambda self, f, w, soon, chunk: f < min(self.group(), w)   # noqa: E731
+    _, _, runs = _controlled_runs(model, monkeypatch, prompts, 8, 40, 9.0, ps,
+                                  {"known": None, "rate": rate})
     assert runs["known"][1] < runs["rate"][1] and runs["known"][0] < runs["rate"][0], runs

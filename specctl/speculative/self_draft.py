@@ -32,7 +32,9 @@ samples with the same seed). The probe rows' KV is never committed.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
 from specctl.speculative.job_cache import JobCache, JobCacheParams
@@ -157,7 +159,7 @@ class SelfDraftDrafter(Drafter):
         # step lean, outside the forward's shadow; at most CTX_PENDING prompts wait. On a
         # CPU they are made at once (made at a drafting step, they were timed as its cost:
         # Self-Draft at batch 1 on the CPU bench fell 1.19x -> 1.04x ar)
-        self.ctx_pending: list[list[int]] = []
+        self.ctx_pending: deque[list[int]] = deque(maxlen=CTX_PENDING)
         self.trim_due = False
         # where the candidates of accepted tokens came from, for the ablation report
         self.accepted_from = {"job": 0, "context": 0, "corpus": 0}
@@ -186,9 +188,7 @@ class SelfDraftDrafter(Drafter):
             (p.seed, seq.req.index, len(seq.req.answers)), seq.prompt_ids or [0], p.branches))
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
             if self.overlapped:   # (under a forward: _settle)
-                self.ctx_pending.append(seq.prompt_ids)
-                if len(self.ctx_pending) > CTX_PENDING:
-                    del self.ctx_pending[0]
+                self.ctx_pending.append(seq.prompt_ids)   # (past CTX_PENDING the oldest go)
             else:
                 self._push_prompt(seq.prompt_ids)
         if self.job is not None:
@@ -261,16 +261,13 @@ class SelfDraftDrafter(Drafter):
     def observe_lean(self, seqs):
         """A lean step's text is indexed when a step next drafts (propose), or under the next
         forward where that is hidden."""
-        return (lambda: self._index_lean(seqs)) if self.overlapped else None
+        return (lambda: self._settle(seqs)) if self.overlapped else None
 
     def catch_up(self, seqs) -> None:
         """The text of lean steps since (IDLE) into the context cache, and finished answers
         into the job cache, before the next drafting step's proposals."""
-        if self.unindexed:
-            self._index_lean(seqs)
-            self.unindexed = False
-        else:
-            self._settle()
+        self._settle(seqs if self.unindexed else None)
+        self.unindexed = False
         if self.job_pending:
             self.flush_job()
 
@@ -280,14 +277,18 @@ class SelfDraftDrafter(Drafter):
 
     def _settle(self, seqs=None) -> None:
         """The trim due since, then the admitted prompts' grams into the context cache, then
-        seqs' lean text (_index_lean): the order of the retirements, admissions and steps
-        they wait for (a trim after them cut a prompt's grams to `trim_to` a key at once)."""
+        seqs' lean steps' text: the order of the retirements, admissions and steps they wait
+        for (a trim after them cut a prompt's grams to `trim_to` a key at once). Lean text is
+        indexed by the next drafting step (catch_up), or by observe's, under the next forward
+        (a drafting step after a lean stretch then finds it indexed, not its own work). The
+        job cache's texts still wait for a drafting step (flush_job: ~0.5 ms a text on this
+        CPU, more than a forward hides at batch 64 when several finish at once)."""
         if self.trim_due:
             self.ctx.trim(self.prm.trim_to)
             self.trim_due = False
         for ids in self.ctx_pending:
             self._push_prompt(ids)
-        self.ctx_pending = []
+        self.ctx_pending.clear()
         if seqs is not None and self.prm.context_cache:
             made = [(t, None) for t in map(self._text_tail, seqs) if t]
             if made:
@@ -358,14 +359,6 @@ class SelfDraftDrafter(Drafter):
             if made:
                 self.ctx.push_many(self._grams(made))
         return learn
-
-    def _index_lean(self, seqs) -> None:
-        """Lean steps' text into the context cache: by the next drafting step (propose), or
-        by observe's, under the next forward (a drafting step after a lean stretch then finds
-        it indexed, not its own work). The job
-        cache's texts still wait for a drafting step (flush_job: ~0.5 ms a text on this CPU,
-        more than a forward hides at batch 64 when several finish at once)."""
-        self._settle(seqs)
 
     def _grams(self, made) -> list:
         """The context grams of observe's branches (each window of G branch tokens and the
