@@ -4,7 +4,7 @@
                                    [--batch-sizes 1,8,32] [--prompts 16] [--max-tokens 64]
                                    [--device cpu|cuda] [--store DIR] [--threads N]
                                    [--model DIR] [--input FILE] [--skip-set FILE]
-                                   [--repeats N] [--cprofile FILE]
+                                   [--repeats N] [--schedule auto|cuda|cpu] [--cprofile FILE]
 
 With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
 so the host column is the runtime's own work per step, what issue "A host-lean step" bounds:
@@ -18,10 +18,14 @@ prompts (default: real ShareGPT first turns) and splits every step's wall time i
 and the argmax over their logits) and everything else: the host's share (the controller,
 drafting logic, n-gram lookups, tree and mask assembly, input tensors, verification, KV
 commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
-method must keep small. Prints one markdown table; host us/seq-step is the host's share per
-step divided by the sequences in it, rows/seq-step the verify forward's packed rows (tokens)
-per sequence a step: what the model computes for it (a GPU's step time at that many rows per
-sequence, recipes/step_table.py, is the scale to hold the host's against).
+method must keep small. What CUDA's schedule runs while a step's forward computes (the last
+step's learning, the next step's search: Runner.under_forward) is timed apart, as "under fwd":
+hidden on a GPU while it is shorter than the forward; `--schedule cuda` runs that schedule on a
+CPU too (a CPU's own learns at the step: all of it host then). The methods' runs alternate, and
+each row shows its run of least host time. Prints one markdown table; host us/seq-step is the
+host's share per step divided by the sequences in it, rows/seq-step the verify forward's packed
+rows (tokens) per sequence a step: what the model computes for it (a GPU's step time at that
+many rows per sequence, recipes/step_table.py, is the scale to hold the host's against).
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model DIR (default: the demo model)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="timed runs of each row; the row shows the one of least host time")
+    ap.add_argument("--schedule", choices=("auto", "cuda", "cpu"), default="auto",
+                    help="cuda: the host's work as CUDA schedules it (the last step's learning "
+                         "and the next step's search run while the forward computes: timed "
+                         "apart, 'under fwd'), on any device; cpu: all of it in the step, as "
+                         "a CPU runs it; auto: the device's")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     a = ap.parse_args()
@@ -74,6 +83,13 @@ def main() -> None:
         texts = first_human_turns(a.prompts, store)
     cuda = model.device.type == "cuda"
     fp = model_fingerprint(model_dir)
+    if a.schedule != "auto":
+        # (CUDA's schedule: what a step learns waits for the next step's forward, and the
+        # next search runs beside it, Runner.under_forward; a CPU's: all at the step. The
+        # runner asks the planner which; here the forwards are synchronized either way, so
+        # the work under the forward is timed apart and shown as such)
+        from specctl.runtime.step.step import Planner
+        Planner.overlaps = property(lambda self, o=a.schedule == "cuda": o)
 
     fwd = {"t": 0.0, "depth": 0}
 
@@ -109,11 +125,15 @@ def main() -> None:
         print(f"{model.attention} attention: {launches['step']} kernel launches an ar step at "
               f"batch 1, {launches['layer']} a layer (engine/launches.py)\n")
     print("| method | batch | steps | ms/step | model ms/step | host ms/step "
-          "| host us/seq-step | host share | graph replays per step (shapes captured) "
-          "| rows/seq-step |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for m in a.methods.split(","):
-        for b in [int(x) for x in a.batch_sizes.split(",")]:
+          "| host us/seq-step | under fwd ms/step | host share "
+          "| graph replays per step (shapes captured) | rows/seq-step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    def reqs():
+        return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
+                for i, t in enumerate(texts)]
+    for b in [int(x) for x in a.batch_sizes.split(",")]:
+        rows = []
+        for m in a.methods.split(","):
             name, opts = split_variant(m)
             cfg = GenerateConfig(input="x", method=name, batch_size=b, max_tokens=a.max_tokens,
                                  threads=a.threads, skip_set=a.skip_set, **opts)
@@ -122,58 +142,114 @@ def main() -> None:
             except Exception as e:   # a missing artifact: say so and go on
                 print(f"| {m} | {b} | skipped: {e} ||||||||")
                 continue
-            def reqs():
-                return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
-                        for i, t in enumerate(texts)]
             # built as `generate` builds it: sized to the work, with the controller (and its
             # stored step table) for ':auto'
             runner = make_runner(cfg, model, drafter, tk, [kv_rows(tk, r)[1] for r in reqs()],
                                  store=store, fingerprint=fp)
-            step_t = {"t": 0.0, "n": 0, "fwd": 0.0, "seqs": 0}
-            inner = runner.step
-
-            def step(seqs, drain=False):
-                f0 = fwd["t"]
-                t = time.perf_counter()
-                work = inner(seqs, drain)   # (the thread tuner's unit of work)
-                if cuda:
-                    torch.cuda.synchronize()
-                step_t["t"] += time.perf_counter() - t
-                step_t["fwd"] += fwd["t"] - f0
-                step_t["n"] += 1
-                step_t["seqs"] += len(seqs)
-                return work
-            runner.step = step
+            rows.append(Row(m, b, runner, fwd, cuda, a.cprofile))
             # warm-up (every graph shape was captured when the runner started: none is new in
-            # the timed run, the last column says so)
+            # the timed runs, the graphs column says so)
             runner.run(reqs()[:b], lambda r: None)
-            g = model.graphs
-            replays0, shapes0 = (g.replays, len(g.cache)) if g else (0, 0)
-            rows0 = runner.stats.step_tokens
-            prof = cProfile.Profile() if a.cprofile else None
-            best = None   # (the run of least host time: another process only adds to it)
-            for _ in range(a.repeats):
-                step_t.update(t=0.0, n=0, fwd=0.0, seqs=0)
-                if prof:
-                    prof.enable()
-                runner.run(reqs(), lambda r: None)
-                if prof:
-                    prof.disable()
-                if best is None or step_t["t"] - step_t["fwd"] < best["t"] - best["fwd"]:
-                    best = dict(step_t)
-            step_t = best
-            if prof:
-                prof.dump_stats(f"{a.cprofile}.{m.replace(':', '_')}.b{b}")
-            n = max(step_t["n"], 1)
-            tot, f = step_t["t"] / n * 1e3, step_t["fwd"] / n * 1e3
-            graphs = (f"{(g.replays - replays0) / a.repeats / n:.0%} "
-                      f"({len(g.cache) - shapes0} new)"
-                      if g else "-")
-            per_seq = (tot - f) * 1e3 * step_t["n"] / max(step_t["seqs"], 1)
-            rows = (runner.stats.step_tokens - rows0) / a.repeats / max(step_t["seqs"], 1)
-            print(f"| {m} | {b} | {step_t['n']} | {tot:.2f} | {f:.2f} | {tot - f:.2f} | "
-                  f"{per_seq:.1f} | {(tot - f) / tot:.0%} | {graphs} | {rows:.1f} |", flush=True)
+        # (the methods' runs alternate, each row keeping its run of least host time: another
+        # process, or the machine's state drifting, only adds to a run's)
+        for _ in range(a.repeats):
+            for r in rows:
+                r.run(reqs())
+        for r in rows:
+            print(r.line(), flush=True)
 
+
+class Row:
+    """One method at one batch size: its runner, timed step by step (the host's time apart
+    from the model's and from what runs under the forward), and its best run."""
+
+    def __init__(self, method: str, b: int, runner, fwd: dict, cuda: bool, cprofile):
+        self.method, self.b, self.runner, self.fwd, self.cuda = method, b, runner, fwd, cuda
+        self.prof = cProfile.Profile() if cprofile else None
+        self.cprofile = cprofile
+        self.t, self.best = _zero(), None   # (the run now; the warm-up's is dropped)
+        self.replays = self.shapes = self.runs = 0
+        self.rows0 = None
+        self._wrap(runner)
+
+    def _wrap(self, runner) -> None:
+        inner, beside, catch = runner.step, runner.under_forward, runner.catch_up
+        busy = [False]
+
+        def step(seqs, drain=False):
+            f0, t = self.fwd["t"], time.perf_counter()
+            busy[0] = True
+            try:
+                work = inner(seqs, drain)   # (the thread tuner's unit of work)
+            finally:
+                busy[0] = False
+            if self.cuda:
+                torch.cuda.synchronize()
+            st = self.t
+            st["t"] += time.perf_counter() - t
+            st["fwd"] += self.fwd["t"] - f0
+            st["n"] += 1
+            st["seqs"] += len(seqs)
+            return work
+
+        def under_forward(plan, drain):   # (on CUDA: hidden while shorter than the forward)
+            t = time.perf_counter()
+            try:
+                return beside(plan, drain)
+            finally:
+                self.t["under"] += time.perf_counter() - t
+
+        def catch_up():   # (at a retirement or the run's end: no forward to hide it under)
+            t = time.perf_counter()
+            try:
+                return catch()
+            finally:
+                if not busy[0]:
+                    self.t["off"] += time.perf_counter() - t
+        runner.step, runner.under_forward, runner.catch_up = step, under_forward, catch_up
+
+    def run(self, requests) -> None:
+        g, runner = self.runner.model.graphs, self.runner
+        if self.rows0 is None:
+            self.rows0 = runner.stats.step_tokens
+        replays, shapes = (g.replays, len(g.cache)) if g else (0, 0)
+        self.t = _zero()
+        if self.prof:
+            self.prof.enable()
+        runner.run(requests, lambda r: None)
+        if self.prof:
+            self.prof.disable()
+        if g:
+            self.replays += g.replays - replays
+            self.shapes += len(g.cache) - shapes
+        self.runs += 1
+        if self.best is None or _host(self.t) < _host(self.best):
+            self.best = self.t
+        self.t = _zero()
+
+    def line(self) -> str:
+        if self.prof:
+            self.prof.dump_stats(f"{self.cprofile}.{self.method.replace(':', '_')}.b{self.b}")
+        st, g = self.best, self.runner.model.graphs
+        n = max(st["n"], 1)
+        tot, f = st["t"] / n * 1e3, st["fwd"] / n * 1e3
+        host, under = _host(st) / n * 1e3, st["under"] / n * 1e3
+        graphs = f"{self.replays / self.runs / n:.0%} ({self.shapes} new)" if g else "-"
+        per_seq = host * 1e3 * st["n"] / max(st["seqs"], 1)
+        rows = (self.runner.stats.step_tokens - self.rows0) / self.runs / max(st["seqs"], 1)
+        return (f"| {self.method} | {self.b} | {st['n']} | {tot:.2f} | {f:.2f} | {host:.3f} | "
+                f"{per_seq:.1f} | {under:.3f} | {host / (f + host):.0%} | {graphs} | "
+                f"{rows:.1f} |")
+
+
+def _zero() -> dict:
+    return {"t": 0.0, "n": 0, "fwd": 0.0, "seqs": 0, "under": 0.0, "off": 0.0}
+
+
+def _host(t: dict) -> float:
+    """The host's seconds serial with the forwards: a step's apart from its model work and
+    what ran under the forward, and the learning caught up between steps."""
+    return t["t"] - t["fwd"] - t["under"] + t["off"]
 
 if __name__ == "__main__":
     main()
