@@ -22,7 +22,7 @@ m, patch = script_model()
 b = int(sys.argv[1]); n = 4 * b if sys.argv[2] == "waiting" else b
 for r in range(int(sys.argv[4])):
     ev.clear()
-    ratios, stats, ar = T.host_charged_ratios(m, b, n, patch, methods=[], rounds=1)
+    ratios, stats, ar = T.host_charged_ratios(m, b, n, patch, methods=[] if sys.argv[3] == "trace" else [sys.argv[3]], rounds=1)
     st = stats[sys.argv[3]]
     print("ROUND", r, round(ratios[sys.argv[3]], 3), st.steps, "trips", st.guard_trips)
     trip = [i for i, e in enumerate(ev) if e[-1] == "TRIP"]

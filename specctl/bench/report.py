@@ -125,12 +125,14 @@ def category_rows(res: dict) -> list[list[str]]:
 
 
 TIME_COLUMNS = ("method", "batch", "wall s", "decode steps s", "decode x ar",
-                "prefill s (forwards)", "search s", "rest s", "lean / drafting ms a step")
+                "prefill s (forwards)", "search s", "learning s", "rest s",
+                "lean / drafting ms a step")
 
 
 def time_rows(res: dict) -> list[list[str]]:
     """Where each specctl row's first repeat spent its wall time (its `time_split`): decode
-    steps, prefill, the controller's search within the steps, and the rest (admission,
+    steps, prefill, the controller's search and the learning run under a forward (CUDA's
+    schedule; rows stored before it was kept show -) within the steps, and the rest (admission,
     retiring, output); under auto, its lean and drafting steps' mean ms. decode x ar: `ar`'s
     decode-step seconds at the same batch over the row's (the same prompts and tokens): the
     speedup of the steps alone, which a schedule that prefills its prompts in fewer forwards
@@ -150,7 +152,7 @@ def time_rows(res: dict) -> list[list[str]]:
         vs = f"{base / ts['steps_s']:.2f}x" if base and ts["steps_s"] > 0 else "-"
         out.append([r["method"], str(r["batch_size"]), f"{wall:.2f}", f"{ts['steps_s']:.2f}",
                     vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']})",
-                    f"{ts['search_s']:.2f}",
+                    f"{ts['search_s']:.2f}", _f(ts.get("learn_s")),
                     f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
                     f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])
     return out

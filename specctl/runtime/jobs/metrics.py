@@ -133,13 +133,15 @@ def merged_metrics(cfg: GenerateConfig, lines: list[dict], ranks: list[dict], wa
 def time_split(stats) -> dict | None:
     """Where a run's time went: its decode steps and its prefill (every method, ar too: a
     method that ends sequences at other steps than ar admits and prefills them in other
-    groups), and within the steps the controller's decisions that searched or could have.
+    groups), and within the steps the controller's decisions that searched or could have, and
+    the drafter's and controller's learning run under a forward (CUDA: RunStats.learn_s).
     The rest (admission, retiring, output) is the wall time less these; where several ranks
     ran, these are their sums (against the ranks' summed walls, not the job's)."""
     if stats is None:
         return None
     return {"steps_s": round(stats.step_s, 3), "prefill_s": round(stats.prefill_s, 3),
-            "prefill_forwards": stats.prefill_forwards, "search_s": round(stats.search_ms / 1e3, 3)}
+            "prefill_forwards": stats.prefill_forwards, "search_s": round(stats.search_ms / 1e3, 3),
+            "learn_s": round(stats.learn_s, 3)}
 
 
 def speculation_metrics(cfg, stats) -> dict:

@@ -44,6 +44,9 @@ class RunStats:
                                    # of them not taken: the next step did not search)
     search_ms: float = 0.0         # their time: decide's, and prefetch's (on CUDA under the
                                    # forward); not in a lean step's ms
+    learn_s: float = 0.0           # the last step's learning, caught up under the next step's
+                                   # forward where the host runs beside it (CUDA): in step_s,
+                                   # hidden there while shorter than the forward (wall seconds)
     guard_trips: int = 0           # times the measured guard found the run behind `ar`
     guard_held: int = 0            # steps it held to `ar`
     guard_job_trips: int = 0       # of those trips, made by the job's account
