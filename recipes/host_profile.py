@@ -22,8 +22,10 @@ method must keep small. What CUDA's schedule runs while a step's forward compute
 step's learning, the next step's search: Runner.under_forward) is timed apart, as "under fwd":
 hidden on a GPU while it is shorter than the forward; `--schedule cuda` runs that schedule on a
 CPU too (a CPU's own learns at the step: all of it host then). The methods' runs alternate, and
-each row shows its run of least host time. Prints one markdown table; host us/seq-step is the
-host's share per step divided by the sequences in it, rows/seq-step the verify forward's packed
+each row shows its run of least host time. (Host ms/step holds the learning caught up between
+steps, which ms/step, the steps' own wall, does not; a prefill's time, and the search run under
+it, are in neither.) Prints one markdown table; host us/seq-step is the host's share per
+step divided by the sequences in it, rows/seq-step the verify forward's packed
 rows (tokens) per sequence a step: what the model computes for it (a GPU's step time at that
 many rows per sequence, recipes/step_table.py, is the scale to hold the host's against).
 """
@@ -140,7 +142,7 @@ def main() -> None:
             try:
                 drafter = make_drafter(cfg, model, model_dir, store, lambda *_: None)
             except Exception as e:   # a missing artifact: say so and go on
-                print(f"| {m} | {b} | skipped: {e} ||||||||")
+                print(f"| {m} | {b} | skipped: {e} |||||||||")
                 continue
             # built as `generate` builds it: sized to the work, with the controller (and its
             # stored step table) for ':auto'
@@ -212,7 +214,7 @@ class Row:
         g, runner = self.runner.model.graphs, self.runner
         if self.rows0 is None:
             self.rows0 = runner.stats.step_tokens
-        replays, shapes = (g.replays, len(g.cache)) if g else (0, 0)
+        replays, shapes = (g.replays, g.captures) if g else (0, 0)
         self.t = _zero()
         if self.prof:
             self.prof.enable()
@@ -221,7 +223,7 @@ class Row:
             self.prof.disable()
         if g:
             self.replays += g.replays - replays
-            self.shapes += len(g.cache) - shapes
+            self.shapes += g.captures - shapes
         self.runs += 1
         if self.best is None or _host(self.t) < _host(self.best):
             self.best = self.t
@@ -250,6 +252,7 @@ def _host(t: dict) -> float:
     """The host's seconds serial with the forwards: a step's apart from its model work and
     what ran under the forward, and the learning caught up between steps."""
     return t["t"] - t["fwd"] - t["under"] + t["off"]
+
 
 if __name__ == "__main__":
     main()
