@@ -227,7 +227,6 @@ class Row:
         self.runs += 1
         if self.best is None or _host(self.t) < _host(self.best):
             self.best = self.t
-        self.t = _zero()
 
     def line(self) -> str:
         if self.prof:
