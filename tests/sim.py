@@ -41,6 +41,7 @@ from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import (NO_DRAFT, DraftLimits, DraftPrice, Drafter, NoDraft,
                                          Proposal)
 from specctl.speculative.sampling import SamplingParams
+from specctl.speculative.kangaroo import AdapterRows
 from specctl.speculative.verify import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +130,9 @@ class SimClock:
     def __call__(self) -> float:
         return self.t + self.host_s()
 
-    def forward(self, batch, plan) -> None:
+    def forward(self, batch, plan, tail: bool = False) -> None:
+        """Charge one forward; tail: a shallow forward that drafts nothing (Kangaroo's, its
+        head only writing the adapter's KV rows), priced as the drafter prices it (tail_frac)."""
         if self.paused:
             fixed = self.prefill(len(batch.num_new)) if self.prefill else self.prefill_ms
             ms = fixed + self.token_us * batch.num_tokens / 1e3
@@ -143,6 +146,8 @@ class SimClock:
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)
         if plan.start > 0:
             ms *= self.price.verify_frac
+        elif tail and self.price.tail_frac is not None:
+            ms *= self.price.tail_frac
         elif plan.end is not None or plan.skip_attn or plan.skip_mlp:
             ms *= self.price.draft_frac
         if self.dear is not None:
@@ -162,7 +167,7 @@ def timed_model(model, clock: SimClock, monkeypatch):
     cls, inside = type(model), []
 
     def run(batch, kv, plan=FULL, hidden=None, head=None):
-        clock.forward(batch, plan)
+        clock.forward(batch, plan, tail=isinstance(head, AdapterRows))
         inside.append(1)
         try:
             with clock.device():
