@@ -11,7 +11,7 @@ import torch
 
 from specctl.engine.steptable import StepTable
 from specctl.runtime.control.controller import Budgets, Controller, make_controller
-from specctl.runtime.control.stepcost import StepCost
+from specctl.runtime.control.stepcost import Shapes, StepCost
 from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
 
@@ -770,6 +770,44 @@ def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
     one.learn_host(8, 0.008)
     one.learn_host(8, 0.008 + 1.0 + 0.05 * 8, 8)   # one count only: its share a sequence
     assert one.host_fit() == (0.0, pytest.approx(1.4 / 8))
+
+
+def test_draft_forwards_are_priced_with_a_lean_steps_host_until_a_drafting_step_is_timed():
+    """Each draft forward spends the host what a lean step of as many sequences does (its
+    batch, launch and read-back), which the table does not price: until a drafting step has
+    been timed it is priced so (StepCost.forward_host); from then on host_fit's measure is
+    the price. Nothing for a drafter without draft forwards, nor before a lean step's host
+    is known."""
+    t = table(lambda b, n: 2.0 + 0.02 * b * n)
+    c = StepCost(t, draft_frac=0.3, draft_extra=1, tail_frac=0.2, idle_whole=True)   # (Kangaroo)
+    plain = [c.step_ms([k]) for k in (0, 2)]
+    c.learn_host(1, 0.3)   # a lean step of one sequence: 0.3 ms of host
+    assert c.step_ms([2]) == pytest.approx(plain[1] + 3 * 0.3)   # 2 drafts + the tail forward
+    assert c.step_ms([0]) == pytest.approx(plain[0])   # (its lean step: one plain forward)
+    got = c.prices(Shapes.of_counts((0, 0, 1), True))   # (the search's prices too)
+    assert float(got[0]) == pytest.approx(c.step_ms([2]))
+    c.learn_host(1, 0.3 + 1.0, 1)   # a drafting step timed: its measure prices from now on
+    assert c.step_ms([2]) == pytest.approx(plain[1] + 1.0)
+    tree = StepCost(t)   # (no draft forwards)
+    tree.learn_host(1, 0.3)
+    ms, kind = tree.counts_ms((0, 0, 1))
+    assert tree.step_ms([2]) == pytest.approx(ms * tree.factor(kind))
+
+
+def test_a_drafter_with_draft_forwards_drafts_once_a_step_is_timed():
+    """The run's first steps are lean until a lean step's host time is known, where the
+    drafter runs draft forwards: its first drafting step is then priced with their host
+    work. On the host-charged clock Kangaroo's first drafting step at batch 1, priced 3.2 ms,
+    took 5.8 (its three draft forwards' host work), ~3% of a 64-token drain."""
+    t = table(lambda b, n: 2.0 + 0.001 * b * n)
+    ctls = [Ctl(StepCost(t, draft_frac=0.05), 4, prior_accept=0.9, explore_every=0,
+                wait_first=True) for _ in range(2)]
+    for ctl, host, want in zip(ctls, (0.05, 2.0), ([4], [0])):
+        assert ctl.budgets([0], [100]) == [0]   # nothing timed yet
+        ctl.lean_done(1, 2.0, 1, host, 1)       # a lean step, with its host time
+        assert ctl.budgets([0], [100]) == want  # (a host as dear as a forward: no drafting)
+    tree = Ctl(StepCost(t), 4, tree=True, prior_accept=0.9, explore_every=0, wait_first=True)
+    assert tree.budgets([0], [100]) == [4]   # (no draft forwards: no wait)
 
 
 def test_a_lean_steps_host_is_priced_by_its_batch_size():

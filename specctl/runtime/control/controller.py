@@ -71,7 +71,13 @@ instead: on the host-charged clock a method that accepts nothing paid two drafti
 (Any accepted draft is too weak a sign: at batch 27 a random adapter hits one. Drafting only
 a few sequences until a drafting step's host work is timed was tried too: it cost
 Self-Draft ~3 steps of 90 at batch 8 with requests waiting, where its first steps accept ~15
-tokens, and saved ~0.4% of a 64-sequence drain; not kept.)
+tokens, and saved ~0.4% of a 64-sequence drain; not kept.) And a drafter that runs draft
+forwards (draft-verify, Kangaroo) spends the host a lean step's work on each of them, which
+the table does not price: until some step has been timed its steps are lean (an `ar` step
+costs nothing against `ar`), and its first drafting step is priced with each draft forward
+costing the host what a lean step of as many sequences took (StepCost.forward_host). On the
+host-charged clock Kangaroo's first drafting step at batch 1, priced 3.2 ms, took 5.8, ~3% of
+a 64-token drain.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
@@ -222,7 +228,7 @@ class Controller:
         # (in a lean stretch only an exploring step due, and paid for, searches; and none
         # after the run's first drafting step if that one got too few: module docstring)
         if self.steps < self.lean_until and not due or self.wait_first and self.unlearnt \
-                and not self.timed_steps and not self.hit:
+                and not self.timed_steps and not self.hit or self._untimed_forwards():
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
         c = self.cost
@@ -260,6 +266,14 @@ class Controller:
         return Budgets(tuple(ks), probes, gains, c.step_ms(ks, probes), explored, contrast,
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
+
+    def _untimed_forwards(self) -> bool:
+        """Whether the drafter runs draft forwards and no step has been timed yet: the run's
+        first steps are lean until one is (module docstring), so that its first drafting step
+        is priced with its forwards' host work (StepCost.forward_host)."""
+        c = self.cost
+        return self.wait_first and bool(c.draft_frac) and self.correct and not c.lean_steps \
+            and not self.timed_steps
 
     def _caps(self, room) -> np.ndarray:
         """Each sequence's largest budget: its room, at most K."""

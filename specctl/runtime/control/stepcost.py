@@ -165,18 +165,19 @@ class StepCost:
             ms, vkey, depth = self.table_prices(sh, probes)
             drafts = sh.top > 0
             # (+ the learnt kinds' codes it was matched against, and its kinds' index there)
-            got = [ms, kind_code(vkey, depth, drafts), drafts, None, None]
+            got = [ms, kind_code(vkey, depth, drafts), drafts, None, None, depth]
             if memo is not None:
                 for a in got[:3]:
                     a.flags.writeable = False   # (every later step reads them)
                 self._memo[(memo, probes)] = got
-        ms, code, drafts, matched, at = got
+        ms, code, drafts, matched, at, depth = got
         codes, rel = self.kind_rel(sh.b)
         if matched is not codes:   # (a new kind learnt since: kind_rel's arrays are new)
             got[3], got[4] = codes, _kind_index(codes, code)
             at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
-        return ms * np.exp(base + rel[at]) + self.host_ms(sh.drafting)
+        return ms * np.exp(base + rel[at]) + self.host_ms(sh.drafting) + \
+            self.forward_host(sh.b, depth)
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
@@ -255,7 +256,8 @@ class StepCost:
         ms, kind = self.counts_ms(counts, probes)
         if not ms:
             return 0.0
-        return ms * self.factor(kind) + float(self.host_ms(sum(counts) - counts[0]))
+        return ms * self.factor(kind) + float(self.host_ms(sum(counts) - counts[0])) + \
+            float(self.forward_host(kind[0], kind[2]))
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
@@ -329,6 +331,18 @@ class StepCost:
         a, sl = self.host_fit()
         return np.where(np.asarray(drafting) > 0, a + sl * np.asarray(drafting), 0.0) \
             if a or sl else 0.0
+
+    def forward_host(self, b: int, depth):
+        """Until a drafting step has been timed (host_fit prices drafting's host from then
+        on): the host time of a step's `depth` draft forwards (an int or an array), each
+        priced as a lean step of b sequences spends it (lean_at: a forward's batch, its launch
+        and its read-back are the host's work in both). Kangaroo's first drafting step on the
+        host-charged clock at batch 1 took 5.8 ms where its forwards were priced 3.2: its
+        three draft forwards' host work, which nothing priced; 0 for a drafter without draft
+        forwards, and before a lean step is timed (Controller.decide waits for one)."""
+        if not self.draft_frac or self._drafted or not self.lean_steps:
+            return 0.0
+        return np.maximum(depth, 0) * self.lean_at(b)
 
     def learn_host(self, b: int, host_ms: float, drafting: int = 0, steps: int = 1) -> float:
         """A step of b sequences, `drafting` of them drafting (0: a lean step; `steps` of
