@@ -61,10 +61,33 @@ def test_settings_are_read_and_checked():
          "body.frequency_penalty: not supported (specctl samples without penalties, biases, "
          "min_p or best_of): set it to 0 or leave it out"),
         ({"body": {**body, "logit_bias": {"5": 1}}}, "body.logit_bias"),
+        # (at a line's top level they were read by nobody: its temperature ran greedy)
+        ({"prompt": "x", "temperature": 0.9}, 'temperature: a line\'s sampling settings go in '
+                                               '"sampling": {...}, not at its top level'),
+        ({"turns": ["x"], "seed": 5}, "seed: a line's sampling settings go in"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": ["e"]}, "stop:"),
+        ({"prompt": "x", "n": 3}, "n:"),
+        ({"prompt": "x", "min_p": 0.1}, "min_p:"),
+        ({"custom_id": "c", "body": body, "temperature": 1}, "temperature: a line's sampling "
+                                                             "settings go in its body"),
     ]:
         with pytest.raises(SpecctlError) as e:
             prompt_record(bad)
         assert needle in str(e.value), (bad, str(e.value))
+
+
+def test_a_lines_id_is_carried_beside_custom_id_and_question_id():
+    """Every id a line carries reaches its output line: its "id" beside the custom_id or
+    question_id that keys it (the first found used to be the only one kept)."""
+    from specctl.runtime.jobs.tokenization import record_meta
+    q = prompt_record({"question_id": 5, "id": "myid", "turns": ["hi"]})
+    c = prompt_record({"custom_id": "c1", "id": 7, "body": {"messages": [
+        {"role": "user", "content": "y"}]}})
+    assert record_meta(q) == {"index": 0, "question_id": 5, "id": "myid"}
+    assert record_meta(c) == {"index": 0, "custom_id": "c1", "id": 7}
+    assert record_meta(prompt_record({"id": "a", "prompt": "x"})) == {"index": 0, "id": "a"}
+    with pytest.raises(SpecctlError, match="id: must be a string or integer"):
+        prompt_record({"question_id": 5, "id": [1], "turns": ["hi"]})
 
 
 class _Tok:

@@ -6,14 +6,16 @@ Accepted line formats:
   {"messages": [{"role", "content"}, ...]}           one stage: those messages
   {"custom_id", "body": {"messages", "max_tokens"}}  OpenAI batch; id from custom_id
   {"question_id", "category", "turns": ["q1", ...]}  MT-bench / Spec-Bench; one stage per turn
-Any format may also carry "id" (used when custom_id/question_id are absent), "category" and a
-top-level "max_tokens" (OpenAI batch lines use body.max_tokens / body.max_completion_tokens).
+Any format may also carry "id" (the line's key when custom_id/question_id are absent; carried
+to the output beside them otherwise), "category" and a top-level "max_tokens" (OpenAI batch
+lines use body.max_tokens / body.max_completion_tokens).
 
 A line's own sampling settings (they win over the command's, for that line only): in an OpenAI
 batch body as OpenAI (and vLLM) take them (temperature, top_p, top_k, seed, stop, n, logprobs
 with top_logprobs), on any other line as a "sampling" object with the same keys; "logprobs"
 there is the number of alternatives per token (0: the chosen token's only), "n" the answers
-to sample (seeds seed, seed + 1, ...).
+to sample (seeds seed, seed + 1, ...). Such a setting at a line's top level is refused: read by
+nobody, a line's own temperature would run greedy without a word.
 
 `turns` is a tuple of conversation stages: the generator appends stage 1's messages, answers,
 appends its answer, then stage 2, and so on. Messages are {"role", "content"} dicts with role
@@ -52,6 +54,7 @@ class PromptRecord:
     error: str | None = None
     sampling: dict | None = None   # the line's own settings (SAMPLING keys), checked
     source: str | None = None      # the shard it came from, when the input is a directory
+    plain_id: str | int | None = None   # its "id" too, where id_field is another key
 
     def where(self, path) -> str:
         """The line as messages name it: file:line (the shard's, in a directory of them)."""
@@ -206,6 +209,17 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
     return None, None
 
 
+def _plain_id(obj: dict, id_field: str | None) -> str | int | None:
+    """The line's own "id" where custom_id or question_id names it (both are carried to the
+    output line)."""
+    if id_field in (None, "id") or obj.get("id") is None:
+        return None
+    v = obj["id"]
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise _Bad(f"id: must be a string or integer, got {type(v).__name__}")
+    return _text(v, "id") if isinstance(v, str) else v
+
+
 def _parse(obj) -> dict:
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}"
@@ -224,6 +238,10 @@ def _parse(obj) -> dict:
         raise _Bad(f"ambiguous prompt format: has both {found[0]!r} and {found[1]!r}")
     raw, max_tokens = None, _max_tokens(obj, "")
     kind = found[0]
+    for key in (*SAMPLING, *UNSUPPORTED):   # (left at the top they were read by nobody: a
+        if key in obj:                      # line's temperature ran greedy, silently)
+            home = "its body" if kind == "body" else '"sampling": {...}'
+            raise _Bad(f"{key}: a line's sampling settings go in {home}, not at its top level")
     sampling = obj.get("sampling")
     if sampling is not None:
         if kind == "body":
@@ -266,7 +284,8 @@ def _parse(obj) -> dict:
             _text(q, f"turns[{i}]")
         turns = tuple(({"role": "user", "content": q},) for q in qs)
     return dict(id=ident, id_field=id_field, category=category, turns=turns,
-                max_tokens=max_tokens, raw_prompt=raw, sampling=sampling)
+                max_tokens=max_tokens, raw_prompt=raw, sampling=sampling,
+                plain_id=_plain_id(obj, id_field))
 
 
 def record_from_json(d: dict) -> PromptRecord:

@@ -79,6 +79,8 @@ def record_meta(rec: PromptRecord) -> dict:
     m: dict = {"index": rec.index}
     if rec.id_field:
         m[rec.id_field] = rec.id
+    if rec.plain_id is not None:
+        m["id"] = rec.plain_id
     if rec.category is not None:
         m["category"] = rec.category
     return m
