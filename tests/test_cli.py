@@ -545,6 +545,18 @@ def test_written_files_follow_the_umask(tmp_path, tiny_llama):
         os.umask(old)
 
 
+def test_a_stop_string_with_a_shells_backslash_n_is_named(tmp_path, tiny_llama):
+    """--stop "\\n" in bash is a backslash and an n, not a newline: it runs as given, with a
+    warning that says how to write a newline."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--stop", "\\n\\n", "--stop", "x"))
+    said = " ".join(r.output.split())
+    assert "holds a backslash" in said and "--stop $'\\n'" in said
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--stop", "\n"))
+    assert "backslash" not in r.output
+
+
 def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
@@ -721,6 +733,7 @@ def test_options_are_declared_once():
     default and help; `bench` takes the ones marked for it, every method's option among them."""
     from dataclasses import fields
 
+    from rich.markup import escape
     from typer.main import get_command
 
     from specctl.cli.options import BENCH, METHOD_OPTIONS
@@ -734,7 +747,8 @@ def test_options_are_declared_once():
         p = gen[f.name]
         assert (list(p.default) if f.default == () else p.default) == \
             (list(f.default) if f.default == () else f.default), f.name
-        assert p.help == (f.metadata["help"] or None), f.name
+        # (escaped: a help text is plain, "[ray]" in it is no markup)
+        assert p.help == (escape(f.metadata["help"]) or None), f.name
     every_method = {n for names in METHOD_OPTIONS.values() for n in names} - {"no_corpus_cache"}
     assert {"skip_set", "adapter", "branches"} <= every_method <= set(BENCH) <= bench
     assert {"speculate", "threads", "kv_memory"} <= set(BENCH)

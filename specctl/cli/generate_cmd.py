@@ -117,7 +117,8 @@ def _n(count: int, what: str) -> str:
 
 
 def _warn_unused(ctx: typer.Context, cfg) -> None:
-    """A warning for each option given on the command line that the run does not use."""
+    """A warning for each option given on the command line that the run does not use, and for
+    a --stop whose backslash a shell did not make a newline."""
     given = {n for n in ctx.params
              if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"}
     for method, names in METHOD_OPTIONS.items():
@@ -125,6 +126,10 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
         if unused:
             _warn(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to "
                   f"--method {method}; ignored with --method {cfg.method}")
+    for stop in cfg.stop:   # (a shell's "\n" is a backslash and an n, not a newline)
+        if "\\n" in stop or "\\t" in stop:
+            _warn(f"--stop {stop!r} holds a backslash: it stops at those characters as "
+                  "written (for a newline, in bash: --stop $'\\n')")
     if cfg.method == "self-draft":
         if {"corpus_cache", "no_corpus_cache"} <= given:
             _warn("--corpus-cache is ignored with --no-corpus-cache")

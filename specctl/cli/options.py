@@ -17,6 +17,7 @@ from dataclasses import fields
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from specctl.runtime.jobs.config import GenerateConfig
 
@@ -53,7 +54,8 @@ def _parameter(name: str, hints: dict) -> inspect.Parameter:
     elif type(None) in typing.get_args(ann):
         ann = Optional[next(a for a in typing.get_args(ann) if a is not type(None))]
     decls = (md["flag"] or "--" + name.replace("_", "-")).split(",")
-    opt = typer.Option(default, *decls, help=md["help"] or None,
+    # (help is plain text: rich would read "[ray]" in "specctl[ray]" as markup and drop it)
+    opt = typer.Option(default, *decls, help=escape(md["help"]) or None,
                        rich_help_panel=md["method"])
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
 

@@ -108,7 +108,8 @@ class GenerateConfig:
                        "draft-verify aside).", bench=True)
     chat: bool = option(True, "Apply the model's chat template.", flag="--chat/--no-chat",
                         bench=True)
-    stop: tuple[str, ...] = option((), "Stop string (repeatable).")
+    stop: tuple[str, ...] = option((), "Stop string (repeatable), taken as given: in bash "
+                                   "$'\\n\\n' is two newlines, \"\\n\\n\" a backslash and an n twice.")
     logprobs: int | None = option(None, "Add each token's log-probability (the model's own, "
                                   "before temperature) and its N most likely alternatives to "
                                   "the output (0: the token's only; a line's own wins).")
