@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -52,7 +53,7 @@ def _metrics(store, method):
 
 
 def test_a_small_job_runs_ar_without_a_pilot(job, monkeypatch):
-    """4 prompts x 8 tokens: two pilot passes of every method would cost more than the job
+    """4 prompts x 8 tokens: the pilot passes of every method would cost more than the job
     (and a quarter of it is the most they may cost)."""
     run, store, _ = job
     monkeypatch.setattr(auto, "pilot", lambda *a, **kw: pytest.fail("piloted a small job"))
@@ -128,6 +129,39 @@ def test_pilots_leave_the_jobs_drafter_untouched(tiny_llama, tmp_path):
                         fingerprint="fp")
     assert [p.method for p in pilots] == ["ar", "self-draft"]
     assert len(drafters["self-draft"].ctx) == 0
+
+
+def test_a_pass_slowed_by_a_neighbour_does_not_decide_the_race(tiny_llama, tmp_path,
+                                                              monkeypatch):
+    """The methods' passes take turns, and of each method's timed passes the quicker counts: a
+    burst on a shared CPU during one timed pass of `ar` once made a method that accepted
+    nothing "154x ar"."""
+    from specctl.engine.loader import load_model
+    from specctl.runtime.jobs.config import GenerateConfig
+    from specctl.runtime.jobs.tokenization import Tokenization
+    from specctl.io.prompts import prompt_record
+    from specctl.store import Store
+
+    model = load_model(tiny_llama, "cpu", "fp32")
+    cfg = GenerateConfig(input="-", model=str(tiny_llama), method="auto", max_tokens=8,
+                         batch_size=2, chat=False)
+    drafters, _, _ = auto.candidates(cfg, model, tiny_llama, Store(tmp_path / "s"))
+    order, real = [], auto.make_runner
+
+    def runner(pcfg, model, drafter, *a, **kw):
+        r = real(pcfg, model, drafter, *a, **kw)
+        order.append(drafter.name)
+        if order.count("ar") == 2:   # ar's first timed pass: a neighbour's burst
+            run = r.run
+            r.run = lambda *a, **kw: (time.sleep(1.0), run(*a, **kw))[1]
+        return r
+    monkeypatch.setattr(auto, "make_runner", runner)
+    records = [prompt_record({"prompt": t}, i) for i, t in enumerate(TEXTS)]
+    pilots = auto.pilot(cfg, model, Tokenization(tiny_llama, False), drafters, records,
+                        store=Store(tmp_path / "s"), fingerprint="fp")
+    assert order == ["ar", "self-draft"] * auto.PILOT_PASSES
+    ar = next(p for p in pilots if p.method == "ar")
+    assert 0 < ar.seconds < 1.0 and ar.tokens > 0
 
 
 def test_auto_with_a_named_artifact_that_is_missing_is_an_error(job, tiny_llama):

@@ -7,13 +7,15 @@ whose artifacts are in the store (`ar`; Self-Draft, with its corpus cache if the
 draft-verify with a skip set; Kangaroo with an adapter) runs a short pilot on the job's own
 first prompts (PILOT_PROMPTS, or a batch of them when the batch is larger) at the job's batch
 size and speculation mode, and the method with the most emitted tokens per second wins. Each
-pilot is run twice and the second timed, so one-time costs (CUDA graph captures, the
-controller's step-cost table) do not count against whichever method happens to go first; on a
-CPU both run at a fixed thread count (the thread tuner's trial steps would weigh more in a
+pilot is run three times, the methods taking turns: the first untimed, so one-time costs (CUDA
+graph captures, the controller's step-cost table) do not count against whichever method happens
+to go first, and of the two timed the quicker counts (a neighbour on the machine only ever adds
+to a pass's time: one timed pass of `ar` slowed 100x by a burst on a shared 2-core CPU once
+made a method that accepted nothing "154x ar"); on a CPU all run at a fixed thread count (the thread tuner's trial steps would weigh more in a
 method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
 is left out with the reason. Pilot answers are thrown away: with greedy decoding they are the
 job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json). So a
-job whose pilots would cost more than a quarter of its own work (in new tokens: two passes of
+job whose pilots would cost more than a quarter of its own work (in new tokens: the passes of
 every method's pilot against every answer it asks for) runs `ar` without a race, saying so.
 """
 
@@ -34,6 +36,7 @@ from specctl.speculative.drafter import NoDraft
 PILOT_TOKENS = 32     # new tokens per pilot answer
 PILOT_PROMPTS = 8     # at least this many prompts (a batch's worth when the batch is larger)
 PILOT_SHARE = 0.25    # the most of a job's work its pilots may cost
+PILOT_PASSES = 3      # each method's passes: one to warm, the quicker of the others counts
 
 
 @dataclass
@@ -100,29 +103,31 @@ def pilot(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, records,
         return []
     threads = cfg.threads or (torch.get_num_threads() if model.device.type == "cpu" else None)
     pcfg = replace(cfg, max_tokens=PILOT_TOKENS, threads=threads)
-    out = []
-    for name, drafter in drafters.items():
-        try:
-            out.append(_pilot(pcfg, model, tk, name, drafter, picked, rows, profiles))
-        except (SpecctlError, torch.OutOfMemoryError) as e:
-            out.append(Pilot(name, skipped=f"could not run here ({e})"))
-    return out
+    out = {name: Pilot(name, len(picked)) for name in drafters}
+    for n in range(PILOT_PASSES):   # (the methods take turns: a burst hits one pass of one)
+        for name, drafter in drafters.items():
+            p = out[name]
+            if p.skipped:
+                continue
+            try:
+                _pass(pcfg, model, tk, p, drafter, picked, rows, profiles, timed=n > 0)
+            except (SpecctlError, torch.OutOfMemoryError) as e:
+                out[name] = Pilot(name, skipped=f"could not run here ({e})")
+    return list(out.values())
 
 
-def _pilot(pcfg: GenerateConfig, model, tk: Tokenization, name: str, drafter, picked, rows,
-           profiles: dict) -> Pilot:
-    p = Pilot(name, len(picked))
-    for timed in (False, True):
-        runner = make_runner(pcfg, model, drafter.fresh(), tk, rows, **profiles)
-        reqs = [to_request(rec, PILOT_TOKENS) for rec in picked]
-        for q in reqs:
-            q.max_tokens = min(q.max_tokens, PILOT_TOKENS)
-        t0 = time.perf_counter()
-        stats = runner.run(reqs, lambda req: None)
-        if timed:
-            p.seconds = time.perf_counter() - t0
-            p.tokens, p.steps = stats.generated, stats.steps
-    return p
+def _pass(pcfg: GenerateConfig, model, tk: Tokenization, p: Pilot, drafter, picked, rows,
+          profiles: dict, timed: bool) -> None:
+    """One pass of p's pilot; timed, it counts when quicker than p's passes so far."""
+    runner = make_runner(pcfg, model, drafter.fresh(), tk, rows, **profiles)
+    reqs = [to_request(rec, PILOT_TOKENS) for rec in picked]
+    for q in reqs:
+        q.max_tokens = min(q.max_tokens, PILOT_TOKENS)
+    t0 = time.perf_counter()
+    stats = runner.run(reqs, lambda req: None)
+    took = time.perf_counter() - t0
+    if timed and (not p.seconds or took < p.seconds):
+        p.seconds, p.tokens, p.steps = took, stats.generated, stats.steps
 
 
 def choose(pilots: list[Pilot]) -> Pilot:
@@ -156,8 +161,8 @@ def race(cfg: GenerateConfig, model, tk: Tokenization, drafters: dict, skipped: 
     t0 = time.perf_counter()
     reqs = [to_request(rec, cfg.max_tokens) for rec in records if rec.error is None]
     work = sum(q.max_tokens * len(q.stages) * (q.sampling or {}).get("n", 1) for q in reqs)
-    pilots = 2 * len(drafters) * PILOT_TOKENS * min(len(reqs), max(PILOT_PROMPTS,
-                                                                   cfg.batch_size))
+    pilots = PILOT_PASSES * len(drafters) * PILOT_TOKENS * min(len(reqs), max(PILOT_PROMPTS,
+                                                                              cfg.batch_size))
     if pilots > PILOT_SHARE * work:
         log(f"--method auto: ar, without a pilot: the job is small ({len(reqs)} prompts, at "
             f"most {work} new tokens) and piloting every method would cost more than it "
