@@ -93,6 +93,9 @@ def _flatten(raw: dict, where: str) -> dict:
     for sec, body in raw.items():
         if sec not in SCHEMA or "." in sec:
             known = ", ".join(f"[{s}]" for s in SCHEMA if "." not in s)
+            if not isinstance(body, dict):   # (`batch_size = 8` above every [section])
+                raise SpecctlError(f"{where}: {sec} = ... is outside any section: settings go "
+                                   f"in one (known: {known})")
             raise SpecctlError(f"{where}: unknown section [{sec}] (known: {known})")
         if not isinstance(body, dict):
             raise SpecctlError(f"{where}: [{sec}] must be a table")

@@ -75,7 +75,14 @@ def test_pickle_only_folder_is_refused(tiny_copy, store):
     (tiny_copy / "model.safetensors").rename(tiny_copy / "pytorch_model.bin")
     with pytest.raises(SpecctlError, match="only \\*.safetensors") as e:
         ck.resolve_model(str(tiny_copy), store)
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "pytorch_model.bin" in str(e.value)
+
+
+def test_a_bin_file_in_a_folder_that_is_no_model_is_not_called_its_weights(tmp_path, store):
+    (tmp_path / "notes.bin").write_text("x")   # (no config.json: not a model folder at all)
+    with pytest.raises(SpecctlError, match="missing config.json") as e:
+        ck.resolve_model(str(tmp_path), store)
+    assert "pickle" not in str(e.value)
 
 
 def test_sharded_index_missing_shard(tiny_copy, store):

@@ -56,6 +56,7 @@ def test_paper_settings():
     ("[kangaroo.tarin]\nepochs = 1\n", "unknown section [kangaroo.tarin]"),
     ("[kangaroo]\ntrain = 3\n", "unknown key 'train' in [kangaroo]"),
     ("[generate\n", "not valid TOML"),
+    ("batch_size = 8\n[generate]\n", "batch_size = ... is outside any section"),
 ])
 def test_bad_recipes_name_the_problem(tmp_path, text, needle):
     f = tmp_path / "r.toml"

@@ -135,8 +135,8 @@ def _check_lengths(b: _Bench, input_desc: str) -> None:
     for r in (to_request(rec, b.cfg.max_tokens) for rec in b.recs):
         n, _ = kv_rows(b.tk, r)
         if n >= ctx:
-            raise SpecctlError(f"{b.recs[r.index].where(input_desc)}: prompt is {n} tokens, "
-                               f"longer than the model's context ({ctx})")
+            raise SpecctlError(f"{b.recs[r.index].where(input_desc)}: prompt is {n} tokens: "
+                               f"the model's context ({ctx}) leaves no room for an answer")
 
 
 def _skip(b: _Bench, m: str, batch_size: int | None, reason: str) -> None:

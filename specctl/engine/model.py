@@ -257,13 +257,13 @@ class Model:
                                                   self.dtype))
             spare = int(self.graphs is not None)   # a contiguous cache's graph scratch slot
             if (blocks - 1) * BLOCK < max_len:   # (a paged pool's null block is one)
-                raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds "
+                raise ValueError(f"a KV cache budget of {_mib(budget)} holds "
                                  f"{max(blocks - 1, 0) * BLOCK} rows, less than one sequence "
                                  f"({max_len})")
             if blocks >= (num_slots + spare) * -(-max_len // BLOCK):
                 blocks = None   # every slot fits at full length: the contiguous layout
             elif self.attention == "flex":
-                raise ValueError(f"a KV cache budget of {budget / 2**20:.0f} MiB holds fewer "
+                raise ValueError(f"a KV cache budget of {_mib(budget)} holds fewer "
                                  f"than {num_slots} sequences of {max_len} rows, and flex "
                                  "attention reads only a contiguous cache (use --attention "
                                  "sdpa for a paged one)")
@@ -393,3 +393,8 @@ class Model:
         logits (an upcast is exact), without writing and reading a [T, V] fp32 tensor."""
         return self._head(hidden).argmax(-1)
 
+
+def _mib(n: int) -> str:
+    """A byte count as messages say it (a budget under 1 MiB is not "0 MiB")."""
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 \
+        else f"{n} bytes"

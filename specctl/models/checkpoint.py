@@ -143,9 +143,10 @@ def validate_hf_folder(path: Path) -> Path:
             raise SpecctlError(f"{index}: not a valid safetensors index (no weight_map)") from None
         missing += [s for s in shards if not (path / s).is_file()]
     elif not any(path.glob("*.safetensors")):
-        if any(p for pat in PICKLE_WEIGHTS for p in path.glob(pat)):
+        pickled = sorted(p.name for pat in PICKLE_WEIGHTS for p in path.glob(pat))
+        if pickled and not missing:   # (a model folder: config.json is there)
             raise SpecctlError(
-                f"{path}: has only pickle-based weights (e.g. pytorch_model.bin); specctl loads "
+                f"{path}: has only pickle-based weights ({pickled[0]}); specctl loads "
                 "only *.safetensors, for safety (convert the checkpoint to safetensors first)"
             )
         missing.append("*.safetensors weights")

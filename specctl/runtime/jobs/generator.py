@@ -145,8 +145,8 @@ class Generator:
             req = to_request(rec, cfg.max_tokens)
             n, need = kv_rows(tk, req)
             if n >= ctx:
-                raise SpecctlError(f"prompt {rec.index}: {n} tokens, longer than the model's "
-                                   f"context ({ctx})")
+                raise SpecctlError(f"prompt {rec.index}: {n} tokens: the model's context "
+                                   f"({ctx}) leaves no room for an answer")
             reqs.append(req)
             rows.append(need)
         profiles = {"store": self.store, "fingerprint": fingerprint, "log": self.report.log}

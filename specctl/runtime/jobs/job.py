@@ -309,8 +309,8 @@ def _plan(job: _Job) -> None:
             req = to_request(rec, cfg.max_tokens)
             n, rows = kv_rows(job.tk, req)
             if n >= ctx:
-                msg = (f"{rec.where(cfg.input)}: prompt is {n} tokens, longer than the "
-                       f"model's context ({ctx})")
+                msg = (f"{rec.where(cfg.input)}: prompt is {n} tokens: the model's context "
+                       f"({ctx}) leaves no room for an answer")
                 if not cfg.skip_bad:
                     raise SpecctlError(msg + " (use --skip-bad to record it and go on)")
                 job.errors.append({**record_meta(rec), "error": msg})
