@@ -28,8 +28,8 @@ from tiny import make_tiny_model  # noqa: E402
 from specctl.engine.loader import load_model  # noqa: E402
 from specctl.io.prompts import read_prompts  # noqa: E402
 from specctl.models.fingerprint import model_fingerprint  # noqa: E402
-from specctl.prep.build_cache_cmd import BuildCacheConfig, CountConfig, run_build_cache  # noqa
-from specctl.prep.train_adapter import save_adapter  # noqa: E402
+from specctl.prep.cache.command import BuildCacheConfig, CountConfig, run_build_cache  # noqa
+from specctl.prep.adapter.train import save_adapter  # noqa: E402
 from specctl.speculative.kangaroo import Adapter  # noqa: E402
 from specctl.store import Store  # noqa: E402
 

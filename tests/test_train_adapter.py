@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from helpers import fails
 
 from specctl.cli import app
-from specctl.prep.train_adapter import encode
+from specctl.prep.adapter.train import encode
 
 CONVS = [{"id": str(i), "conversations": [
     {"from": "human", "value": f"What is {i} plus {i}? Explain the answer step by step."},
@@ -106,8 +106,8 @@ def test_cpu_defaults_bound_the_run_unless_given(tiny_llama, data, tmp_path, mon
     CPU_MAX_LEN tokens, said in one line, and the job (which prices every phase) has them;
     values given are kept; elsewhere the defaults are MAX_LEN tokens of every conversation."""
     from specctl.errors import SpecctlError
-    from specctl.prep import train_adapter, train_cmd
-    from specctl.prep.train_adapter import (CPU_MAX_LEN, MAX_LEN, TrainConfig,
+    from specctl.prep.adapter import command as train_cmd, train as train_adapter
+    from specctl.prep.adapter.train import (CPU_MAX_LEN, MAX_LEN, TrainConfig,
                                             with_device_defaults)
     monkeypatch.setattr(train_adapter, "CPU_LIMIT", 5)   # (the data has 12)
     seen = []
@@ -165,7 +165,7 @@ def test_exit_layer_auto_sweeps_and_picks_the_best_estimate(tiny_llama, data, tm
 
 def test_expected_speedup_prices_acceptance_and_depth(model):
     from specctl.engine.steptable import StepTable
-    from specctl.prep.adapter_sweep import exit_layer_candidates, expected_speedup
+    from specctl.prep.adapter.sweep import exit_layer_candidates, expected_speedup
     from specctl.runtime.control.stepcost import StepCost
     from specctl.speculative.kangaroo import Adapter, kangaroo_price
     ns = (1, 2, 4, 8)

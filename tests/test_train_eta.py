@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from specctl.prep.eta import Eta, duration, fit_cost, poly
-from specctl.prep.adapter_cost import Costs, estimate_phases, sweep_cost, training_cost
-from specctl.prep.adapter_fit import batches
-from specctl.prep.adapter_sweep import SweepPlan, plan_sweep
-from specctl.prep.train_adapter import TrainConfig
+from specctl.prep.adapter.eta import Eta, duration, fit_cost, poly
+from specctl.prep.adapter.cost import Costs, estimate_phases, sweep_cost, training_cost
+from specctl.prep.adapter.fit import batches
+from specctl.prep.adapter.sweep import SweepPlan, plan_sweep
+from specctl.prep.adapter.train import TrainConfig
 
 CONVS = [{"id": str(i), "conversations": [
     {"from": "human", "value": f"What is {i} plus {i}? Explain the answer step by step."},
@@ -144,7 +144,7 @@ def test_plan_sweep_scales_down_to_its_budget():
 
 
 def test_features_at_equals_one_forward(model):
-    from specctl.prep.adapter_features import features, features_at
+    from specctl.prep.adapter.features import features, features_at
     ids = list(range(5, 45))
     hs, h_L = features_at(model, ids, [2, 1])
     for l in (1, 2):
@@ -153,8 +153,8 @@ def test_features_at_equals_one_forward(model):
 
 
 def _run(tiny, data, store, *extra):
-    from specctl.prep.train_adapter import TrainConfig
-    from specctl.prep.train_cmd import run_train_adapter
+    from specctl.prep.adapter.train import TrainConfig
+    from specctl.prep.adapter.command import run_train_adapter
     from specctl.reporting import Reporter
     lines = []
     cfg = TrainConfig(str(tiny), str(data), *extra, epochs=1, lr=1e-3, batch_tokens=400,
@@ -188,7 +188,7 @@ def test_estimate_is_said_before_the_work(tiny_llama, data, tmp_path):
 
 def test_many_conversations_are_priced_before_they_are_encoded(tiny_llama, data, tmp_path,
                                                                 monkeypatch):
-    from specctl.prep import train_cmd
+    from specctl.prep.adapter import command as train_cmd
     from specctl.store import Store
     monkeypatch.setattr(train_cmd, "ENCODE_SAMPLE", 4)
     monkeypatch.setattr(train_cmd, "ENCODE_EARLY_S", 0.0)
@@ -200,8 +200,8 @@ def test_many_conversations_are_priced_before_they_are_encoded(tiny_llama, data,
 
 
 def test_sweep_scaled_to_budget_is_said_and_resumed(tiny_llama, data, tmp_path):
-    from specctl.prep.train_adapter import TrainConfig
-    from specctl.prep.train_cmd import run_train_adapter
+    from specctl.prep.adapter.train import TrainConfig
+    from specctl.prep.adapter.command import run_train_adapter
     from specctl.reporting import Reporter
     from specctl.store import Store
     store = Store(tmp_path)

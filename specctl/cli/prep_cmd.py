@@ -40,7 +40,7 @@ def search_skip(
     store: Optional[Path] = StoreOpt,
 ):
     """Find draft-verify's skip set by Bayesian optimization (saved in the store)."""
-    from specctl.prep.search_cmd import SearchConfig, run_search_skip
+    from specctl.prep.skip.command import SearchConfig, run_search_skip
 
     cfg = SearchConfig(model, str(dev) if dev else None, iters, init_points, objective, prompts,
                        max_new, seed, device, dtype)
@@ -93,8 +93,8 @@ def train_adapter(
     """Train the Kangaroo adapter on conversations (saved in the store, keyed by model and l).
     Says first how long the whole command will take, as timed on this machine."""
     started = time.monotonic()
-    from specctl.prep.train_cmd import run_train_adapter
-    from specctl.prep.train_adapter import TrainConfig
+    from specctl.prep.adapter.command import run_train_adapter
+    from specctl.prep.adapter.train import TrainConfig
 
     if exit_layer.strip().lower() == "auto":
         layer = 2 if no_sweep else 0
@@ -150,8 +150,8 @@ def build_cache(
     store: Optional[Path] = StoreOpt,
 ):
     """Build Self-Draft's corpus n-gram cache (saved in the store, keyed by tokenizer)."""
-    from specctl.prep.build_cache_cmd import BuildCacheConfig, default_workers, run_build_cache
-    from specctl.prep.ngram_build import CountConfig
+    from specctl.prep.cache.command import BuildCacheConfig, default_workers, run_build_cache
+    from specctl.prep.cache.ngrams import CountConfig
 
     cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model,
                            CountConfig(max_key_len, gram_len, top, min_count,

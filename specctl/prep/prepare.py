@@ -72,7 +72,7 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     if step == "train-adapter":
         layer = recipe.section("kangaroo.train").get("exit_layer", 0)
         if layer:
-            from specctl.prep.train_adapter import adapter_ident
+            from specctl.prep.adapter.train import adapter_ident
             p = store.path("adapters", adapter_ident(fp, layer))
             return str(p) if (p / "adapter.safetensors").exists() else None
         e = store.best_for_model("adapters", fp, "heldout_top1")
@@ -84,27 +84,27 @@ def run_step(step: str, recipe: Recipe, store: Store, report: Reporter) -> str:
     """Run one step with the recipe's settings; returns the artifact's path."""
     model = recipe.model
     if step == "build-cache":
-        from specctl.prep.build_cache_cmd import BuildCacheConfig, default_workers, run_build_cache
+        from specctl.prep.cache.command import BuildCacheConfig, default_workers, run_build_cache
         s = recipe.section("self-draft.build-cache")
         if not s.get("corpus"):
             raise SpecctlError(f"recipe {recipe.path}: build-cache needs [self-draft.build-cache] "
                                "corpus = [...] (paths, or \"demo\")")
-        from specctl.prep.ngram_build import CountConfig
+        from specctl.prep.cache.ngrams import CountConfig
         count = CountConfig(s.get("max_key_len", 4), s.get("gram_len", 4), s.get("top", 20),
                             s.get("min_count", 6), s.get("workers", default_workers()))
         cfg = BuildCacheConfig(tuple(s["corpus"]), model, count, s.get("name"),
                                force=True)   # (prepare runs a step only when it is due)
         return str(run_build_cache(cfg, store, report)["path"])
     if step == "search-skip":
-        from specctl.prep.search_cmd import SearchConfig, run_search_skip
+        from specctl.prep.skip.command import SearchConfig, run_search_skip
         s = recipe.section("draft-verify.search")
         cfg = SearchConfig(model, s.get("dev"), s.get("iters", 1000), s.get("init_points", 0),
                            s.get("objective", "model"), s.get("prompts", 8),
                            s.get("max_new", 32), s.get("seed", 0))
         return str(run_search_skip(cfg, store, True, report)["path"])
     if step == "train-adapter":
-        from specctl.prep.train_adapter import TrainConfig
-        from specctl.prep.train_cmd import run_train_adapter
+        from specctl.prep.adapter.train import TrainConfig
+        from specctl.prep.adapter.command import run_train_adapter
         s = recipe.section("kangaroo.train")
         cfg = TrainConfig(model, s.get("data"), s.get("exit_layer", 0), s.get("epochs", 1),
                           float(s.get("lr", 5e-5)), s.get("max_len", 2048),

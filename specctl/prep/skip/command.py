@@ -13,9 +13,9 @@ from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
-from specctl.prep.search_skip import confirm, plot_search, run_search
-from specctl.prep.skip_eval import DevSet, ar_per_token
-from specctl.prep.skipsets import save_skipset, work_dir
+from specctl.prep.skip.search import confirm, plot_search, run_search
+from specctl.prep.skip.evaluate import DevSet, ar_per_token
+from specctl.prep.skip.skipsets import save_skipset, work_dir
 from specctl.reporting import Reporter, reporter
 from specctl.runtime.jobs.artifacts import describe_skip_set
 from specctl.runtime.control.steptables import step_table_for, step_table_id
@@ -65,7 +65,7 @@ def dev_prompts(cfg: SearchConfig, store: Store, tk: Tokenization, log) -> list[
 
 def _dev_set(cfg: SearchConfig, model, prompts: list[list[int]], log):
     if cfg.objective == "model":
-        from specctl.prep.tf_probe import TeacherForcedDev
+        from specctl.prep.skip.tf_probe import TeacherForcedDev
         log(f"decoding {len(prompts)} dev prompts ({sum(map(len, prompts))} prompt tokens) with "
             f"the full model, keeping its states for teacher-forced probes ...")
         return TeacherForcedDev(model, prompts, cfg.max_new)
@@ -87,7 +87,7 @@ def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict
         return run_search(dev, table, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
                           on_probe, settings, report.log), False
     except KeyboardInterrupt:
-        from specctl.prep.search_skip import _read_log
+        from specctl.prep.skip.search import _read_log
         probes = _read_log(log_path)   # the log is complete up to the interruption
         if not probes:
             raise

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from specctl.prep.adapter_fit import fit
-from specctl.prep.train_adapter import Prepared, TrainConfig
+from specctl.prep.adapter.fit import fit
+from specctl.prep.adapter.train import Prepared, TrainConfig
 from specctl.reporting import quiet
 from specctl.runtime.control.stepcost import StepCost, padded_steps
 from specctl.speculative.kangaroo import kangaroo_price

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specctl.prep.adapter_features import features
-from specctl.prep.adapter_fit import batches, loss_and_agreement, new_optimizer, trainable_adapter
-from specctl.prep.adapter_sweep import SweepPlan, sweep_config, sweep_sets
-from specctl.prep.eta import fit_cost, poly
-from specctl.prep.train_adapter import TrainConfig
+from specctl.prep.adapter.features import features
+from specctl.prep.adapter.fit import batches, loss_and_agreement, new_optimizer, trainable_adapter
+from specctl.prep.adapter.sweep import SweepPlan, sweep_config, sweep_sets
+from specctl.prep.adapter.eta import fit_cost, poly
+from specctl.prep.adapter.train import TrainConfig
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.prep.train_adapter import Prepared
+from specctl.prep.adapter.train import Prepared
 from specctl.reporting import quiet
 from specctl.store import atomic_write_json
 

@@ -4,7 +4,7 @@ The OANC ships as `OANC_GrAF.zip`, or unpacked as
 `OANC-GrAF/data/{spoken,written_1,written_2}/<genre>/<source>/*.txt` with `.xml` / `.anc`
 annotation files beside the text. When a tree or zip has an `OANC-GrAF/data/` folder, only the
 files under it are the corpus. These helpers answer from names alone: they know nothing of
-opening, decoding or counting (prep/corpus.py and prep/corpus_zip.py do that).
+opening, decoding or counting (prep/cache/corpus.py and prep/cache/zips.py do that).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """train-adapter's settings (TrainConfig), its data (conversations encoded with the loss mask
 and split into training and held-out ids: Prepared) and the trained adapter's place in the store
-(save_adapter). The training itself is in adapter_features (the frozen target's states),
-adapter_fit (the adapter's loss and optimizer), adapter_sweep (choosing the exit layer) and
-adapter_cost (the time estimate); train_cmd runs the command.
+(save_adapter). The training itself is in features.py (the frozen target's states), fit.py
+(the adapter's loss and optimizer), sweep.py (choosing the exit layer) and cost.py (the time
+estimate); command.py runs the command.
 
 The method (papers/001, authors' code): the target is frozen; an adapter on its layer-l states
 learns the target's next-token distribution on the assistant tokens of real conversations.

@@ -20,9 +20,9 @@ ever written to disk. A large file is cut into documents of about `doc_chars` ch
 ends, so memory stays bounded; a document is the unit n-grams never cross.
 
 This module decides what is read (`CorpusReader.plan`: each input's kind, folders walked, links
-checked) and iterates over it. How each kind is read is prep/corpus_files.py (text, JSONL) and
-prep/corpus_zip.py (zips), the OANC's layout prep/corpus_oanc.py, the counters
-prep/corpus_stats.py.
+checked) and iterates over it. How each kind is read is prep/cache/files.py (text, JSONL) and
+prep/cache/zips.py (zips), the OANC's layout prep/cache/oanc.py, the counters
+prep/cache/stats.py.
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from specctl.errors import SpecctlError
-from specctl.prep.corpus_files import (DOC_CHARS, JSONL_SUFFIXES, Documents, is_text, read_jsonl,
+from specctl.prep.cache.files import (DOC_CHARS, JSONL_SUFFIXES, Documents, is_text, read_jsonl,
                                        read_text_file)
-from specctl.prep.corpus_oanc import folder_data_prefix, is_annotation
-from specctl.prep.corpus_stats import MAX_MEMBER_BYTES, CorpusStats
-from specctl.prep.corpus_zip import read_zip, zip_text_bytes
+from specctl.prep.cache.oanc import folder_data_prefix, is_annotation
+from specctl.prep.cache.stats import MAX_MEMBER_BYTES, CorpusStats
+from specctl.prep.cache.zips import read_zip, zip_text_bytes
 
 
 class CorpusReader:

@@ -6,11 +6,11 @@ into modelled seconds on a step-cost table, as stepcost.cost_for prices draft-ve
 `ar_per_token` is ar's price on the same table. `DevSet` is the `decode` and `wall` objectives:
 the dev prompts prefilled once, each evaluation decoding `max_new` greedy tokens per prompt with
 a skip set (counted and priced by `run_cost`, or clocked at batch 1), returning a `DevEval`.
-prep/tf_probe.py (the `model` objective) returns the same `DevEval`, priced by the same
+prep/skip/tf_probe.py (the `model` objective) returns the same `DevEval`, priced by the same
 `run_cost`.
 
 Knows nothing of the search: which sets are probed, in what order, how probes are logged or
-resumed (prep/search_skip.py), or the GP that suggests them (prep/bit_gp.py).
+resumed (prep/skip/search.py), or the GP that suggests them (prep/skip/bit_gp.py).
 """
 
 from __future__ import annotations

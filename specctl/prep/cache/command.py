@@ -1,7 +1,7 @@
 """The `build-cache` job: corpus -> tokens -> exact n-gram counts -> Self-Draft's corpus cache.
 
 Reads the corpus with `prep.corpus` (OANC zip or tree, text folders/files, JSONL), tokenizes it
-with the model's tokenizer, counts with `prep.ngram_build` and stores the tables atomically as
+with the model's tokenizer, counts with `ngrams.py` and stores the tables atomically as
 `<store>/ngram-caches/<id>/` (ngram.safetensors, config.json, manifest.json). The cache is keyed
 by the tokenizer's fingerprint: `generate --method self-draft` finds it for any model with the
 same tokenizer.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.models.checkpoint import TOKENIZER_FILES, load_tokenizer, resolve_model
-from specctl.prep.corpus import CorpusReader
+from specctl.prep.cache.corpus import CorpusReader
 from specctl.reporting import Reporter, reporter
-from specctl.prep.ngram_build import (CountConfig, config_dict, count_tables, tokenize_to_stream,
+from specctl.prep.cache.ngrams import (CountConfig, config_dict, count_tables, tokenize_to_stream,
                                       write_artifact)
 from specctl.models.fingerprint import tokenizer_fingerprint, tokenizer_name
 from specctl.speculative.corpus_cache import KIND
@@ -52,7 +52,7 @@ def default_corpus(store: Store) -> list[Path]:
 
 
 def _demo(store: Store, log) -> Path:
-    from specctl.prep.demo_corpus import fetch_demo_corpus
+    from specctl.prep.cache.demo import fetch_demo_corpus
     return fetch_demo_corpus(store, log)
 
 

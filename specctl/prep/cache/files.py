@@ -6,8 +6,8 @@ counted (`decode`, and the same codec error handler for streamed files). `Docume
 read text becomes documents: a long text is cut at line ends into pieces of about `doc_chars`
 characters, empty ones are counted and dropped, and `CorpusStats` is filled in as it goes.
 
-Knows nothing of folders, zips or the OANC (prep/corpus.py, prep/corpus_zip.py,
-prep/corpus_oanc.py): it is handed one path at a time.
+Knows nothing of folders, zips or the OANC (prep/cache/corpus.py, prep/cache/zips.py,
+prep/cache/oanc.py): it is handed one path at a time.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from specctl.errors import SpecctlError
-from specctl.prep.corpus_stats import CorpusStats
+from specctl.prep.cache.stats import CorpusStats
 
 DOC_CHARS = 1 << 20
 READ_CHUNK = 1 << 20

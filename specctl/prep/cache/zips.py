@@ -4,9 +4,9 @@ Member names that are absolute, contain `..`, a drive letter or a NUL are refuse
 members larger than the cap (`max_member_bytes`) decompressed are skipped, whatever their header
 claims, so a zip bomb stops there; damaged or encrypted members are skipped (counted); nothing is
 ever written to disk. Only `.txt` members are read; in the OANC layout only those under its data
-folder (prep/corpus_oanc.py).
+folder (prep/cache/oanc.py).
 
-Knows nothing of folders or of which inputs are read (prep/corpus.py): it is handed one zip.
+Knows nothing of folders or of which inputs are read (prep/cache/corpus.py): it is handed one zip.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Iterator
 
 from specctl.errors import SpecctlError
-from specctl.prep.corpus_files import READ_CHUNK, Documents, decode, is_text
-from specctl.prep.corpus_oanc import is_annotation, oanc_data_prefix
-from specctl.prep.corpus_stats import CorpusStats
+from specctl.prep.cache.files import READ_CHUNK, Documents, decode, is_text
+from specctl.prep.cache.oanc import is_annotation, oanc_data_prefix
+from specctl.prep.cache.stats import CorpusStats
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 

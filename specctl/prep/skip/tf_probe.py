@@ -30,7 +30,7 @@ The simulation (`simulate`) replays the runner's drafting exactly on top of thes
 exit rule (stop when conf < gamma or after K drafts or at the room left), the adaptive gamma
 (speculative/draft_verify.update_threshold, pooled over the batch per step, carried over), the back-off
 of fruitless steps, the bonus token, lock-step batching of the dev prompts as DevSet decodes them.
-Its counts are priced like DevSet's (prep/skip_eval.run_cost). A test compares the
+Its counts are priced like DevSet's (skip/evaluate.run_cost). A test compares the
 simulated counts with real draft-verify runs; the search re-decodes its best few sets for real
 (DevSet) before choosing, so the stored estimate comes from real decoding.
 """
@@ -45,7 +45,7 @@ import torch
 from specctl.engine.attention import sdpa_meta
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
 from specctl.engine.steptable import StepTable
-from specctl.prep.skip_eval import DevEval, ar_per_token, run_cost
+from specctl.prep.skip.evaluate import DevEval, ar_per_token, run_cost
 from specctl.speculative.draft_verify import (ExitParams, ExitState, SkipSet, skip_draft_frac,
                                               update_threshold)
 from specctl.speculative.sampling import top1_tensors

@@ -2,8 +2,8 @@
 member skipped and why, and the first few problems by name; `summary()` is the line build-cache
 reports.
 
-Knows nothing of reading: the planner (prep/corpus.py) and the readers (prep/corpus_files.py,
-prep/corpus_zip.py) fill it in. MAX_MEMBER_BYTES, the default cap on a zip member's decompressed
+Knows nothing of reading: the planner (prep/cache/corpus.py) and the readers (prep/cache/files.py,
+prep/cache/zips.py) fill it in. MAX_MEMBER_BYTES, the default cap on a zip member's decompressed
 size, lives here because the summary names it.
 """
 

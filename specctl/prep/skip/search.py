@@ -1,6 +1,6 @@
 """`specctl search-skip`: Bayesian optimization of Draft & Verify's skip set (papers/002 §3.3).
 
-The search: GP-UCB directly over the 2L bits of the skip set (`BitGP`, prep/bit_gp.py, which
+The search: GP-UCB directly over the 2L bits of the skip set (`BitGP`, prep/skip/bit_gp.py, which
 says how it differs from `bayes_opt`'s and why a suggestion costs well under a second with
 1,000 probes registered). Two seed sets and the set that skips every block (the opposite corner
 of the bit space) are probed first.
@@ -10,11 +10,11 @@ prompts, 32 new tokens), relative to ar, lower is better:
 
 - `model` (default): one packed teacher-forced forward of the skipped model over the dev
   prompts' full-model continuations, drafting simulated from its top-1 agreement and confidence
-  arrays (prep/tf_probe.py, which says what is exact), the counts priced by `run_cost`
-  (prep/skip_eval.py) on the machine's step-cost table (the one `--speculate auto` prices
+  arrays (prep/skip/tf_probe.py, which says what is exact), the counts priced by `run_cost`
+  (prep/skip/evaluate.py) on the machine's step-cost table (the one `--speculate auto` prices
   with). The best few sets are then decoded for real (`decode`'s measurement) and the best of
   those is saved, with the decoded counts and estimate.
-- `decode`: the dev set decoded with the skip set (`DevSet`, prep/skip_eval.py: one batch, from
+- `decode`: the dev set decoded with the skip set (`DevSet`, prep/skip/evaluate.py: one batch, from
   a KV cache prefilled once), its counts (drafted, accepted, draft forwards per step) priced by
   `run_cost`. Exact but a probe costs 3-4 s on the demo model on a 2-core CPU.
 - `wall`: the clock, decoding the dev prompts one at a time (batch 1) as the paper does. Slow,
@@ -44,8 +44,8 @@ from typing import Callable
 import numpy as np
 
 from specctl.engine.steptable import StepTable
-from specctl.prep.bit_gp import BitGP
-from specctl.prep.skip_eval import DevEval, DevSet
+from specctl.prep.skip.bit_gp import BitGP
+from specctl.prep.skip.evaluate import DevEval, DevSet
 from specctl.speculative.draft_verify import SkipSet
 from specctl.store import atomic_write_text, jsonl_lines, writable_file
 

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specctl.errors import SpecctlError
-from specctl.prep.train_adapter import Prepared, TrainConfig
+from specctl.prep.adapter.train import Prepared, TrainConfig
 from specctl.reporting import quiet
 from specctl.speculative.kangaroo import Adapter
 from specctl.store import atomic_write_json

@@ -2,10 +2,10 @@
 
 Before the long work starts the job says how long the whole command will take: it encodes the
 conversations (a sample first when there are many; the rest are priced by their length in
-characters), times the work on the longest one (adapter_cost.calibrate), plans the exit-layer
-sweep within its time budget, and sums the phases (adapter_cost.estimate_phases). The estimate
+characters), times the work on the longest one (cost.calibrate), plans the exit-layer
+sweep within its time budget, and sums the phases (cost.estimate_phases). The estimate
 is refined as the phases run (eta.Eta) and shown on the progress bars. Training on a CPU, the
-conversations and their length are capped unless given (train_adapter.with_device_defaults), and
+conversations and their length are capped unless given (train.with_device_defaults), and
 the estimate is of the capped run.
 """
 
@@ -23,14 +23,14 @@ from specctl.io.sharegpt import download_sharegpt_json
 from specctl.models.checkpoint import load_tokenizer, resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_config, load_model, resolve_device
-from specctl.prep.adapter_cost import (Costs, calibrate, estimate_phases, sweep_cost,
+from specctl.prep.adapter.cost import (Costs, calibrate, estimate_phases, sweep_cost,
                                        training_cost)
-from specctl.prep.adapter_features import cached_features, features_cached, sweep_features
-from specctl.prep.adapter_fit import fit, train_dtype
-from specctl.prep.adapter_sweep import (SweepPlan, exit_layer_candidates, plan_sweep,
+from specctl.prep.adapter.features import cached_features, features_cached, sweep_features
+from specctl.prep.adapter.fit import fit, train_dtype
+from specctl.prep.adapter.sweep import (SweepPlan, exit_layer_candidates, plan_sweep,
                                         sweep_config, sweep_exit_layer, sweep_sets)
-from specctl.prep.eta import Eta, duration, poly
-from specctl.prep.train_adapter import (Prepared, TrainConfig, encode, prepare_data, save_adapter,
+from specctl.prep.adapter.eta import Eta, duration, poly
+from specctl.prep.adapter.train import (Prepared, TrainConfig, encode, prepare_data, save_adapter,
                                         split, with_device_defaults)
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.control.steptables import step_table_for, step_table_path, step_table_seconds
