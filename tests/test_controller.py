@@ -384,6 +384,24 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
         assert st.controlled_steps == st.steps and st.predicted_step_ms > 0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_drafter_with_draft_forwards_drafts_under_sampling_too(model, temperature):
+    """A run's first steps wait for a timed lean step where the drafter runs draft forwards
+    (Controller._untimed_forwards); under sampling a step's host share is not timed (its
+    verify works on the device), and the wait once never ended: such a run never drafted."""
+    from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+    from specctl.speculative.sampling import SamplingParams
+    sp = SamplingParams(temperature=temperature, seed=1)
+    prompts = _prompts(3, seed=1)
+    dr = LayerSkipDrafter(model, SkipSet(4, frozenset({2}), frozenset({3})), sp,
+                          ExitParams(K=4, gamma0=0.0))
+    ctl = make_controller(dr, model, 3, flat, prior_accept=0.95)
+    ctl.cost.draft_frac = 0.01
+    _, st = run_ids(model, prompts, batch_size=3, max_tokens=40, drafter=dr, sampling=sp,
+                    speculate="auto", controller=ctl)
+    assert max(st.budget_hist) > 0 and ctl.timed_steps > 0
+
+
 def test_thread_trials_weigh_steps_by_their_table_cost(model, monkeypatch):
     """Under --speculate auto the CPU thread tuner compares its trials per step-cost-table ms,
     not per token: per token a trial whose steps drafted more would win whatever its threads."""
@@ -808,6 +826,11 @@ def test_a_drafter_with_draft_forwards_drafts_once_a_step_is_timed():
         assert ctl.budgets([0], [100]) == want  # (a host as dear as a forward: no drafting)
     tree = Ctl(StepCost(t), 4, tree=True, prior_accept=0.9, explore_every=0, wait_first=True)
     assert tree.budgets([0], [100]) == [4]   # (no draft forwards: no wait)
+    sampled = Ctl(StepCost(t, draft_frac=0.05), 4, prior_accept=0.9, explore_every=0,
+                  wait_first=True)
+    assert sampled.budgets([0], [100]) == [0]
+    sampled.lean_done(1, 2.0)   # timed without its host's share (sampling verifies on the
+    assert sampled.budgets([0], [100]) == [4]   # device): drafting is priced as before
 
 
 def test_a_lean_steps_host_is_priced_by_its_batch_size():

@@ -270,10 +270,10 @@ class Controller:
     def _untimed_forwards(self) -> bool:
         """Whether the drafter runs draft forwards and no step has been timed yet: the run's
         first steps are lean until one is (module docstring), so that its first drafting step
-        is priced with its forwards' host work (StepCost.forward_host)."""
-        c = self.cost
-        return self.wait_first and bool(c.draft_frac) and self.correct and not c.lean_steps \
-            and not self.timed_steps
+        is priced with its forwards' host work (StepCost.forward_host; nothing where the
+        host's share was not timed, as under sampling, whose verify works on the device)."""
+        return self.wait_first and bool(self.cost.draft_frac) and self.correct \
+            and not self.timed_steps and self.guard.ar_log is None
 
     def _caps(self, room) -> np.ndarray:
         """Each sequence's largest budget: its room, at most K."""
