@@ -106,6 +106,13 @@ def test_parquet_columns_the_schema_refuses(tmp_path):
         {"role": "user", "content": "b"}]}])
     with pytest.raises(SpecctlError, match="ambiguous prompt format"):
         read_prompts(p)
+    # a row's own temperature column is read, to be refused (unread, it ran greedy); a null
+    # in it is absent
+    p = parquet(tmp_path / "w.parquet", [{"prompt": "a", "temperature": None},
+                                         {"prompt": "b", "temperature": 0.9}])
+    with pytest.raises(SpecctlError, match=r"w\.parquet:2: temperature: a line's sampling "
+                       r"settings go in \"sampling\""):
+        read_prompts(p)
 
 
 def test_files_that_are_not_inputs(tmp_path):

@@ -67,7 +67,8 @@ def test_settings_are_read_and_checked():
         ({"turns": ["x"], "seed": 5}, "seed: a line's sampling settings go in"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["e"]}, "stop:"),
         ({"prompt": "x", "n": 3}, "n:"),
-        ({"prompt": "x", "min_p": 0.1}, "min_p:"),
+        ({"prompt": "x", "min_p": 0.1}, "min_p: not supported (specctl samples without "
+                                         "penalties, biases, min_p or best_of): set it to 0"),
         ({"custom_id": "c", "body": body, "temperature": 1}, "temperature: a line's sampling "
                                                              "settings go in its body"),
     ]:
@@ -88,6 +89,12 @@ def test_a_lines_id_is_carried_beside_custom_id_and_question_id():
     assert record_meta(prompt_record({"id": "a", "prompt": "x"})) == {"index": 0, "id": "a"}
     with pytest.raises(SpecctlError, match="id: must be a string or integer"):
         prompt_record({"question_id": 5, "id": [1], "turns": ["hi"]})
+    # (null is absent, at the top level as everywhere; an unsupported setting at its off too)
+    assert prompt_record({"prompt": "x", "seed": None, "frequency_penalty": 0}).sampling is None
+    from pathlib import Path
+    from specctl.io.prompts import line_record
+    bad = line_record({"question_id": 5, "id": "mine", "turns": []}, 0, 1, Path("f"), True)
+    assert bad.error and record_meta(bad) == {"index": 0, "question_id": 5, "id": "mine"}
 
 
 class _Tok:

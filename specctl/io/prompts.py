@@ -209,6 +209,20 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
     return None, None
 
 
+def _top_level_settings(obj: dict, kind: str) -> None:
+    """A sampling setting at a line's top level is refused, naming where it goes (read by
+    nobody there, a line's temperature ran greedy without a word); an unsupported one
+    (penalties, min_p, ...) too, unless it is off. null is absent, as everywhere here."""
+    for key in SAMPLING:
+        if obj.get(key) is not None:
+            home = "its body" if kind == "body" else '"sampling": {...}'
+            raise _Bad(f"{key}: a line's sampling settings go in {home}, not at its top level")
+    for key, off in UNSUPPORTED.items():
+        if obj.get(key) is not None and obj[key] != off:
+            raise _Bad(f"{key}: not supported (specctl samples without penalties, biases, "
+                       f"min_p or best_of): set it to {off!r} or leave it out")
+
+
 def _plain_id(obj: dict, id_field: str | None) -> str | int | None:
     """The line's own "id" where custom_id or question_id names it (both are carried to the
     output line)."""
@@ -238,10 +252,7 @@ def _parse(obj) -> dict:
         raise _Bad(f"ambiguous prompt format: has both {found[0]!r} and {found[1]!r}")
     raw, max_tokens = None, _max_tokens(obj, "")
     kind = found[0]
-    for key in (*SAMPLING, *UNSUPPORTED):   # (left at the top they were read by nobody: a
-        if key in obj:                      # line's temperature ran greedy, silently)
-            home = "its body" if kind == "body" else '"sampling": {...}'
-            raise _Bad(f"{key}: a line's sampling settings go in {home}, not at its top level")
+    _top_level_settings(obj, kind)
     sampling = obj.get("sampling")
     if sampling is not None:
         if kind == "body":
@@ -336,12 +347,13 @@ def line_record(obj, index: int, line_no: int, path: Path, skip_bad: bool,
         msg = f"{path}:{line_no}: {e}"
         if not skip_bad:
             raise SpecctlError(msg) from None
-        ident, id_field = None, None
+        ident, id_field, plain = None, None, None
         if isinstance(obj, dict):
             try:
                 ident, id_field = _ident(obj)
+                plain = _plain_id(obj, id_field)
             except _Bad:
                 pass
         return PromptRecord(index=index, line_no=line_no, id=ident, id_field=id_field,
                             category=None, turns=None, max_tokens=None, error=msg,
-                            source=source)
+                            source=source, plain_id=plain)

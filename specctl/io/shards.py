@@ -26,7 +26,7 @@ from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.io.lines import FileRead, open_once, read_jsonl
-from specctl.io.prompts import PromptRecord, line_record
+from specctl.io.prompts import SAMPLING, UNSUPPORTED, PromptRecord, line_record
 
 PARQUET = (".parquet", ".pq")
 JSONL = (".jsonl", ".ndjson", ".json")
@@ -35,7 +35,9 @@ ROWS_PER_BATCH = 1024   # Parquet rows converted to Python at a time
 # the columns the line schema reads (io/prompts.py): no other column is converted to Python
 FORMATS = ("prompt", "messages", "turns", "body")   # (one of them makes a row a prompt)
 COLUMNS = FORMATS + ("custom_id", "question_id", "id", "category", "max_tokens",
-                     "max_completion_tokens", "sampling")
+                     "max_completion_tokens", "sampling",
+                     # (read to be refused: a row's own temperature column ran greedy, unread)
+                     *SAMPLING, *UNSUPPORTED)
 
 
 @dataclass(frozen=True)
