@@ -40,8 +40,8 @@ from specctl.runtime.step.sequence import Request
 from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import (NO_DRAFT, DraftLimits, DraftPrice, Drafter, NoDraft,
                                          Proposal)
-from specctl.speculative.sampling import SamplingParams
 from specctl.speculative.kangaroo import AdapterRows
+from specctl.speculative.sampling import SamplingParams
 from specctl.speculative.verify import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -128,8 +128,8 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
                   f"--method {method}; ignored with --method {cfg.method}")
     for stop in cfg.stop:   # (a shell's "\n" is a backslash and an n, not a newline)
         if "\\n" in stop or "\\t" in stop:
-            _warn(f"--stop {stop!r} holds a backslash: it stops at those characters as "
-                  "written (for a newline, in bash: --stop $'\\n')")
+            _warn(f"stop string {stop!r} holds a backslash: it stops at those characters as "
+                  "written (a newline or a tab, in bash: --stop $'\\n', --stop $'\\t')")
     if cfg.method == "self-draft":
         if {"corpus_cache", "no_corpus_cache"} <= given:
             _warn("--corpus-cache is ignored with --no-corpus-cache")

@@ -143,10 +143,11 @@ def validate_hf_folder(path: Path) -> Path:
             raise SpecctlError(f"{index}: not a valid safetensors index (no weight_map)") from None
         missing += [s for s in shards if not (path / s).is_file()]
     elif not any(path.glob("*.safetensors")):
-        pickled = sorted(p.name for pat in PICKLE_WEIGHTS for p in path.glob(pat))
-        if pickled and not missing:   # (a model folder: config.json is there)
+        pickled = [p for pat in PICKLE_WEIGHTS for p in path.glob(pat)]
+        if pickled and not missing:   # (a model folder: config.json is there; its largest
+            big = max(pickled, key=lambda p: p.stat().st_size).name   # such file: weights)
             raise SpecctlError(
-                f"{path}: has only pickle-based weights ({pickled[0]}); specctl loads "
+                f"{path}: has only pickle-based weights ({big}); specctl loads "
                 "only *.safetensors, for safety (convert the checkpoint to safetensors first)"
             )
         missing.append("*.safetensors weights")
