@@ -75,8 +75,9 @@ tokens, and saved ~0.4% of a 64-sequence drain; not kept.) And a drafter that ru
 forwards (draft-verify, Kangaroo) spends the host a lean step's work on each of them, which
 the table does not price: until some step has been timed its steps are lean (an `ar` step
 costs nothing against `ar`), and its first drafting step is priced with each draft forward
-costing the host what a lean step of as many sequences took (StepCost.forward_host). On the
-host-charged clock Kangaroo's first drafting step at batch 1, priced 3.2 ms, took 5.8, ~3% of
+costing the host what a lean step of as many sequences took (StepCost.forward_host; where a
+step's host share is not timed, as under sampling, the prior is nothing, as before). On the
+host-charged clock Kangaroo's first drafting step at batch 1, priced 3.2 ms, took 5.2-5.8, ~3% of
 a 64-token drain.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of

@@ -337,7 +337,7 @@ class StepCost:
         on): the host time of a step's `depth` draft forwards (an int or an array), each
         priced as a lean step of b sequences spends it (lean_at: a forward's batch, its launch
         and its read-back are the host's work in both). Kangaroo's first drafting step on the
-        host-charged clock at batch 1 took 5.8 ms where its forwards were priced 3.2: its
+        host-charged clock at batch 1 took 5.2-5.8 ms where its forwards were priced 3.2: its
         three draft forwards' host work, which nothing priced; 0 for a drafter without draft
         forwards, and before a lean step is timed (Controller.decide waits for one)."""
         if not self.draft_frac or self._drafted or not self.lean_steps:
