@@ -75,6 +75,8 @@ export PYTHONUNBUFFERED=1 COLUMNS=${COLUMNS:-160}
 DEVICE_OUT=/tmp/gpu-out   # OUT in the printed calls
 TOOLS=$ROOT/recipes/gpu/runbook.py   # the plan, and the parts of the runbook that compute
 tools() { "$PY" "$TOOLS" "$@"; }
+STEPS_PY=$ROOT/recipes/gpu/runbook_steps.py   # what the steps, collect and rehearse compute
+steps() { "$PY" "$STEPS_PY" "$@"; }
 
 die() { echo "runbook: $*" >&2; exit 1; }
 CLEANUP=()
@@ -275,41 +277,7 @@ TXT
 # `timeout`, in the repo root, its output in OUT/<step>.log
 
 env_facts() {
-  "$PY" - <<'PY'
-import json, platform, subprocess, time
-out = {"date": time.strftime("%Y-%m-%d", time.gmtime()),
-       "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-       "python": platform.python_version(), "machine": platform.machine()}
-try:
-    import torch
-    out.update(torch=torch.__version__, cuda=torch.version.cuda,
-               cudnn=torch.backends.cudnn.version() if torch.cuda.is_available() else None)
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        out.update(device=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1))
-        try:
-            out["driver"] = subprocess.run(
-                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=20).stdout.strip() or None
-        except (OSError, subprocess.SubprocessError):
-            pass
-    else:
-        name = platform.processor()
-        try:
-            name = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                        if l.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-        out["device"] = f"cpu ({name})"
-except ImportError as e:
-    out["torch"] = f"not importable: {e}"
-try:
-    import transformers
-    out["transformers"] = transformers.__version__
-except ImportError:
-    pass
-print(json.dumps(out, indent=1))
-PY
+  steps env-facts
 }
 
 step_stage1() {
@@ -384,18 +352,7 @@ step_stage2() {
     *.tar)  # an HF model folder (the rehearsal's tiny model) in the demo model's place
       rm -rf "$STAGE_TMP/model-src" && mkdir -p "$STAGE_TMP/model-src" &&
         x tar xf "$model" -C "$STAGE_TMP/model-src" || return 1
-      x "$PY" - "$STAGE_TMP/model-src" <<'PY' || return 1
-import shutil, sys
-from pathlib import Path
-from specctl.models.checkpoint import DEMO_ALIAS
-from specctl.store import Store, make_manifest
-src = Path(sys.argv[1])
-with Store().building("models", DEMO_ALIAS, make_manifest("models", DEMO_ALIAS,
-                                                          source={"tar": str(src)})) as out:
-    for f in src.iterdir():
-        shutil.copy2(f, out / f.name)
-print(f"installed {src} as {DEMO_ALIAS}")
-PY
+      x "$PY" "$STEPS_PY" install-model "$STAGE_TMP/model-src" || return 1
       ;;
     *) echo "unknown model file type: $name"; return 1 ;;
   esac
@@ -488,29 +445,7 @@ step_repeat() {   # the same bf16 generate run twice: byte for byte? (the fused 
   for i in 1 2; do
     x "$PY" -m specctl "${args[@]}" --out "$OUT/repeat/default-$i.jsonl" || rc=1
   done
-  "$PY" - "$OUT/repeat" > "$OUT/repeat.md" <<'PY' || rc=1
-import json, sys
-from pathlib import Path
-d = Path(sys.argv[1])
-def texts(name):
-    p = d / f"{name}.jsonl"
-    if not p.is_file():
-        return None
-    return [json.loads(l).get("text") for l in p.read_text(encoding="utf-8").split("\n") if l]
-ta, tb = texts("default-1"), texts("default-2")
-print("ar, bf16: `specctl generate` twice, each output's text compared byte for byte (the "
-      "lines also hold timings, which always differ)\n")
-print("| compared | identical | outputs |")
-print("|---|---|---|")
-if ta is None or tb is None:
-    print("| default-1 vs default-2 | missing | - |")
-elif len(ta) != len(tb):
-    print(f"| default-1 vs default-2 | no | {len(ta)} vs {len(tb)} outputs |")
-else:
-    diff = sum(x != y for x, y in zip(ta, tb))
-    print(f"| default-1 vs default-2 | {'yes' if diff == 0 else 'no'} | "
-          f"{diff} of {len(ta)} outputs differ |")
-PY
+  steps repeat-table "$OUT/repeat" > "$OUT/repeat.md" || rc=1
   cat "$OUT/repeat.md"
   return $rc
 }
@@ -613,33 +548,8 @@ collect() {
     tar xzf "$f" -C "$work/$i" || die "$f: not a tarball of a run"
     cp -r "$work/$i/." "$work/all/"
   done
-  # steps.tsv and commands.sh: a second call on a fresh machine has only its own part, so
-  # each part's rows and commands come from the last tarball that has them
-  "$PY" - "$work" "$i" <<'PY' || die "could not merge steps.tsv and commands.sh"
-import csv, re, sys
-from pathlib import Path
-w, n = Path(sys.argv[1]), int(sys.argv[2])
-head, rows, cmds = None, {}, {}
-for i in range(1, n + 1):
-    p = w / str(i) / "steps.tsv"
-    if p.is_file():
-        lines = list(csv.reader(open(p, newline=""), delimiter="\t"))
-        head = lines[0]
-        for part in {r[0] for r in lines[1:]}:
-            rows[part] = [r for r in lines[1:] if r[0] == part]
-    p = w / str(i) / "commands.sh"
-    if p.is_file():   # sections open with "# part N, ..."
-        for sec in re.split(r"(?m)^(?=# part )", p.read_text()):
-            m = re.match(r"# part (\S+),", sec)
-            if m:
-                cmds[m.group(1)] = sec
-with open(w / "all" / "steps.tsv", "w", newline="") as f:
-    out = csv.writer(f, delimiter="\t", lineterminator="\n")
-    out.writerow(head or ["part", "step", "rc", "wall_s", "budget_s", "note"])
-    for part in sorted(rows):
-        out.writerows(rows[part])
-(w / "all" / "commands.sh").write_text("".join(cmds[k] for k in sorted(cmds)))
-PY
+  # (steps.tsv and commands.sh: each part's from the last tarball that has it)
+  steps merge-parts "$work" "$i" || die "could not merge steps.tsv and commands.sh"
   name="$(json_get "$work/all/env.json" date)-gpu-$(json_get "$work/all/stage.json" commit)"
   dest=${COLLECT_DEST:-$ROOT/bench-results/$name}
   mkdir -p "$dest"
@@ -671,25 +581,7 @@ rehearse() {
   set_pythonpath
   mkdir -p "$out/src" "$CARRY_DIR"
   local t0=$SECONDS
-  "$PY" - "$ROOT" "$out/src" <<'PY' || die "could not make the tiny model"
-import json, sys, tarfile
-from pathlib import Path
-root, src = Path(sys.argv[1]), Path(sys.argv[2])
-sys.path.insert(0, str(root / "tests"))
-from tiny import make_tiny_model
-m = make_tiny_model(src / "tiny")
-with tarfile.open(src / "tiny-model.tar", "w") as t:
-    for f in sorted(m.iterdir()):
-        t.add(f, arcname=f.name)
-# the ShareGPT file stage reads: records made of the committed prompts (the first 16 give the
-# bench prompts, the rest the adapter's training data)
-prompts = [json.loads(l)["prompt"] for l in open(root / "recipes/gpu/sharegpt32.jsonl")]
-recs = [{"id": f"r{i}", "conversations": [{"from": "human", "value": p[:120]},
-                                          {"from": "gpt", "value": "In short: " + p[:80]}]}
-        for i, p in enumerate(prompts)]
-(src / "sharegpt.json").write_text(json.dumps(recs))
-(src / "skip.json").write_text(json.dumps({"num_layers": 4, "attn": [2], "mlp": []}))
-PY
+  steps rehearsal-inputs "$ROOT" "$out/src" || die "could not make the tiny model"
   unset ADAPTER   # (the stage trains the tiny model's adapter, as it would the demo model's)
   MODEL_FILE=$out/src/tiny-model.tar WHEELS_DIR=none SHAREGPT=$out/src/sharegpt.json \
     SKIP_SET=$out/src/skip.json SPLIT_AT=half PROMPTS=16 ADAPTER_STORE=$out/adapter-store \
