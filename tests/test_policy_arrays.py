@@ -218,8 +218,8 @@ def test_a_step_prices_its_candidates_in_one_call(monkeypatch):
     t = _table(lambda b, n: 10.0 + b * n * 0.01)
     for cost, k in ((StepCost(t, draft_frac=0.2), 12), (StepCost(t, padded=True), 52)):
         ctl = Controller(cost, k, prior_accept=0.8)
-        cost.learn_host(64, 0.1)   # (a lean step timed: with draft forwards the run waits for
-        calls.clear()              # one before it drafts, Controller.decide)
+        ctl.lean_done(64, cost.ar_table_ms(64), 1, 0.1, 1)   # (a lean step timed: with draft
+        calls.clear()   # forwards the run waits for one before it drafts, Controller.decide)
         ctl.plan(list(range(64)), [100] * 64)
         assert len(calls) == 1 and calls[0] <= 64 * k + k + 1, calls
 
