@@ -287,6 +287,34 @@ def test_bit_gp_suggests_deterministically_and_never_repeats():
     assert sum(a[i] for i in range(8, 12)) >= 2 and sum(a[i] for i in range(4)) <= 1
 
 
+def test_a_search_ends_when_every_skip_set_has_been_probed(tmp_path):
+    """A 2-layer model has 16 skip sets: --iters 20 probes each once and stops (its search
+    looked for an unprobed set forever, at 100% CPU); BitGP says so rather than loop."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from specctl.prep.skip.bit_gp import BitGP
+    from specctl.prep.skip.search import run_search
+
+    class Dev:   # (a model of 2 layers whose skip sets cost by how many blocks they run)
+        model = SimpleNamespace(cfg=SimpleNamespace(num_layers=2))
+
+        def ar_per_token(self, table):
+            return 1.0
+
+        def evaluate(self, skip, table):
+            runs = 4 - len(skip.attn) - len(skip.mlp)
+            return SimpleNamespace(per_token=0.5 + runs / 8, accept_rate=0.5, mean_accepted=1.0,
+                                   early_stopped=False)
+    said = []
+    probes = run_search(Dev(), None, 20, tmp_path / "probes.jsonl", False, log=said.append)
+    assert len(probes) < 20 and len({tuple(p.bits) for p in probes}) == 16   # (a seed twice)
+    assert "every one of this model's 16 skip sets has been probed" in said[-1]
+    X = np.array([[int(b) for b in f"{i:04b}"] for i in range(16)], dtype=float)
+    with pytest.raises(ValueError, match="every bit set has been probed"):
+        BitGP(4, seed=0).suggest(X, X.sum(1), 16)
+
+
 def test_profile_is_recorded_and_generate_warns_on_another_device(tiny_llama, dev_file, tmp_path):
     store = tmp_path / "store"
     r = CliRunner().invoke(app, ["search-skip", "--model", str(tiny_llama), "--dev",

@@ -136,6 +136,8 @@ class BitGP:
         for _, x in ranked:
             if x.tobytes() not in seen:
                 return [int(v) for v in x]
+        if len(seen) >= 2 ** self.dim:   # (run_search stops before: a caller's bug)
+            raise ValueError("every bit set has been probed: nothing left to suggest")
         while True:   # everything proposed was probed already: a fresh random set
             x = (rng.uniform(size=self.dim) < rng.uniform(0.0, 0.5)).astype(np.int8)
             if x.tobytes() not in seen:

@@ -162,8 +162,13 @@ def run_search(dev, table: StepTable | None, iters: int, log_path: Path,
     bo = BitGP(2 * L, seed, refit_every=refit_every)
     X = [p.bits for p in probes]
     y = [_target(p) for p in probes]
+    every = 2 ** (2 * L)   # skip sets there are (a small model's run out before --iters)
     with open(writable_file(log_path), "a") as log_file:
         for it in range(len(probes), iters):
+            if len({tuple(b) for b in X}) >= every:
+                log(f"every one of this model's {every} skip sets has been probed: the search "
+                    f"ends after {it} of --iters {iters}")
+                break
             t = time.perf_counter()
             if it < len(fixed):
                 bits = fixed[it]
