@@ -79,6 +79,13 @@ def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     assert meta["step"] >= 2
     r = _train(tiny_llama, data, work, "--resume")          # ... resumed to 2 epochs
     assert r.exit_code == 0 and "resuming at step" in r.output, r.output
+    # a resume with other settings (here --lr, --seed: the held-out split) starts over, saying so
+    again = tmp_path / "c"
+    assert _train(tiny_llama, data, again, "--epochs", "1").exit_code == 0
+    r = _train(tiny_llama, data, again, "--resume", "--lr", "0.5", "--seed", "7")
+    assert r.exit_code == 0 and "resuming at step" not in r.output, r.output
+    assert "checkpoint was made with other settings or data: training starts over" in \
+        " ".join(r.output.split())
     # (the early stop saved an adapter too; the resumed run's is kept beside it, as "-2")
     (ad2,) = [p for p in (work / "adapters").iterdir() if p.name.endswith("-2")]
     resumed = load_file(str(ad2 / "adapter.safetensors"))

@@ -14,6 +14,7 @@ uninterrupted one does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
@@ -69,7 +70,18 @@ def loss_and_agreement(model, adapter: Adapter, h_l, h_L, mask,
     return loss, agree, int(mask.sum())
 
 
-def _save_ckpt(path: Path, adapter: Adapter, opt, step: int, log: list) -> None:
+def _settings(cfg: TrainConfig, train_idx: list[int], lens: list[int]) -> str:
+    """What a checkpoint's steps depend on: the training settings and the conversations
+    trained on (their ids and lengths), as a key. Not --epochs: more of them continue the same
+    steps (the warm-up, 3% of them, aside)."""
+    keep = {k: v for k, v in asdict(cfg).items()
+            if k not in ("model", "device", "strict", "checkpoint_every", "epochs")}
+    keep["train"] = [(i, lens[i]) for i in train_idx]
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _save_ckpt(path: Path, adapter: Adapter, opt, step: int, log: list,
+               settings: str = "") -> None:
     tensors = {f"adapter.{k}": v.detach().contiguous() for k, v in adapter.w.items()}
     for i, p in enumerate(adapter.parameters()):
         st = opt.state.get(p, {})
@@ -79,7 +91,8 @@ def _save_ckpt(path: Path, adapter: Adapter, opt, step: int, log: list) -> None:
     tmp = path.with_suffix(".tmp")
     save_file(tensors, str(tmp))
     tmp.replace(path)
-    atomic_write_json(path.with_suffix(".json"), {"step": step, "log": log})
+    atomic_write_json(path.with_suffix(".json"), {"step": step, "log": log,
+                                                  "settings": settings})
 
 
 def _load_ckpt(path: Path, adapter: Adapter, opt) -> tuple[int, list]:
@@ -124,8 +137,15 @@ def fit(model, prep: Prepared, feats, cfg: TrainConfig, ckpt: Path | None, resum
     run = _Fit(model, prep, feats, cfg, prep.train if train_idx is None else train_idx,
                prep.held if held is None else held, log)
     if resume and ckpt is not None and ckpt.exists():
-        run.step, run.train_log = _load_ckpt(ckpt, run.adapter, run.opt)
-        log(f"resuming at step {run.step} of {run.total}")
+        made = json.loads(ckpt.with_suffix(".json").read_text()).get("settings")
+        if made == run.settings:
+            run.step, run.train_log = _load_ckpt(ckpt, run.adapter, run.opt)
+            log(f"resuming at step {run.step} of {run.total}")
+        else:   # (its steps were other settings' or data's: continuing would mix them)
+            log("--resume: the checkpoint was made with other settings or data: training "
+                "starts over")
+    elif resume and ckpt is not None:
+        log("--resume: no checkpoint to resume from: training starts at step 0")
     run.t0 = time.perf_counter()
     for epoch in range(cfg.epochs):
         run.epoch(epoch, ckpt, on_step)
@@ -156,6 +176,7 @@ class _Fit:
         self.warm = max(1, int(self.total * cfg.warmup))
         self.step, self.train_log = 0, []
         self.t0, self.tokens, self.top1 = time.perf_counter(), 0, 0.0
+        self.settings = _settings(cfg, train_idx, self.lens)
 
     def epoch(self, epoch: int, ckpt: Path | None, on_step) -> None:
         """The epoch's steps from self.step on, checkpointed."""
@@ -173,7 +194,8 @@ class _Fit:
             if ckpt is not None and (self.step % cfg.checkpoint_every == 0
                                      or self.step == self.total):
                 self.train_log.append(rec)
-                _save_ckpt(ckpt, self.adapter, self.opt, self.step, self.train_log)
+                _save_ckpt(ckpt, self.adapter, self.opt, self.step, self.train_log,
+                           self.settings)
 
     def _optimize(self, batch: list[int], s: int) -> tuple[float, float]:
         """Optimizer step s on one batch; (its loss, its learning rate)."""
