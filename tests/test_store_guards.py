@@ -180,6 +180,13 @@ def test_store_gc(tmp_path):
     assert "removed runs/held" in invoke("store", "gc", "--store", store).output
     assert "nothing to remove" in invoke("store", "gc", "--store", store).output
     assert fresh.exists()
+    # a killed command's scratch goes; a killed search's or training's stays: --resume
+    # continues from its checkpoint
+    for name in ("build-cache-x1", "search-abc", "train-def"):
+        (store / "work" / name).mkdir(parents=True)
+    r = invoke("store", "gc", "--store", store)
+    assert "removed work/build-cache-x1" in r.output
+    assert (store / "work" / "search-abc").exists() and (store / "work" / "train-def").exists()
 
 
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):

@@ -229,7 +229,9 @@ class Store:
         import fcntl
         out = []
         for d in sorted((self.root / "work").glob(f"{prefix}*-*")):
-            if not d.is_dir() or d.name.startswith("search-"):   # (searches resume from theirs)
+            # (search-skip and train-adapter resume from theirs: a killed one's checkpoint is
+            # what --resume continues, so gc took the work a resume was to save)
+            if not d.is_dir() or d.name.startswith(("search-", "train-")):
                 continue
             try:
                 with open(writable_file(d / ".lock"), "a") as f:
