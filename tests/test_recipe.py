@@ -139,3 +139,12 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "fine-tune"])
     assert r.exit_code != 0 and "unknown step 'fine-tune'" in r.output
+    # a recipe that names its cache is not satisfied by another cache of the tokenizer's
+    named = tmp_path / "named.toml"
+    named.write_text(rec.read_text().replace('min_count = 2\n', 'min_count = 2\nname = "mine"\n'))
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(named), "--store", str(store),
+                                 "--only", "build-cache"])
+    assert r.exit_code == 0 and (store / "ngram-caches" / "mine").is_dir(), r.output
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(named), "--store", str(store),
+                                 "--only", "build-cache"])
+    assert "already in the store" in r.output and len(list((store / "ngram-caches").iterdir())) == 2

@@ -61,6 +61,11 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     fp = model_fingerprint(model_dir)
     if step == "build-cache":
         from specctl.runtime.jobs.artifacts import resolve_corpus_cache
+        from specctl.speculative.corpus_cache import ARTIFACT_FILE, KIND
+        name = recipe.section("self-draft.build-cache").get("name")
+        if name:   # (the recipe's own cache; another of the tokenizer's is not it)
+            p = store.path(KIND, str(name).lower())
+            return str(p) if (p / ARTIFACT_FILE).is_file() else None
         try:
             p = resolve_corpus_cache(store, model_dir, None, lambda *_: None)
         except SpecctlError:
