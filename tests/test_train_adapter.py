@@ -61,6 +61,20 @@ def test_estimate_only_says_how_long_and_trains_nothing(tiny_llama, data, tmp_pa
     assert not list((tmp_path / "s").glob("work/train-*"))   # nothing left as if killed
 
 
+def test_conversations_left_out_by_max_len_are_counted(tiny_llama, tmp_path):
+    """A conversation whose first prompt uses up --max-len has no assistant token to learn:
+    it is left out, and said so (it vanished without a word)."""
+    long = " ".join(["word"] * 200)
+    convs = CONVS[:4] + [{"id": f"l{i}", "conversations": [
+        {"from": "human", "value": long}, {"from": "gpt", "value": "Short."}]} for i in range(3)]
+    f = tmp_path / "mixed.json"
+    f.write_text(json.dumps(convs))
+    r = _train(tiny_llama, f, tmp_path / "s", "--max-len", "64", "--estimate")
+    assert r.exit_code == 0, r.output
+    assert "3 of 7 conversations left out: no assistant token within --max-len 64 tokens" in \
+        " ".join(r.output.split())
+
+
 def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     r = _train(tiny_llama, data, tmp_path / "a")
     assert r.exit_code == 0, r.output

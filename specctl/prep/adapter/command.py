@@ -123,6 +123,7 @@ class _Job:
         got = [(e, _chars(c)) for e, c in zip(encs, convs) if e is not None]
         if rest_s <= ENCODE_EARLY_S or not got:
             prep = prepare_data(tok, convs, cfg, encs)
+            self._say_dropped(prep)
             self._calibrate(prep.data)
             self._announce(prep.lens, prep.train, prep.held, prep.key)
             return None if estimate_only else prep
@@ -150,8 +151,14 @@ class _Job:
         finally:
             task.close()
         self.eta.end("encoding")
+        self._say_dropped(prep)
         self._announce(prep.lens, prep.train, prep.held, prep.key, again=True)
         return prep
+
+    def _say_dropped(self, prep: Prepared) -> None:
+        if prep.dropped:   # (a first prompt longer than --max-len leaves nothing to learn)
+            self.log(f"{prep.dropped} of {prep.dropped + len(prep.data)} conversations left out: "
+                     f"no assistant token within --max-len {self.cfg.max_len} tokens")
 
     def _calibrate(self, data: list) -> None:
         ids, mask = max(data, key=lambda d: len(d[0]))

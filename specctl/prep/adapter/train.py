@@ -109,6 +109,7 @@ class Prepared:
     held: list[int]
     train: list[int]
     key: str
+    dropped: int = 0   # conversations with no assistant token within max_len (left out)
 
     @property
     def lens(self) -> list[int]:
@@ -140,7 +141,7 @@ def prepare_data(tok, conversations, cfg: TrainConfig, encoded: list = (),
     h = hashlib.sha256()
     for ids, mask in data:
         h.update(array("q", ids).tobytes() + bytes(mask) + b"|")
-    return Prepared(data, *split(len(data), cfg), h.hexdigest()[:16])
+    return Prepared(data, *split(len(data), cfg), h.hexdigest()[:16], len(encs) - len(data))
 
 
 def adapter_ident(fingerprint: str, exit_layer: int) -> str:
