@@ -187,6 +187,18 @@ def test_store_gc(tmp_path):
     r = invoke("store", "gc", "--store", store)
     assert "removed work/build-cache-x1" in r.output
     assert (store / "work" / "search-abc").exists() and (store / "work" / "train-def").exists()
+    # an artifact half built by a killed command (its lock free) goes; one being built stays
+    from specctl.store import Store
+    st = Store(store)
+    dead = store / "ngram-caches" / ".junk.abc123.tmp"
+    dead.mkdir(parents=True)
+    (dead / "ngram.safetensors").write_bytes(b"x" * 100)
+    with st.building("ngram-caches", "live", {"kind": "ngram-cache"}) as live:
+        r = invoke("store", "gc", "--store", store)
+        assert "removed ngram-caches/.junk.abc123.tmp (half built by a killed command)" in \
+            r.output and not dead.exists() and live.exists()
+    assert (store / "ngram-caches" / "live").is_dir()
+    assert [p.name for p in (store / "ngram-caches").iterdir()] == ["live"]   # (no lock left)
 
 
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):

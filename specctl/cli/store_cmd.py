@@ -126,8 +126,8 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
 def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would go."),
              store: Optional[Path] = StoreOpt):
     """Remove what holds nothing: run folders without a single answer that no process is
-    using (left by runs stopped before their first answer), and scratch folders of killed
-    commands."""
+    using (left by runs stopped before their first answer), and scratch folders and
+    half-built artifacts of killed commands."""
     import shutil
     st = Store(store)
     gone = [f"runs/{p.name} (no answers)" for p in st.remove_abandoned_runs(dry_run)]
@@ -135,6 +135,11 @@ def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wh
         if not dry_run:
             shutil.rmtree(d, ignore_errors=True)
         gone.append(f"work/{d.name} (left by a killed command)")
+    for d in st.stale_builds():
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)
+            d.with_name(d.name + ".lock").unlink(missing_ok=True)
+        gone.append(f"{d.parent.name}/{d.name} (half built by a killed command)")
     verb = "would remove" if dry_run else "removed"
     for g in gone:
         console.print(f"{verb} {g}", highlight=False, markup=False)

@@ -122,10 +122,14 @@ class Store:
 
         An existing artifact with the same id is replaced only once the new one is complete.
         """
+        import fcntl
         final = self.path(kind, ident)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = published(Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{ident}.",
                                               suffix=".tmp")), 0o777)
+        # (held while it builds: one a killed command left, its lock free, stale_builds finds)
+        lock = open(writable_file(tmp.with_name(tmp.name + ".lock")), "a")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
             yield tmp
             atomic_write_json(tmp / "manifest.json", manifest)
@@ -139,6 +143,29 @@ class Store:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            Path(lock.name).unlink(missing_ok=True)
+            lock.close()
+
+    def stale_builds(self) -> list[Path]:
+        """Artifacts half-built by a killed command (`.<id>.*.tmp` beside a kind's artifacts,
+        their lock free, or none: one from before locks), never listed nor used, only taking
+        space."""
+        import fcntl
+        out = []
+        for k in KINDS:
+            for d in sorted((self.root / k).glob(".*.tmp")) if (self.root / k).is_dir() else []:
+                if not d.is_dir():
+                    continue
+                try:
+                    with open(d.with_name(d.name + ".lock"), "r") as f:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except FileNotFoundError:   # (left before builds were locked)
+                    pass
+                except OSError:   # (held: a command builds it now)
+                    continue
+                out.append(d)
+        return out
 
     def entries(self, kind: str | None = None) -> list[Entry]:
         out = []
