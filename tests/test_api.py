@@ -75,4 +75,9 @@ def test_mistakes_are_specctl_errors(tiny_llama, tmp_path):
         g.generate("hello")
     with pytest.raises(SpecctlError, match="prompt 1"):
         g.generate(["ok", {"nothing": 1}])
+    with pytest.raises(SpecctlError, match="list of prompts .* got NoneType"):
+        g.generate(None)
+    with pytest.raises(SpecctlError, match="prompt 0: a string, a list of messages or a "
+                                           "prompt-line dict, got NoneType"):
+        g.generate([None])
     assert g.generate([]) == []

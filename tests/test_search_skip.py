@@ -287,6 +287,27 @@ def test_bit_gp_suggests_deterministically_and_never_repeats():
     assert sum(a[i] for i in range(8, 12)) >= 2 and sum(a[i] for i in range(4)) <= 1
 
 
+def test_an_interrupted_search_saves_its_best_and_exits_130(tiny_llama, dev_file, tmp_path,
+                                                            monkeypatch):
+    """Ctrl-C after some probes: the best so far is saved and --resume continues, but the
+    command does not exit 0 as if it had finished (a script would take it for done)."""
+    import specctl.prep.skip.search as S
+    real, calls = S._probe, []
+
+    def probe(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(S, "_probe", probe)
+    r = CliRunner().invoke(app, ["search-skip", "--model", str(tiny_llama), "--dev", str(dev_file),
+                                 "--max-new", "8", "--iters", "5", "--store",
+                                 str(tmp_path / "store"), "--device", "cpu", "--dtype", "fp32"])
+    assert r.exit_code == 130, r.output
+    assert "--resume continues the search" in " ".join(r.output.split())
+    assert any((tmp_path / "store" / "skipsets").iterdir())
+
+
 def test_a_search_ends_when_every_skip_set_has_been_probed(tmp_path):
     """A 2-layer model has 16 skip sets: --iters 20 probes each once and stops (its search
     looked for an unprobed set forever, at 100% CPU); BitGP says so rather than loop."""

@@ -46,6 +46,8 @@ def search_skip(
                        max_new, seed, device, dtype)
     res = _with_bars(run_search_skip, cfg, Store(store).check_writable(), resume)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
+    if res["result"].get("interrupted"):   # (the best so far is saved, but the search did not
+        raise typer.Exit(130)   # finish: a script must not take it for a finished one)
 
 
 @app.command("train-adapter", epilog="Examples:\n\n  specctl train-adapter --limit 2000 --epochs 2\n\n"

@@ -318,6 +318,9 @@ def prompt_record(prompt, index: int = 0) -> PromptRecord:
     {"role", "content"} messages, or a dict in any of the line formats above."""
     obj = ({"prompt": prompt} if isinstance(prompt, str) else
            {"messages": prompt} if isinstance(prompt, (list, tuple)) else prompt)
+    if not isinstance(obj, dict):
+        raise SpecctlError(f"prompt {index}: a string, a list of messages or a prompt-line dict, "
+                           f"got {type(prompt).__name__}")
     try:
         return PromptRecord(index=index, line_no=index + 1, **_parse(obj))
     except _Bad as e:

@@ -214,7 +214,7 @@ class Store:
             return e.path
         other = [e for e in self.entries() if e.id.startswith(spec)]
         if other:
-            raise SpecctlError(f"{spec!r} is a {other[0].kind} artifact, not {kind}")
+            raise SpecctlError(f"{spec!r} is an artifact of {other[0].kind}, not of {kind}")
         raise SpecctlError(f"{spec}: no such file or folder, and no artifact with that id "
                            f"among the {kind} in the store at {self.root}")
 

@@ -117,8 +117,9 @@ class Generator:
         {"turns": [...]} for several turns, {"prompt": ..., "max_tokens": ..., "sampling":
         {"temperature": 0.7, "seed": 1, "logprobs": 2}}: that prompt's own settings).
         Arguments given here override the Generator's settings for this call."""
-        if isinstance(prompts, (str, dict)):
-            raise SpecctlError("generate() takes a list of prompts")
+        if isinstance(prompts, (str, dict)) or not hasattr(prompts, "__iter__"):
+            raise SpecctlError("generate() takes a list of prompts (each a string, a list of "
+                               f"messages or a prompt-line dict), got {type(prompts).__name__}")
         over = {k: v for k, v in dict(max_tokens=max_tokens, temperature=temperature,
                                       top_p=top_p, top_k=top_k, seed=seed,
                                       logprobs=logprobs).items()
