@@ -153,7 +153,8 @@ def tokenize_to_stream(docs: Iterable[tuple[str, str]], tok, path: Path, cfg: Co
             for b in _batches(docs, cfg):
                 write(f, enc(b))
         else:
-            with ThreadPoolExecutor(cfg.workers, thread_name_prefix="specctl-tok") as ex:
+            ex = ThreadPoolExecutor(cfg.workers, thread_name_prefix="specctl-tok")
+            try:
                 pending = []
                 for b in _batches(docs, cfg):
                     pending.append(ex.submit(enc, b))
@@ -161,6 +162,8 @@ def tokenize_to_stream(docs: Iterable[tuple[str, str]], tok, path: Path, cfg: Co
                         write(f, pending.pop(0).result())
                 for fut in pending:
                     write(f, fut.result())
+            finally:   # (on Ctrl-C the queued batches are dropped, not tokenized first: the
+                ex.shutdown(wait=True, cancel_futures=True)   # exit took 8-13 s)
     return StreamInfo(Path(path), length, tokens, docs_n, max_id, time.perf_counter() - t0)
 
 
