@@ -589,6 +589,8 @@ def test_cli_errors(tmp_path, tok_dir, oanc_tree):
           "--top")
     fails(invoke("build-cache", oanc_tree, "--model", tok_dir, "--store", store, "--name", "a/b"),
           "--name")
+    fails(invoke("build-cache", oanc_tree, "--model", tok_dir, "--store", store, "--name", " "),
+          "--name: empty")
     fails(invoke("build-cache", oanc_tree, "--model", tmp_path / "no-model", "--store", store),
           "no-model")
     assert not (store / "ngram-caches").exists() or not any(

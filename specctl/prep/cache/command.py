@@ -93,6 +93,8 @@ def corpus_name(paths: list[Path]) -> str:
 
 
 def artifact_id(cfg: BuildCacheConfig, model_dir: Path, paths: list[Path]) -> str:
+    if cfg.name is not None and not cfg.name.strip():   # (it fell back to the default id)
+        raise SpecctlError("--name: empty; give the cache's id, or leave --name out")
     if cfg.name:
         ident = _slug(cfg.name)
         if ident != cfg.name.lower():
