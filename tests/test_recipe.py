@@ -148,3 +148,34 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(named), "--store", str(store),
                                  "--only", "build-cache"])
     assert "already in the store" in r.output and len(list((store / "ngram-caches").iterdir())) == 2
+
+
+def test_an_interrupted_search_in_prepare_stops_it_and_is_resumed(tiny_llama, tmp_path,
+                                                                  monkeypatch):
+    """Ctrl-C inside prepare's search-skip: its best so far is saved, prepare stops (it went on
+    to the next step and exited 0), and the next prepare resumes the search rather than take
+    the interrupted set for done."""
+    import specctl.prep.skip.search as S
+    (tmp_path / "dev.jsonl").write_text('{"prompt": "Say something about cats."}\n')
+    rec = tmp_path / "r.toml"
+    rec.write_text(f'[recipe]\nmodel = "{tiny_llama}"\n'
+                   '[draft-verify.search]\niters = 4\nprompts = 1\nmax_new = 4\n'
+                   'dev = "dev.jsonl"\n[prepare]\nsteps = ["search-skip"]\n')
+    real, calls = S._probe, []
+
+    def probe(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(S, "_probe", probe)
+    store = tmp_path / "s"
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", "search-skip"])
+    assert r.exit_code != 0 and "interrupted" in r.output, r.output
+    monkeypatch.setattr(S, "_probe", real)
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", "search-skip"])
+    assert r.exit_code == 0 and "already in the store" not in r.output, r.output
+    (d,) = [p for p in (store / "skipsets").iterdir() if not p.name.startswith(".")]
+    assert json.loads((d / "skipset.json").read_text())["iterations"] == 4

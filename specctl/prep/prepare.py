@@ -63,16 +63,23 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
         from specctl.runtime.jobs.artifacts import resolve_corpus_cache
         from specctl.speculative.corpus_cache import ARTIFACT_FILE, KIND
         name = recipe.section("self-draft.build-cache").get("name")
-        if name:   # (the recipe's own cache; another of the tokenizer's is not it)
+        if name:   # (the recipe's own cache, of this model's tokenizer; no other is it)
             p = store.path(KIND, str(name).lower())
-            return str(p) if (p / ARTIFACT_FILE).is_file() else None
+            if not (p / ARTIFACT_FILE).is_file():
+                return None
+            try:
+                resolve_corpus_cache(store, model_dir, str(p), lambda *_: None)
+            except SpecctlError:   # (another tokenizer's: run_step rebuilds it)
+                return None
+            return str(p)
         try:
             p = resolve_corpus_cache(store, model_dir, None, lambda *_: None)
         except SpecctlError:
             return None
         return str(p) if p is not None else None
-    if step == "search-skip":
-        e = store.best_for_model("skipsets", fp, "speedup_estimate")
+    if step == "search-skip":   # (an interrupted search's best so far is not done: resumed)
+        e = store.best_for_model("skipsets", fp, "speedup_estimate",
+                                 keep=lambda m: not m.get("interrupted"))
         return str(e.path) if e else None
     if step == "train-adapter":
         layer = recipe.section("kangaroo.train").get("exit_layer", 0)
@@ -106,7 +113,10 @@ def run_step(step: str, recipe: Recipe, store: Store, report: Reporter) -> str:
         cfg = SearchConfig(model, s.get("dev"), s.get("iters", 1000), s.get("init_points", 0),
                            s.get("objective", "model"), s.get("prompts", 8),
                            s.get("max_new", 32), s.get("seed", 0))
-        return str(run_search_skip(cfg, store, True, report)["path"])
+        res = run_search_skip(cfg, store, True, report)
+        if res["result"].get("interrupted"):   # (its best so far is saved; the next prepare
+            raise KeyboardInterrupt             # resumes the search, not the next step)
+        return str(res["path"])
     if step == "train-adapter":
         from specctl.prep.adapter.train import TrainConfig
         from specctl.prep.adapter.command import run_train_adapter

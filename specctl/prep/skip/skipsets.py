@@ -23,7 +23,7 @@ def save_skipset(store: Store, ident: str, result: dict, log_path: Path,
     with store.building("skipsets", ident, make_manifest(
             "skipset", ident, model_fingerprint=fingerprint,
             speedup_estimate=result["speedup_estimate"], objective=result["objective"],
-            pays=result["pays"])) as d:
+            pays=result["pays"], interrupted=bool(result.get("interrupted")))) as d:
         atomic_write_json(d / "skipset.json", result)
         shutil.copyfile(log_path, d / "probes.jsonl")
         if plot is not None and plot.exists():
