@@ -70,13 +70,15 @@ def loss_and_agreement(model, adapter: Adapter, h_l, h_L, mask,
     return loss, agree, int(mask.sum())
 
 
-def _settings(cfg: TrainConfig, train_idx: list[int], lens: list[int]) -> str:
-    """What a checkpoint's steps depend on: the training settings and the conversations
-    trained on (their ids and lengths), as a key. Not --epochs: more of them continue the same
-    steps (the warm-up, 3% of them, aside)."""
+def _settings(cfg: TrainConfig, data_key: str, train_idx: list[int]) -> str:
+    """What a checkpoint's steps depend on: the training settings and the data trained on (the
+    encoded conversations' key and the training ids; not the path or --limit that led to
+    them), as a key. Not --epochs: more of them continue the same steps (the warm-up, 3% of
+    them, aside)."""
     keep = {k: v for k, v in asdict(cfg).items()
-            if k not in ("model", "device", "strict", "checkpoint_every", "epochs")}
-    keep["train"] = [(i, lens[i]) for i in train_idx]
+            if k not in ("model", "data", "limit", "device", "strict", "checkpoint_every",
+                         "epochs")}
+    keep["data"], keep["train"] = data_key, list(train_idx)
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -176,7 +178,7 @@ class _Fit:
         self.warm = max(1, int(self.total * cfg.warmup))
         self.step, self.train_log = 0, []
         self.t0, self.tokens, self.top1 = time.perf_counter(), 0, 0.0
-        self.settings = _settings(cfg, train_idx, self.lens)
+        self.settings = _settings(cfg, prep.key, train_idx)
 
     def epoch(self, epoch: int, ckpt: Path | None, on_step) -> None:
         """The epoch's steps from self.step on, checkpointed."""

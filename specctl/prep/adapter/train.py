@@ -137,7 +137,10 @@ def prepare_data(tok, conversations, cfg: TrainConfig, encoded: list = (),
             on_item(c)
     data = [e for e in encs if e is not None]
     if len(data) < 2:
-        raise SpecctlError(f"only {len(data)} usable conversations: need at least 2")
+        gone = len(encs) - len(data)
+        raise SpecctlError(f"only {len(data)} usable conversations: need at least 2"
+                           + (f" ({gone} had no assistant token within --max-len {cfg.max_len} "
+                              "tokens)" if gone else ""))
     h = hashlib.sha256()
     for ids, mask in data:
         h.update(array("q", ids).tobytes() + bytes(mask) + b"|")
