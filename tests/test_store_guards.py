@@ -193,6 +193,9 @@ def test_store_gc(tmp_path):
     dead = store / "ngram-caches" / ".junk.abc123.tmp"
     dead.mkdir(parents=True)
     (dead / "ngram.safetensors").write_bytes(b"x" * 100)
+    os.utime(dead, (old, old))   # (one touched in the last minute may be a build starting)
+    r = invoke("store", "ls", "--store", store)
+    assert "kept for --resume" in r.output and "train-def" in r.output
     with st.building("ngram-caches", "live", {"kind": "ngram-cache"}) as live:
         r = invoke("store", "gc", "--store", store)
         assert "removed ngram-caches/.junk.abc123.tmp (half built by a killed command)" in \

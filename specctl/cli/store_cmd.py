@@ -56,7 +56,8 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
     entries = st.entries(kind)
     stale = [] if kind else st.stale_work()
-    if not entries and not stale:
+    kept = [] if kind else st.kept_work()
+    if not entries and not stale and not kept:
         console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
         return
     t = Table(title=str(st.root))
@@ -68,6 +69,9 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
                   *((_run_summary(e.path),) if runs else ()))
     for d in stale:   # removed by the next command of the same kind
         t.add_row("work", d.name, "left by a killed command",
+                  _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
+    for d in kept:    # (rm -r it by hand when no --resume is to come)
+        t.add_row("work", d.name, "kept for --resume",
                   _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
     _stdout().print(t)
 

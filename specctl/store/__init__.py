@@ -127,10 +127,15 @@ class Store:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = published(Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{ident}.",
                                               suffix=".tmp")), 0o777)
-        # (held while it builds: one a killed command left, its lock free, stale_builds finds)
-        lock = open(writable_file(tmp.with_name(tmp.name + ".lock")), "a")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock = None
         try:
+            # (held while it builds: one a killed command left, its lock free, stale_builds
+            # finds; where the filesystem has no locks the build goes on without)
+            lock = open(writable_file(tmp.with_name(tmp.name + ".lock")), "a")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                pass
             yield tmp
             atomic_write_json(tmp / "manifest.json", manifest)
             if final.exists():
@@ -144,28 +149,43 @@ class Store:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finally:
-            Path(lock.name).unlink(missing_ok=True)
-            lock.close()
+            if lock is not None:
+                Path(lock.name).unlink(missing_ok=True)
+                lock.close()
 
-    def stale_builds(self) -> list[Path]:
+    def stale_builds(self, min_age_s: float = 60.0) -> list[Path]:
         """Artifacts half-built by a killed command (`.<id>.*.tmp` beside a kind's artifacts,
         their lock free, or none: one from before locks), never listed nor used, only taking
-        space."""
+        space. One touched in the last `min_age_s` is left alone (a build that has not taken
+        its lock yet)."""
         import fcntl
-        out = []
+        out, now = [], time.time()
         for k in KINDS:
             for d in sorted((self.root / k).glob(".*.tmp")) if (self.root / k).is_dir() else []:
-                if not d.is_dir():
+                if not d.is_dir() or now - d.stat().st_mtime < min_age_s:
+                    continue
+                try:   # (opened for writing, not created: an exclusive lock on NFS needs it)
+                    fd = os.open(d.with_name(d.name + ".lock"), os.O_WRONLY | os.O_APPEND)
+                except FileNotFoundError:   # (left before builds were locked)
+                    out.append(d)
+                    continue
+                except OSError:
                     continue
                 try:
-                    with open(d.with_name(d.name + ".lock"), "r") as f:
-                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except FileNotFoundError:   # (left before builds were locked)
-                    pass
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:   # (held: a command builds it now)
                     continue
+                finally:
+                    os.close(fd)
                 out.append(d)
         return out
+
+    def kept_work(self) -> list[Path]:
+        """search-skip's and train-adapter's work folders: kept for --resume (their probes,
+        cached features and checkpoints), never removed by gc; `store ls` shows them."""
+        d = self.root / "work"
+        return sorted(p for p in d.glob("*-*") if p.is_dir()
+                      and p.name.startswith(("search-", "train-"))) if d.is_dir() else []
 
     def entries(self, kind: str | None = None) -> list[Entry]:
         out = []
