@@ -124,6 +124,19 @@ def fails(r, *needles) -> str:
     return errs[0]
 
 
+def interrupt_search_at(monkeypatch, n: int) -> None:
+    """search-skip's probe n (from 1) is a Ctrl-C (KeyboardInterrupt) where it would run."""
+    import specctl.prep.skip.search as S
+    real, calls = S._probe, []
+
+    def probe(*a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(S, "_probe", probe)
+
+
 def tree_input(slot: int, root: int, nodes, base: int):
     """A step's input for one sequence: its pending token `root` and a DraftTree's nodes (draft
     and probe) at base + depth, under the tree's mask (what Runner.step_input builds)."""

@@ -155,25 +155,18 @@ def test_an_interrupted_search_in_prepare_stops_it_and_is_resumed(tiny_llama, tm
     """Ctrl-C inside prepare's search-skip: its best so far is saved, prepare stops (it went on
     to the next step and exited 0), and the next prepare resumes the search rather than take
     the interrupted set for done."""
-    import specctl.prep.skip.search as S
+    from helpers import interrupt_search_at
     (tmp_path / "dev.jsonl").write_text('{"prompt": "Say something about cats."}\n')
     rec = tmp_path / "r.toml"
     rec.write_text(f'[recipe]\nmodel = "{tiny_llama}"\n'
                    '[draft-verify.search]\niters = 4\nprompts = 1\nmax_new = 4\n'
                    'dev = "dev.jsonl"\n[prepare]\nsteps = ["search-skip"]\n')
-    real, calls = S._probe, []
-
-    def probe(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-    monkeypatch.setattr(S, "_probe", probe)
+    interrupt_search_at(monkeypatch, 2)
     store = tmp_path / "s"
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "search-skip"])
     assert r.exit_code != 0 and "interrupted" in r.output, r.output
-    monkeypatch.setattr(S, "_probe", real)
+    monkeypatch.undo()
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "search-skip"])
     assert r.exit_code == 0 and "already in the store" not in r.output, r.output

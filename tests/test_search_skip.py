@@ -291,15 +291,8 @@ def test_an_interrupted_search_saves_its_best_and_exits_130(tiny_llama, dev_file
                                                             monkeypatch):
     """Ctrl-C after some probes: the best so far is saved and --resume continues, but the
     command does not exit 0 as if it had finished (a script would take it for done)."""
-    import specctl.prep.skip.search as S
-    real, calls = S._probe, []
-
-    def probe(*a, **kw):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-    monkeypatch.setattr(S, "_probe", probe)
+    from helpers import interrupt_search_at
+    interrupt_search_at(monkeypatch, 3)
     r = CliRunner().invoke(app, ["search-skip", "--model", str(tiny_llama), "--dev", str(dev_file),
                                  "--max-new", "8", "--iters", "5", "--store",
                                  str(tmp_path / "store"), "--device", "cpu", "--dtype", "fp32"])

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from specctl.cli.common import StoreOpt, _log, _stdout, console, friendly, models_app, store_app
 from specctl.errors import SpecctlError
-from specctl.store import Store
+from specctl.store import Store, dir_bytes
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")
@@ -67,12 +67,11 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
     for e in entries:
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes),
                   *((_run_summary(e.path),) if runs else ()))
-    for d in stale:   # removed by the next command of the same kind
-        t.add_row("work", d.name, "left by a killed command",
-                  _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
-    for d in kept:    # (rm -r it by hand when no --resume is to come)
-        t.add_row("work", d.name, "kept for --resume",
-                  _size(sum(f.stat().st_size for f in d.rglob("*") if f.is_file())))
+    # (a killed command's: removed by the next of its kind; kept: rm -r it by hand when no
+    # --resume is to come)
+    for dirs, what in ((stale, "left by a killed command"), (kept, "kept for --resume")):
+        for d in dirs:
+            t.add_row("work", d.name, what, _size(dir_bytes(d)))
     _stdout().print(t)
 
 

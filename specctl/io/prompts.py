@@ -199,13 +199,21 @@ def _sampling(obj: dict, where: str, openai: bool) -> dict | None:
     return out or None
 
 
+def _id_value(obj: dict, key: str) -> str | int | None:
+    """The line's id under `key` (None: absent), checked."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise _Bad(f"{key}: must be a string or integer, got {type(v).__name__}")
+    return _text(v, key) if isinstance(v, str) else v
+
+
 def _ident(obj: dict) -> tuple[str | int | None, str | None]:
     for key in ("custom_id", "question_id", "id"):
-        v = obj.get(key)
+        v = _id_value(obj, key)
         if v is not None:
-            if isinstance(v, bool) or not isinstance(v, (str, int)):
-                raise _Bad(f"{key}: must be a string or integer, got {type(v).__name__}")
-            return (_text(v, key) if isinstance(v, str) else v), key
+            return v, key
     return None, None
 
 
@@ -226,12 +234,7 @@ def _top_level_settings(obj: dict, kind: str) -> None:
 def _plain_id(obj: dict, id_field: str | None) -> str | int | None:
     """The line's own "id" where custom_id or question_id names it (both are carried to the
     output line)."""
-    if id_field in (None, "id") or obj.get("id") is None:
-        return None
-    v = obj["id"]
-    if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise _Bad(f"id: must be a string or integer, got {type(v).__name__}")
-    return _text(v, "id") if isinstance(v, str) else v
+    return None if id_field in (None, "id") else _id_value(obj, "id")
 
 
 def _parse(obj) -> dict:

@@ -37,6 +37,9 @@ from specctl.store.files import (UMASK, atomic_write_bytes, atomic_write_json,  
                                  published, read_json, writable_file)
 
 KINDS = ("models", "runs", "benches", "skipsets", "profiles", "adapters", "ngram-caches")
+# the work folders --resume continues from (search-skip's probes, train-adapter's features and
+# checkpoints): never a killed command's litter to remove
+RESUMABLE = ("search-", "train-")
 
 
 def default_root() -> Path:
@@ -69,7 +72,12 @@ class Entry:
 
     @property
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return dir_bytes(self.path)
+
+
+def dir_bytes(path: Path) -> int:
+    """The bytes of the files in a folder, all the way down."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _where(given: bool) -> str:
@@ -185,7 +193,7 @@ class Store:
         cached features and checkpoints), never removed by gc; `store ls` shows them."""
         d = self.root / "work"
         return sorted(p for p in d.glob("*-*") if p.is_dir()
-                      and p.name.startswith(("search-", "train-"))) if d.is_dir() else []
+                      and p.name.startswith(RESUMABLE)) if d.is_dir() else []
 
     def entries(self, kind: str | None = None) -> list[Entry]:
         out = []
@@ -276,9 +284,8 @@ class Store:
         import fcntl
         out = []
         for d in sorted((self.root / "work").glob(f"{prefix}*-*")):
-            # (search-skip and train-adapter resume from theirs: a killed one's checkpoint is
-            # what --resume continues, so gc took the work a resume was to save)
-            if not d.is_dir() or d.name.startswith(("search-", "train-")):
+            # (RESUMABLE: a killed one's checkpoint is what --resume continues)
+            if not d.is_dir() or d.name.startswith(RESUMABLE):
                 continue
             try:
                 with open(writable_file(d / ".lock"), "a") as f:

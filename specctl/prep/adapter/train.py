@@ -136,15 +136,15 @@ def prepare_data(tok, conversations, cfg: TrainConfig, encoded: list = (),
         if on_item:
             on_item(c)
     data = [e for e in encs if e is not None]
+    dropped = len(encs) - len(data)
     if len(data) < 2:
-        gone = len(encs) - len(data)
         raise SpecctlError(f"only {len(data)} usable conversations: need at least 2"
-                           + (f" ({gone} had no assistant token within --max-len {cfg.max_len} "
-                              "tokens)" if gone else ""))
+                           + (f" ({dropped} had no assistant token within --max-len "
+                              f"{cfg.max_len} tokens)" if dropped else ""))
     h = hashlib.sha256()
     for ids, mask in data:
         h.update(array("q", ids).tobytes() + bytes(mask) + b"|")
-    return Prepared(data, *split(len(data), cfg), h.hexdigest()[:16], len(encs) - len(data))
+    return Prepared(data, *split(len(data), cfg), h.hexdigest()[:16], dropped)
 
 
 def adapter_ident(fingerprint: str, exit_layer: int) -> str:

@@ -11,8 +11,8 @@ pilot is run three times, the methods taking turns: the first untimed, so one-ti
 graph captures, the controller's step-cost table) do not count against whichever method happens
 to go first, and of the two timed the quicker counts (a neighbour on the machine only ever adds
 to a pass's time: one timed pass of `ar` slowed 100x by a burst on a shared 2-core CPU once
-made a method that accepted nothing "154x ar"); on a CPU all run at a fixed thread count (the thread tuner's trial steps would weigh more in a
-method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
+made a method that accepted nothing "154x ar"); on a CPU all run at a fixed thread count (the
+thread tuner's trial steps would weigh more in a method with fewer, wider steps). A method that cannot run here (its KV cache does not fit, say)
 is left out with the reason. Pilot answers are thrown away: with greedy decoding they are the
 job's own answers' first tokens, so only the time is lost (`pilot_s` in metrics.json). So a
 job whose pilots would cost more than a quarter of its own work (in new tokens: the passes of
