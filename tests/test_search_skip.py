@@ -357,7 +357,7 @@ def test_profile_is_recorded_and_generate_warns_on_another_device(tiny_llama, de
     assert "float32" in profile_mismatch(res["profile"], "cpu", "torch.bfloat16")
 
 
-def test_decode_objective_and_resume_with_other_settings_starts_over(tiny_llama, dev_file,
+def test_decode_objective_resume_with_other_settings_and_force(tiny_llama, dev_file,
                                                                       tmp_path):
     store = tmp_path / "store"
     base = ["search-skip", "--model", str(tiny_llama), "--dev", str(dev_file), "--iters", "3",
@@ -367,8 +367,22 @@ def test_decode_objective_and_resume_with_other_settings_starts_over(tiny_llama,
     r = CliRunner().invoke(app, base + ["--max-new", "8", "--resume"])
     assert r.exit_code == 0, r.output
     assert "other settings; starting over" in r.output
-    res = json.loads(next((store / "skipsets").iterdir()).joinpath("skipset.json").read_text())
+    saved = next((store / "skipsets").iterdir())
+    res = json.loads(saved.joinpath("skipset.json").read_text())
     assert res["objective"] == "decode" and res["iterations"] == 3
+    # a new search without --resume would replace the log and the set: refused unless --force
+    logged = next((store / "work").iterdir()) / "probes.jsonl"
+    before = logged.read_bytes(), saved.joinpath("skipset.json").read_bytes()
+    r = CliRunner().invoke(app, base + ["--max-new", "8"])
+    assert r.exit_code != 0 and "--resume continues" in r.output and "--force" in r.output
+    assert f"a log of 3 probes" in r.output and f"skipsets/{saved.name}" in r.output
+    assert (logged.read_bytes(), saved.joinpath("skipset.json").read_bytes()) == before
+    r = CliRunner().invoke(app, base + ["--max-new", "8", "--resume", "--force"])
+    assert r.exit_code != 0 and "pass one" in r.output
+    r = CliRunner().invoke(app, base + ["--max-new", "8", "--iters", "2", "--force"])
+    assert r.exit_code == 0, r.output
+    assert "--force: starting over" in r.output
+    assert json.loads(saved.joinpath("skipset.json").read_text())["iterations"] == 2
 
 
 @pytest.mark.slow

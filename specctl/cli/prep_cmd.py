@@ -34,17 +34,23 @@ def search_skip(
     seed: int = typer.Option(0, "--seed", help="Seed of the search's random probes "
                              "(--init-points) and of its Gaussian process."),
     resume: bool = typer.Option(False, "--resume", help="Continue the logged search."),
+    force: bool = typer.Option(False, "--force", help="Start over where this model and "
+                               "objective were searched before (its log and skip set are "
+                               "replaced)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:1 ..."),
     dtype: str = typer.Option("auto", "--dtype", help="The model's: auto (bf16 on CUDA, fp32 on "
                               "CPU), fp32, bf16, fp16."),
     store: Optional[Path] = StoreOpt,
 ):
     """Find draft-verify's skip set by Bayesian optimization (saved in the store)."""
+    if resume and force:
+        raise SpecctlError("--resume continues a search and --force starts over: pass one")
     from specctl.prep.skip.command import SearchConfig, run_search_skip
 
     cfg = SearchConfig(model, str(dev) if dev else None, iters, init_points, objective, prompts,
                        max_new, seed, device, dtype)
-    res = _with_bars(run_search_skip, cfg, Store(store).check_writable(), resume)
+    res = _with_bars(run_search_skip, cfg, Store(store).check_writable(), resume,
+                     force=force)
     console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
     if res["result"].get("interrupted"):   # (the best so far is saved, but the search did not
         raise typer.Exit(130)   # finish: a script must not take it for a finished one)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import read_prompts
@@ -112,18 +113,47 @@ def _best(cfg: SearchConfig, model, prompts, table, probes: list, log) -> tuple:
     return best, measured, {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
 
 
+def _refuse_over(store: Store, ident: str, log_path: Path, force: bool, log) -> None:
+    """A new search would replace an earlier one's log (hours of probes, perhaps) and its
+    stored set: only with force (build-cache refuses the same way)."""
+    have = [f"skipsets/{i}" for i in (ident, f"{ident}-no-gain")
+            if store.path("skipsets", i).exists()]
+    logged = _logged(log_path)
+    if logged:
+        have.append(f"a log of {logged} probes ({log_path})")
+    if not have:
+        return
+    if not force:
+        raise SpecctlError(f"a search of this model and objective was run before: "
+                           f"{', '.join(have)}. --resume continues its search; --force starts "
+                           "over (its log is replaced now, its stored set when the new search "
+                           "ends)")
+    log(f"--force: starting over ({', '.join(have)} replaced)")
+
+
+def _logged(log_path: Path) -> int:
+    """Probes in a search log (its lines; 0 when there is none)."""
+    try:
+        with open(log_path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except FileNotFoundError:
+        return 0
+
+
 def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
-                    report: Reporter | None = None) -> dict:
+                    report: Reporter | None = None, force: bool = False) -> dict:
+    """force: start over where a search of this model and objective was run before (its log
+    and stored set are replaced); resume: continue its log. Neither: refuse there."""
     report = reporter(report)
     log = report.log
     model_dir = resolve_model(cfg.model, store, log=log)
-    tk = Tokenization(model_dir, chat=True)
-    model = load_model(model_dir, cfg.device, cfg.dtype)
     fp = model_fingerprint(model_dir)
     ident = f"{fp}-{cfg.objective}"
     log_path = work_dir(store, ident) / "probes.jsonl"
-    if log_path.exists() and not resume:
-        log(f"a search log exists ({log_path}); starting over (use --resume to continue it)")
+    if not resume:
+        _refuse_over(store, ident, log_path, force, log)
+    tk = Tokenization(model_dir, chat=True)
+    model = load_model(model_dir, cfg.device, cfg.dtype)
     prompts = dev_prompts(cfg, store, tk, log)
     ctx = model.cfg.max_position
     if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
