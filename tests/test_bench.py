@@ -374,10 +374,13 @@ def test_report_without_matplotlib(full, tmp_path, monkeypatch):
     """--plots asked for and impossible: an error with the install hint whole (rich must not
     take "[plot]" for markup); plots not asked for: a warning, the tables, exit 0."""
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    md = tmp_path / "report.md"
     err = fails(invoke("report", full["dir"].name, "--store", full["store"], "--plots",
-                       tmp_path / "plots"), "matplotlib is not installed", "--no-plots")
+                       tmp_path / "plots", "--md", md), "matplotlib is not installed", "--no-plots")
     assert "pip install 'specctl[plot]'" in err
-    assert not (tmp_path / "plots").exists()
+    assert not (tmp_path / "plots").exists() and not md.exists()   # (refused before writing)
+    fails(invoke("report", full["dir"].name, "--store", full["store"], "--plots",
+                 tmp_path / "plots", "--no-plots"), "pass one")
     r = ok(invoke("report", full["dir"].name, "--store", full["store"]))
     assert "pip install 'specctl[plot]'" in " ".join(r.output.split())
 

@@ -94,6 +94,15 @@ def bench(
         raise err
 
 
+def _no_matplotlib() -> str | None:
+    """Why no plot can be drawn here, or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "matplotlib is not installed (pip install 'specctl[plot]')"
+    return None
+
+
 @app.command(epilog="Examples:\n\n  specctl report\n\n"
                     "  specctl report bench-20261122 --md BENCH.md\n\n"
                     "  specctl report --all --plots plots/")
@@ -111,23 +120,23 @@ def report(
     """Tables (and PNG plots) of stored bench runs."""
     from specctl import bench as b
 
+    if no_plots and plots is not None:
+        raise SpecctlError("--plots writes plots and --no-plots none: pass one")
+    if md is not None and md.is_dir():
+        raise SpecctlError(f"--md {md} is a directory; pass a file path")
+    why = None if no_plots else _no_matplotlib()
+    if why and plots is not None:   # (asked for, and before anything is written: a run that
+        raise SpecctlError(f"--plots: {why}; --no-plots for the tables only")   # writes none fails)
     results = b.load_benches(Store(store), list(runs or []), all_runs)
     for res in results:
         _print_bench(res)
     if md is not None:
-        if md.is_dir():
-            raise SpecctlError(f"--md {md} is a directory; pass a file path")
         from specctl.store import atomic_write_text
         atomic_write_text(md, b.markdown(results))
         console.print(f"markdown: {md}", highlight=False, markup=False)
     if no_plots:
         return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        why = "matplotlib is not installed (pip install 'specctl[plot]')"
-        if plots is not None:   # asked for: a run that writes none has failed
-            raise SpecctlError(f"--plots: {why}; --no-plots for the tables only") from None
+    if why:
         console.print(f"[yellow]{escape(why)}[/]: no plots written")
         return
     for res in results:
