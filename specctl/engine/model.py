@@ -53,7 +53,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     rows as matrix-vector products that each read all of w, and w @ x.T as one GEMM that reads
     w once; a decoding step is bound by reading the weights: on the 2-core EPYC the demo
     model's 1-token step took 58 ms and its 2-token step 107 ms this way against 36 and 36 ms
-    (recipes/cpu_matmul.py). Past a few hundred rows (a prefill) F.linear is a few percent
+    (bench-results/2026-11-23-cpu-gemm/cpu_matmul.py). Past a few hundred rows (a prefill) F.linear is a few percent
     faster again."""
     m = x.shape[0] if x.dim() == 2 else 0
     if x.device.type != "cpu" or CUDA_PATH[0] or not m or m > GEMM_ROWS:
@@ -68,7 +68,7 @@ def gemm_rows(m: int) -> int:
     """The row count a CPU matmul of m rows runs at: MKL's GEMM kernels take the rows of
     w @ x.T in tiles of 8, and a remainder of 2-7 rows costs about as much as a whole tile or
     more; one row alone would run as a matrix-vector product, three slower than four. Measured
-    on the 2-core EPYC with the demo model's weights (`python recipes/cpu_matmul.py --rows
+    on the 2-core EPYC with the demo model's weights (`python bench-results/2026-11-23-cpu-gemm/cpu_matmul.py --rows
     1-24,32`, fastest of 30): 1 row 10.8 ms, padded to 2 3.9; 3 rows 8.1, as 4 5.3; 11 rows
     24.0, as 16 19.5; 15 rows 33.1, as 16 19.8; 23 rows 29.6, as 24 21.0 (9 and 17 rows cost
     what 16 and 24 do, so they are left). Padding costs little where it does not help: a step

@@ -2,8 +2,8 @@
 engine slower? Each measurement runs in its own subprocess with PYTHONPATH set to one checkout.
 
     git worktree add /tmp/old <commit>
-    python recipes/engine_ab.py --old /tmp/old --new . --repeats 2 [--paged]
-    python recipes/engine_ab.py --old /tmp/old --new . --methods self-draft,draft-verify \
+    python bench-results/2026-11-23-cpu-paged/engine_ab.py --old /tmp/old --new . --repeats 2 [--paged]
+    python bench-results/2026-11-23-cpu-paged/engine_ab.py --old /tmp/old --new . --methods self-draft,draft-verify \
         --store STORE --prompts recipes/prompts/mtbench16.jsonl --skip-set FILE
 
 With --methods each method runs as `generate` builds it (make_drafter, make_runner: its
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     a = ap.parse_args()
     prompts = Path(a.prompts) if a.prompts else \
-        Path(__file__).resolve().parent / "gpu" / "sharegpt32.jsonl"
+        Path(__file__).resolve().parents[2] / "recipes" / "gpu" / "sharegpt32.jsonl"
     runs = [(code, b, a.n or (2 if b == 1 else b), False)
             for b in map(int, a.batches.split(",")) for code in ("old", "new")]
     runs += [("new-paged", 8, a.n or 8, True)] if a.paged else []

@@ -1,7 +1,7 @@
 """The CPU matmul form, measured on the real model (engine/model.py `linear`).
 
-    python recipes/cpu_matmul.py [--threads 2] [--batches 1,8] [--rounds 2]
-    python recipes/cpu_matmul.py --rows 1-24,32,48,64     # the row padding (gemm_rows)
+    python bench-results/2026-11-23-cpu-gemm/cpu_matmul.py [--threads 2] [--batches 1,8] [--rounds 2]
+    python bench-results/2026-11-23-cpu-gemm/cpu_matmul.py --rows 1-24,32,48,64     # the row padding (gemm_rows)
 
 Times a greedy step (engine/steptable.py's measurement: b sequences x n new tokens over 128
 committed rows) and a 512-token prefill with the model's matmuls as F.linear (x @ w.T, what

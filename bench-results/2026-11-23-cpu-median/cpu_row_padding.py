@@ -1,7 +1,7 @@
 """CPU steps with the matmul rows padded (engine/model.py `gemm_rows`) against the same steps
 unpadded (a lone row still padded to two), alternating in one process, fastest of 9 rounds.
 
-    python recipes/cpu_row_padding.py [--threads 2] [--rounds 10]
+    python bench-results/2026-11-23-cpu-median/cpu_row_padding.py [--threads 2] [--rounds 10]
 
 Steps over 300 committed rows: batch 8 with every sequence at 1 or 2 tokens, or one or two
 sequences verifying a chain among single-token ones (what --speculate auto makes at batch 8),

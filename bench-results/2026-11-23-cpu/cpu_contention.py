@@ -1,6 +1,6 @@
 """`ar` at batch 1 on a CPU, quiet and beside a busy process: does decoding degrade gracefully?
 
-    python recipes/cpu_contention.py [--prompts 4] [--max-tokens 48] [--model M]
+    python bench-results/2026-11-23-cpu/cpu_contention.py [--prompts 4] [--max-tokens 48] [--model M]
 
 Runs the same greedy `ar` decode (demo model by default, fp32) four ways in one script: on a
 quiet machine and with one other CPU-bound process running (a busy loop started by this
