@@ -5,6 +5,7 @@
                                    [--device cpu|cuda] [--store DIR] [--threads N]
                                    [--model DIR] [--input FILE] [--skip-set FILE]
                                    [--repeats N] [--schedule auto|cuda|cpu] [--cprofile FILE]
+                                   [--torch-profile FILE]
 
 With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
 so the host column is the runtime's own work per step, what issue "A host-lean step" bounds:
@@ -69,6 +70,10 @@ def main() -> None:
                          "a CPU runs it; auto: the device's")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
+    ap.add_argument("--torch-profile", default=None,
+                    help="after the timed runs, one more run of each row under torch.profiler "
+                         "(CPU, and CUDA's kernels on a GPU): its ops by self time to "
+                         "FILE.<method>.b<batch>.txt")
     a = ap.parse_args()
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
@@ -159,6 +164,25 @@ def main() -> None:
                 r.run(reqs())
         for r in rows:
             print(r.line(), flush=True)
+        if a.torch_profile:
+            for r in rows:
+                torch_profile(r, reqs(), f"{a.torch_profile}.{r.method.replace(':', '_')}.b{b}.txt")
+
+
+def torch_profile(row: "Row", requests, path: str) -> None:
+    """One untimed run of row's runner under torch.profiler, its ops by self time (the
+    device's on CUDA: which kernels a drafting step launches, and what the host does between
+    them) to path. Not in the timed rows: the profiler's own overhead is large."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if row.cuda else [])
+    with profile(activities=acts) as prof:
+        row.runner.run(requests, lambda r: None)
+    key = "self_cuda_time_total" if row.cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=40)
+    with open(path, "w") as f:
+        f.write(f"{row.method} at batch {row.b}: one run of {len(requests)} prompts, "
+                f"ops by {key}\n\n{table}\n")
+    print(f"torch profile: {path}", flush=True)
 
 
 class Row:
