@@ -1,7 +1,8 @@
-"""recipes/gpu/runbook.sh: what a lent GPU runs, checked without one.
+"""recipes/gpu/runbook.py: what a lent GPU runs, checked without one.
 
 Default tier: the plan (its sums within the device's caps), the 64 MiB check, a stage from
-local files (no downloads), collect.
+local files (no downloads), collect, and a run's steps under their budgets (a step past its
+budget killed with its whole process group, the next one still run).
 Slow tier (`-m slow`): the whole rehearsal (stage, with the tiny model's adapter trained on the
 CPU, both parts and collect with a tiny random model on the CPU: ~2 min on the 2-core machine)
 and a real stage, with the downloads and the demo model's CPU adapter (1-3 min).
@@ -9,31 +10,43 @@ and a real stage, with the downloads and the demo model's CPU adapter (1-3 min).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNBOOK = ROOT / "recipes" / "gpu" / "runbook.sh"
+RUNBOOK = ROOT / "recipes" / "gpu" / "runbook.py"
 MIB = 1024 * 1024
 
 
 def runbook(*args, env=None, timeout=120, check=True):
     e = {**os.environ, "PYTHON": sys.executable, **(env or {})}
-    p = subprocess.run(["bash", str(RUNBOOK), *map(str, args)], cwd=ROOT, env=e,
+    p = subprocess.run([sys.executable, str(RUNBOOK), *map(str, args)], cwd=ROOT, env=e,
                        capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"runbook {args} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
     return p
 
 
+def runbooklib(module: str):
+    """recipes/gpu/runbooklib.MODULE, imported here (the runbook's package is no installed
+    one)."""
+    sys.path.insert(0, str(RUNBOOK.parent))
+    try:
+        return importlib.import_module(f"runbooklib.{module}")
+    finally:
+        sys.path.remove(str(RUNBOOK.parent))
+
+
 def plan() -> list[dict]:
-    """The plan's steps: the tab-separated lines `runbook.sh plan` prints before its sums."""
+    """The plan's steps: the tab-separated lines `runbook.py plan` prints before its sums."""
     lines = [x for x in runbook("plan").stdout.splitlines() if "\t" in x]
     keys = lines[0].split("\t")
     return [dict(zip(keys, line.split("\t"))) for line in lines[1:]]
@@ -53,8 +66,11 @@ def tree_bytes() -> int:
                if p and (ROOT / p).is_file())
 
 
-def test_script_parses():
-    subprocess.run(["bash", "-n", str(RUNBOOK)], check=True)
+def test_runbook_compiles_and_says_how_to_use_it():
+    for f in [RUNBOOK, *(RUNBOOK.parent / "runbooklib").glob("*.py")]:
+        compile(f.read_text(), str(f), "exec")
+    p = runbook(check=False)
+    assert p.returncode == 2 and "runbook.py run OUT PART" in p.stdout
 
 
 def test_plan_fits_the_device_budget():
@@ -62,9 +78,9 @@ def test_plan_fits_the_device_budget():
     two calls' estimates sum to <= 2 and <= 9 minutes, <= 11 together, and `plan` says so."""
     p = runbook("plan")
     steps = plan()
-    text = RUNBOOK.read_text()
-    for s in steps:   # every planned step is a function of the script and names its file
-        assert f"step_{s['step'].replace('-', '_')}()" in text, s
+    known = runbooklib("steps").STEPS
+    for s in steps:   # every planned step is a function of the runbook and names its file
+        assert callable(known.get(s["step"])), s
         assert s["file"] and s["basis"], s
         assert int(s["estimate_s"]) <= int(s["budget_s"]), s   # (its timeout)
     est = {part: sum(int(s["estimate_s"]) for s in steps if s["part"] == part) for part in "12"}
@@ -94,11 +110,7 @@ def test_prefill_cost_fits_the_fixed_part_of_a_forward(tmp_path):
 
 
 def test_plan_fails_when_a_call_is_over_its_cap(monkeypatch):
-    sys.path.insert(0, str(RUNBOOK.parent))
-    try:
-        import runbook as rb
-    finally:
-        sys.path.remove(str(RUNBOOK.parent))
+    rb = runbooklib("plan")
     assert rb.plan_text()[1]
     monkeypatch.setitem(rb.CAPS_S, 1, 30)
     text, ok = rb.plan_text()
@@ -117,6 +129,84 @@ def test_check_fails_loudly_over_64_mib(tmp_path):
     assert "OVER THE LIMIT" in p.stderr and str(big) in p.stderr
     assert str(small) in p.stdout and "to spare" in p.stdout
     assert runbook("check", small).returncode == 0
+
+
+def _alive(pid: int) -> bool:
+    """pid runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_command_past_its_limit_is_killed_with_its_process_group(tmp_path):
+    """As `timeout -k` ran a step: SIGTERM to its whole process group at the limit (a pytest's
+    or a bench's workers too), 124; one that ignores it gets SIGKILL kill_after_s later, 137;
+    a signal's end reads as a shell's status."""
+    proc = runbooklib("proc")
+    pid_file = tmp_path / "worker.pid"
+    t0 = time.monotonic()
+    rc = proc.run_limited(["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], 1)
+    assert rc == 124 and time.monotonic() - t0 < 10
+    worker = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+    t0 = time.monotonic()
+    assert proc.run_limited(["sh", "-c", "trap '' TERM; sleep 30"], 1, kill_after_s=1) == 137
+    assert time.monotonic() - t0 < 10
+    assert proc.run_limited(["sh", "-c", "exit 3"], 10) == 3
+    assert proc.run_limited(["sh", "-c", "kill -USR1 $$"], 10) == 138
+    # commands.sh's lines, quoted only where the shell needs it
+    assert proc.shell_words(["python3", "-k", "not flex", "it's", "a=b,c"]) == \
+        "python3 -k 'not flex' 'it'\"'\"'s' a=b,c"
+
+
+def test_run_kills_a_step_at_its_budget_and_runs_the_next(tmp_path):
+    """A step past its budget is killed (124, and why in steps.tsv) and the next still runs; a
+    failing step's last line is its note; 200 is a skip; README.md and the PACK tarball are
+    brought up to date after each step."""
+    settings, run = runbooklib("settings"), runbooklib("run")
+    s = settings.Settings(stage_tmp=tmp_path / "tmp", min_step_s=1, pack=tmp_path / "p.tgz")
+    cmds = {"hang": "sleep 60 & sleep 60", "next": "echo done",
+            "fails": "echo 'why\tit failed'; echo '  '; exit 3",
+            "skips": "echo 'no GPU here'; exit 200"}
+    plan = [("hang", 2), ("next", 30), ("fails", 30), ("skips", 30)]
+    out = tmp_path / "out"
+    assert run.run_part(s, out, "1", plan, lambda name: ["sh", "-c", cmds[name]]) == 1
+    rows = {r["step"]: r for r in read_steps(out / "steps.tsv")}
+    assert list(rows) == ["hang", "next", "fails", "skips"]
+    assert rows["hang"]["rc"] == "124" and rows["hang"]["note"] == "killed at its budget of 2 s"
+    assert 2 <= int(rows["hang"]["wall_s"]) < 10 and rows["hang"]["budget_s"] == "2"
+    assert rows["next"]["rc"] == "0" and (out / "next.log").read_text() == "done\n"
+    assert rows["fails"]["rc"] == "3" and rows["fails"]["note"] == "why it failed"
+    assert rows["skips"]["rc"] == "skip" and rows["skips"]["note"] == "no GPU here"
+    commands = (out / "commands.sh").read_text()
+    assert commands.startswith("# part 1, ") and "# step hang\n# step next\n" in commands
+    assert "| 1 | hang | 124 | " in (out / "README.md").read_text()
+    with tarfile.open(tmp_path / "p.tgz") as t:
+        assert {"./steps.tsv", "./skips.log", "./README.md"} <= set(t.getnames())
+
+
+def test_run_starts_no_step_with_too_little_of_the_call_left(tmp_path):
+    """A step runs under what is left of the call's cap when that is less than its budget, and
+    none starts once less than MIN_STEP_S is left ("skip", and why)."""
+    settings, run = runbooklib("settings"), runbooklib("run")
+    s = settings.Settings(stage_tmp=tmp_path / "tmp", min_step_s=1, call_s=2)
+    out = tmp_path / "out"
+    rc = run.run_part(s, out, "2", [("slow", 10), ("late", 10)],
+                      lambda name: ["sh", "-c", "sleep 30"])
+    assert rc == 1
+    slow, late = read_steps(out / "steps.tsv")
+    assert (slow["rc"], slow["budget_s"]) == ("124", "2")
+    assert (late["rc"], late["wall_s"], late["budget_s"]) == ("skip", "0", "10")
+    assert late["note"].startswith("not started: ") and late["note"].endswith(
+        " s left of this call") and int(late["note"].split()[2]) <= 0
+    assert not (out / "late.log").exists()
+    # the steps that passed: 0
+    assert run.run_part(s, tmp_path / "ok", "1", [("fine", 10)],
+                        lambda name: ["true"]) == 0
 
 
 def _local_sources(tmp_path: Path, model_bytes: int) -> dict:
@@ -156,7 +246,7 @@ def test_stage_from_local_files(tmp_path):
     # the two calls, with the carry folders it made
     assert f'carry ["{c1}"]' in p.stdout and f'carry ["{c2}"]' in p.stdout
     for part in (1, 2):
-        assert f"runbook.sh run /tmp/gpu-out {part}" in p.stdout
+        assert f"python3 recipes/gpu/runbook.py run /tmp/gpu-out {part}" in p.stdout
     assert p.stdout.count("to spare") == 2
     # without SPLIT_AT, call 1 takes as much of the model as fits
     runbook("stage", env=env)
@@ -190,7 +280,7 @@ def test_stage_fails_loudly_when_a_carry_is_over(tmp_path):
                               "MARGIN_MIB": "0"}, check=False)
     assert p.returncode != 0
     assert "OVER THE LIMIT" in p.stderr and ".gpu2" in p.stderr
-    assert "runbook.sh run" not in p.stdout
+    assert "runbook.py run" not in p.stdout
 
 
 def _tgz(path: Path, files: dict[str, str]) -> Path:
