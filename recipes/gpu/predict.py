@@ -13,7 +13,7 @@ drafters get (draft-verify and Kangaroo next to nothing, as the GPU's batch rows
 the demo model) and, for "trace", real text's: the chains of Self-Draft traces recorded on the
 demo model (tests/data/selfdraft-traces.json). Answers end where the traces' did, at most
 --max-tokens. Each row is `ar`'s time over the method's, requests waiting (--prompts of them),
-the least of 2 rounds. Run by `runbook.sh stage`; call 2 puts it beside bench-batch.md.
+the least of 2 rounds. Run by `runbook.py stage`; call 2 puts it beside bench-batch.md.
 """
 
 from __future__ import annotations
