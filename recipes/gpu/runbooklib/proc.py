@@ -60,7 +60,7 @@ def end_group(p: subprocess.Popen, kill_after_s: float = KILL_AFTER_S) -> int:
     except subprocess.TimeoutExpired:
         rc = KILLED_HARD
     # the leader gone, its workers get the rest of the grace to finish dying
-    while _signal_group(p.pid, 0) and time.monotonic() < deadline:
+    while _group_running(p.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     _signal_group(p.pid, signal.SIGKILL)
     p.wait()
@@ -76,3 +76,24 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def _group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs. An ended one stays in the group until its
+    parent (init, for a step's orphaned workers) reaps it: /proc tells the two apart, so a slow
+    init does not hold the next step for the whole grace."""
+    if not _signal_group(pgid, 0):
+        return False
+    try:
+        pids = [d for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:   # (no /proc: take kill's word)
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state not in "ZX":
+            return True
+    return False
