@@ -202,6 +202,21 @@ def test_store_gc(tmp_path):
             r.output and not dead.exists() and live.exists()
     assert (store / "ngram-caches" / "live").is_dir()
     assert [p.name for p in (store / "ngram-caches").iterdir()] == ["live"]   # (no lock left)
+    # store rm takes the work folders ls lists: a kept one goes (its --resume starts over);
+    # a scratch folder a running command holds, or a name ls does not list, is refused
+    r = invoke("store", "rm", "work/train-def", "--yes", "--store", store)
+    assert r.exit_code == 0 and "removed work/train-def" in r.output
+    assert not (store / "work" / "train-def").exists() and (store / "work" / "search-abc").exists()
+    busy = store / "work" / "build-cache-x2"
+    busy.mkdir()
+    with open(busy / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for name in ("build-cache-x2", "nope", "../runs"):
+            r = invoke("store", "rm", f"work/{name}", "--yes", "--store", store)
+            assert r.exit_code != 0 and "store ls" in r.output, name
+    assert busy.exists() and (store / "runs").exists()
+    r = invoke("store", "rm", "work/search-abc", "--store", store)   # (no tty: cannot ask)
+    assert r.exit_code != 0 and "--yes" in r.output and (store / "work" / "search-abc").exists()
 
 
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -67,7 +68,7 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
     for e in entries:
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes),
                   *((_run_summary(e.path),) if runs else ()))
-    # (a killed command's: removed by the next of its kind; kept: rm -r it by hand when no
+    # (a killed command's: removed by the next of its kind; kept: `store rm work/NAME` when no
     # --resume is to come)
     for dirs, what in ((stale, "left by a killed command"), (kept, "kept for --resume")):
         for d in dirs:
@@ -109,19 +110,36 @@ def store_show(ident: str = typer.Argument(..., help="Artifact id or unique pref
 
 @store_app.command("rm", epilog="Example:\n\n  specctl store rm ar-20261122-101010-abcdef")
 @friendly
-def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix."),
+def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix, or "
+                                          "work/NAME: a work folder `store ls` lists."),
              yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask."),
              store: Optional[Path] = StoreOpt):
-    """Remove an artifact."""
+    """Remove an artifact (or a work folder kept for --resume: its --resume starts over)."""
     st = Store(store)
-    e = st.find(ident)
+    if ident.startswith("work/"):
+        d = _work_folder(st, ident.removeprefix("work/"))
+        name, remove = f"work/{d.name}", lambda: shutil.rmtree(d)
+    else:
+        e = st.find(ident)
+        name, remove = f"{e.kind}/{e.id}", lambda: st.remove(e.id)
     if not yes:
         if not sys.stdin.isatty():
-            raise SpecctlError(f"not removing {e.kind}/{e.id} without asking: pass --yes")
-        if not typer.confirm(f"remove {e.kind}/{e.id}?"):
+            raise SpecctlError(f"not removing {name} without asking: pass --yes")
+        if not typer.confirm(f"remove {name}?"):
             raise typer.Exit(1)
-    st.remove(e.id)
-    console.print(f"removed {e.kind}/{e.id}", highlight=False, markup=False)
+    remove()
+    console.print(f"removed {name}", highlight=False, markup=False)
+
+
+def _work_folder(st: Store, name: str) -> Path:
+    """The work folder `name` of those `store ls` lists (kept for --resume, or left by a
+    killed command); one a running command holds is not among them."""
+    dirs = {d.name: d for d in st.kept_work() + st.stale_work()}
+    if name not in dirs:
+        raise SpecctlError(f"no work folder {name!r} that may be removed in the store at "
+                           f"{st.root} (`specctl store ls` lists them; one a running command "
+                           "holds is not removed)")
+    return dirs[name]
 
 
 @store_app.command("gc", epilog="Example:\n\n  specctl store gc --dry-run")
@@ -131,7 +149,6 @@ def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wh
     """Remove what holds nothing: run folders without a single answer that no process is
     using (left by runs stopped before their first answer), and scratch folders and
     half-built artifacts of killed commands."""
-    import shutil
     st = Store(store)
     gone = [f"runs/{p.name} (no answers)" for p in st.remove_abandoned_runs(dry_run)]
     for d in st.stale_work():
