@@ -50,6 +50,7 @@ def stage(s: Settings, env: Mapping[str, str] = os.environ) -> None:
     if not shutil.which("git") or subprocess.run(
             ["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
         die("stage runs in the git checkout (it sizes the working tree that travels)")
+    env = _from_root(env)
     with tempfile.TemporaryDirectory(prefix="runbook-stage.",
                                      dir=env.get("TMPDIR") or "/tmp") as tmp:
         work = Path(tmp)
@@ -59,6 +60,17 @@ def stage(s: Settings, env: Mapping[str, str] = os.environ) -> None:
         art, adapter = _art(s, env, work, model)
         _carries(s, env, work, model, wheels, art, adapter)
     print(device_calls(s))
+
+
+def _from_root(env: Mapping[str, str]) -> dict:
+    """env with stage's input paths taken from the repo root, where stage runs its tools (as
+    the bash runbook, which changed to it, took them)."""
+    out = dict(env)
+    for k in ("MODEL_FILE", "WHEELS_DIR", "SHAREGPT", "SKIP_SET", "CORPUS", "ADAPTER",
+              "ADAPTER_STORE", "STAGE_DEVICE"):
+        if out.get(k) and out[k] != "none":
+            out[k] = str(ROOT / out[k])
+    return out
 
 
 def _model_and_wheels(s: Settings, env: Mapping[str, str], work: Path) -> tuple:
