@@ -337,6 +337,10 @@ def test_rehearsal_runs_every_step(tmp_path):
         assert (out / s["file"]).is_file(), s
     assert "skipped" in (out / "gpu-tests.log").read_text()
     assert "| yes |" in (out / "repeat.md").read_text()
+    # the drafting step's host at batch 64 (rehearsed at 4), and each row's torch profile
+    b64 = (out / "host-profile-b64.md").read_text()
+    assert "| self-draft:light:fixed | 4 |" in b64 and "| ar | 4 |" in b64
+    assert "aten::" in (out / "torch-profile.self-draft_light_fixed.b4.txt").read_text()
     assert any((out / "store" / "benches").iterdir())
     # Kangaroo's rows, with the adapter the stage trained on the CPU and carried
     assert "trained on the CPU" in json.loads((out / "stage.json").read_text())["adapter"]["how"]

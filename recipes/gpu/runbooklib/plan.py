@@ -48,7 +48,9 @@ PLAN = (
          "not timed yet: load 5 s, 8 captures, ~6 Triton compiles of 1-3 s, 800 replays"),
     Step(2, "exact", 90, 80, "exact.md", "80 s at 65c1f6b (eager: 0.06x ar)"),
     Step(2, "repeat", 45, 36, "repeat.md", "72 s at 65c1f6b for two settings, now one"),
-    Step(2, "host-profile", 60, 42, "host-profile.md", "42 s at 65c1f6b"),
+    Step(2, "host-profile", 60, 42, "host-profile.md",
+         "42 s at 65c1f6b at batch 1/8/32; batch 32 is now 64 over 128 prompts of 48 tokens "
+         "(~100 steps a run) with torch.profiler: not timed yet"),
 )
 
 # What the GPU owes that no call runs, and why (printed by `plan`)
