@@ -232,10 +232,12 @@ def sim_controller(drafter, table: StepTable, **kw) -> Controller:
 
 
 def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_tokens,
-            controller=None, max_len: int = 320):
+            controller=None, max_len: int = 320, grouped: bool = True):
     """(outputs in input order, RunStats) of a run on the simulated clock. max_tokens: one
     for every prompt, or a list (answers of different lengths). The host is charged from the
-    run's start (the runner's construction is not the run's)."""
+    run's start (the runner's construction is not the run's). grouped: freed slots admitted in
+    groups, as --speculate auto's runs are, `ar`'s too (make_runner); False: at once, as under
+    --speculate fixed (a run under a controller is grouped either way)."""
     drafter = drafter or NoDraft()
     clock.price = drafter.price()
     lens = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
@@ -249,6 +251,7 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
                     threads=1)
     clock.t = t   # the run's: a test's search that sleeps the clock sleeps it there too)
     runner.clock = clock
+    runner.grouped = grouped or controller is not None
     prefill = runner._prefill
 
     def untimed(seqs, under=None):

@@ -1,4 +1,4 @@
-"""Admission in groups (runtime/step/admission.py): under a controller, free slots wait for a few
+"""Admission in groups (runtime/step/admission.py): under --speculate auto, free slots wait for a few
 more before one prefill fills them, when a prefill forward's fixed cost is worth more than the
 idle slots; never without one."""
 
@@ -108,8 +108,9 @@ def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, mon
     """96 requests at batch 32 on the H100's step table, each prefill forward 5 ms (~2 of its
     steps; eager there, where steps replay graphs): oracle chains of uneven acceptance end
     sequences at different steps. Admitting as slots free up took 3x the prefill forwards
-    and longer than admitting a few at once; outputs are ar's either way. Without a controller
-    (`--speculate fixed`, ar) the runner admits at once, whatever the group would be."""
+    and longer than admitting a few at once; outputs are ar's either way. Under `--speculate
+    fixed` the runner admits at once, whatever the group would be; `ar` under auto (the
+    default) groups as speculation does."""
     prompts = _prompts(96, seed=21)
     ps = [0.95 * (i % 5) / 4 for i in range(len(prompts))]
     ref, clock, runs = _controlled_runs(model, monkeypatch, prompts, 32, 64, 5.0, ps,
@@ -121,7 +122,7 @@ def test_speculation_admits_in_groups_where_prefill_forwards_are_dear(model, mon
     for group in (1, 8):
         monkeypatch.setattr(Admission, "group", lambda self, g=group: g)
         got, st = sim_run(model, prompts, OracleChains(ref, ps), clock, batch_size=32,
-                          max_tokens=64)
+                          max_tokens=64, grouped=False)
         assert got == ref
         fixed[group] = st.prefill_forwards
     assert fixed[8] == fixed[1] > pf_on, (fixed, pf_on)
@@ -139,3 +140,23 @@ def test_sequences_desynced_by_drafts_are_admitted_in_the_clumps_ar_admits(model
     _, _, runs = _controlled_runs(model, monkeypatch, prompts, 8, 40, 9.0, ps,
                                   {"known": None, "rate": rate})
     assert runs["known"][1] < runs["rate"][1] and runs["known"][0] < runs["rate"][0], runs
+
+
+def test_ar_under_auto_admits_in_groups_too(model, monkeypatch):
+    """`ar` whose answers end at different steps (as EOS ends them), 96 requests at batch 32,
+    each prefill forward 5 ms on the H100's table: under --speculate fixed it admits as slots
+    free, a prefill forward nearly every answer; under auto (its default) in groups, in less
+    time, the same answers."""
+    prompts = _prompts(96, seed=21)
+    lens = [8 + (7 * i) % 57 for i in range(len(prompts))]
+    clock = SimClock(h100_table(), 32, prefill_ms=5.0, token_us=5.0)
+    timed_model(model, clock, monkeypatch)
+    ar = {}
+    for grouped in (False, True):
+        clock.t = 0.0
+        got, st = sim_run(model, prompts, None, clock, batch_size=32, max_tokens=lens,
+                          grouped=grouped)
+        ar[grouped] = (got, st.prefill_forwards, clock.t)
+    assert ar[True][0] == ar[False][0]
+    assert ar[True][1] * 3 <= ar[False][1] and ar[True][2] < ar[False][2], \
+        {g: r[1:] for g, r in ar.items()}

@@ -50,6 +50,10 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
             f"sequences x {max_len} rows (about {gb:.1f} GiB): give it less with "
             "--kv-memory (a paged cache), or lower --batch-size or --max-tokens") from None
     runner.stats.exact_check_s = check_s   # (one-off: not in tokens/s)
+    # (ar's too: on the H200's demo-shape tables grouping alone is 1.30x / 1.41x an ungrouped
+    # ar at batch 32 / 64, every gain speculation showed there, bench-results/
+    # 2026-11-29-ar-grouped; --speculate fixed keeps a schedule of the inputs alone)
+    runner.grouped = cfg.speculate == "auto"
     if cfg.speculate == "auto" and drafter.price().max_draft > 0:   # (ar drafts nothing)
         # after the runner: a step-cost table measured now runs on its cache and graphs
         runner.set_controller(make_controller(drafter, model, slots, store=store,

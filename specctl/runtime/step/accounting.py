@@ -14,10 +14,10 @@ Every step also goes into the job's account (Guard.job): its excess, the ms beyo
 takes for the same tokens. A drafting step's is its time less `ar`'s for its progress; a lean
 step's, the search it made in vain (a prefetched search runs under the forward on CUDA when
 short, but not always: counted, the guard's safe side); a step run with slots held free for a
-grouped admission while requests wait pays what `ar`, admitting at once, would not: its step
-at n sequences against n / (n + h) of its step at n + h. Prefill is taken as `ar`'s (what a
-grouped admission saves there is not credited: `ar`'s own prefill forwards depend on when its
-answers end, which this run does not know; the guard's safe side). The run's total excess is
+grouped admission while requests wait pays its step at n sequences against n / (n + h) of its
+step at n + h (`ar` under auto holds slots too, but when its own answers end, which this run
+does not know: charged all the same, the guard's safe side). Prefill is taken as `ar`'s (what
+a grouped admission saves there is not credited, for the same reason). The run's total excess is
 RunStats.job_excess_ms (the runner takes it from the guard, as its trips).
 """
 

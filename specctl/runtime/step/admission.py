@@ -31,9 +31,14 @@ made 11 and a run that never drafted, grouping, 8 (the demo model at batch 8, 32
 96 tokens, the H200's prefill table: ~9 ms a forward, 3 of its steps). Where answers end by
 EOS, far from their budgets, the rule holds nothing.
 
-The runner asks for a group only under a controller (--speculate auto), whose run is decided
-by its timings anyway: `ar`'s and `fixed`'s schedules stay a function of their inputs, so a
-bf16 run of theirs repeats byte for byte.
+The runner asks for a group under --speculate auto (the default), `ar`'s run too: a run that
+admits as slots free pays a prefill forward for nearly every answer that ends on its own step
+(by EOS), and on the H200's demo-shape tables, with the host charged, grouping alone made `ar`
+1.04x / 1.30x / 1.41x faster at batch 8 / 32 / 64 with requests waiting: all the gain that
+speculation under a controller showed there over an ungrouped `ar`
+(bench-results/2026-11-29-ar-grouped). A grouped run's schedule follows its timings; under
+--speculate fixed the runner admits at once, so the schedule is a function of the inputs alone
+and a bf16 run repeats byte for byte (--exact makes any schedule's bits the same).
 """
 
 from __future__ import annotations

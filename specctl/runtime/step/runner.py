@@ -102,7 +102,11 @@ class Runner:
         self.answers = Answers(eos_ids, stop, decode, self.kv, max_len, self.stats, logprobs)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)
         self.accounting: Accounting | None = None   # (set_controller)
-        self.admission = Admission(batch_size)   # (groups only under a controller)
+        self.admission = Admission(batch_size)
+        # freed slots admitted in groups (admission.py): under --speculate auto, every
+        # method's and ar's (set_controller, make_runner); else at once, so the schedule is
+        # a function of the inputs alone
+        self.grouped = False
         self._warm()
         if controller is not None:
             self.set_controller(controller)
@@ -137,6 +141,7 @@ class Runner:
         """Speculate under `controller` (--speculate auto): made after the runner, so the
         step-cost table it may measure runs on this runner's cache and graphs."""
         self.controller = self.planner.controller = controller
+        self.grouped = True
         self._overlaps = self.planner.overlaps
         t0 = time.perf_counter()
         controller.warm(self.batch_size)   # (its searches' tables: made now, not in a step)
@@ -202,8 +207,8 @@ class Runner:
             preempted = self.stats.preemptions
             self._reserve(running, free, waiting)
             fresh = []
-            # (under a controller, a few free slots are filled in one prefill: admission.py)
-            hold = bool(running and free and waiting) and self.controller is not None and \
+            # (grouped: a few free slots are filled in one prefill, admission.py)
+            hold = bool(running and free and waiting) and self.grouped and \
                 self.admission.hold(len(free), len(waiting), lambda: self._soon(running),
                                     self.prefill_chunk)
             self._held = len(free) if hold else 0
