@@ -57,6 +57,23 @@ def test_methods_are_lossless_and_calls_independent(tiny_llama, tmp_path):
     assert sum(o.steps for o in first) <= sum(o.steps for o in ar)
 
 
+def test_a_stop_string_is_one_string_in_every_form(tiny_llama, tmp_path):
+    """stop="x" is one stop string (it was split into letters: any of them stopped the answer),
+    in the Generator and in a call, as a list is (a Generator's list was unhashable)."""
+    g = _gen(tiny_llama, tmp_path)
+    text = g.generate(PROMPTS[:1], max_tokens=16)[0].text
+    # the answer's second character, then text it never has: no stop (split into letters,
+    # the second character stopped it)
+    stop = text[1] + "QZX"
+    assert "QZX" not in text
+    for got in (g.generate(PROMPTS[:1], 16, stop=stop), g.generate(PROMPTS[:1], 16, stop=[stop]),
+                _gen(tiny_llama, tmp_path, stop=stop).generate(PROMPTS[:1], 16),
+                _gen(tiny_llama, tmp_path, stop=[stop]).generate(PROMPTS[:1], 16)):
+        assert got[0].text == text and got[0].finish_reason == "length", (got[0].text, text)
+    with pytest.raises(SpecctlError, match="stop"):
+        _gen(tiny_llama, tmp_path, stop=[stop, 3])
+
+
 def test_generate_file_is_the_cli_job(tiny_llama, tmp_path):
     inp = tmp_path / "p.jsonl"
     inp.write_text(json.dumps({"prompt": "hello"}) + "\n")

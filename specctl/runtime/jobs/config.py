@@ -208,6 +208,12 @@ class GenerateConfig:
             raise SpecctlError("--max-tokens must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
+        # (the API's stop="Paris" is one stop string, as vLLM's and a prompt line's are, not
+        # five letters; a list is a tuple, hashable: runs are grouped by their settings)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+            raise SpecctlError(f"stop: a string or a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
         if any(s == "" for s in self.stop):
             raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
         for s in self.stop:

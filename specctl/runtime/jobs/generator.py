@@ -110,7 +110,7 @@ class Generator:
     def generate(self, prompts, max_tokens: int | None = None, *,
                  temperature: float | None = None, top_p: float | None = None,
                  top_k: int | None = None, seed: int | None = None,
-                 stop: list[str] | tuple[str, ...] | None = None,
+                 stop: str | list[str] | tuple[str, ...] | None = None,
                  logprobs: int | None = None) -> list[GenerationOutput]:
         """Answers for `prompts`, in order. A prompt is a string (a user message), a list of
         {"role", "content"} messages, or a dict in any prompt-file line format (e.g.
@@ -124,8 +124,8 @@ class Generator:
                                       top_p=top_p, top_k=top_k, seed=seed,
                                       logprobs=logprobs).items()
                 if v is not None}
-        if stop is not None:
-            over["stop"] = tuple(stop)
+        if stop is not None:   # (a string or a list: GenerateConfig makes it a tuple)
+            over["stop"] = stop
         records = [prompt_record(p, i) for i, p in enumerate(prompts)]
         done = self.run_records(records, **over)[0]
         return [_output(r) for r in sorted(done, key=lambda r: r.index)]
