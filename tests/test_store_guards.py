@@ -217,6 +217,23 @@ def test_store_gc(tmp_path):
     assert busy.exists() and (store / "runs").exists()
     r = invoke("store", "rm", "work/search-abc", "--store", store)   # (no tty: cannot ask)
     assert r.exit_code != 0 and "--yes" in r.output and (store / "work" / "search-abc").exists()
+    # a run a job is writing (its lock held) is not removed; an empty id (an unset $ID)
+    # names nothing, not every artifact
+    live = store / "runs" / "live-run"
+    live.mkdir(parents=True)
+    (live / "manifest.json").write_text('{"kind": "run", "id": "live-run"}')
+    with open(live / ".lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        f.write("4242\n")
+        f.flush()
+        r = invoke("store", "rm", "live-run", "--yes", "--store", store)
+        assert r.exit_code != 0 and "in use" in r.output and "4242" in r.output
+        assert live.exists()
+    for empty in ("", " "):
+        r = invoke("store", "rm", empty, "--yes", "--store", store)
+        assert r.exit_code != 0 and "empty id" in r.output and live.exists()
+    r = invoke("store", "rm", "live-run", "--yes", "--store", store)   # (its job has ended)
+    assert r.exit_code == 0 and not live.exists()
 
 
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):

@@ -226,6 +226,8 @@ class Store:
 
     def find(self, ident: str) -> Entry:
         """Find an artifact by id (or unique id prefix) across kinds."""
+        if not ident.strip():   # (every id starts with "": an unset $ID would name them all)
+            raise SpecctlError("an empty id names no artifact")
         e = self._match(ident, self.entries())
         if e is None:
             raise SpecctlError(f"no artifact {ident!r} in the store at {self.root}")
@@ -329,6 +331,22 @@ class Store:
         return out
 
     def remove(self, ident: str) -> Entry:
+        """Remove an artifact; a run a job is writing (its lock held) is refused, and its lock
+        is held while it goes, so no --resume opens it meanwhile."""
+        import fcntl
         e = self.find(ident)
-        shutil.rmtree(e.path)
+        lock = e.path / ".lock"
+        if not lock.is_file():
+            shutil.rmtree(e.path)
+            return e
+        with open(writable_file(lock), "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                pid = f.read(32).strip()
+                raise SpecctlError(f"{e.kind}/{e.id} is in use by a running specctl process"
+                                   f"{f' (pid {pid})' if pid.isdigit() else ''}: let it finish "
+                                   "(or stop it) first") from None
+            shutil.rmtree(e.path)
         return e
