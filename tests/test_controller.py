@@ -590,6 +590,51 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
     assert C.step_table_for(model, 2, store=store, fingerprint="fp", fresh=True) is again
 
 
+def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch):
+    """A measurement whose thread ran under BUSY of its wall time (other processes had the
+    cores) serves its run only, saying so; one process at a time measures a stored table,
+    the next waiting for it and reading what it kept."""
+    import threading
+    import fcntl
+
+    from specctl.runtime.control import steptables as C
+    from specctl.store import Store
+    store = Store(tmp_path / "store")
+    monkeypatch.setattr(C, "_TABLES", {})
+    t = StepTable("cpu", "float32", "sdpa", 128, (1, 2), C.STEP_NS,
+                  tuple(tuple(10.0 + b * n for n in C.STEP_NS) for b in (1, 2)), tiles=False)
+    clock = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(C.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(C.time, "thread_time", lambda: clock["cpu"])
+
+    def measure(*a, **kw):   # 2 s of wall, `share` of it on the CPU
+        clock["wall"] += 2.0
+        clock["cpu"] += 2.0 * share
+        return t
+    monkeypatch.setattr(C, "measure_step_table", measure)
+    said: list = []
+    share = 0.3
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) is t
+    assert any("CPU was busy" in m and "30%" in m for m in said), said
+    assert not store.entries("profiles")
+    # a quiet measurement is kept; a second process waits for the first's
+    monkeypatch.setattr(C, "_TABLES", {})
+    share = 0.9
+    lock = open(store.root / "work" / f".measuring-{C.step_table_id('fp', model, 2)}", "a")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    said.clear()
+    th = threading.Thread(target=C.step_table_for, args=(model, 2),
+                          kwargs=dict(store=store, fingerprint="fp", log=said.append))
+    th.start()
+    th.join(1.0)
+    assert th.is_alive() and any("waiting for it" in m for m in said), said
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+    th.join(10.0)
+    assert not th.is_alive() and [e.id for e in store.entries("profiles")] == \
+        [C.step_table_id("fp", model, 2)]
+
+
 def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monkeypatch):
     """Tables stored for batch 2 and 8: batch 5 is read off the line between their rows, not
     measured (a file of 5 prompts after runs of 2 and 8), batch 1 is their row; batch 9, past

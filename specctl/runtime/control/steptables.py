@@ -7,10 +7,12 @@ batch-1 table.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import platform
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -99,25 +101,78 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
         t = _stored(store, fingerprint, model, batch_size, ns, context, log) or \
             interpolated(store, fingerprint, model, batch_size, ns, context, log)
     if t is None:
-        t0 = time.perf_counter()
-        fits = kv is not None and kv.num_slots >= max(batches) and \
-            kv.max_len >= context + max(ns) + 1 and \
-            (not kv.paged or len(kv.free) >= max(batches) * -(-(context + max(ns) + 1) // kv.block))
-        t = measure_step_table(model, batches=batches, ns=ns, context=context,
-                               repeats=repeats, warmup=warmup, kv=kv if fits else None)
-        if kept:
-            ident = step_table_id(fingerprint, model, batch_size)
-            try:
-                with store.building("profiles", ident, make_manifest(
-                        "step-table", ident, model_fingerprint=fingerprint,
-                        device=device_tag(model))) as d:
-                    atomic_write_json(d / "steptable.json", t.to_json())
-                log(f"step-cost table measured in {time.perf_counter() - t0:.1f} s, kept as "
-                    f"profiles/{ident}")
-            except OSError as e:   # a cache: a store that cannot keep it costs a measurement
-                log(f"step-cost table measured, not kept in the store ({e})")
+        with _measuring(store if kept else None, fingerprint, model, batch_size, log):
+            if kept and not fresh:   # (another process may have measured it meanwhile)
+                t = _stored(store, fingerprint, model, batch_size, ns, context, log)
+            if t is None:
+                t = _measure(model, batch_size, batches, ns, context, repeats, warmup, kv,
+                             store if kept else None, fingerprint, log)
     _TABLES[key] = t
     return t
+
+
+BUSY = 0.4   # the least share of a CPU measurement's wall time its thread may have run
+BUSY_WALL_S = 0.5   # (a shorter one is judged by nothing: thread_time's ticks are coarse)
+
+
+def _measure(model, batch_size, batches, ns, context, repeats, warmup, kv, store,
+             fingerprint, log) -> StepTable:
+    """measure_step_table, kept in the store when one is given, unless a CPU was too busy to
+    measure on: its thread ran less than BUSY of the time (another process had the cores; two
+    jobs measuring at once stored tables 3-8x slow, a 2-token step at 2.2x a 1-token one where
+    a quiet machine times 1.02x), so the table serves this run only and the next measures
+    again."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    fits = kv is not None and kv.num_slots >= max(batches) and \
+        kv.max_len >= context + max(ns) + 1 and \
+        (not kv.paged or len(kv.free) >= max(batches) * -(-(context + max(ns) + 1) // kv.block))
+    t = measure_step_table(model, batches=batches, ns=ns, context=context,
+                           repeats=repeats, warmup=warmup, kv=kv if fits else None)
+    wall = time.perf_counter() - t0
+    ran = (time.thread_time() - c0) / wall if wall > BUSY_WALL_S else 1.0
+    if model.device.type == "cpu" and ran < BUSY:
+        log(f"warning: the CPU was busy while the step-cost table was measured (this process "
+            f"ran {ran:.0%} of the {wall:.1f} s): its prices serve this run only, and the next "
+            "run measures again")
+        return t
+    if store is None:
+        return t
+    ident = step_table_id(fingerprint, model, batch_size)
+    try:
+        with store.building("profiles", ident, make_manifest(
+                "step-table", ident, model_fingerprint=fingerprint,
+                device=device_tag(model))) as d:
+            atomic_write_json(d / "steptable.json", t.to_json())
+        log(f"step-cost table measured in {wall:.1f} s, kept as profiles/{ident}")
+    except OSError as e:   # a cache: a store that cannot keep it costs a measurement
+        log(f"step-cost table measured, not kept in the store ({e})")
+    return t
+
+
+@contextmanager
+def _measuring(store, fingerprint, model, batch_size: int, log):
+    """One process at a time measures a stored table (a second job started beside the first
+    waits, then reads what the first kept: measuring side by side slowed both and priced
+    both wrong). No store, or a filesystem without locks: nothing to wait for."""
+    if store is None:
+        yield
+        return
+    ident = step_table_id(fingerprint, model, batch_size)
+    try:   # (in work/, where no listing of the store's artifacts counts it)
+        (store.root / "work").mkdir(parents=True, exist_ok=True)
+        f = open(store.root / "work" / f".measuring-{ident}", "a")
+    except OSError:
+        yield
+        return
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log("another process is measuring this step-cost table: waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
 
 
 def _stored(store, fingerprint: str, model, batch_size: int, ns, context: int,
