@@ -152,3 +152,16 @@ def test_a_warm_up_captures_the_timed_runs_graphs(tmp_path, tiny_llama, monkeypa
     else:
         assert [m.split(":")[0] for m in started] == ["ar b2", "self-draft b2"], started
     assert all(r["captures"] == 0 for r in res["rows"])
+
+
+def test_a_speedup_of_rounds_that_disagree_is_marked_noisy():
+    """Rounds of 2.37x and 0.93x (a busy 2-core CPU) make a median of 1.65x that says little:
+    the row is marked ~ and a note says why; rounds within NOISY of each other are not."""
+    from specctl.bench.report import _row_marks, _speedup
+    row = lambda runs: {"method": "self-draft", "batch_size": 1,   # noqa: E731
+                        "speedup_vs_ar": sorted(runs)[len(runs) // 2], "speedup_runs": runs}
+    busy, calm = row([2.37, 0.93]), row([1.10, 1.18])
+    assert _speedup(busy).endswith(" ~") and not _speedup(calm).endswith("~")
+    marks = _row_marks({"rows": [busy, calm], "prompts": 64})
+    assert any(m.startswith("~ noisy") and "self-draft b1" in m for m in marks)
+    assert not any("noisy" in m for m in _row_marks({"rows": [calm], "prompts": 64}))

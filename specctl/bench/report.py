@@ -69,7 +69,17 @@ def _speedup(r: dict) -> str:
         return "-"
     runs = r.get("speedup_runs") or []
     rng = f" ({min(runs):.2f}–{max(runs):.2f})" if len(runs) > 1 and r["method"] != "ar" else ""
-    return f"{r['speedup_vs_ar']:.2f}x{rng}"
+    return f"{r['speedup_vs_ar']:.2f}x{rng}" + (" ~" if _noisy(r) else "")
+
+
+NOISY = 1.25   # a speedup whose paired rounds differ by more (max / min) is marked ~
+
+
+def _noisy(r: dict) -> bool:
+    """Whether the row's paired rounds disagree past NOISY: a median of such rounds says
+    little (a 2-core CPU's neighbour once gave rounds of 2.37x and 0.93x, median 1.65x)."""
+    runs = [x for x in (r.get("speedup_runs") or []) if x and x > 0]
+    return r["method"] != "ar" and len(runs) > 1 and max(runs) / min(runs) > NOISY
 
 
 TABLE_COLUMNS = ("method", "batch", "tokens/s", "min–max", "speedup", "mean acc.",
@@ -217,6 +227,11 @@ def _row_marks(res: dict) -> list[str]:
     if any(r.get("effective_batch", r["batch_size"]) < r["batch_size"] for r in rows):
         out.append(f"(ran {n}): the batch size is more than the {n} prompt{'s' * (n != 1)}, "
                    f"so the row ran {n} sequence{'s' * (n != 1)} at once")
+    noisy = [f"{r['method']} b{r['batch_size']}" for r in rows if _noisy(r)]
+    if noisy:
+        out.append(f"~ noisy: the paired rounds of {', '.join(noisy)} differ by more than "
+                   f"{NOISY - 1:.0%} (max / min): the machine was busy, or the rows are too "
+                   "short; their median says little (more --repeats, a quieter machine)")
     if any(r.get("captures") for r in rows):
         out.append("captures !: CUDA graph shapes captured inside the row's timed repeats "
                    "(the capture time is in its tokens/s)")
