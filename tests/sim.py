@@ -232,12 +232,17 @@ def sim_controller(drafter, table: StepTable, **kw) -> Controller:
 
 
 def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_tokens,
-            controller=None, max_len: int = 320, grouped: bool = True):
+            controller=None, max_len: int = 320, grouped: bool = True,
+            ends_known: bool = True):
     """(outputs in input order, RunStats) of a run on the simulated clock. max_tokens: one
     for every prompt, or a list (answers of different lengths). The host is charged from the
     run's start (the runner's construction is not the run's). grouped: freed slots admitted in
     groups, as --speculate auto's runs are, `ar`'s too (make_runner); False: at once, as under
-    --speculate fixed (a run under a controller is grouped either way)."""
+    --speculate fixed (a run under a controller is grouped either way). ends_known: False
+    shows admission's known-end rule (Runner._soon) every answer's budget as the longest's, a
+    job's one --max-tokens, not the length it was cut to here: answers that EOS ends hide
+    their ends, and a run whose every answer ends at its budget would let `ar` group by
+    foresight no real job has."""
     drafter = drafter or NoDraft()
     clock.price = drafter.price()
     lens = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
@@ -252,6 +257,10 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     clock.t = t   # the run's: a test's search that sleeps the clock sleeps it there too)
     runner.clock = clock
     runner.grouped = grouped or controller is not None
+    if not ends_known:   # (the shorter answers end "by EOS")
+        cap = max(lens)
+        runner._soon = lambda running: min((cap - len(s.out_ids) for s in running
+                                            if not s.finished), default=max_len)
     prefill = runner._prefill
 
     def untimed(seqs, under=None):

@@ -50,7 +50,9 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
     RunStats), each name's time its least over the rounds: another process on the machine
     only ever adds to a run's host time (2 vCPUs may share a core), so the least is the run's
     own. Each output is checked against ar's. table, prefill: the forwards' prices (default:
-    the demo shape's on the H200, sim.h200_fused_table and sim.prefill_table)."""
+    the demo shape's on the H200, sim.h200_fused_table and sim.prefill_table). Every run
+    admits in groups, `ar`'s too (as under --speculate auto), and none sees when its answers
+    end (real text's answers end by EOS: sim_run's ends_known)."""
     known = traces()
     prompts = _prompts(n, seed=batch)
     lens = [min(x, MAX_TOKENS) for x in trace_lengths(n, known)]
@@ -60,7 +62,8 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
     best, stats, ref, drafters, ar = {}, {}, None, {}, None
     for _ in range(rounds):
         clock.reset()
-        out, ar = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens)
+        out, ar = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens,
+                          ends_known=False)
         best["ar"] = min(best.get("ar", float("inf")), clock())
         if ref is None:
             ref = out
@@ -71,7 +74,7 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
             dr = dr.fresh()
             clock.reset()
             got, stats[name] = sim_run(model, prompts, dr, clock, batch_size=batch,
-                                       max_tokens=lens,
+                                       max_tokens=lens, ends_known=False,
                                        controller=sim_controller(dr, clock.table))
             assert got == ref, name
             best[name] = min(best.get(name, float("inf")), clock())
