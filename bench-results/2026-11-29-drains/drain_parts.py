@@ -1,7 +1,9 @@
 # A workload of tests/test_host_clock.py taken apart on the host-charged clock: ar, then each method (N rounds):
 # device and host ms of the steps, the runner's admit / prefill / retire / reserve (clock ms, calls), gen-N GC
 # collections, each phase's CPU ms a step, the drafting steps, the median lean step's host ms against ar's.
-#   python bench-results/2026-11-29-drains/drain_parts.py BATCH waiting|drain METHODS [N]
+#   python bench-results/2026-11-29-drains/drain_parts.py BATCH waiting|drain METHODS [N] [cap]
+# (cap: sim_run's ends_known=False, the known-end rule seeing one budget for all, as
+# tests/test_host_clock.py runs since 2026-11-29-ar-grouped)
 import sys, time, statistics
 sys.path.insert(0, "tests")
 import test_host_clock as T
@@ -11,6 +13,7 @@ import os
 import specctl.runtime.control.controller as CC
 m, patch = script_model()
 b = int(sys.argv[1]); work = sys.argv[2]; methods = sys.argv[3].split(",")
+ENDS = not (len(sys.argv) > 5 and sys.argv[5] == "cap")
 n = 4*b if work == "waiting" else b
 known = traces(); prompts = T._prompts(n, seed=b)
 lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
@@ -73,14 +76,14 @@ def show(tag):
     print("  ", tag, {k: (round(v[0]*1e3,2), round(v[1]*1e3,2), v[2]) for k, v in cat.items()})
     cat.clear()
 clock.reset(); gcs.clear()
-ref, st = sim_run(m, prompts, None, clock, batch_size=b, max_tokens=lens)
+ref, st = sim_run(m, prompts, None, clock, batch_size=b, max_tokens=lens, ends_known=ENDS)
 tar = clock(); arlog = log[:]; log.clear(); show('ar'); gshow('ar')
 print("  ar phases CPU ms/step", {k: round(v*1e3/st.steps,3) for k, v in tot.items()}); tot.clear()
 print("ar", round(tar*1e3,2), "ms steps", st.steps, "dev", round(sum(x[1] for x in arlog)*1e3,2), "host", round(sum(x[2] for x in arlog)*1e3,2))
 drs = T._drafters(m, prompts, ref, methods)
 for name, dr in list(drs.items()) * int(sys.argv[4] if len(sys.argv) > 4 else 1):
     dr = dr.fresh(); clock.reset(); log.clear(); gcs.clear()
-    got, st = sim_run(m, prompts, dr, clock, batch_size=b, max_tokens=lens, controller=sim_controller(dr, clock.table))
+    got, st = sim_run(m, prompts, dr, clock, batch_size=b, max_tokens=lens, ends_known=ENDS, controller=sim_controller(dr, clock.table))
     assert got == ref
     t = clock(); show(name); gshow(name)
     print("  phases CPU ms/step", {k: round(v*1e3/st.steps,3) for k, v in tot.items()}); tot.clear()
