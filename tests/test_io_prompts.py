@@ -65,15 +65,29 @@ def test_duplicate_ids_allowed(tmp_path):
     assert [r.id for r in rs] == ["x", "x"]
 
 
+def test_a_lines_own_data_is_not_taken_for_a_typo(tmp_path):
+    """Keys near a prompt format's name are a line's own data where it has a format ("turn":
+    a chat log's turn number); other names are never checked."""
+    rs = read_prompts(write(tmp_path, {"prompt": "a", "turn": 1, "message": "m", "prompts": 2,
+                                       "answer": "b", "reference": ["r"], "max_length": 9}))
+    assert [r.raw_prompt for r in rs] == ["a"]
+
+
 BAD = [
     ('{"prompt": "a"', "malformed JSON: Expecting ',' delimiter (column 15)"),
     ('[1, 2]', "expected a JSON object"),
     ('{"question": "a"}', "unknown prompt format: expected one of prompt, messages, turns, body.messages"),
-    ('{"prompt": "  "}', "prompt: must be a non-empty string"),
-    ('{"prompt": 3}', "prompt: must be a non-empty string"),
+    ('{"prompt": "  "}', "prompt: must be a string with some text (not empty, nor only whitespace)"),
+    ('{"prompt": 3}', "prompt: must be a string with some text"),
     ('{"turns": []}', "turns: must be a non-empty list"),
-    ('{"turns": ["ok", 5]}', "turns[1]: must be a non-empty string"),
-    ('{"turns": ["ok", ""]}', "turns[1]: must be a non-empty string"),
+    ('{"turns": ["ok", 5]}', "turns[1]: must be a string with some text"),
+    ('{"turns": ["ok", ""]}', "turns[1]: must be a string with some text"),
+    # a setting's name one letter off (it ran the default without a word); the line's own
+    # data under other names is its own
+    ('{"prompt": "a", "max_token": 3}', "max_token: unknown; did you mean max_tokens?"),
+    ('{"prompt": "a", "smapling": {"seed": 1}}', "smapling: unknown; did you mean sampling?"),
+    ('{"promt": "a"}', "promt: unknown; did you mean prompt?"),
+    ('{"custom_ids": "x", "prompt": "a"}', "custom_ids: unknown; did you mean custom_id?"),
     ('{"messages": []}', "messages: must be a non-empty list"),
     ('{"messages": [{"role": "user", "content": 5}]}', "messages[0].content: must be a string"),
     ('{"messages": [{"role": "tool", "content": "x"}]}', "messages[0].role: 'tool'"),

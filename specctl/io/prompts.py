@@ -217,6 +217,30 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
     return None, None
 
 
+# a line's own settings: a top-level key within one edit of one of these is a typo of it
+# ("max_token" ran the default budget without a word); any other key is the line's own data
+_SETTING_KEYS = ("max_tokens", "sampling", "custom_id", "question_id", "messages", "prompt",
+                 "turns")
+
+
+def _near_miss(key: str) -> str | None:
+    """The setting `key` misspells (one letter dropped, added, changed or two swapped), or
+    None."""
+    for want in _SETTING_KEYS:
+        if key == want or abs(len(key) - len(want)) > 1 or len(want) < 5:
+            continue
+        if len(key) == len(want):
+            diff = [i for i, (a, b) in enumerate(zip(key, want)) if a != b]
+            if len(diff) == 1 or len(diff) == 2 and diff[1] == diff[0] + 1 and \
+                    key[diff[0]] == want[diff[1]] and key[diff[1]] == want[diff[0]]:
+                return want
+        else:
+            short, long = sorted((key, want), key=len)
+            if any(long[:i] + long[i + 1:] == short for i in range(len(long))):
+                return want
+    return None
+
+
 def _top_level_settings(obj: dict, kind: str) -> None:
     """A sampling setting at a line's top level is refused, naming where it goes (read by
     nobody there, a line's temperature ran greedy without a word); an unsupported one
@@ -242,6 +266,11 @@ def _parse(obj) -> dict:
         raise _Bad(f"expected a JSON object, got {type(obj).__name__}"
                    + (" (a prompt file is JSON lines: one object a line, not one array)"
                       if isinstance(obj, list) else ""))
+    formats = any(k in obj for k in _FORMAT_KEYS)
+    for key in obj:   # (before the format: {"promt": ...} is a typo, not another format)
+        want = _near_miss(key)   # (a format's, only where the line has none: "turn": 1 is
+        if want is not None and want not in obj and not (formats and want in _FORMAT_KEYS):
+            raise _Bad(f"{key}: unknown; did you mean {want}?")   # a chat log's own)
     ident, id_field = _ident(obj)
     category = obj.get("category")
     if category is not None and not isinstance(category, str):
@@ -269,7 +298,8 @@ def _parse(obj) -> dict:
     if kind == "prompt":
         raw = obj["prompt"]
         if not isinstance(raw, str) or not raw.strip():
-            raise _Bad("prompt: must be a non-empty string")
+            raise _Bad("prompt: must be a string with some text (not empty, nor only "
+                       "whitespace)")
         _text(raw, "prompt")
         turns = (({"role": "user", "content": raw},),)
     elif kind == "messages":
@@ -294,7 +324,8 @@ def _parse(obj) -> dict:
             raise _Bad("turns: must be a non-empty list of strings")
         for i, q in enumerate(qs):
             if not isinstance(q, str) or not q.strip():
-                raise _Bad(f"turns[{i}]: must be a non-empty string")
+                raise _Bad(f"turns[{i}]: must be a string with some text (not empty, nor "
+                           "only whitespace)")
             _text(q, f"turns[{i}]")
         turns = tuple(({"role": "user", "content": q},) for q in qs)
     return dict(id=ident, id_field=id_field, category=category, turns=turns,
