@@ -251,3 +251,21 @@ def test_non_finite_activations_name_the_model(tiny_copy):
     with pytest.raises(SpecctlError, match=f"{tiny_copy}.*not finite"):
         run_ids(m, [[5, 6, 7, 8]], max_tokens=4)
     assert torch.isnan(m.layers[1].w_down).any()
+
+
+def test_a_long_prompt_says_nothing_through_transformers(tiny_llama, tmp_path, capfd, caplog):
+    """specctl checks a prompt against the context itself (a clear error): transformers'
+    "Token indices sequence length is longer than ..." warning printed first, as noise (the
+    tokenizer's saved model_max_length, as the demo model's conversion saves it, is what it
+    warned against)."""
+    import json
+    import shutil
+
+    from specctl.models.checkpoint import load_tokenizer
+    d = tmp_path / "m"
+    shutil.copytree(tiny_llama, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps(dict(cfg, model_max_length=64)))
+    ids = load_tokenizer(d)("word " * 500)["input_ids"]
+    assert len(ids) > 64
+    assert "sequence length" not in capfd.readouterr().err + caplog.text

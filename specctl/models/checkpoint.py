@@ -331,6 +331,10 @@ def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        tk = AutoTokenizer.from_pretrained(str(path))
     except Exception as e:
         raise SpecctlError(f"{path}: could not load the tokenizer ({_one_line(e)})") from None
+    # (specctl checks a prompt against the model's context itself, and says so clearly:
+    # transformers' "Token indices sequence length is longer than ..." came first, as noise)
+    tk.model_max_length = int(1e30)
+    return tk
