@@ -76,7 +76,8 @@ def resolve_model(spec: str | None, store: Store, log: Log = quiet) -> Path:
     if _HUB_ID.match(spec) and not spec.startswith("."):
         return validate_hf_folder(_hub_download(spec, log))
     if "/" in spec or "\\" in spec or spec.startswith((".", "~")):
-        raise SpecctlError(f"model path {spec} does not exist")
+        raise SpecctlError(f"model path {spec} does not exist"
+                           + (f" ({path.resolve()})" if not path.is_absolute() else ""))
     raise SpecctlError(
         f"unknown model {spec!r}: not a local folder, a hub id (org/name) or {DEMO_ALIAS!r}"
     )
