@@ -6,7 +6,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["GenerationOutput", "Generator", "__version__"]
+__all__ = ["GenerationOutput", "Generator", "SpecctlError", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,4 +14,7 @@ def __getattr__(name: str):
     if name in ("Generator", "GenerationOutput"):
         from specctl.runtime.jobs import generator
         return getattr(generator, name)
+    if name == "SpecctlError":   # (what every mistake the API reports is)
+        from specctl.errors import SpecctlError
+        return SpecctlError
     raise AttributeError(f"module 'specctl' has no attribute {name!r}")

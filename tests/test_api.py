@@ -8,6 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+import specctl
 from specctl import GenerationOutput, Generator
 from specctl.cli import app
 from specctl.errors import SpecctlError
@@ -31,6 +32,9 @@ def test_generate_matches_the_cli(tiny_llama, tmp_path):
     assert [o.index for o in outs] == list(range(len(PROMPTS)))
     assert all(isinstance(o, GenerationOutput) for o in outs)
     assert len(outs[2].turns) == 2 and outs[3].new_tokens <= 3
+    assert len(outs[2].finish_reasons) == 2 and outs[2].finish_reasons[-1] == outs[2].finish_reason
+    with pytest.raises(specctl.SpecctlError):   # (exported: what every mistake is)
+        Generator(str(tiny_llama), batch_size=0)
 
     inp = tmp_path / "p.jsonl"
     lines = [{"prompt": p} if isinstance(p, str) else {"messages": p} if isinstance(p, list)

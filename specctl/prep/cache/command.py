@@ -98,7 +98,8 @@ def artifact_id(cfg: BuildCacheConfig, model_dir: Path, paths: list[Path]) -> st
     if cfg.name:
         ident = _slug(cfg.name)
         if ident != cfg.name.lower():
-            raise SpecctlError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' only")
+            raise SpecctlError(f"--name {cfg.name!r}: use letters, digits, '.', '_' and '-' "
+                               "only, starting and ending with a letter or digit")
         return ident
     c = cfg.count
     return f"{_slug(tokenizer_name(model_dir))}-{corpus_name(paths)}-k{c.max_key_len}g{c.gram_len}"

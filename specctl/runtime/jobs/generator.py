@@ -49,7 +49,7 @@ class GenerationOutput:
     text: str                        # the answer (the first one, for multi-turn prompts)
     turns: list[str]                 # every answer, one per turn
     token_ids: list[list[int]]       # every answer's token ids
-    finish_reason: str | None        # "stop" (EOS or a stop string), "length", ...
+    finish_reason: str | None        # the last turn's: "stop" (EOS or a stop string), "length", ...
     prompt_tokens: int
     new_tokens: int
     steps: int                       # decoding steps (forwards of the target model)
@@ -57,6 +57,7 @@ class GenerationOutput:
     logprobs: list = field(default_factory=list)   # logprobs: per answer, per token
                                                    # [its lp, [[id, lp] of the top N]]
     samples: list = field(default_factory=list)    # n > 1: every sample's GenerationOutput
+    finish_reasons: list = field(default_factory=list)   # every turn's, as turns
 
     @property
     def mean_accepted(self) -> float:
@@ -72,7 +73,8 @@ def _output(req: Request, sample: bool = False) -> GenerationOutput:
         finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
         prompt_tokens=req.prompt_tokens, new_tokens=sum(len(a) for a in req.answer_ids),
         steps=req.steps, accept_lengths=step_lengths(req)[0], logprobs=list(req.logprobs),
-        samples=[_output(q, True) for q in req.samples] if req.samples and not sample else [])
+        samples=[_output(q, True) for q in req.samples] if req.samples and not sample else [],
+        finish_reasons=list(req.finish_reasons))
 
 
 class Generator:
