@@ -61,17 +61,19 @@ def _fitted(slots: int, fixed: float, step: float, freed: float) -> Admission:
 def test_free_slots_wait_for_a_sequence_whose_budget_ends_it_soon():
     """F = 6 ms, 3 ms steps at batch 8, too few slots freed for the rate's group (1): one
     free slot held until a sequence that must end within 5 steps does costs 5 x 3 / 8 =
-    1.9 ms against a second forward's 6: held; within 20 steps (7.5 ms): admitted now. Never
-    with less than a batch waiting beyond the free slots (the job's last admissions: a held one
-    delays its end), nor where the next prompt needs a forward of its own (100-token prompts,
-    512-token chunks: a sixth does)."""
+    1.9 ms against a second forward's 6: held; within 20 steps (7.5 ms): admitted now. With
+    less than a batch waiting beyond the free slots (the job's last admissions: a held one
+    delays its end by whole steps) only while those steps cost less than the forward saved
+    (1 step of 3 ms, not 2) and more wait than are free; never where the next prompt needs a
+    forward of its own (100-token prompts, 512-token chunks: a sixth does)."""
     a = _fitted(8, 6.0, 3.0, 0.0)
     assert a.group() == 1 and a.prompt_tokens == pytest.approx(100.0)
     asked = []
     assert a.hold(1, 10, lambda: asked.append(1) or 5, 512)
     assert not a.hold(1, 10, lambda: 20, 512)
     assert a.hold(2, 10, lambda: 2, 512) and not a.hold(2, 10, lambda: 9, 512)
-    assert not a.hold(2, 9, lambda: 1, 512) and a.hold(2, 10, lambda: 1, 512)
+    assert a.hold(2, 9, lambda: 1, 512) and not a.hold(2, 9, lambda: 2, 512)
+    assert not a.hold(2, 2, lambda: 1, 512) and a.hold(2, 10, lambda: 1, 512)
     assert not a.hold(5, 20, lambda: 1, 512) and a.hold(4, 20, lambda: 1, 512)
     assert not Admission(8).hold(1, 10, lambda: 1, 512)   # (F not known yet)
     assert asked == [1]
