@@ -183,21 +183,4 @@ def load_recipe(path: Path | str) -> Recipe:
                 raise SpecctlError(f"{where}: [{sec}] {key}: {v} does not exist")
             fixed.append(str(p))
         r.data[sec][key] = fixed if isinstance(val, list) else fixed[0]
-    _model_path(r, where)
     return r
-
-
-def _model_path(r: Recipe, where: str) -> None:
-    """[recipe] model, where it is a path ("./my-llama", "../m", "~/m", or a folder beside
-    the recipe), relative to the recipe file as its other paths are (it was taken from the
-    working directory); an alias or hub id stays as written."""
-    m = r.model
-    if not m:
-        return
-    p = Path(m).expanduser()
-    if not p.is_absolute():
-        p = r.path.parent / p
-    if p.is_dir():
-        r.data["recipe"]["model"] = str(p)
-    elif m.startswith((".", "~", "/")):
-        raise SpecctlError(f"{where}: [recipe] model: {m} does not exist (no folder {p})")
