@@ -69,7 +69,8 @@ def test_a_lines_own_data_is_not_taken_for_a_typo(tmp_path):
     """Keys near a prompt format's name are a line's own data where it has a format ("turn":
     a chat log's turn number); other names are never checked."""
     rs = read_prompts(write(tmp_path, {"prompt": "a", "turn": 1, "message": "m", "prompts": 2,
-                                       "answer": "b", "reference": ["r"], "max_length": 9}))
+                                       "answer": "b", "reference": ["r"], "max_length": 9,
+                                       "question_idx": 3, "custom_ids": "c", "Question_id": 4}))
     assert [r.raw_prompt for r in rs] == ["a"]
 
 
@@ -87,7 +88,6 @@ BAD = [
     ('{"prompt": "a", "max_token": 3}', "max_token: unknown; did you mean max_tokens?"),
     ('{"prompt": "a", "smapling": {"seed": 1}}', "smapling: unknown; did you mean sampling?"),
     ('{"promt": "a"}', "promt: unknown; did you mean prompt?"),
-    ('{"custom_ids": "x", "prompt": "a"}', "custom_ids: unknown; did you mean custom_id?"),
     ('{"messages": []}', "messages: must be a non-empty list"),
     ('{"messages": [{"role": "user", "content": 5}]}', "messages[0].content: must be a string"),
     ('{"messages": [{"role": "tool", "content": "x"}]}', "messages[0].role: 'tool'"),

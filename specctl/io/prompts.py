@@ -219,8 +219,9 @@ def _ident(obj: dict) -> tuple[str | int | None, str | None]:
 
 # a line's own settings: a top-level key within one edit of one of these is a typo of it
 # ("max_token" ran the default budget without a word); any other key is the line's own data
-_SETTING_KEYS = ("max_tokens", "sampling", "custom_id", "question_id", "messages", "prompt",
-                 "turns")
+# (ids too: a misspelt one only leaves the line keyed by its index, and datasets carry
+# question_idx and the like as data)
+_SETTING_KEYS = ("max_tokens", "sampling", "messages", "prompt", "turns")
 
 
 def _near_miss(key: str) -> str | None:
