@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from helpers import fails
 from specctl.cli import app
+from specctl.errors import SpecctlError
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -217,6 +218,16 @@ def test_store_gc(tmp_path):
     assert busy.exists() and (store / "runs").exists()
     r = invoke("store", "rm", "work/search-abc", "--store", store)   # (no tty: cannot ask)
     assert r.exit_code != 0 and "--yes" in r.output and (store / "work" / "search-abc").exists()
+    # a search or training running in its folder holds it: not removed, and no second one
+    # starts there
+    held = st.hold_work(store / "work" / "search-abc", "search-skip")
+    r = invoke("store", "rm", "work/search-abc", "--yes", "--store", store)
+    assert r.exit_code != 0 and "in use" in r.output and (store / "work" / "search-abc").exists()
+    with pytest.raises(SpecctlError, match="search-skip is running in"):
+        st.hold_work(store / "work" / "search-abc", "search-skip")
+    held.close()
+    r = invoke("store", "rm", "work/search-abc", "--yes", "--store", store)
+    assert r.exit_code == 0 and not (store / "work" / "search-abc").exists()
     # a run a job is writing (its lock held) is not removed; an empty id (an unset $ID)
     # names nothing, not every artifact
     live = store / "runs" / "live-run"

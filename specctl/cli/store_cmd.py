@@ -14,7 +14,7 @@ from rich.table import Table
 
 from specctl.cli.common import StoreOpt, _log, _stdout, console, friendly, models_app, store_app
 from specctl.errors import SpecctlError
-from specctl.store import Store, dir_bytes
+from specctl.store import Store, dir_bytes, remove_dir
 
 
 @models_app.command("pull", epilog="Example:\n\n  specctl models pull")
@@ -118,7 +118,8 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
     st = Store(store)
     if ident.startswith("work/"):
         d = _work_folder(st, ident.removeprefix("work/"))
-        name, remove = f"work/{d.name}", lambda: shutil.rmtree(d)
+        name = f"work/{d.name}"
+        remove = lambda: remove_dir(d, name)   # noqa: E731 (refused while a command runs there)
     else:
         e = st.find(ident)
         name, remove = f"{e.kind}/{e.id}", lambda: st.remove(e.id)
@@ -133,7 +134,7 @@ def store_rm(ident: str = typer.Argument(..., help="Artifact id or unique prefix
 
 def _work_folder(st: Store, name: str) -> Path:
     """The work folder `name` of those `store ls` lists (kept for --resume, or left by a
-    killed command); one a running command holds is not among them."""
+    killed command; remove_dir refuses one a running command holds)."""
     dirs = {d.name: d for d in st.kept_work() + st.stale_work()}
     if name not in dirs:
         raise SpecctlError(f"no work folder {name!r} that may be removed in the store at "

@@ -330,23 +330,65 @@ class Store:
             out.append(run)
         return out
 
-    def remove(self, ident: str) -> Entry:
-        """Remove an artifact; a run a job is writing (its lock held) is refused, and its lock
-        is held while it goes, so no --resume opens it meanwhile."""
+    def hold_work(self, path: Path, what: str):
+        """An open, locked `path/.lock` (the folder made if need be), held for as long as the
+        caller keeps it: search-skip's and train-adapter's folders, which `--resume` continues
+        and `store rm work/NAME` removes only while no command runs there. A second command
+        there is refused, naming the pid. A filesystem without locks: held in name only."""
         import fcntl
+        path.mkdir(parents=True, exist_ok=True)
+        f = open(writable_file(path / ".lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            pid = f.read(32).strip()
+            f.close()
+            raise SpecctlError(f"{what} is running in {path} already"
+                               f"{f' (pid {pid})' if pid.isdigit() else ''}: let it finish, or "
+                               "stop it") from None
+        except OSError:
+            pass
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        return f
+
+    def remove(self, ident: str) -> Entry:
+        """Remove an artifact (remove_dir: refused while a job holds a run's lock)."""
         e = self.find(ident)
-        lock = e.path / ".lock"
-        if not lock.is_file():
-            shutil.rmtree(e.path)
-            return e
-        with open(writable_file(lock), "a+") as f:
+        remove_dir(e.path, f"{e.kind}/{e.id}")
+        return e
+
+
+def remove_dir(path: Path, what: str) -> None:
+    """Remove folder `path`, unless a running command holds its `.lock` (refused, naming the
+    pid it wrote). The lock is held while the folder goes, and the folder is first moved to a
+    hidden `.<name>.rm.tmp` (what `store gc` clears if this is killed), so a `--resume` that
+    found it meanwhile has no folder to reopen. A lock that cannot be opened (another user's
+    file, read-only) or taken (a filesystem without locks) is no refusal: removed without."""
+    import fcntl
+    lock, f = path / ".lock", None
+    try:
+        f = open(lock, "r") if lock.is_file() else None   # (a read-only descriptor locks too)
+    except OSError:
+        pass
+    try:
+        if f is not None:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                f.seek(0)
+            except BlockingIOError:
                 pid = f.read(32).strip()
-                raise SpecctlError(f"{e.kind}/{e.id} is in use by a running specctl process"
+                raise SpecctlError(f"{what} is in use by a running specctl process"
                                    f"{f' (pid {pid})' if pid.isdigit() else ''}: let it finish "
                                    "(or stop it) first") from None
-            shutil.rmtree(e.path)
-        return e
+            except OSError:
+                pass
+        gone = path.with_name(f".{path.name}.rm.tmp")
+        os.replace(path, gone)
+        shutil.rmtree(gone)
+    finally:
+        if f is not None:
+            f.close()
+

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -67,29 +68,35 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
     model = load_model(model_dir, cfg.device, "fp32" if cfg.device in ("cpu", "auto") and
                        not _cuda() else "bf16")
     fp = model_fingerprint(model_dir)
-    job = _Job(cfg, store, model, fp, store.root / "work" / f"train-{fp}", resume, report, eta)
-    prep = job.prepare(tok, convs, estimate_only)
-    if prep is None:   # (a work folder it made and left empty is not a killed run's)
-        if job.work.is_dir() and not any(job.work.iterdir()):
-            job.work.rmdir()
-        return {"path": None, "estimate_s": round(job.first, 1)}
-    l, sweep, have = job.exit_layer(prep)
-    adapter, summary = job.train(prep, replace(cfg, exit_layer=l), have)
-    summary["data"] = {"source": str(source), "read": read.summary()}
-    if sweep is not None:
-        summary["exit_layer_sweep"] = sweep
-    eta.begin("saving")
-    path = save_adapter(store, model, adapter, fp, summary)
-    eta.end("saving")
-    log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
-        f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")
-    best = store.best_for_model("adapters", fp, "heldout_top1")
-    if best is not None and best.path != path:
-        log(f"kept beside the model's other adapters; generate picks adapters/{best.id} (the best "
-            f"held-out top-1); pass --adapter {path.name} to use this one")
-    log(f"train-adapter took {duration(eta.elapsed())} (estimated at the start: "
-        f"{duration(job.first)})")
-    return {"path": path, "summary": summary}
+    work = store.root / "work" / f"train-{fp}"
+    # (one training a checkpoint folder: store rm work/NAME refuses it while held)
+    held = store.hold_work(work, "train-adapter for this model")
+    try:
+        job = _Job(cfg, store, model, fp, work, resume, report, eta)
+        prep = job.prepare(tok, convs, estimate_only)
+        if prep is None:   # (a work folder it made and left empty is not a killed run's)
+            if job.work.is_dir() and not any(p.name != ".lock" for p in job.work.iterdir()):
+                shutil.rmtree(job.work)
+            return {"path": None, "estimate_s": round(job.first, 1)}
+        l, sweep, have = job.exit_layer(prep)
+        adapter, summary = job.train(prep, replace(cfg, exit_layer=l), have)
+        summary["data"] = {"source": str(source), "read": read.summary()}
+        if sweep is not None:
+            summary["exit_layer_sweep"] = sweep
+        eta.begin("saving")
+        path = save_adapter(store, model, adapter, fp, summary)
+        eta.end("saving")
+        log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
+            f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")
+        best = store.best_for_model("adapters", fp, "heldout_top1")
+        if best is not None and best.path != path:
+            log(f"kept beside the model's other adapters; generate picks adapters/{best.id} "
+                f"(the best held-out top-1); pass --adapter {path.name} to use this one")
+        log(f"train-adapter took {duration(eta.elapsed())} (estimated at the start: "
+            f"{duration(job.first)})")
+        return {"path": path, "summary": summary}
+    finally:
+        held.close()
 
 
 class _Job:

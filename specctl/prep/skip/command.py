@@ -150,63 +150,69 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
     fp = model_fingerprint(model_dir)
     ident = f"{fp}-{cfg.objective}"
     log_path = work_dir(store, ident) / "probes.jsonl"
-    if not resume:
-        _refuse_over(store, ident, log_path, force, log)
-    tk = Tokenization(model_dir, chat=True)
-    model = load_model(model_dir, cfg.device, cfg.dtype)
-    prompts = dev_prompts(cfg, store, tk, log)
-    ctx = model.cfg.max_position
-    if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
-        raise SpecctlError("a dev prompt is too long for the model's context")
-    # priced on the batch-1 step-cost table that --speculate auto prices draft-verify with
-    table = step_table_for(model, 1, store=store, fingerprint=fp, log=log) \
-        if cfg.objective != "wall" else None
-    L = model.cfg.num_layers
-    dev = _dev_set(cfg, model, prompts, log)
-    settings = {"objective": cfg.objective,
-                "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
-                "max_new": cfg.max_new,
-                "step_table": table.to_json() if table is not None else None}
-    t0 = time.perf_counter()
-    probes, interrupted = _probe(cfg, dev, table, log_path, resume, settings, L, report)
-    search_s = time.perf_counter() - t0
-    best, measured, extra = _best(cfg, model, prompts, table, probes, log)
-    skip = SkipSet.from_bits(best.bits)
-    plot = log_path.with_name("search.png")
-    plotted = plot_search(probes, best, L, plot)
-    result = {
-        **skip.to_json(), "objective": cfg.objective,
-        "seconds_per_token": measured["seconds_per_token"],
-        "relative_time_per_token": measured["relative"],
-        "speedup_estimate": round(1.0 / measured["relative"], 4) if measured["relative"] else 0.0,
-        "acceptance_rate": measured["accept_rate"],
-        "mean_accepted_tokens": measured["mean_accepted"],
-        "iterations": len(probes), "best_iteration": best.iteration,
-        "search_time_s": round(search_s, 1), "total_time_s": round(time.perf_counter() - t0, 1),
-        "config": asdict(cfg), "interrupted": interrupted,
-        # a set no faster than ar is kept (named so), never draft-verify's default
-        "pays": bool(measured["relative"]) and 1.0 / measured["relative"] > 1.0,
-        # what the estimate was priced with: it does not carry over to another device/dtype
-        "profile": {"step_table": step_table_id(fp, model, 1) if table is not None else None,
-                    "device": str(model.device),
-                    "dtype": str(model.dtype).replace("torch.", ""),
-                    "clock": cfg.objective == "wall"}, **extra,
-    }
-    saved = ident if result["pays"] else f"{ident}-no-gain"
-    path = save_skipset(store, saved, result, log_path, plot if plotted else None, fp)
-    log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
-    log(f"acceptance rate {result['acceptance_rate']:.3f}, mean accepted tokens "
-        f"{result['mean_accepted_tokens']:.2f}, estimated speedup over ar "
-        f"{result['speedup_estimate']:.3f}x ({cfg.objective} objective"
-        f"{', decoded' if cfg.objective == 'model' else ''}, priced on {model.device} "
-        f"{result['profile']['dtype']})")
-    if not result["pays"]:
-        log(f"warning: no skip set found pays: the best is estimated at "
-            f"{result['speedup_estimate']:.3f}x ar, so it is kept as skipsets/{saved} and is "
-            "not draft-verify's default (pass --skip-set to use it anyway; more --iters, or "
-            "a larger model, may find one)")
-    if not plotted:
-        log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
-    if interrupted:
-        log("interrupted: the best skip set so far is saved; --resume continues the search")
-    return {"path": path, "result": result}
+    # (one search a log: store rm work/NAME refuses it while held)
+    held = store.hold_work(log_path.parent, "search-skip for this model and objective")
+    try:
+        if not resume:
+            _refuse_over(store, ident, log_path, force, log)
+        tk = Tokenization(model_dir, chat=True)
+        model = load_model(model_dir, cfg.device, cfg.dtype)
+        prompts = dev_prompts(cfg, store, tk, log)
+        ctx = model.cfg.max_position
+        if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
+            raise SpecctlError("a dev prompt is too long for the model's context")
+        # priced on the batch-1 step-cost table that --speculate auto prices draft-verify with
+        table = step_table_for(model, 1, store=store, fingerprint=fp, log=log) \
+            if cfg.objective != "wall" else None
+        L = model.cfg.num_layers
+        dev = _dev_set(cfg, model, prompts, log)
+        settings = {"objective": cfg.objective,
+                    "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
+                    "max_new": cfg.max_new,
+                    "step_table": table.to_json() if table is not None else None}
+        t0 = time.perf_counter()
+        probes, interrupted = _probe(cfg, dev, table, log_path, resume, settings, L, report)
+        search_s = time.perf_counter() - t0
+        best, measured, extra = _best(cfg, model, prompts, table, probes, log)
+        skip = SkipSet.from_bits(best.bits)
+        plot = log_path.with_name("search.png")
+        plotted = plot_search(probes, best, L, plot)
+        result = {
+            **skip.to_json(), "objective": cfg.objective,
+            "seconds_per_token": measured["seconds_per_token"],
+            "relative_time_per_token": measured["relative"],
+            "speedup_estimate": (round(1.0 / measured["relative"], 4)
+                                 if measured["relative"] else 0.0),
+            "acceptance_rate": measured["accept_rate"],
+            "mean_accepted_tokens": measured["mean_accepted"],
+            "iterations": len(probes), "best_iteration": best.iteration,
+            "search_time_s": round(search_s, 1), "total_time_s": round(time.perf_counter() - t0, 1),
+            "config": asdict(cfg), "interrupted": interrupted,
+            # a set no faster than ar is kept (named so), never draft-verify's default
+            "pays": bool(measured["relative"]) and 1.0 / measured["relative"] > 1.0,
+            # what the estimate was priced with: it does not carry over to another device/dtype
+            "profile": {"step_table": step_table_id(fp, model, 1) if table is not None else None,
+                        "device": str(model.device),
+                        "dtype": str(model.dtype).replace("torch.", ""),
+                        "clock": cfg.objective == "wall"}, **extra,
+        }
+        saved = ident if result["pays"] else f"{ident}-no-gain"
+        path = save_skipset(store, saved, result, log_path, plot if plotted else None, fp)
+        log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
+        log(f"acceptance rate {result['acceptance_rate']:.3f}, mean accepted tokens "
+            f"{result['mean_accepted_tokens']:.2f}, estimated speedup over ar "
+            f"{result['speedup_estimate']:.3f}x ({cfg.objective} objective"
+            f"{', decoded' if cfg.objective == 'model' else ''}, priced on {model.device} "
+            f"{result['profile']['dtype']})")
+        if not result["pays"]:
+            log(f"warning: no skip set found pays: the best is estimated at "
+                f"{result['speedup_estimate']:.3f}x ar, so it is kept as skipsets/{saved} and is "
+                "not draft-verify's default (pass --skip-set to use it anyway; more --iters, or "
+                "a larger model, may find one)")
+        if not plotted:
+            log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
+        if interrupted:
+            log("interrupted: the best skip set so far is saved; --resume continues the search")
+        return {"path": path, "result": result}
+    finally:
+        held.close()
