@@ -591,9 +591,9 @@ def test_step_table_is_kept_in_the_store(tmp_path, model, monkeypatch):
 
 
 def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch):
-    """A measurement whose thread ran under BUSY of its wall time (other processes had the
-    cores) serves its run only, saying so; one process at a time measures a stored table,
-    the next waiting for it and reading what it kept."""
+    """A measurement whose process ran under BUSY of the time its threads could have (other
+    processes had the cores) serves its run only, saying so; one process at a time measures a
+    model's tables, the next waiting for it and reading what it kept."""
     import threading
     import fcntl
 
@@ -605,7 +605,8 @@ def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch
                   tuple(tuple(10.0 + b * n for n in C.STEP_NS) for b in (1, 2)), tiles=False)
     clock = {"wall": 0.0, "cpu": 0.0}
     monkeypatch.setattr(C.time, "perf_counter", lambda: clock["wall"])
-    monkeypatch.setattr(C.time, "thread_time", lambda: clock["cpu"])
+    monkeypatch.setattr(C.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(C.torch, "get_num_threads", lambda: 1)   # (one CPU's time to have)
 
     def measure(*a, **kw):   # 2 s of wall, `share` of it on the CPU
         clock["wall"] += 2.0
@@ -620,7 +621,7 @@ def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch
     # a quiet measurement is kept; a second process waits for the first's
     monkeypatch.setattr(C, "_TABLES", {})
     share = 0.9
-    lock = open(store.root / "work" / f".measuring-{C.step_table_id('fp', model, 2)}", "a")
+    lock = open(store.root / "work" / f".measuring-{C.step_table_id('fp', model, 0)}", "a")
     fcntl.flock(lock, fcntl.LOCK_EX)
     said.clear()
     th = threading.Thread(target=C.step_table_for, args=(model, 2),
@@ -628,11 +629,17 @@ def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch
     th.start()
     th.join(1.0)
     assert th.is_alive() and any("waiting for it" in m for m in said), said
+    # the holder keeps its table; the waiting one reads it, measuring nothing
+    C._measure(model, 2, (1, 2), C.STEP_NS, C.STEP_CONTEXT, 1, 0, None, store, "fp",
+               lambda m: None)
+    again: list = []   # (a failure raised in the thread would not fail the test)
+    monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: again.append(1) or t)
     fcntl.flock(lock, fcntl.LOCK_UN)
     lock.close()
     th.join(10.0)
     assert not th.is_alive() and [e.id for e in store.entries("profiles")] == \
         [C.step_table_id("fp", model, 2)]
+    assert not again and not any("measured in" in m for m in said), said
 
 
 def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import platform
 import re
 import time
@@ -111,25 +112,31 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
     return t
 
 
-BUSY = 0.4   # the least share of a CPU measurement's wall time its thread may have run
-BUSY_WALL_S = 0.5   # (a shorter one is judged by nothing: thread_time's ticks are coarse)
+BUSY = 0.4   # the least share of its threads' time a CPU measurement's process may have run
+BUSY_WALL_S = 0.5   # (a shorter one is judged by nothing: CPU time ticks are coarse)
 
 
 def _measure(model, batch_size, batches, ns, context, repeats, warmup, kv, store,
              fingerprint, log) -> StepTable:
     """measure_step_table, kept in the store when one is given, unless a CPU was too busy to
-    measure on: its thread ran less than BUSY of the time (another process had the cores; two
+    measure on: the process ran less than BUSY of the time its threads could have (another
+    process had the cores; two
     jobs measuring at once stored tables 3-8x slow, a 2-token step at 2.2x a 1-token one where
     a quiet machine times 1.02x), so the table serves this run only and the next measures
     again."""
-    t0, c0 = time.perf_counter(), time.thread_time()
+    t0, c0 = time.perf_counter(), time.process_time()
     fits = kv is not None and kv.num_slots >= max(batches) and \
         kv.max_len >= context + max(ns) + 1 and \
         (not kv.paged or len(kv.free) >= max(batches) * -(-(context + max(ns) + 1) // kv.block))
     t = measure_step_table(model, batches=batches, ns=ns, context=context,
                            repeats=repeats, warmup=warmup, kv=kv if fits else None)
     wall = time.perf_counter() - t0
-    ran = (time.thread_time() - c0) / wall if wall > BUSY_WALL_S else 1.0
+    # (the process's CPU time over what its threads could have had: torch's threads, at most
+    # the CPUs it may run on; the calling thread's alone read 14% on an idle machine with 8
+    # threads on 2 CPUs, its workers doing the work)
+    cpus = min(torch.get_num_threads(), len(os.sched_getaffinity(0))
+               if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    ran = (time.process_time() - c0) / (wall * max(1, cpus)) if wall > BUSY_WALL_S else 1.0
     if model.device.type == "cpu" and ran < BUSY:
         log(f"warning: the CPU was busy while the step-cost table was measured (this process "
             f"ran {ran:.0%} of the {wall:.1f} s): its prices serve this run only, and the next "
@@ -157,8 +164,10 @@ def _measuring(store, fingerprint, model, batch_size: int, log):
     if store is None:
         yield
         return
-    ident = step_table_id(fingerprint, model, batch_size)
-    try:   # (in work/, where no listing of the store's artifacts counts it)
+    # (one lock a model, device and dtype: any batch size's measuring loads the same CPU or
+    # GPU; in work/, where no listing of the store's artifacts counts it)
+    ident = step_table_id(fingerprint, model, 0)
+    try:
         (store.root / "work").mkdir(parents=True, exist_ok=True)
         f = open(store.root / "work" / f".measuring-{ident}", "a")
     except OSError:
@@ -168,8 +177,12 @@ def _measuring(store, fingerprint, model, batch_size: int, log):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log("another process is measuring this step-cost table: waiting for it")
-            fcntl.flock(f, fcntl.LOCK_EX)
+            log("another process is measuring a step-cost table of this model here: waiting "
+                "for it")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            except OSError:
+                pass
         except OSError:
             pass
         yield
