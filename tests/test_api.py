@@ -76,6 +76,22 @@ def test_a_stop_string_is_one_string_in_every_form(tiny_llama, tmp_path):
         assert got[0].text == text and got[0].finish_reason == "length", (got[0].text, text)
     with pytest.raises(SpecctlError, match="stop"):
         _gen(tiny_llama, tmp_path, stop=[stop, 3])
+    assert _gen(tiny_llama, tmp_path, stop=None).config().stop == ()   # (None: none)
+
+
+def test_ar_under_auto_admits_in_groups_and_under_fixed_at_once(tiny_llama, tmp_path):
+    """make_runner's wiring: `ar` under --speculate auto (its default) groups admissions as
+    every controlled run does; under fixed it admits at once (a schedule of the inputs)."""
+    from specctl.runtime.jobs.methods import make_drafter
+    from specctl.runtime.jobs.sizing import make_runner
+    from specctl.runtime.jobs.tokenization import Tokenization
+    g = _gen(tiny_llama, tmp_path)
+    model_dir, tk, model, _ = g._load(g.config())
+    for speculate, grouped in (("auto", True), ("fixed", False)):
+        cfg = g.config(speculate=speculate)
+        runner = make_runner(cfg, model, make_drafter(cfg, model, model_dir, g.store,
+                                                      lambda *a: None), tk, [64, 64])
+        assert runner.grouped is grouped and runner.controller is None, speculate
 
 
 def test_generate_file_is_the_cli_job(tiny_llama, tmp_path):

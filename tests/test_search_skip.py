@@ -371,7 +371,7 @@ def test_decode_objective_resume_with_other_settings_and_force(tiny_llama, dev_f
     res = json.loads(saved.joinpath("skipset.json").read_text())
     assert res["objective"] == "decode" and res["iterations"] == 3
     # a new search without --resume would replace the log and the set: refused unless --force
-    logged = next((store / "work").iterdir()) / "probes.jsonl"
+    logged = next((store / "work").glob("search-*")) / "probes.jsonl"
     before = logged.read_bytes(), saved.joinpath("skipset.json").read_bytes()
     r = CliRunner().invoke(app, base + ["--max-new", "8"])
     assert r.exit_code != 0 and "--resume continues" in r.output and "--force" in r.output

@@ -146,5 +146,9 @@ def extract(t: tarfile.TarFile, dest) -> None:
     the security releases before it)."""
     if hasattr(tarfile, "data_filter"):
         t.extractall(dest, filter="data")
-    else:
-        t.extractall(dest)
+        return
+    for m in t.getmembers():   # (an older Python: the same refusals, by hand)
+        parts = Path(m.name).parts
+        if m.name.startswith("/") or ".." in parts or m.issym() or m.islnk() or m.isdev():
+            raise tarfile.TarError(f"{m.name}: a member outside the folder, or a link")
+    t.extractall(dest)

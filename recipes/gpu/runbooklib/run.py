@@ -116,7 +116,9 @@ def _after_step(s: Settings) -> None:
     try:
         with tarfile.open(tmp, "w:gz") as t:
             t.add(s.out, arcname=".")
-        shutil.copyfile(tmp, s.pack)
+        aside = s.pack.with_name(s.pack.name + ".tmp")   # (then renamed: never a torn pack)
+        shutil.copyfile(tmp, aside)
+        os.replace(aside, s.pack)
     except (OSError, tarfile.TarError) as e:
         say(f"runbook: could not pack {s.out} into {s.pack}: {e}")
 

@@ -23,7 +23,7 @@ from specctl.runtime.control.steptables import step_table_for, step_table_id
 from specctl.runtime.jobs.tokenization import Tokenization
 from specctl.runtime.step.sequence import Request
 from specctl.speculative.draft_verify import SkipSet
-from specctl.store import Store
+from specctl.store import Store, remove_dir
 
 
 OBJECTIVES = ("model", "decode", "wall")
@@ -198,6 +198,9 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         }
         saved = ident if result["pays"] else f"{ident}-no-gain"
         path = save_skipset(store, saved, result, log_path, plot if plotted else None, fp)
+        other = f"{ident}-no-gain" if result["pays"] else ident
+        if force and store.path("skipsets", other).exists():   # (replaced, as --force said:
+            remove_dir(store.path("skipsets", other), f"skipsets/{other}")   # not the default)
         log(f"best of {len(probes)} probes (#{best.iteration}): {describe_skip_set(skip)}")
         log(f"acceptance rate {result['acceptance_rate']:.3f}, mean accepted tokens "
             f"{result['mean_accepted_tokens']:.2f}, estimated speedup over ar "

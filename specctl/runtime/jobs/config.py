@@ -210,7 +210,8 @@ class GenerateConfig:
             raise SpecctlError("--limit must be at least 1")
         # (the API's stop="Paris" is one stop string, as vLLM's and a prompt line's are, not
         # five letters; a list is a tuple, hashable: runs are grouped by their settings)
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None \
+            else self.stop
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SpecctlError(f"stop: a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
