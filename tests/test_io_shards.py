@@ -80,7 +80,7 @@ def test_bad_rows_name_their_shard_and_line(tmp_path):
     d.mkdir()
     jsonl(d / "a.jsonl", LINES[:2])
     parquet(d / "b.parquet", [{"prompt": "fine"}, {"prompt": ""}, {"prompt": "also fine"}])
-    with pytest.raises(SpecctlError, match=r"b\.parquet:2: prompt: must be a non-empty"):
+    with pytest.raises(SpecctlError, match=r"b\.parquet:2: prompt: must be a string with some text"):
         read_prompts(d)
     got = read_prompts(d, skip_bad=True)
     assert [r.error is None for r in got] == [True, True, True, False, True]
