@@ -100,7 +100,7 @@ def test_generate_takes_the_recipe_and_options_win(tiny_llama, prompts, tmp_path
     assert all(json.loads(x)["new_tokens"] <= 5 for x in out.read_text().splitlines())
 
 
-def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
+def test_prepare_runs_each_step_once(tiny_llama, tmp_path, monkeypatch):
     texts = tmp_path / "corpus"
     texts.mkdir()
     (texts / "a.txt").write_text("the cat sat on the mat and the dog sat on the log. " * 40)
@@ -139,6 +139,18 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path):
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "fine-tune"])
     assert r.exit_code != 0 and "unknown step 'fine-tune'" in r.output
+    # a table measured on a busy CPU is not kept, and prepare says so (it said "ran")
+    from specctl.runtime.control import steptables
+    monkeypatch.setattr(steptables, "BUSY", 2.0)        # (every measurement "busy")
+    monkeypatch.setattr(steptables, "BUSY_WALL_S", 0.0)
+    monkeypatch.setattr(steptables, "_TABLES", {})
+    before = sorted(p.stat().st_ino for p in (store / "profiles").glob("*/steptable.json"))
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", "step-table", "--force"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert "CPU was busy" in out and "measured, not kept" in out and "not kept" in out
+    assert sorted(p.stat().st_ino for p in (store / "profiles").glob("*/steptable.json")) == before
     # a recipe that names its cache is not satisfied by another cache of the tokenizer's
     named = tmp_path / "named.toml"
     named.write_text(rec.read_text().replace('min_count = 2\n', 'min_count = 2\nname = "mine"\n'))

@@ -30,6 +30,16 @@ from specctl.store import Store
 TABLES = "step-table"
 
 
+def _stamp(path: Path):
+    """What tells a file rewritten from the one there before (a stored table is replaced
+    whole: another inode)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
 def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
                 log) -> tuple[str, str]:
     """Measure the step-cost tables that are not in the store yet (all of them with force);
@@ -48,8 +58,12 @@ def step_tables(recipe: Recipe, store: Store, model_dir: Path, force: bool,
     for b in sorted({1, cfg.batch_size}):
         path = step_table_path(store, fp, model, b)
         if force or not path.is_file():
+            before = _stamp(path)
             step_table_for(model, b, store=store, fingerprint=fp, log=log, fresh=True)
-            status = "ran"
+            kept = path.is_file() and _stamp(path) != before
+            if not kept:   # (a busy CPU's: steptables said why; a run measures it again)
+                log(f"{TABLES} b{b}: measured, not kept in the store")
+            status = "ran" if kept and status != "not kept" else "not kept"
         else:
             log(f"{TABLES} b{b}: already in the store ({path.parent}); skipped")
         where.append(str(path.parent))
