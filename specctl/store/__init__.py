@@ -33,8 +33,9 @@ from specctl import __version__
 from specctl.errors import SpecctlError
 # (the one way specctl writes and reads its files: store/files.py; named here for callers)
 from specctl.store.files import (UMASK, atomic_write_bytes, atomic_write_json,  # noqa: F401
-                                 atomic_write_text, file_crc32, file_sha256, jsonl_lines,
-                                 published, read_json, writable_file)
+                                 atomic_write_text, claim_lock, file_crc32, file_sha256,
+                                 jsonl_lines, lock_holder, published, read_json,
+                                 writable_file)
 
 KINDS = ("models", "runs", "benches", "skipsets", "profiles", "adapters", "ngram-caches")
 # the work folders --resume continues from (search-skip's probes, train-adapter's features and
@@ -341,18 +342,14 @@ class Store:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            pid = f.read(32).strip()
+            pid = lock_holder(f)
             f.close()
             raise SpecctlError(f"{what} is running in {path} already"
-                               f"{f' (pid {pid})' if pid.isdigit() else ''}: let it finish, or "
+                               f"{f' (pid {pid})' if pid else ''}: let it finish, or "
                                "stop it") from None
         except OSError:
             pass
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        claim_lock(f)
         return f
 
     def remove(self, ident: str) -> Entry:
@@ -379,9 +376,9 @@ def remove_dir(path: Path, what: str) -> None:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pid = f.read(32).strip()
+                pid = lock_holder(f)
                 raise SpecctlError(f"{what} is in use by a running specctl process"
-                                   f"{f' (pid {pid})' if pid.isdigit() else ''}: let it finish "
+                                   f"{f' (pid {pid})' if pid else ''}: let it finish "
                                    "(or stop it) first") from None
             except OSError:
                 pass

@@ -51,6 +51,25 @@ def writable_file(path: Path | str, what: str = "") -> Path:
                        "file: specctl writes only where a regular file or nothing stands")
 
 
+def lock_holder(f) -> str:
+    """The pid the holder of open lock file f wrote in it (`claim_lock`), or "" where there is
+    none to read."""
+    try:
+        f.seek(0)
+        pid = f.read(32).strip()
+        return pid if pid.isdigit() else ""
+    except OSError:
+        return ""
+
+
+def claim_lock(f) -> None:
+    """Write this process's pid into lock file f, just locked, for the next one's message."""
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+
+
 def _umask() -> int:
     mask = os.umask(0o022)   # (read once, at import: os.umask can only be read by setting it)
     os.umask(mask)

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from specctl.errors import SpecctlError
-from specctl.store import writable_file
+from specctl.store import claim_lock, lock_holder, writable_file
 
 
 class Busy(Exception):
@@ -26,15 +26,6 @@ class Busy(Exception):
     def __init__(self, pid: str):
         super().__init__(pid)
         self.pid = pid
-
-
-def _holder(f) -> str:
-    try:
-        f.seek(0)
-        pid = f.read(32).strip()
-        return pid if pid.isdigit() else ""
-    except OSError:
-        return ""
 
 
 def _acquire(path: Path):
@@ -47,7 +38,7 @@ def _acquire(path: Path):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            pid = _holder(f)
+            pid = lock_holder(f)
             f.close()
             raise Busy(pid) from None
         try:
@@ -57,10 +48,7 @@ def _acquire(path: Path):
         if same:
             break
         f.close()
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    claim_lock(f)
     return f
 
 
