@@ -118,3 +118,21 @@ def test_mistakes_are_specctl_errors(tiny_llama, tmp_path):
                                            "prompt-line dict, got NoneType"):
         g.generate([None])
     assert g.generate([]) == []
+
+
+def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_path):
+    """A setting's check names what the caller wrote: `batch_size` in the API, `--batch-size`
+    on the command line (the same check, one GenerateConfig)."""
+    with pytest.raises(SpecctlError, match=r"^batch_size must be at least 1$"):
+        Generator(str(tiny_llama), batch_size=0)
+    with pytest.raises(SpecctlError, match=r"^job_cache_file needs job_cache$"):
+        Generator(str(tiny_llama), "self-draft", job_cache_file="x.jsonl")
+    with pytest.raises(SpecctlError, match=r"^max_tokens must be at least 1$"):
+        _gen(tiny_llama, tmp_path).generate(["hi"], max_tokens=0)
+    with pytest.raises(SpecctlError, match=r"^--batch-size must be at least 1$"):
+        Generator(str(tiny_llama), batch_size=0, flags=True)
+    inp = tmp_path / "p.jsonl"
+    inp.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama),
+                                 "--batch-size", "0", "--store", str(tmp_path / "s")])
+    assert r.exit_code != 0 and "--batch-size must be at least 1" in r.output, r.output

@@ -61,7 +61,8 @@ def generate(
     from specctl.runtime.jobs.dist import RankStopped, dist_env
     lead = dist_env().rank == 0
     rep = RichReporter(bars=not quiet and lead, talk=lead)
-    gen = Generator(p.pop("model"), p.pop("method"), store=store, report=rep, **p, **extra)
+    gen = Generator(p.pop("model"), p.pop("method"), store=store, report=rep, flags=True,
+                    **p, **extra)
     _warn_unused(ctx, gen.config(str(input)))
     given = out is not None   # (a directory's default name is its own: `.` is named too)
     out = out or Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")

@@ -18,6 +18,7 @@ generate` job: a JSONL file in, an ordered output file and a run record in the s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -77,17 +78,28 @@ def _output(req: Request, sample: bool = False) -> GenerationOutput:
         finish_reasons=list(req.finish_reasons))
 
 
+def _keywords(message: str) -> str:
+    """A config check's message with each flag of a GenerateConfig field ("--max-tokens")
+    named as its keyword ("max_tokens"); other flags ("--out") as they are."""
+    return re.sub(r"--([a-z][a-z0-9-]*)",
+                  lambda m: k if (k := m.group(1).replace("-", "_")) in _FIELDS
+                  else m.group(0), message)
+
+
 class Generator:
     """A model and a decoding method, ready to generate (see the module docstring)."""
 
     def __init__(self, model: str | None = None, method: str = "ar", *,
                  store: Store | str | Path | None = None, report: Reporter | None = None,
-                 **options):
+                 flags: bool = False, **options):
+        """flags: messages name the settings as the command line's flags (the CLI's), not
+        as this call's keywords."""
         unknown = sorted(set(options) - _FIELDS)
         if unknown:
             raise SpecctlError(f"Generator: unknown option {unknown[0]!r} "
                                f"(options: {', '.join(sorted(_FIELDS))})")
         self.settings = {**options, "model": model, "method": method}
+        self.flags = flags
         self.config()   # checks the settings now
         self.store = store if isinstance(store, Store) else Store(store)
         self.report = report or QUIET
@@ -95,8 +107,15 @@ class Generator:
         self._auto: dict = {}   # --method auto's choice per sampling setting
 
     def config(self, input: str = "<prompts>", **overrides) -> GenerateConfig:
-        """The GenerateConfig of these settings (with `overrides`)."""
-        return GenerateConfig(input=str(input), **{**self.settings, **overrides})
+        """The GenerateConfig of these settings (with `overrides`). Its checks name the
+        command line's flags ("--batch-size must be at least 1"); here they name the
+        keyword the caller gave ("batch_size must be at least 1")."""
+        try:
+            return GenerateConfig(input=str(input), **{**self.settings, **overrides})
+        except SpecctlError as e:
+            if self.flags:
+                raise
+            raise SpecctlError(_keywords(str(e)), e.exit_code) from None
 
     def _load(self, cfg: GenerateConfig):
         if self._loaded is None:
