@@ -384,6 +384,25 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
         assert st.controlled_steps == st.steps and st.predicted_step_ms > 0
 
 
+def test_no_search_under_a_prefill_whose_next_step_is_lean_regardless():
+    """A drafter with draft forwards: until a step is timed the run's steps are lean
+    (Controller._untimed_forwards), so the search made under a prefill for the next step
+    would be thrown away; it is not made. Once a lean step is timed it is, and decide takes
+    it."""
+    ctl = Controller(StepCost(flat), 4, prior_accept=0.9)
+    ctl.cost.draft_frac = 0.01   # (draft forwards: draft-verify's, Kangaroo's)
+    calls = []
+    search = ctl._search
+    ctl._search = lambda *a: calls.append(1) or search(*a)
+    ctl.prefetch_missing([0, 1], lambda: [100, 100], False)
+    assert not calls and ctl._next is None
+    assert ctl.plan([0, 1], [100, 100]).lean and not calls
+    ctl.lean_done(2, 10.0)
+    ctl.prefetch_missing([0, 1], lambda: [99, 99], False)
+    assert calls == [1] and ctl._next is not None
+    assert not ctl.plan([0, 1], [99, 99]).lean and calls == [1]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_drafter_with_draft_forwards_drafts_under_sampling_too(model, temperature):
     """A run's first steps wait for a timed lean step where the drafter runs draft forwards
