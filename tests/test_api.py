@@ -120,6 +120,25 @@ def test_mistakes_are_specctl_errors(tiny_llama, tmp_path):
     assert g.generate([]) == []
 
 
+def test_generate_file_refuses_an_out_that_would_lose_prompts(tiny_llama, tmp_path):
+    """The CLI's checks on --out hold for the API's generate_file too (one check_out): the
+    input file itself is not overwritten, and answers do not go inside an input directory of
+    shards (the next run read them back as prompts: 2 requests, then 4 with an error)."""
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"prompt": "river flows"}) + "\n")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "part-0.jsonl").write_text(json.dumps({"prompt": "dogs bark"}) + "\n")
+    g = _gen(tiny_llama, tmp_path)
+    with pytest.raises(SpecctlError, match="^out .* is the input file"):
+        g.generate_file(q, q)
+    assert q.read_text() == json.dumps({"prompt": "river flows"}) + "\n"
+    with pytest.raises(SpecctlError, match="^out .* inside the input directory"):
+        g.generate_file(shards, shards / "answers.jsonl")
+    assert sorted(p.name for p in shards.iterdir()) == ["part-0.jsonl"]
+    assert g.generate_file(shards, tmp_path / "a.jsonl")["metrics"]["requests"] == 1
+
+
 def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_path):
     """A setting's check names what the caller wrote: `batch_size` in the API, `--batch-size`
     on the command line (the same check, one GenerateConfig)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -11,23 +10,6 @@ import typer
 from specctl.cli.common import RichReporter, StoreOpt, _log, _warn, app, console, friendly
 from specctl.cli.options import GENERATE, METHOD_OPTIONS, NO_CORPUS, config_options, flag_of
 from specctl.errors import SpecctlError
-
-
-def _check_writable(out: Path) -> None:
-    """--out must be writable before the job runs, not found unwritable after it: a regular
-    file or nothing there (a symlink: its target; store/files.py writable_file)."""
-    import tempfile
-
-    from specctl.store import writable_file
-    if out.is_dir():
-        raise SpecctlError(f"--out {out} is a directory; pass a file path")
-    target = writable_file(out, "--out")
-    try:
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
-                                         suffix=".probe"):
-            pass
-    except OSError as e:
-        raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 
 
 @app.command(epilog="Examples:\n\n  specctl generate prompts.jsonl --out answers.jsonl\n\n"
@@ -52,6 +34,7 @@ def generate(
     """Generate answers for every line of a prompt file (JSONL, Parquet) or a directory of
     shards, in input order."""
     from specctl.runtime.jobs.generator import Generator
+    from specctl.runtime.jobs.locks import check_out
 
     p = dict(options)
     extra = _apply_recipe(ctx, recipe, p) if recipe is not None else {}
@@ -66,14 +49,7 @@ def generate(
     _warn_unused(ctx, gen.config(str(input)))
     given = out is not None   # (a directory's default name is its own: `.` is named too)
     out = out or Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
-    _check_writable(out)
-    if out.exists() and input.exists() and os.path.samefile(out, input):
-        raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
-    if input.is_dir() and input.resolve() in out.resolve().parents:
-        what = f"--out {out} is" if given else f"the default output, {out} (in the current " \
-            "directory), would be"
-        raise SpecctlError(f"{what} inside the input directory, whose files are read as "
-                           "prompt shards: pass --out elsewhere")
+    check_out(out, input, named=given)   # (generate_file checks again, naming it as given)
     try:
         res = gen.generate_file(input, out, resume=resume)
     except RankStopped as e:   # another rank failed; rank 0 prints why

@@ -78,12 +78,19 @@ def _output(req: Request, sample: bool = False) -> GenerationOutput:
         finish_reasons=list(req.finish_reasons))
 
 
+_KEYWORDS = _FIELDS | {"out", "resume"}   # (and generate_file's own)
+
+
 def _keywords(message: str) -> str:
-    """A config check's message with each flag of a GenerateConfig field ("--max-tokens")
-    named as its keyword ("max_tokens"); other flags ("--out") as they are."""
-    return re.sub(r"--([a-z][a-z0-9-]*)",
-                  lambda m: k if (k := m.group(1).replace("-", "_")) in _FIELDS
-                  else m.group(0), message)
+    """A check's message with each flag of a keyword the API takes ("--max-tokens", "--out")
+    named as that keyword ("max_tokens", "out"), a negative one as its setting ("--no-chat":
+    "chat=False"); other flags as they are."""
+    def name(m):
+        k = m.group(1).replace("-", "_")
+        if k in _KEYWORDS:
+            return k
+        return f"{k[3:]}=False" if k.startswith("no_") and k[3:] in _KEYWORDS else m.group(0)
+    return re.sub(r"--([a-z][a-z0-9-]*)", name, message)
 
 
 class Generator:
@@ -113,9 +120,11 @@ class Generator:
         try:
             return GenerateConfig(input=str(input), **{**self.settings, **overrides})
         except SpecctlError as e:
-            if self.flags:
-                raise
-            raise SpecctlError(_keywords(str(e)), e.exit_code) from None
+            raise self._said(e) from None
+
+    def _said(self, e: SpecctlError) -> SpecctlError:
+        """e as this caller names things: the CLI's flags (flags=True), else the keywords."""
+        return e if self.flags else SpecctlError(_keywords(str(e)), e.exit_code)
 
     def _load(self, cfg: GenerateConfig):
         if self._loaded is None:
@@ -148,7 +157,10 @@ class Generator:
         if stop is not None:   # (a string or a list: GenerateConfig makes it a tuple)
             over["stop"] = stop
         records = [prompt_record(p, i) for i, p in enumerate(prompts)]
-        done = self.run_records(records, **over)[0]
+        try:
+            done = self.run_records(records, **over)[0]
+        except SpecctlError as e:
+            raise self._said(e) from None
         return [_output(r) for r in sorted(done, key=lambda r: r.index)]
 
     def run_records(self, records: list[PromptRecord], **overrides):
@@ -197,5 +209,8 @@ class Generator:
         Generator's settings)."""
         over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
         cfg = self.config(input, **over)
-        return run_generate(cfg, self.store, Path(out) if out is not None else None,
-                            resume=resume, report=self.report)
+        try:
+            return run_generate(cfg, self.store, Path(out) if out is not None else None,
+                                resume=resume, report=self.report)
+        except SpecctlError as e:
+            raise self._said(e) from None

@@ -32,7 +32,7 @@ from specctl.runtime.jobs.depends import run_depends
 from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
-from specctl.runtime.jobs.locks import OutLock, lock_run
+from specctl.runtime.jobs.locks import OutLock, check_out, lock_run
 from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
@@ -138,6 +138,7 @@ def _read(job: _Job, out: Path | None) -> None:
     if job.lead and err is None:
         try:
             if out is not None:
+                check_out(out, in_path)
                 job.out_lock = OutLock(out)
             if cfg.ray:   # (before a large input is read)
                 ray_pool.check_address(cfg.ray)

@@ -66,6 +66,32 @@ def lock_run(run_dir: Path):
                            ) from None
 
 
+def check_out(out: Path, input: Path, named: bool = True) -> None:
+    """`out` can take this job's answers, refused before anything runs: a file path where
+    specctl may write (not a directory; writable_file, and a probe file made and removed
+    beside it), not the input file (answers would replace the prompts), and not inside an
+    input directory (its files are read as prompt shards: the next run would read the answers
+    back as prompts). named: `out` was given, not the default name (said as such). The CLI
+    and the API's generate_file both come here (runtime/jobs/job.py _read)."""
+    import tempfile
+    if out.is_dir():
+        raise SpecctlError(f"--out {out} is a directory; pass a file path")
+    target = writable_file(out, "--out")
+    try:
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",
+                                         suffix=".probe"):
+            pass
+    except OSError as e:
+        raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    if out.exists() and input.exists() and os.path.samefile(out, input):
+        raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
+    if input.is_dir() and input.resolve() in out.resolve().parents:
+        what = f"--out {out} is" if named else f"the default output, {out} (in the current " \
+            "directory), would be"
+        raise SpecctlError(f"{what} inside the input directory, whose files are read as "
+                           "prompt shards: pass --out elsewhere")
+
+
 class OutLock:
     """An exclusive lock on an output file, held for the whole job (see the module docstring);
     release() removes the lock file."""
