@@ -318,6 +318,10 @@ def test_skip_bad(tmp_path, tiny_llama):
     (run,) = run_dirs(tmp_path / "store")
     m = json.loads((run / "metrics.json").read_text())
     assert m["requests"] == 6 and m["errors"] == 3
+    # the job again: the finished run, bad lines and all (a parse error, a prompt past the
+    # context), is no unfinished one (it was said to be, "3 of 6 requests done", every time)
+    r = ok(generate(inp, tmp_path / "o2.jsonl", tmp_path / "store", tiny_llama, "--skip-bad"))
+    assert "unfinished" not in r.output and read_jsonl(tmp_path / "o2.jsonl") != []
 
 
 # ---------------------------------------------------------------------------------------------

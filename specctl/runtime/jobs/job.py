@@ -36,7 +36,7 @@ from specctl.runtime.jobs.locks import OutLock, check_out, lock_run
 from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
-                                     read_input, record_file, runs_of)
+                                     read_input, record_file, recorded, runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
@@ -282,9 +282,11 @@ def _hint_unfinished(job: _Job) -> None:
     try:
         prev, _ = find_resumable(job.store, (job.key, job.legacy), job.depends)
         done = len(read_done(prev, job.records)) if prev is not None else 0
+        # (a finished --skip-bad run recorded its bad lines' errors: it is no unfinished one)
+        unfinished = done and recorded(prev, job.records) < len(job.records)
     except (OSError, ValueError):   # (a word only: an unreadable old run is --resume's to say)
         return
-    if 0 < done < len(job.records):
+    if unfinished:
         job.say(f"{prev.name}, an unfinished run of this job, has {done} of "
                 f"{len(job.records)} requests done: add --resume to continue it; starting a "
                 "new run")

@@ -184,6 +184,24 @@ def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Pat
                   "in the store)")
 
 
+def recorded(run_dir: Path, records: list[PromptRecord]) -> int:
+    """How many of the lines read the run has a record of: an answer (read_done's), or the
+    error a bad line was recorded with (--skip-bad: done, as far as the run goes)."""
+    read, got = {r.index for r in records}, set()
+    for f in sorted(run_dir.glob("records*.jsonl")):
+        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
+            for line in jsonl_lines(f.read_text(encoding="utf-8")):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                i = r.get("index") if isinstance(r, dict) else None
+                if type(i) is int and i in read and (isinstance(r.get("error"), str)
+                                                     or _valid(r)):
+                    got.add(i)
+    return len(got)
+
+
 def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
     """The run's finished requests among the lines read (all of them, unless --limit)."""
     read = {r.index for r in records}
