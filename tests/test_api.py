@@ -120,6 +120,21 @@ def test_mistakes_are_specctl_errors(tiny_llama, tmp_path):
     assert g.generate([]) == []
 
 
+def test_n_answers_count_tokens_and_steps_over_every_sample(tiny_llama, tmp_path):
+    """A prompt of n answers: its GenerationOutput counts new tokens and steps over all n, as
+    its output line does (they counted the first answer only: 12 against the line's 36)."""
+    line = {"prompt": "abc", "sampling": {"temperature": 0.7, "seed": 1, "n": 3}}
+    (out,) = _gen(tiny_llama, tmp_path).generate([line], max_tokens=6)
+    assert len(out.samples) == 3
+    assert out.new_tokens == sum(q.new_tokens for q in out.samples) > out.samples[0].new_tokens
+    assert out.steps == sum(q.steps for q in out.samples)
+    inp = tmp_path / "n.jsonl"
+    inp.write_text(json.dumps(line) + "\n")
+    res = _gen(tiny_llama, tmp_path).generate_file(inp, tmp_path / "n.out.jsonl")
+    got = json.loads((tmp_path / "n.out.jsonl").read_text())
+    assert (got["new_tokens"], got["steps"]) == (out.new_tokens, out.steps), res
+
+
 def test_generate_file_refuses_an_out_that_would_lose_prompts(tiny_llama, tmp_path):
     """The CLI's checks on --out hold for the API's generate_file too (one check_out): the
     input file itself is not overwritten, and answers do not go inside an input directory of

@@ -52,8 +52,8 @@ class GenerationOutput:
     token_ids: list[list[int]]       # every answer's token ids
     finish_reason: str | None        # the last turn's: "stop" (EOS or a stop string), "length", ...
     prompt_tokens: int
-    new_tokens: int
-    steps: int                       # decoding steps (forwards of the target model)
+    new_tokens: int                  # (n > 1: over every sample, as the output line's)
+    steps: int                       # decoding steps (forwards of the target model), so too
     accept_lengths: list[int]        # accepted drafted tokens per step ([]: nothing drafted)
     logprobs: list = field(default_factory=list)   # logprobs: per answer, per token
                                                    # [its lp, [[id, lp] of the top N]]
@@ -67,13 +67,18 @@ class GenerationOutput:
 
 
 def _output(req: Request, sample: bool = False) -> GenerationOutput:
-    """sample: one of a request's n answers (its samples are not listed again)."""
+    """sample: one of a request's n answers (its samples are not listed again). A request of
+    n answers counts tokens and steps over them all, as its output line does (records.py
+    output_line; req is the first of req.samples)."""
+    every = req.samples if req.samples and not sample else [req]
     return GenerationOutput(
         index=req.index, text=req.answers[0] if req.answers else "", turns=list(req.answers),
         token_ids=[list(a) for a in req.answer_ids],
         finish_reason=req.finish_reasons[-1] if req.finish_reasons else None,
-        prompt_tokens=req.prompt_tokens, new_tokens=sum(len(a) for a in req.answer_ids),
-        steps=req.steps, accept_lengths=step_lengths(req)[0], logprobs=list(req.logprobs),
+        prompt_tokens=req.prompt_tokens,
+        new_tokens=sum(len(a) for q in every for a in q.answer_ids),
+        steps=sum(q.steps for q in every), accept_lengths=step_lengths(*every)[0],
+        logprobs=list(req.logprobs),
         samples=[_output(q, True) for q in req.samples] if req.samples and not sample else [],
         finish_reasons=list(req.finish_reasons))
 
