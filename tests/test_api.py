@@ -4,6 +4,7 @@ token for token, and lossless across methods; typed outputs; its mistakes as Spe
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -118,6 +119,27 @@ def test_mistakes_are_specctl_errors(tiny_llama, tmp_path):
                                            "prompt-line dict, got NoneType"):
         g.generate([None])
     assert g.generate([]) == []
+
+
+def test_a_setting_of_the_wrong_type_is_a_specctl_error(tiny_llama, tmp_path):
+    """The API's keywords come unchecked by a command line: a string or a float where a
+    count goes failed deep in the run with a TypeError (after the model loaded). numpy's
+    numbers and a Path for a FILE are what they say."""
+    import numpy as np
+    from pathlib import Path
+    for kw, said in [({"batch_size": "4"}, "batch_size must be an integer, got '4'"),
+                     ({"max_tokens": 3.5}, "max_tokens must be an integer, got 3.5"),
+                     ({"max_tokens": True}, "max_tokens must be an integer, got True"),
+                     ({"temperature": "0.5"}, "temperature must be a number"),
+                     ({"chat": "no"}, "chat must be True or False"),
+                     ({"skip_set": 3}, "skip_set must be a string")]:
+        with pytest.raises(SpecctlError, match="^" + re.escape(said)):
+            Generator(str(tiny_llama), **kw)
+    g = _gen(tiny_llama, tmp_path)
+    with pytest.raises(SpecctlError, match="^top_k must be an integer, got 2.5$"):
+        g.generate(["hi"], temperature=0.5, top_k=2.5)
+    c = Generator(Path(tiny_llama), max_tokens=np.int64(4), temperature=np.float32(0.5)).config()
+    assert (type(c.max_tokens), type(c.temperature), type(c.model)) == (int, float, str)
 
 
 def test_n_answers_count_tokens_and_steps_over_every_sample(tiny_llama, tmp_path):

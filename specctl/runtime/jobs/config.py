@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+import numpy as np
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import unencodable
@@ -75,6 +79,15 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * unit)
 
 
+# a plain setting's type: (is one, as it is kept) -- numpy's numbers become Python's, which
+# the run's manifest (JSON) can hold; bool is an int to Python and no count here
+_PLAIN = {"int": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), int),
+          "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+                    lambda v: v if type(v) in (int, float) else float(v)),
+          "str": (lambda v: isinstance(v, (str, os.PathLike)), str),   # (a Path: a FILE's)
+          "bool": (lambda v: isinstance(v, (bool, np.bool_)), bool)}
+
+
 def option(default, help: str = "", *, flag: str | None = None, method: str | None = None,
            bench: bool = False):
     """A GenerateConfig field the command line sets: the CLI derives its option from this
@@ -105,7 +118,8 @@ class GenerateConfig:
                           "reaches p (1.0 = off).")
     top_k: int = option(0, "0 = off.")
     seed: int = option(0, "Sampling seed (per request: the same output at any batch size, "
-                       "draft-verify aside).", bench=True)
+                       "draft-verify aside, and a draw rounding decides aside without "
+                       "--exact).", bench=True)
     chat: bool = option(True, "Apply the model's chat template.", flag="--chat/--no-chat",
                         bench=True)
     stop: tuple[str, ...] = option((), "Stop string (repeatable), taken as given: in bash "
@@ -199,6 +213,7 @@ class GenerateConfig:
                                         method=_SD)
 
     def __post_init__(self):
+        self._check_types()
         if self.method not in METHODS + ("auto",):
             raise SpecctlError(f"unknown method {self.method!r} (available: "
                                f"{', '.join(METHODS)}, auto)")
@@ -289,6 +304,23 @@ class GenerateConfig:
         return {f.name: f.default for f in fields(self)
                 if (f.metadata.get("method") and self.method not in (f.metadata["method"], "auto"))
                 or (f.name == "speculate" and self.method == "ar")}
+
+    def _check_types(self) -> None:
+        """Each setting of a plain type has it (the API's keywords come unchecked: "5" and
+        3.5 for max_tokens failed deep in the run with a TypeError): int not bool, float an
+        int too, str, bool; None where the field allows it. stop has its own check."""
+        for f in fields(self):
+            kinds = [k.strip() for k in str(f.type).split("|")]
+            v = getattr(self, f.name)
+            if v is None and "None" in kinds or not set(kinds) - {"None"} <= _PLAIN.keys():
+                continue
+            kind = next((k for k in kinds if k != "None" and _PLAIN[k][0](v)), None)
+            if kind is None:
+                what = " or ".join({"int": "an integer", "float": "a number",
+                                    "str": "a string", "bool": "True or False"}[k]
+                                   for k in kinds if k != "None")
+                raise SpecctlError(f"--{f.name.replace('_', '-')} must be {what}, got {v!r}")
+            object.__setattr__(self, f.name, _PLAIN[kind][1](v))
 
     def key(self, extra: str, legacy: bool = False) -> str:
         """What makes two runs the same run (for --resume): the input's contents (not the
