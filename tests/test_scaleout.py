@@ -323,6 +323,17 @@ def test_merged_metrics_pool_acceptance_over_ranks():
         {3: 1, 1: 1, 0: 2}
 
 
+def test_groups_of_one_process_report_the_largest_kv_cache_not_their_sum():
+    """A job's per-line settings split it into groups run one after another, each with its
+    own KV cache: the job's is the largest (the summary said 72 blocks, twice a 36-block
+    --kv-memory budget, for two groups); their counts still add up."""
+    from specctl.runtime.step.stats import RunStats, merged
+    a = RunStats(steps=3, kv_blocks=36, kv_bytes=300, preemptions=1)
+    b = RunStats(steps=4, kv_blocks=30, kv_bytes=250, preemptions=2)
+    m = merged([a, b])
+    assert (m.kv_blocks, m.kv_bytes, m.steps, m.preemptions) == (36, 300, 7, 3)
+
+
 def test_single_process_group_is_transparent():
     g = Group(DistEnv()).start()
     assert g.gather({"a": 1}) == [{"a": 1}] and g.broadcast(5) == 5

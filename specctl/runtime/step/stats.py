@@ -102,5 +102,12 @@ def sum_stats(parts: list[dict]) -> RunStats:
 
 
 def merged(parts: list[RunStats]) -> RunStats:
-    """RunStats of several runs as one (sum_stats of them)."""
-    return parts[0] if len(parts) == 1 else sum_stats([asdict(p) for p in parts])
+    """RunStats of several runs of one process, one after another, as one (sum_stats of them;
+    their KV caches were not held together: the largest is the job's, not their sum, which
+    said twice the --kv-memory budget for a job of two groups)."""
+    if len(parts) == 1:
+        return parts[0]
+    total = sum_stats([asdict(p) for p in parts])
+    big = max(parts, key=lambda p: p.kv_bytes)
+    total.kv_bytes, total.kv_blocks = big.kv_bytes, big.kv_blocks
+    return total
