@@ -721,6 +721,10 @@ def test_a_killed_build_leaves_no_work_behind(tmp_path, tok_dir, oanc_tree):
         r = invoke("store", "ls", "--store", store)
         assert "build-cache-dead1" in r.output and "killed" in r.output
         assert "build-cache-live1" not in r.output
+        r = invoke("store", "ls", "--store", store, "--kind", "work")   # (the rows' own kind)
+        assert r.exit_code == 0 and "build-cache-dead1" in r.output, r.output
+        assert "build-cache-dead1" not in invoke("store", "ls", "--store", store,
+                                                 "--kind", "runs").output
         r = invoke("build-cache", oanc_tree, "--model", tok_dir, "--store", store,
                    "--min-count", 2, "--workers", 1)
         assert r.exit_code == 0, r.output

@@ -16,6 +16,7 @@ from specctl.cli.options import BENCH, config_options
 BENCH_FIELDS = ("model", "max_tokens", "seed", "chat", "device", "dtype", "attention",
                 "cuda_graphs", "cudnn_attention")
 from specctl.errors import SpecctlError
+from specctl.runtime.jobs.config import VARIANTS
 from specctl.store import Store
 
 
@@ -57,8 +58,10 @@ def bench(
                                            "turns."),
     methods: str = typer.Option("ar,self-draft,draft-verify,hf,hf-prompt-lookup", "--methods",
                                 help="Comma-separated: ar, draft-verify, kangaroo, self-draft, "
-                                "hf, hf-prompt-lookup, hf-static (CUDA); variants self-draft:no-corpus, "
-                                "self-draft:no-context, self-draft:prompt-grams, self-draft:light."),
+                                "hf, hf-prompt-lookup, hf-static (CUDA); variants "
+                                + ", ".join(f"{m}:{v}" for m, vs in VARIANTS.items() for v in vs)
+                                + "; any method may end in :auto or :fixed (its --speculate) "
+                                "and :exact (--exact), e.g. self-draft:light:fixed:exact."),
     batch_sizes: str = typer.Option("1,8,32", "--batch-sizes", help="Comma-separated."),
     repeats: int = typer.Option(3, "--repeats", help="Timed runs per method and batch size."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed warm-up runs before them."),

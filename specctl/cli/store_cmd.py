@@ -48,16 +48,17 @@ def _size(n: int) -> str:
 @store_app.command("ls", epilog="Example:\n\n  specctl store ls --kind runs")
 @friendly
 def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, runs, benches, "
-                                                "skipsets, profiles, adapters or ngram-caches."),
+                                                "skipsets, profiles, adapters, ngram-caches "
+                                                "or work (commands' work folders)."),
              store: Optional[Path] = StoreOpt):
     """List artifacts in the store."""
     st = Store(store)
     from specctl.store import KINDS
-    if kind and kind not in KINDS:
-        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
-    entries = st.entries(kind)
-    stale = [] if kind else st.stale_work()
-    kept = [] if kind else st.kept_work()
+    if kind and kind not in KINDS + ("work",):   # (work: the rows ls shows as such)
+        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)} or work)")
+    entries = [] if kind == "work" else st.entries(kind)
+    stale = [] if kind not in (None, "work") else st.stale_work()
+    kept = [] if kind not in (None, "work") else st.kept_work()
     if not entries and not stale and not kept:
         console.print(f"the store at {st.root} is empty", highlight=False, markup=False)
         return

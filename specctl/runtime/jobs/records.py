@@ -226,7 +226,8 @@ def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     old = old if isinstance(old, dict) else {}
     diff = [k for k in new if k not in UNKEYED and k not in inert and k in old
             and json.dumps(old[k]) != json.dumps(new[k])]
-    why = (", ".join(f"{k} {old[k]!r} there, {new[k]!r} here" for k in diff) if diff else
+    why = (", ".join(f"{k} {json.dumps(old[k])} there, {json.dumps(new[k])} here"   # (one
+                     for k in diff) if diff else   # notation: the manifest's lists are tuples here)
            "the model, the kind of device or dtype it runs in, or the method's artifact (skip "
            "set, adapter, corpus cache)")
     return f" (the newest run of this input, {e.path.name}, differs in: {why})"
