@@ -132,7 +132,8 @@ def test_a_setting_of_the_wrong_type_is_a_specctl_error(tiny_llama, tmp_path):
                      ({"max_tokens": True}, "max_tokens must be an integer, got True"),
                      ({"temperature": "0.5"}, "temperature must be a number"),
                      ({"chat": "no"}, "chat must be True or False"),
-                     ({"skip_set": 3}, "skip_set must be a string")]:
+                     ({"skip_set": 3}, "skip_set must be a string"),
+                     ({"dtype": "fp8"}, "dtype must be auto, fp32, bf16 or fp16, got 'fp8'")]:
         with pytest.raises(SpecctlError, match="^" + re.escape(said)):
             Generator(str(tiny_llama), **kw)
     g = _gen(tiny_llama, tmp_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from specctl.engine.loader import DTYPES
 from specctl.errors import SpecctlError
 from specctl.io.prompts import unencodable
 from specctl.speculative.sampling import SamplingParams
@@ -237,6 +238,8 @@ class GenerateConfig:
                 raise SpecctlError(f"--stop {ascii(s)}: {unencodable(s)}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise SpecctlError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPES:   # (now, not at the model's load)
+            raise SpecctlError(f"--dtype must be auto, fp32, bf16 or fp16, got {self.dtype!r}")
         if not 0 <= self.seed < 2**63:
             raise SpecctlError(f"--seed must be in [0, 2^63), got {self.seed}")
         check_attention(self.attention)
