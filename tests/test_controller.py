@@ -684,8 +684,10 @@ def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monke
     assert t.table[1] == pytest.approx([10.0 + 5 * n for n in t.ns])
     assert any("read off the stored batches [1, 2, 8]" in m for m in said)
     assert not store.path("profiles", C.step_table_id("fp", model, 5)).exists()
-    one = C.step_table_for(model, 1, store=store, fingerprint="fp")   # every table has it
+    said.clear()
+    one = C.step_table_for(model, 1, store=store, fingerprint="fp", log=said.append)
     assert one.batches == (1,) and one.table[0] == t.table[0] and len(measured) == 2
+    assert any("the stored row of batch 1" in m for m in said), said   # (every table has it)
     C.step_table_for(model, 9, store=store, fingerprint="fp")
     assert measured[-1] == (1, 9)
 

@@ -231,8 +231,9 @@ def interpolated(store, fingerprint: str, model, batch_size: int, ns, context: i
         return None
     w = (batch_size - lo) / (hi - lo) if hi > lo else 0.0
     row = tuple((1 - w) * x + w * y for x, y in zip(rows[lo], rows[hi]))
-    log(f"step-cost table for batch {batch_size} read off the stored batches "
-        f"{sorted(rows)} (not measured)")
+    log(f"step-cost table for batch {batch_size}: the stored row of batch {batch_size}"
+        if hi == lo else f"step-cost table for batch {batch_size} read off the stored batches "
+        f"{sorted(rows)} (between {lo} and {hi}, not measured)")
     if batch_size == 1:
         return replace(base, batches=(1,), table=(row,))
     return replace(base, batches=(1, batch_size), table=(rows[1], row))
