@@ -175,6 +175,14 @@ def test_generate_file_refuses_an_out_that_would_lose_prompts(tiny_llama, tmp_pa
         g.generate_file(shards, shards / "answers.jsonl")
     assert sorted(p.name for p in shards.iterdir()) == ["part-0.jsonl"]
     assert g.generate_file(shards, tmp_path / "a.jsonl")["metrics"]["requests"] == 1
+    # a link placed in the folder is read as a shard: answers through it would replace the
+    # prompts of the file it names, wherever that is
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text(json.dumps({"prompt": "second"}) + "\n")
+    (shards / "ans.jsonl").symlink_to(elsewhere)
+    with pytest.raises(SpecctlError, match="inside the input directory"):
+        g.generate_file(shards, shards / "ans.jsonl")
+    assert elsewhere.read_text() == json.dumps({"prompt": "second"}) + "\n"
 
 
 def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_path):
@@ -182,12 +190,20 @@ def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_pa
     on the command line (the same check, one GenerateConfig)."""
     with pytest.raises(SpecctlError, match=r"^batch_size must be at least 1$"):
         Generator(str(tiny_llama), batch_size=0)
-    with pytest.raises(SpecctlError, match=r"^job_cache_file needs job_cache$"):
+    with pytest.raises(SpecctlError, match=r"^job_cache_file needs job_cache=True$"):
         Generator(str(tiny_llama), "self-draft", job_cache_file="x.jsonl")
     with pytest.raises(SpecctlError, match=r"^max_tokens must be at least 1$"):
         _gen(tiny_llama, tmp_path).generate(["hi"], max_tokens=0)
     with pytest.raises(SpecctlError, match=r"^--batch-size must be at least 1$"):
         Generator(str(tiny_llama), batch_size=0, flags=True)
+    # a flag only where it stands as a word: not inside a path or quoted text; a switch as
+    # its setting; the exception's own class kept (RankStopped under torchrun)
+    from specctl.runtime.jobs.dist import RankStopped
+    from specctl.runtime.jobs.generator import _keywords
+    assert _keywords("in--out/p.jsonl:2: stop '--no-chat' (--max-tokens 5), add --resume") \
+        == "in--out/p.jsonl:2: stop '--no-chat' (max_tokens 5), add resume=True"
+    assert _keywords("--no-chat needs a 'prompt' line") == "chat=False needs a 'prompt' line"
+    assert type(_gen(tiny_llama, tmp_path)._said(RankStopped(3))) is RankStopped
     inp = tmp_path / "p.jsonl"
     inp.write_text(json.dumps({"prompt": "hello"}) + "\n")
     r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama),

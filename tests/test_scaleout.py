@@ -327,11 +327,20 @@ def test_groups_of_one_process_report_the_largest_kv_cache_not_their_sum():
     """A job's per-line settings split it into groups run one after another, each with its
     own KV cache: the job's is the largest (the summary said 72 blocks, twice a 36-block
     --kv-memory budget, for two groups); their counts still add up."""
+    from dataclasses import asdict
     from specctl.runtime.step.stats import RunStats, merged
     a = RunStats(steps=3, kv_blocks=36, kv_bytes=300, preemptions=1)
     b = RunStats(steps=4, kv_blocks=30, kv_bytes=250, preemptions=2)
     m = merged([a, b])
     assert (m.kv_blocks, m.kv_bytes, m.steps, m.preemptions) == (36, 300, 7, 3)
+    # a Ray actor's tasks, one after another, each with a cache of its own: the same
+    from specctl.runtime.jobs.ray_pool import _tally
+    actors: dict = {}
+    for st in (a, b, a):
+        _tally(actors, {"actor": "n:1", "device": "cpu", "requests": 1, "stats": asdict(st),
+                        "wall_time_s": 1.0, "peak_memory_mb": 5.0})
+    got = actors["n:1"]["stats"]
+    assert (got["kv_blocks"], got["kv_bytes"], got["steps"]) == (36, 300, 10)
 
 
 def test_single_process_group_is_transparent():

@@ -85,7 +85,7 @@ def parse_size(text: str) -> int:
 _PLAIN = {"int": (lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool), int),
           "float": (lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
                     lambda v: v if type(v) in (int, float) else float(v)),
-          "str": (lambda v: isinstance(v, (str, os.PathLike)), str),   # (a Path: a FILE's)
+          "str": (lambda v: isinstance(v, (str, os.PathLike)), os.fspath),   # (a Path: a FILE)
           "bool": (lambda v: isinstance(v, (bool, np.bool_)), bool)}
 
 
@@ -322,7 +322,9 @@ class GenerateConfig:
                 what = " or ".join({"int": "an integer", "float": "a number",
                                     "str": "a string", "bool": "True or False"}[k]
                                    for k in kinds if k != "None")
-                raise SpecctlError(f"--{f.name.replace('_', '-')} must be {what}, got {v!r}")
+                # (by its name, not its flag: the command line parses its values, so only
+                # the API and a recipe's keys can give one of another type)
+                raise SpecctlError(f"{f.name} must be {what}, got {v!r}")
             object.__setattr__(self, f.name, _PLAIN[kind][1](v))
 
     def key(self, extra: str, legacy: bool = False) -> str:

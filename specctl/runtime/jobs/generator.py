@@ -88,16 +88,26 @@ def _output(req: Request, sample: bool = False) -> GenerationOutput:
 _KEYWORDS = _FIELDS | {"out", "resume"}   # (and generate_file's own)
 
 
+_SWITCHES = {f.name for f in fields(GenerateConfig) if str(f.type).startswith("bool")} | \
+    {"resume"}
+
+
 def _keywords(message: str) -> str:
     """A check's message with each flag of a keyword the API takes ("--max-tokens", "--out")
-    named as that keyword ("max_tokens", "out"), a negative one as its setting ("--no-chat":
-    "chat=False"); other flags as they are."""
+    named as that keyword ("max_tokens", "out"), a switch as its setting ("--resume":
+    "resume=True", "--no-chat": "chat=False"); other flags as they are. Only a flag that stands
+    as a word (after a space or a bracket, or first): one inside a path ("in--out/p.jsonl") or
+    quoted text is not one."""
     def name(m):
-        k = m.group(1).replace("-", "_")
+        k = m.group(2).replace("-", "_")
         if k in _KEYWORDS:
-            return k
-        return f"{k[3:]}=False" if k.startswith("no_") and k[3:] in _KEYWORDS else m.group(0)
-    return re.sub(r"--([a-z][a-z0-9-]*)", name, message)
+            k += "=True" if k in _SWITCHES else ""
+        elif k.startswith("no_") and k[3:] in _SWITCHES:
+            k = f"{k[3:]}=False"
+        else:
+            return m.group(0)
+        return m.group(1) + k
+    return re.sub(r"(^|[\s(])--([a-z][a-z0-9-]*)(?![\w/.-])", name, message)
 
 
 class Generator:
@@ -130,8 +140,11 @@ class Generator:
             raise self._said(e) from None
 
     def _said(self, e: SpecctlError) -> SpecctlError:
-        """e as this caller names things: the CLI's flags (flags=True), else the keywords."""
-        return e if self.flags else SpecctlError(_keywords(str(e)), e.exit_code)
+        """e as this caller names things: the CLI's flags (flags=True), else the keywords (the
+        same exception, its class and fields kept: RankStopped is still RankStopped)."""
+        if not self.flags and e.args and isinstance(e.args[0], str):
+            e.args = (_keywords(e.args[0]),) + e.args[1:]
+        return e
 
     def _load(self, cfg: GenerateConfig):
         if self._loaded is None:

@@ -85,7 +85,11 @@ def check_out(out: Path, input: Path, named: bool = True) -> None:
         raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
-    if input.is_dir() and input.resolve() in out.resolve().parents:
+    # (inside by its own path or by what it links to: a link placed in the folder is read as
+    # a shard, and answers written through it would replace a file's prompts)
+    where = Path(os.path.abspath(out)).parent.resolve()   # (the folder the path itself is in)
+    if input.is_dir() and (input.resolve() in out.resolve().parents
+                           or input.resolve() in (where, *where.parents)):
         what = f"--out {out} is" if named else f"the default output, {out} (in the current " \
             "directory), would be"
         raise SpecctlError(f"{what} inside the input directory, whose files are read as "

@@ -210,7 +210,12 @@ def _tally(actors: dict, info: dict) -> None:
                                  "stats": info["stats"], "wall_time_s": info["wall_time_s"],
                                  "peak_memory_mb": info["peak_memory_mb"]}
         return
+    big = max(a["stats"], info["stats"], key=lambda st: st.get("kv_bytes", 0))
     a["stats"] = asdict(sum_stats([a["stats"], info["stats"]]))
+    # (its tasks ran one after another, each with a cache of its own: the largest is the
+    # actor's, not their sum; stats.merged does the same for a process's groups)
+    a["stats"]["kv_bytes"], a["stats"]["kv_blocks"] = big.get("kv_bytes", 0), \
+        big.get("kv_blocks", 0)
     a["requests"] += info["requests"]
     a["wall_time_s"] += info["wall_time_s"]
     a["peak_memory_mb"] = max(a["peak_memory_mb"], info["peak_memory_mb"])
