@@ -203,6 +203,9 @@ def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_pa
     assert _keywords("in--out/p.jsonl:2: stop '--no-chat' (--max-tokens 5), add --resume") \
         == "in--out/p.jsonl:2: stop '--no-chat' (max_tokens 5), add resume=True"
     assert _keywords("--no-chat needs a 'prompt' line") == "chat=False needs a 'prompt' line"
+    with pytest.raises(SpecctlError, match=r"^prompt 1: chat=False needs a 'prompt' line"):
+        Generator(str(tiny_llama), chat=False, store=tmp_path / "store").generate(
+            ["ok", [{"role": "user", "content": "x"}]], max_tokens=2)   # (0-based, as all)
     assert type(_gen(tiny_llama, tmp_path)._said(RankStopped(3))) is RankStopped
     inp = tmp_path / "p.jsonl"
     inp.write_text(json.dumps({"prompt": "hello"}) + "\n")

@@ -189,7 +189,7 @@ class Generator:
         whose records keep their line's index."""
         cfg = self.config(**overrides)
         if not cfg.chat:
-            require_raw_prompts(records, "prompts")
+            require_raw_prompts(records, None)
         if not records:
             return [], RunStats(), "-", 0.0
         model_dir, tk, model, fingerprint = self._load(cfg)

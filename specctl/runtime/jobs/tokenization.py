@@ -92,9 +92,12 @@ def to_request(rec: PromptRecord, max_tokens: int) -> Request:
                    rec.raw_prompt, record_meta(rec), sampling=rec.sampling)
 
 
-def require_raw_prompts(records: list[PromptRecord], path) -> None:
-    """--no-chat feeds prompts verbatim: every usable line must be a 'prompt' line."""
+def require_raw_prompts(records: list[PromptRecord], path: str | None) -> None:
+    """--no-chat feeds prompts verbatim: every usable line must be a 'prompt' line. path:
+    the file the records came from (None: the API's list, whose prompts are named by index,
+    as its other messages name them)."""
     for r in records:
         if r.error is None and r.raw_prompt is None:
-            raise SpecctlError(f"{r.where(path)}: --no-chat needs a 'prompt' line "
-                               "(messages and turns need the chat template)")
+            raise SpecctlError(f"{r.where(path) if path is not None else f'prompt {r.index}'}: "
+                               "--no-chat needs a 'prompt' line (messages and turns need the "
+                               "chat template)")
