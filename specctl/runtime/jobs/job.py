@@ -281,12 +281,11 @@ def _hint_unfinished(job: _Job) -> None:
     have resumed, say so (its answers are kept either way)."""
     try:
         prev, _ = find_resumable(job.store, (job.key, job.legacy), job.depends)
-        done = len(read_done(prev, job.records)) if prev is not None else 0
         # (a finished --skip-bad run recorded its bad lines' errors: it is no unfinished one)
-        unfinished = done and recorded(prev, job.records) < len(job.records)
+        done, seen = recorded(prev, job.records) if prev is not None else (0, 0)
     except (OSError, ValueError):   # (a word only: an unreadable old run is --resume's to say)
         return
-    if unfinished:
+    if done and seen < len(job.records):
         job.say(f"{prev.name}, an unfinished run of this job, has {done} of "
                 f"{len(job.records)} requests done: add --resume to continue it; starting a "
                 "new run")

@@ -144,17 +144,17 @@ def dumps(line: dict) -> str:
     return text.translate(_BREAKS)
 
 
-def _read_records(path: Path) -> dict[int, dict]:
-    done: dict[int, dict] = {}
-    if path.exists():
-        for line in jsonl_lines(path.read_text(encoding="utf-8")):
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue   # a line torn by a crash: that request is simply redone
-            if _valid(r):  # (anything else, e.g. an edited line, is redone the same way)
-                done[r["index"]] = r
-    return done
+def _run_lines(run_dir: Path):
+    """Each JSON line of a run's record files, whatever world size(s) wrote them:
+    `records.jsonl` and every `records.rank<r>.jsonl`, in name order. A line torn by a crash
+    is skipped (that request is simply redone)."""
+    for f in sorted(run_dir.glob("records*.jsonl")):
+        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
+            for line in jsonl_lines(f.read_text(encoding="utf-8")):
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue
 
 
 def _torn_tail(path: Path) -> bool:
@@ -184,22 +184,19 @@ def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Pat
                   "in the store)")
 
 
-def recorded(run_dir: Path, records: list[PromptRecord]) -> int:
-    """How many of the lines read the run has a record of: an answer (read_done's), or the
-    error a bad line was recorded with (--skip-bad: done, as far as the run goes)."""
-    read, got = {r.index for r in records}, set()
-    for f in sorted(run_dir.glob("records*.jsonl")):
-        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
-            for line in jsonl_lines(f.read_text(encoding="utf-8")):
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                i = r.get("index") if isinstance(r, dict) else None
-                if type(i) is int and i in read and (isinstance(r.get("error"), str)
-                                                     or _valid(r)):
-                    got.add(i)
-    return len(got)
+def recorded(run_dir: Path, records: list[PromptRecord]) -> tuple[int, int]:
+    """Of the lines read, in one read of the run's records: how many it answered (read_done's),
+    and how many it has a record of, an answer or the error a bad line was recorded with
+    (--skip-bad: done, as far as the run goes)."""
+    read, answered, bad = {r.index for r in records}, set(), set()
+    for r in _run_lines(run_dir):
+        i = r.get("index") if isinstance(r, dict) else None
+        if type(i) is int and i in read:
+            if _valid(r):
+                answered.add(i)
+            elif isinstance(r.get("error"), str):
+                bad.add(i)
+    return len(answered), len(answered | bad)
 
 
 def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
@@ -242,11 +239,9 @@ def record_file(run_dir: Path, env: DistEnv) -> Path:
 def read_all_records(run_dir: Path) -> dict[int, dict]:
     """The union of a run's record files, whatever world size(s) wrote them: `records.jsonl`
     and every `records.rank<r>.jsonl`. That union is what a resumed run has done."""
-    done: dict[int, dict] = {}
-    for f in sorted(run_dir.glob("records*.jsonl")):
-        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
-            done.update(_read_records(f))
-    return done
+    # (anything but a valid record, e.g. an edited line, is redone the same way; a later line
+    # of the same index wins, as it did file by file)
+    return {r["index"]: r for r in _run_lines(run_dir) if _valid(r)}
 
 
 class RecordWriter:
