@@ -41,7 +41,7 @@ from dataclasses import asdict
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, prompt_record, record_from_json
 from specctl.runtime.jobs.records import dumps, output_line
-from specctl.runtime.step.stats import sum_stats
+from specctl.runtime.step.stats import in_turn
 
 MAX_RESTARTS = 2    # an actor that dies is restarted, its batch run again, this many times
 TASK_BATCHES = 2    # a task's rows: this many times --batch-size (fewer drains, still moving)
@@ -210,12 +210,7 @@ def _tally(actors: dict, info: dict) -> None:
                                  "stats": info["stats"], "wall_time_s": info["wall_time_s"],
                                  "peak_memory_mb": info["peak_memory_mb"]}
         return
-    big = max(a["stats"], info["stats"], key=lambda st: st.get("kv_bytes", 0))
-    a["stats"] = asdict(sum_stats([a["stats"], info["stats"]]))
-    # (its tasks ran one after another, each with a cache of its own: the largest is the
-    # actor's, not their sum; stats.merged does the same for a process's groups)
-    a["stats"]["kv_bytes"], a["stats"]["kv_blocks"] = big.get("kv_bytes", 0), \
-        big.get("kv_blocks", 0)
+    a["stats"] = asdict(in_turn([a["stats"], info["stats"]]))   # (its tasks: one at a time)
     a["requests"] += info["requests"]
     a["wall_time_s"] += info["wall_time_s"]
     a["peak_memory_mb"] = max(a["peak_memory_mb"], info["peak_memory_mb"])

@@ -101,13 +101,16 @@ def sum_stats(parts: list[dict]) -> RunStats:
     return total
 
 
-def merged(parts: list[RunStats]) -> RunStats:
-    """RunStats of several runs of one process, one after another, as one (sum_stats of them;
-    their KV caches were not held together: the largest is the job's, not their sum, which
-    said twice the --kv-memory budget for a job of two groups)."""
-    if len(parts) == 1:
-        return parts[0]
-    total = sum_stats([asdict(p) for p in parts])
-    big = max(parts, key=lambda p: p.kv_bytes)
-    total.kv_bytes, total.kv_blocks = big.kv_bytes, big.kv_blocks
+def in_turn(parts: list[dict]) -> RunStats:
+    """RunStats (as dicts) of runs made one after another in one process (a job's groups, a
+    Ray actor's tasks) as one: sum_stats, but their KV caches were not held together, so the
+    largest is theirs, not the sum (which said twice the --kv-memory budget for two groups)."""
+    total = sum_stats(parts)
+    big = max(parts, key=lambda p: p.get("kv_bytes", 0))
+    total.kv_bytes, total.kv_blocks = big.get("kv_bytes", 0), big.get("kv_blocks", 0)
     return total
+
+
+def merged(parts: list[RunStats]) -> RunStats:
+    """RunStats of a process's runs, one after another, as one (in_turn)."""
+    return parts[0] if len(parts) == 1 else in_turn([asdict(p) for p in parts])
