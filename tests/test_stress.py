@@ -49,8 +49,8 @@ def _drafter(rng, kind, m, eager, texts):
                           gram=rng.randint(1, 5), context_cands=rng.randint(0, 10),
                           corpus_cands=rng.randint(0, 3), prompt_grams=rng.random() < 0.5,
                           job_cache=rng.random() < 0.5, job_cands=rng.randint(0, 3),
-                          job_len=rng.randint(1, 24))
-    return SelfDraftDrafter(prm, rng.choice([None, Oracle(texts)]))
+                          job_len=rng.randint(1, 24), grid=rng.random() < 0.3)
+    return SelfDraftDrafter(prm, rng.choice([None, Oracle(texts)]), vocab=eager.cfg.vocab_size)
 
 
 def _check(seeds, eager, graph):

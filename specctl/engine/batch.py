@@ -258,6 +258,26 @@ class ForwardBatch:
         self.local, self.masked, self._attn_meta = None, [], None
         return self
 
+    @classmethod
+    def grid(cls, slots: list[int], lens: list[int], tokens: np.ndarray, depth: np.ndarray,
+             local: np.ndarray, device: torch.device | str = "cpu") -> "ForwardBatch":
+        """Every sequence's new tokens in one tree shape, a template (a drafting step's,
+        runtime/step/grid.py): tokens [B, n], depth [n] each token's depth below the first,
+        local [n, n] the mask among them (a token's row: itself and its ancestors). Nothing
+        is walked per sequence."""
+        self = cls.__new__(cls)
+        B, n = tokens.shape
+        self._seqs, self.device = None, torch.device(device)
+        self.num_new, self.num_tokens = [n] * B, B * n
+        self.token_list = tokens.ravel().tolist()
+        self.position_list = (np.asarray(lens)[:, None] + depth[None, :]).ravel().tolist()
+        self.seq_slots, self.prefix_lens = list(slots), list(lens)
+        self.cu_seqlens = list(range(0, B * n + 1, n))
+        self.max_kv_len = max(lens) + n
+        self.local = np.broadcast_to(local, (B, n, n))
+        self.masked, self._attn_meta = list(range(B)), None
+        return self
+
     @property
     def seqs(self) -> list[SeqInput]:
         """Each sequence's share (a decode batch's made when first asked for)."""

@@ -148,16 +148,24 @@ class KVCache:
         """Keep the new rows at offsets `kept` (ascending) after `lens[slot]`, compacted."""
         self.commit_many([(slot, kept)])
 
-    def advance(self, slots: list[int]) -> None:
-        """commit(slot, [0]) for each of distinct slots (an `ar` step's: each keeps its one
-        new row, already in place)."""
+    def advance(self, slots: list[int], counts: list[int] | None = None) -> None:
+        """commit(slot, [0 .. n - 1]) for each of distinct slots, n = counts[i] (default 1:
+        an `ar` step's, each keeping its one new row): rows already in place."""
         if len(set(slots)) != len(slots):
             raise ValueError("advance: a slot appears twice")
         lens = self.lens
-        for slot in slots:
-            self._check_kept(slot, lens[slot])
-        for slot in slots:
-            lens[slot] += 1
+        if counts is None:
+            for slot in slots:
+                self._check_kept(slot, lens[slot])
+            for slot in slots:
+                lens[slot] += 1
+            return
+        for slot, n in zip(slots, counts, strict=True):
+            if n < 1:
+                raise ValueError(f"advance: slot {slot} keeps {n} rows")
+            self._check_kept(slot, lens[slot] + n - 1)
+        for slot, n in zip(slots, counts):
+            lens[slot] += n
 
     def _check_kept(self, slot: int, row: int) -> None:
         """A kept row must lie within the slot's blocks."""

@@ -11,8 +11,8 @@ class ContextCache:
     continuations kept in insertion order (a plain dict's delete and insert cost ~30% less a
     gram than an OrderedDict's move_to_end and popitem)."""
 
-    def __init__(self, lru: int):
-        self.lru = lru
+    def __init__(self, lru: int, gram: int = 4):
+        self.lru, self.gram = lru, gram
         self.grams: dict[int, dict] = {}
         # keys added to since the last trim, and its keep (a key untouched since then holds
         # at most that many: the next trim to as many or more need not visit it; a full scan
@@ -38,6 +38,13 @@ class ContextCache:
                 touched.add(key)
                 if len(q) > lru:
                     del q[next(iter(q))]
+
+    def push_texts(self, texts: list[list[int]]) -> None:
+        """The grams of each text (every window of G + 1 tokens: its first the key), the texts
+        in order (ContextTable's call too)."""
+        g = self.gram
+        for ids in texts:
+            self.push_many((ids[j], tuple(ids[j + 1:j + g + 1])) for j in range(len(ids) - g))
 
     def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
         q = self.grams.get(key)

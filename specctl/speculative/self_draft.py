@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
+from specctl.speculative.context_table import ContextTable
 from specctl.speculative.job_cache import JobCache, JobCacheParams
 from specctl.speculative.trie import branch_probe, build_trie
 from specctl.speculative.verify import DraftTree
@@ -59,6 +60,8 @@ class SelfDraftParams:
     job_cache: bool = False   # specctl: draft from the job's prompts and answers (job_cache.py)
     job_cands: int = 2        # candidates from the job cache per step (its most frequent)
     job_len: int = 16         # tokens a job-cache candidate drafts at most
+    grid: bool = False        # specctl: the context cache as a device table, its candidates
+                              # drafted over the batch at once (runtime/step/grid.py)
 
     def __post_init__(self):
         for name in ("branches", "context_cands", "corpus_cands", "trim_to", "job_cands"):
@@ -74,7 +77,8 @@ class SelfDraftParams:
                 f"{'' if self.context_cache else '-noctx'}{'' if self.corpus_cache else '-nocorpus'}"
                 f"{'-pg' if self.prompt_grams else ''}s{self.seed}"
                 # (only when on: runs recorded without a job cache keep their signature)
-                f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}")
+                f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}"
+                f"{'-grid' if self.grid else ''}")
 
 
 _M64 = (1 << 64) - 1
@@ -132,13 +136,20 @@ class SelfDraftDrafter(Drafter):
     name = "self-draft"
 
     def __init__(self, params: SelfDraftParams = SelfDraftParams(), corpus=None,
-                 corpus_id: str | None = None):
+                 corpus_id: str | None = None, vocab: int | None = None):
         """corpus: an object with lookup(context, limit) -> list of continuations (the
-        CorpusCache of build-cache), or None."""
+        CorpusCache of build-cache), or None. vocab: the model's (params.grid: the context
+        table's size)."""
         self.prm = params
         self.corpus = corpus if params.corpus_cache else None
         self.corpus_id = corpus_id if self.corpus is not None else None
-        self.ctx = ContextCache(params.lru)
+        self.vocab = vocab
+        if params.grid and vocab is None:
+            raise ValueError("self-draft grid: the model's vocabulary size is needed")
+        # (a grid step's candidates are one gather from the table; the per-sequence path
+        # reads it too, where a step cannot be a grid step: ContextTable.get)
+        self.ctx = ContextTable(vocab, params.lru, params.gram) if params.grid else \
+            ContextCache(params.lru, params.gram)
         self.job = JobCache(JobCacheParams(cont_len=params.job_len)) if params.job_cache else None
         # texts for the job cache, indexed when a step next drafts (flush_job): a run the
         # controller keeps lean pays nothing for it (indexing 32 admitted prompts cost a
@@ -176,7 +187,7 @@ class SelfDraftDrafter(Drafter):
                           probe=p.branches * p.branch_len)
 
     def fresh(self) -> "SelfDraftDrafter":
-        return SelfDraftDrafter(self.prm, self.corpus, self.corpus_id)
+        return SelfDraftDrafter(self.prm, self.corpus, self.corpus_id, self.vocab)
 
     def signature(self) -> str:
         return f"{self.name}:{self.prm.tag()}:{self.corpus_id or 'no-corpus'}"
@@ -272,8 +283,7 @@ class SelfDraftDrafter(Drafter):
             self.flush_job()
 
     def _push_prompt(self, ids) -> None:
-        g = self.prm.gram
-        self.ctx.push_many((ids[j], tuple(ids[j + 1:j + g + 1])) for j in range(len(ids) - g))
+        self.ctx.push_texts([ids])
 
     def _settle(self, seqs=None) -> None:
         """The trim due since, then the admitted prompts' grams into the context cache, then
@@ -290,9 +300,29 @@ class SelfDraftDrafter(Drafter):
             self._push_prompt(ids)
         self.ctx_pending.clear()
         if seqs is not None and self.prm.context_cache:
-            made = [(t, None) for t in map(self._text_tail, seqs) if t]
-            if made:
-                self.ctx.push_many(self._grams(made))
+            texts = [t for t in map(self._text_tail, seqs) if t]
+            if texts:
+                self.ctx.push_texts(texts)
+
+    @property
+    def context_table(self) -> ContextTable | None:
+        """The table a grid step drafts from (params.grid, with candidates to draft), else
+        None (runtime/step/grid.py)."""
+        p = self.prm
+        ok = isinstance(self.ctx, ContextTable) and p.context_cache and p.context_cands > 0
+        return self.ctx if ok else None
+
+    @property
+    def grid_cands(self) -> int:
+        """Chains a grid step drafts a sequence: the context cache's candidates."""
+        return min(self.prm.context_cands, self.prm.lru)
+
+    def grid_learned(self, seqs, accepted: int):
+        """A grid step's outcome (runtime/step/grid.py): its emitted text is pushed as grams
+        by the function returned (as observe's), the accepted drafts counted as the context
+        cache's."""
+        self.accepted_from["context"] += accepted
+        return lambda: self._settle(seqs)
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:
         if any(r > 0 for r in limits.room):   # (the planner's done it, unless called apart)

@@ -27,7 +27,10 @@ VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                            "no-job": {"job_cache": False},
                            # few extra tokens per step: for hardware where they are not free
                            "light": {"prompt_grams": True, "branches": 0, "context_cands": 4,
-                                     "corpus_cands": 1}}}
+                                     "corpus_cands": 1},
+                           # light's candidates drafted over the batch at once (experimental)
+                           "grid": {"prompt_grams": True, "branches": 0, "context_cands": 4,
+                                    "grid": True}}}
 
 
 SPECULATE = ("auto", "fixed")
@@ -207,6 +210,12 @@ class GenerateConfig:
                              "tokens, up to 16-token continuations), for jobs whose answers "
                              "repeat each other. Per process; --resume rebuilds it.",
                              flag="--job-cache/--no-job-cache", method=_SD)
+    grid: bool = option(False, "Experimental (issue 52): draft the context cache's candidates "
+                        "as array operations over the whole batch, C chains of G tokens a "
+                        "sequence in one layout (greedy and --speculate fixed; elsewhere the "
+                        "usual per-sequence drafting). Branches, the corpus and the job cache "
+                        "do not draft in its steps.",
+                        flag="--grid/--no-grid", method=_SD)
     job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
                                         "file when the job starts (where it exists) and save "
                                         "it there when the job ends, so a later job over new "
@@ -288,7 +297,7 @@ class GenerateConfig:
                                    self.corpus_cands, context_cache=self.context_cache,
                                    corpus_cache=self.corpus_cache != "none",
                                    prompt_grams=grams, seed=self.seed,
-                                   job_cache=self.job_cache)
+                                   job_cache=self.job_cache, grid=self.grid)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
 

@@ -65,7 +65,7 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                 "tokens per sequence and step cost real compute (0.2-0.6x of ar on a 2-core CPU, "
                 "see docs/benchmarks.md); --speculate auto (the default) drafts only where it "
                 "is expected to pay")
-        return SelfDraftDrafter(prm, corpus, cid)
+        return SelfDraftDrafter(prm, corpus, cid, model.cfg.vocab_size)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
     from specctl.speculative.draft_verify import LayerSkipDrafter

@@ -1,0 +1,109 @@
+"""A drafting step as array operations over the batch (issue 52: a Self-Draft drafting step
+whose host work does not grow in Python with the batch; bench-results/2026-11-29-drafting-host):
+the context cache's candidates as C chains of G tokens below each sequence's pending token,
+one layout for every sequence.
+
+    root, chain 0 (G nodes), chain 1, ... chain C-1:   n = 1 + C G rows a sequence
+
+Its positions and mask are a template made once; its tokens are one gather from the context
+table (speculative/context_table.py); greedy verification keeps, per chain, the prefix that
+agrees with the target's own argmax, and takes the longest chain (the first on a tie: tied
+chains emit the same tokens, the target's). A candidate its key lacks, or a node deeper than
+the sequence's room, is never accepted; its slot still holds some token, which is safe: an
+accepted draft equals the target's own token whatever it came from. So the step emits exactly
+`ar`'s text, and what it does a sequence in Python is what `ar`'s step does: read its tokens
+and emit them.
+
+The price of one layout for every sequence and step: a chain costs more rows than the trie
+the per-sequence path merges the same candidates into (~20% on the demo model, shape.py
+there), and a sequence without candidates still runs its C G rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specctl.engine.batch import ForwardBatch
+from specctl.speculative.context_table import ContextTable
+
+
+def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
+    """(depth [n], ancestors [n, n] bool) of a root and C chains of G nodes below it, n = 1 +
+    C G: node j of chain c is row 1 + c G + j, at depth j + 1, and sees the root, the nodes
+    of its chain up to itself, and nothing else new."""
+    n = 1 + C * G
+    depth = np.concatenate([[0], np.tile(np.arange(1, G + 1), C)]).astype(np.int64)
+    anc = np.zeros((n, n), dtype=bool)
+    anc[:, 0] = True
+    for c in range(C):
+        for j in range(G):
+            r = 1 + c * G + j
+            anc[r, 1 + c * G:r + 1] = True
+    return depth, anc
+
+
+def verify_chains(cands: np.ndarray, usable: np.ndarray,
+                  target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """cands [B, C, G] drafts, usable [B, C, G] which of them may be accepted, target [B, n]
+    the target's argmax after the root and after each node: (accepted [B], the chain they come
+    from [B], the emitted tokens [B, G + 1]: the accepted drafts, then the target's token after
+    the last, then anything)."""
+    B, C, G = cands.shape
+    after = np.empty_like(cands)   # the target's token after each node's parent
+    after[:, :, 0] = target[:, :1]
+    after[:, :, 1:] = target[:, 1:].reshape(B, C, G)[:, :, :G - 1]
+    agree = (cands == after) & usable
+    lens = np.cumprod(agree, axis=2).sum(axis=2)                     # [B, C]
+    best = lens.argmax(axis=1)                                        # (the first longest)
+    rows = np.arange(B)
+    acc = lens[rows, best]
+    out = np.empty((B, G + 1), dtype=cands.dtype)
+    out[:, :G] = cands[rows, best]
+    out[:, G] = 0
+    out[rows, acc] = target[rows, np.where(acc > 0, best * G + acc, 0)]   # the bonus
+    return acc, best, out
+
+
+class GridStep:
+    """Self-Draft's drafting step over a batch, from a context table (greedy)."""
+
+    def __init__(self, table: ContextTable, cands: int):
+        self.table, self.C, self.G = table, min(cands, table.R), table.G
+        self.n = 1 + self.C * self.G
+        self.depth, self.anc = chain_layout(self.C, self.G)
+        self.at = np.arange(self.G)   # each node's depth - 1
+
+    def run(self, model, kv, slots: list[int], lens: list[int], pending: list[int],
+            room: list[int], beside=None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """The step's forward and verification: (accepted [B], chain [B], emitted tokens
+        [B, G + 1], the first accepted + 1 of each row real; drafts each could accept [B]).
+        beside(): host work to run while the forward computes (CUDA), before its read-back.
+        Nothing is committed."""
+        B = len(slots)
+        pend = np.array(pending, dtype=np.int64)
+        cands, held = self.table.candidates(pend, self.C)
+        usable = held[:, :, None] & (self.at[None, None, :] < np.array(room)[:, None, None])
+        tokens = np.concatenate([pend[:, None], cands.reshape(B, -1)], axis=1)
+        batch = ForwardBatch.grid(slots, lens, tokens, self.depth, self.anc, model.device)
+        target = model.argmax(model.run(batch, kv))
+        if beside is not None:
+            beside()
+        target = target.cpu().numpy().reshape(B, self.n)   # (the step's read-back)
+        acc, best, out = verify_chains(cands, usable, target)
+        return acc, best, out, usable.reshape(B, -1).sum(axis=1)
+
+    def commit(self, kv, slots: list[int], acc: list[int], best: list[int]) -> None:
+        """Each sequence keeps its root and its accepted rows: in place (kv.advance) unless
+        they came from a chain past the first (kv.commit_many moves them)."""
+        G, moved = self.G, []
+        for s, a, c in zip(slots, acc, best):
+            if a and c:
+                moved.append((s, [0, *range(1 + c * G, 1 + c * G + a)]))
+        if moved:
+            kv.commit_many(moved)
+            done = {s for s, _ in moved}
+            kv.advance([s for s in slots if s not in done],
+                       [a + 1 for s, a in zip(slots, acc) if s not in done])
+        else:
+            kv.advance(slots, [a + 1 for a in acc])

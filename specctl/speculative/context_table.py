@@ -1,0 +1,98 @@
+"""Self-Draft's context cache as arrays (issue 52): a step's candidates for the whole batch are
+one gather, a step's grams one scatter, so neither grows in Python with the batch (the dict
+of context_cache.py is read and written a sequence, and a gram, at a time).
+
+Per key token a ring of `lru` continuations of G tokens: conts[key, p], the newest at
+ptr[key] - 1, `fill[key]` of them held. Where it differs from the dict (ContextCache), and why
+that is safe: a gram pushed while its key holds it already keeps its place (the dict makes it
+the newest; a gram a push repeats is pushed once, at its last place). That changes only which
+candidates a step drafts, never what it emits (verification keeps only the target's own
+tokens). Row V is a dump that no gather reads: writes that must not land go there, so no
+operation's shape depends on the data.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+
+class ContextTable:
+    def __init__(self, vocab: int, lru: int, gram: int):
+        self.V, self.R, self.G = vocab, lru, gram
+        self.conts = np.zeros((vocab + 1, lru, gram), dtype=np.int64)
+        self.ptr = np.zeros(vocab + 1, dtype=np.int64)
+        self.fill = np.zeros(vocab + 1, dtype=np.int64)
+        self._ring = np.arange(lru)
+
+    def candidates(self, keys: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `limit` newest continuations of each key [B] (newest first): ([B, C, G] tokens,
+        [B, C] which are held), C = min(limit, lru)."""
+        i = self._ring[:min(limit, self.R)]
+        slot = (self.ptr[keys][:, None] - 1 - i[None, :]) % self.R
+        return self.conts[keys[:, None], slot], i[None, :] < self.fill[keys][:, None]
+
+    def push(self, keys: np.ndarray, conts: np.ndarray) -> None:
+        """Grams (keys [K], continuations [K, G]) in push order: each key keeps its newest
+        `lru`; a gram its key holds already is not added again."""
+        if not keys.shape[0]:
+            return
+        rows = np.concatenate([keys[:, None], conts], axis=1)
+        order = np.lexsort(rows.T[::-1])   # (stable: a gram's repeats in push order)
+        srt = rows[order]
+        again = np.zeros(len(rows), dtype=bool)   # a gram this push repeats later
+        again[order[:-1][(srt[1:] == srt[:-1]).all(axis=1)]] = True
+        if again.any():
+            keys, conts = keys[~again], conts[~again]
+        K, R = keys.shape[0], self.R
+        age = (self.ptr[keys][:, None] - 1 - self._ring[None, :]) % R    # [K, R]
+        held = ((self.conts[keys] == conts[:, None, :]).all(2)
+                & (age < self.fill[keys][:, None])).any(1)
+        keys = np.where(held, self.V, keys)
+        order = np.argsort(keys, kind="stable")   # (push order within a key)
+        ks = keys[order]
+        idx = np.arange(K)
+        first = np.ones(K, dtype=bool)
+        first[1:] = ks[1:] != ks[:-1]
+        rank = idx - np.maximum.accumulate(np.where(first, idx, 0))   # within its key
+        before = self.ptr[ks]
+        np.add.at(self.ptr, keys, 1)
+        n = self.ptr[ks] - before   # this push's grams of the key
+        land = np.where(rank >= n - R, ks, self.V)   # (only a key's last R land)
+        self.conts[land, (before + rank) % R] = conts[order]
+        self.fill[ks] = np.minimum(self.fill[ks] + n, R)
+
+    def push_many(self, grams) -> None:
+        """push of (key, continuation) pairs, in order (ContextCache's call)."""
+        grams = list(grams)
+        if grams:
+            self.push(np.fromiter((k for k, _ in grams), np.int64, len(grams)),
+                      np.fromiter(chain.from_iterable(c for _, c in grams), np.int64,
+                                  len(grams) * self.G).reshape(len(grams), self.G))
+
+    def push_texts(self, texts: list[list[int]]) -> None:
+        """The grams of each text (every window of G + 1 tokens: its first the key), the
+        texts in order: ContextCache.push_many of each text's grams, one array pass."""
+        g = self.G
+        lens = np.fromiter(map(len, texts), np.int64, len(texts))
+        flat = np.fromiter(chain.from_iterable(texts), np.int64, int(lens.sum()))
+        start = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        n = np.maximum(lens - g, 0)   # windows a text makes
+        at = np.repeat(start - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(n.sum())
+        win = flat[at[:, None] + np.arange(g + 1)[None, :]]
+        self.push(win[:, 0], win[:, 1:])
+
+    def get(self, key: int, limit: int) -> list[tuple[int, ...]]:
+        """One key's newest `limit` continuations (ContextCache.get: the per-sequence path)."""
+        if limit <= 0 or not 0 <= key < self.V:
+            return []
+        c, ok = self.candidates(np.array([key]), limit)
+        return [tuple(t) for t in c[0][ok[0]].tolist()]
+
+    def trim(self, keep: int) -> None:
+        """Every key keeps only its `keep` newest continuations."""
+        np.minimum(self.fill, keep, out=self.fill)
+
+    def __len__(self) -> int:
+        return int(self.fill[:self.V].sum())

@@ -1,0 +1,254 @@
+"""Self-Draft's grid step (runtime/step/grid.py, issue 52): the context table against its
+documented semantics and the dict it stands for, chain verification against the trie's, the
+step lossless end to end (eager and graph path, contiguous and paged caches, EOS, batch 1 to
+8), and its host work the same at any batch size but for emitting each sequence's tokens."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from helpers import kv_budget, random_prompts, run_ids
+from specctl.engine.graphs import CudaGraphs
+from specctl.engine.loader import load_model
+from specctl.runtime.step.grid import GridStep, chain_layout, verify_chains
+from specctl.speculative.context_cache import ContextCache
+from specctl.speculative.context_table import ContextTable
+from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+from specctl.speculative.trie import build_trie
+from specctl.speculative.verify import verify_greedy
+
+
+class RingReference:
+    """ContextTable's documented semantics in plain Python: per key a list of at most lru
+    continuations, newest last; a push adds each gram once, at its last place in the push,
+    unless its key held it when the push began."""
+
+    def __init__(self, lru: int):
+        self.lru, self.q = lru, {}
+
+    def push_many(self, grams) -> None:
+        last = {gr: i for i, gr in enumerate(grams)}
+        held = {gr for gr in last if gr[1] in self.q.get(gr[0], [])}
+        for i, (key, cont) in enumerate(grams):
+            if last[(key, cont)] == i and (key, cont) not in held:
+                q = self.q.setdefault(key, [])
+                q.append(cont)
+                del q[:-self.lru]
+
+    def get(self, key, limit):
+        return list(reversed(self.q.get(key, [])))[:limit]
+
+    def trim(self, keep):
+        for q in self.q.values():
+            del q[:-keep or len(q)]
+
+
+def _grams(rng, n, keys, alphabet, g):
+    return [(rng.randrange(keys), tuple(rng.randrange(alphabet) for _ in range(g)))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_context_table_is_its_documented_ring(seed):
+    """Pushes of many grams a key in one call (past lru), repeats inside a push and of grams
+    held, trims: every key's candidates as the reference's, newest first."""
+    rng = random.Random(seed)
+    lru, g = rng.choice([1, 3, 10]), rng.choice([1, 4])
+    table, ref = ContextTable(40, lru, g), RingReference(lru)
+    for _ in range(30):
+        grams = _grams(rng, rng.randrange(0, 40), 6, 3, g)   # (small: repeats are common)
+        table.push_many(grams)
+        ref.push_many(grams)
+        if rng.random() < 0.2:
+            keep = rng.randint(1, lru)
+            table.trim(keep)
+            ref.trim(keep)
+        for key in range(8):
+            assert table.get(key, lru) == ref.get(key, lru), (key, grams)
+    assert len(table) == sum(map(len, ref.q.values()))
+
+
+def test_context_table_equals_the_dict_where_no_gram_repeats():
+    rng = random.Random(7)
+    table, cache = ContextTable(50, 4, 3), ContextCache(4, 3)
+    seen = set()
+    for _ in range(40):
+        grams = [gr for gr in _grams(rng, 25, 10, 1000, 3) if gr not in seen]
+        seen.update(grams)
+        table.push_many(grams)
+        cache.push_many(grams)
+        if rng.random() < 0.2:
+            table.trim(2)
+            cache.trim(2)
+        assert all(table.get(k, 4) == cache.get(k, 4) for k in range(10))
+
+
+def test_push_texts_makes_every_window():
+    texts = [[1, 2, 3, 4, 5], [], [9], [6, 7, 8]]
+    table, cache = ContextTable(20, 10, 2), ContextCache(10, 2)
+    table.push_texts(texts)
+    cache.push_texts(texts)
+    assert [table.get(k, 10) for k in range(20)] == [cache.get(k, 10) for k in range(20)]
+    assert table.get(1, 10) == [(2, 3)] and table.get(6, 10) == [(7, 8)] and len(table) == 4
+
+
+def test_chain_layout():
+    depth, anc = chain_layout(2, 3)
+    assert depth.tolist() == [0, 1, 2, 3, 1, 2, 3]
+    assert anc[6].tolist() == [True, False, False, False, True, True, True]
+    assert anc[2].tolist() == [True, True, True, False, False, False, False]
+    assert anc.diagonal().all() and anc[:, 0].all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_verify_chains_emits_what_the_trie_does(seed):
+    """Chains that share prefixes, candidates a key lacks, rooms that cut them: the tokens
+    emitted equal build_trie + verify_greedy over the usable candidates (the per-sequence
+    path's), the target a function of each row's path as a model's is."""
+    rng = np.random.default_rng(seed)
+    B, C, G = 64, 4, 3
+    cands = rng.integers(0, 3, (B, C, G))
+    held = rng.random((B, C)) < 0.7
+    held = np.cumsum(~held, axis=1) == 0   # (held candidates are the first ones, as a ring's)
+    room = rng.integers(0, G + 2, B)
+    usable = held[:, :, None] & (np.arange(G)[None, None, :] < room[:, None, None])
+    salt = rng.integers(0, 1 << 30, B)
+    target = np.zeros((B, 1 + C * G), np.int64)
+
+    def after(b, path):   # (the first token of a path follows a candidate half the time)
+        return hash((int(salt[b]), tuple(path))) % 3
+    for b in range(B):
+        target[b, 0] = after(b, [])
+        for c in range(C):
+            for j in range(G):
+                target[b, 1 + c * G + j] = after(b, cands[b, c, :j + 1].tolist())
+    acc, best, out = verify_chains(cands, usable, target)
+    hits = 0
+    for b in range(B):
+        keep = [cands[b, c, :min(G, room[b])].tolist() for c in range(C) if held[b, c]]
+        tree = build_trie(keep, 1 << 20)
+        paths = {}
+        for j, (t, p) in enumerate(zip(tree.tokens, tree.parents)):
+            paths[j] = (paths[p] if p >= 0 else ()) + (t,)
+        v = verify_greedy(tree, [target[b, 0]] + [after(b, paths[j]) for j in range(len(tree))])
+        assert out[b, :acc[b] + 1].tolist() == v.tokens(tree), b
+        hits += acc[b] > 0
+    assert hits > 5   # (drafts were accepted: the comparison is not over empty paths)
+
+
+@pytest.fixture(scope="module")
+def graph(tiny_llama):
+    m = load_model(tiny_llama, "cpu", "fp32")
+    m.graphs = CudaGraphs(m, capture=False)
+    return m
+
+
+def _grid_drafter(model, **kw):
+    prm = dict(branches=0, context_cands=4, prompt_grams=True, grid=True) | kw
+    return SelfDraftDrafter(SelfDraftParams(**prm), None, vocab=model.cfg.vocab_size)
+
+
+@pytest.fixture
+def grid_steps(monkeypatch):
+    """Counts the grid steps run (so a test knows the grid path ran, not the other)."""
+    ran = Counter()
+    real = GridStep.run
+
+    def run(self, model, kv, slots, *a, **kw):
+        ran["steps"] += 1
+        ran["seqs"] += len(slots)
+        return real(self, model, kv, slots, *a, **kw)
+    monkeypatch.setattr(GridStep, "run", run)
+    return ran
+
+
+@pytest.mark.parametrize("path", ["eager", "graph"])
+@pytest.mark.parametrize("batch_size", [1, 3, 8])
+def test_grid_is_lossless(model, graph, grid_steps, path, batch_size):
+    m = model if path == "eager" else graph
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5] + \
+        random_prompts(6, seed=batch_size)
+    for eos in ((), (7,)):
+        ref, _ = run_ids(model, prompts, max_tokens=40, eos_ids=eos)
+        dr = _grid_drafter(m)
+        got, st = run_ids(m, prompts, batch_size=batch_size, max_tokens=40, eos_ids=eos,
+                          drafter=dr)
+        assert got == ref, eos
+        assert grid_steps["steps"] == st.steps and st.step_tokens == 17 * grid_steps["seqs"]
+        grid_steps.clear()
+        assert sum(k * n for k, n in st.accept_hist.items()) > 20   # drafts were accepted
+        assert dr.accepted_from["context"] > 20
+
+
+def test_grid_is_lossless_on_a_paged_cache_near_the_context_end(model, grid_steps):
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12]
+    preempted = 0
+    for max_len in (40, 64):
+        ref, _ = run_ids(model, prompts, max_tokens=60, max_len=max_len)
+        dr = _grid_drafter(model, gram=5)
+        budget = kv_budget(model, dr, max_len, 1.2)   # (a pool of 1.2 sequences: preemptions)
+        got, st = run_ids(model, prompts, batch_size=3, max_tokens=60, max_len=max_len,
+                          drafter=dr, kv_budget=budget)
+        assert got == ref and grid_steps["steps"] > 0, max_len
+        preempted += st.preemptions
+    assert preempted > 0
+
+
+def test_a_run_takes_the_grid_step_only_where_it_can(model):
+    """Greedy and no controller: the grid step; sampling, or a drafter without context
+    candidates: the per-sequence path (which drafts from the same table)."""
+    from specctl.runtime.step.runner import Runner
+    from specctl.speculative.sampling import SamplingParams
+
+    def grid(sp=SamplingParams(), **kw):
+        r = Runner(model, _grid_drafter(model, **kw), sp, batch_size=2, max_len=64,
+                   eos_ids=set(), render=lambda r: [1, 2], decode=str)
+        return r._grid_step()
+    assert grid() is not None
+    assert grid(SamplingParams(temperature=0.8)) is None
+    assert grid(context_cands=0) is None and grid(context_cache=False) is None
+
+
+def _calls(fn) -> Counter:
+    """Python calls made by fn() outside the model's forward and read-back (they are the
+    device's), by function."""
+    counts, depth = Counter(), [0]
+
+    def prof(frame, event, arg):
+        name = frame.f_code.co_name
+        if event == "call":
+            if depth[0] == 0:
+                counts[f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{name}"] += 1
+            if name in ("run", "argmax") and "engine/model.py" in frame.f_code.co_filename:
+                depth[0] += 1
+        elif event == "return" and name in ("run", "argmax") and \
+                "engine/model.py" in frame.f_code.co_filename:
+            depth[0] -= 1
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
+    """The host's work in a grid step (candidates, layout, verification) does not grow in
+    Python with the batch: the same calls at 2 and at 12 sequences."""
+    table = ContextTable(model.cfg.vocab_size, 10, 4)
+    table.push_texts([list(range(3, 60))])
+    grid = GridStep(table, 4)
+    kv = model.new_kv_cache(12, 128)
+    made = {}
+    for B in (2, 12):
+        slots = list(range(B))
+        for s in slots:
+            kv.lens[s] = 10
+        made[B] = _calls(lambda: grid.run(model, kv, slots, [10] * B, list(range(5, 5 + B)),
+                                          [4] * B))
+    assert made[2] == made[12] and sum(made[2].values()) > 10
