@@ -157,13 +157,13 @@ def _grid_drafter(model, **kw):
 def grid_steps(monkeypatch):
     """Counts the grid steps run (so a test knows the grid path ran, not the other)."""
     ran = Counter()
-    real = GridStep.run
+    real = GridStep.plan
 
-    def run(self, model, kv, slots, *a, **kw):
+    def plan(self, slots, *a, **kw):
         ran["steps"] += 1
         ran["seqs"] += len(slots)
-        return real(self, model, kv, slots, *a, **kw)
-    monkeypatch.setattr(GridStep, "run", run)
+        return real(self, slots, *a, **kw)
+    monkeypatch.setattr(GridStep, "plan", plan)
     return ran
 
 
@@ -200,8 +200,8 @@ def test_grid_is_lossless_on_a_paged_cache_near_the_context_end(model, grid_step
 
 
 def test_a_run_takes_the_grid_step_only_where_it_can(model):
-    """Greedy and no controller: the grid step; sampling, or a drafter without context
-    candidates: the per-sequence path (which drafts from the same table)."""
+    """Greedy: the grid step; sampling, or a drafter without context candidates: the
+    per-sequence path (which drafts from the same table)."""
     from specctl.runtime.step.runner import Runner
     from specctl.speculative.sampling import SamplingParams
 
@@ -212,6 +212,41 @@ def test_a_run_takes_the_grid_step_only_where_it_can(model):
     assert grid() is not None
     assert grid(SamplingParams(temperature=0.8)) is None
     assert grid(context_cands=0) is None and grid(context_cache=False) is None
+
+
+def _table(f):
+    """A synthetic step-cost table, ms(b, n) = f(b, n) (test_controller.py's)."""
+    from specctl.engine.steptable import StepTable
+    ns, bs = (1, 2, 4, 8, 16, 32, 64), tuple(range(1, 9))
+    return StepTable("cpu", "float32", "sdpa", 128, bs, ns,
+                     tuple(tuple(float(f(b, n)) for n in ns) for b in bs))
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("profile", ["flat", "steep"])
+def test_grid_under_the_controller(model, grid_steps, batch_size, profile):
+    """--speculate auto: where verifying more rows is nearly free the controller's budgets
+    let the grid draft (cut chain after chain in node order) and it accepts; where every row
+    costs a step, every step is `ar`'s. The output is ar's either way."""
+    from specctl.runtime.control.controller import make_controller
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12] + \
+        random_prompts(4, seed=9)
+    ref, ar = run_ids(model, prompts, max_tokens=32)
+    dr = _grid_drafter(model)
+    f = (lambda b, n: 10.0 + 0.001 * b * n) if profile == "flat" else \
+        (lambda b, n: 10.0 * b * n)
+    ctl = make_controller(dr, model, batch_size, _table(f), correct=False, guard=False,
+                          prior_accept=0.9 if profile == "flat" else 0.99,
+                          explore_every=32 if profile == "flat" else 0)
+    got, st = run_ids(model, prompts, batch_size=batch_size, max_tokens=32, drafter=dr,
+                      speculate="auto", controller=ctl)
+    assert got == ref
+    assert st.controlled_steps == st.steps and dr.price().max_draft == 16
+    if profile == "flat":
+        assert grid_steps["steps"] > 0 and max(st.budget_hist) > 0
+        assert dr.accepted_from["context"] > 0 and st.steps < sum(map(len, ref))
+    else:
+        assert grid_steps["steps"] == 0 and set(st.budget_hist) == {0}
 
 
 def _calls(fn) -> Counter:
@@ -238,8 +273,9 @@ def _calls(fn) -> Counter:
 
 
 def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
-    """The host's work in a grid step (candidates, layout, verification) does not grow in
-    Python with the batch: the same calls at 2 and at 12 sequences."""
+    """The host's work in a grid step (candidates, layout, verification, commit) does not
+    grow in Python with the batch: the same calls at 2 and at 12 sequences, but for the KV
+    cache's check of each kept row, which `ar`'s step makes too."""
     table = ContextTable(model.cfg.vocab_size, 10, 4)
     table.push_texts([list(range(3, 60))])
     grid = GridStep(table, 4)
@@ -247,8 +283,15 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
     made = {}
     for B in (2, 12):
         slots = list(range(B))
-        for s in slots:
-            kv.lens[s] = 10
-        made[B] = _calls(lambda: grid.run(model, kv, slots, [10] * B, list(range(5, 5 + B)),
-                                          [4] * B))
+
+        def step():
+            for s in slots:
+                kv.lens[s] = 10
+            batch, drafts = grid.plan(slots, [10] * B, list(range(5, 5 + B)), [4] * B, None,
+                                      "cpu")
+            acc, best, _ = grid.verify(drafts, model.argmax(model.run(batch, kv)))
+            grid.commit(kv, slots, acc.tolist(), [0] * B)
+        step()   # (the layout is made once, at the first step)
+        made[B] = _calls(step)
+        assert made[B].pop("kv.py:_check_kept") == B
     assert made[2] == made[12] and sum(made[2].values()) > 10

@@ -179,8 +179,11 @@ class SelfDraftDrafter(Drafter):
         return self.prm.job_cands * self.prm.job_len if self.job is not None else 0
 
     def price(self) -> DraftPrice:
-        """Its drafts are a trie of cache candidates; its branches a probe beside them."""
+        """Its drafts are a trie of cache candidates; its branches a probe beside them. On a
+        grid (runtime/step/grid.py): the context cache's chains, cut by node order, no probe."""
         p = self.prm
+        if self.context_table is not None:
+            return DraftPrice(max_draft=self.grid_cands * p.gram, tree=True)
         return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * self.glen
                           + self._job_draft(),
                           tree=True,

@@ -21,10 +21,15 @@ there), and a sequence without candidates still runs its C G rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from specctl.engine.batch import ForwardBatch
 from specctl.speculative.context_table import ContextTable
+from specctl.speculative.drafter import Proposal
+from specctl.speculative.verify import DraftTree, Verdict
 
 
 def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
@@ -64,34 +69,91 @@ def verify_chains(cands: np.ndarray, usable: np.ndarray,
     return acc, best, out
 
 
+@dataclass(frozen=True)
+class GridDrafts:
+    """A grid step's drafts (GridStep.plan): candidates [B, C, G] and which of them may be
+    accepted [B, C, G], by the context table, each sequence's room and its budget."""
+    cands: np.ndarray
+    usable: np.ndarray
+
+    def drafted(self) -> np.ndarray:
+        """Drafts each sequence could accept [B]."""
+        return self.usable.reshape(len(self.usable), -1).sum(axis=1)
+
+
+class GridProposals(Sequence):
+    """The step's proposals as the controller and the accounting read them (a draft of so many
+    nodes, no probe, no confidence stop), made one at a time where they are asked for: the
+    step itself never makes them."""
+
+    def __init__(self, drafts: GridDrafts):
+        self.sizes = drafts.drafted().tolist()
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Proposal(DraftTree.trusted([0] * self.sizes[i], [-1] * self.sizes[i]))
+
+
+class GridVerdicts(Sequence):
+    """The step's verdicts (accepted node indices: chain c's node j is c G + j), made one at
+    a time where they are asked for."""
+
+    def __init__(self, acc: list[int], best: list[int], out: list[list[int]], G: int):
+        self.acc, self.best, self.out, self.G = acc, best, out, G
+
+    def __len__(self) -> int:
+        return len(self.acc)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        a, c = self.acc[i], self.best[i] * self.G
+        return Verdict(list(range(c, c + a)), self.out[i][a])
+
+
 class GridStep:
     """Self-Draft's drafting step over a batch, from a context table (greedy)."""
 
     def __init__(self, table: ContextTable, cands: int):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
-        self.n = 1 + self.C * self.G
-        self.depth, self.anc = chain_layout(self.C, self.G)
         self.at = np.arange(self.G)   # each node's depth - 1
+        self._layouts: dict[int, tuple] = {}
 
-    def run(self, model, kv, slots: list[int], lens: list[int], pending: list[int],
-            room: list[int], beside=None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                   np.ndarray]:
-        """The step's forward and verification: (accepted [B], chain [B], emitted tokens
-        [B, G + 1], the first accepted + 1 of each row real; drafts each could accept [B]).
-        beside(): host work to run while the forward computes (CUDA), before its read-back.
-        Nothing is committed."""
-        B = len(slots)
+    def layout(self, C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(depth [n], ancestors [n, n], each draft's node index [C, G]) of C chains: made once."""
+        got = self._layouts.get(C)
+        if got is None:
+            got = self._layouts[C] = (*chain_layout(C, self.G),
+                                      np.arange(C * self.G).reshape(C, self.G))
+        return got
+
+    def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
+             budget: list[int] | None, device) -> tuple[ForwardBatch, GridDrafts]:
+        """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
+        for the largest budget, at most the drafter's), accepted no deeper than its room and,
+        chain after chain, within its budget of nodes (None: every node)."""
+        B, G = len(slots), self.G
+        C = self.C if budget is None else max(1, min(self.C, -(-max(budget) // G)))
+        depth, anc, node = self.layout(C)
         pend = np.array(pending, dtype=np.int64)
-        cands, held = self.table.candidates(pend, self.C)
+        cands, held = self.table.candidates(pend, C)
         usable = held[:, :, None] & (self.at[None, None, :] < np.array(room)[:, None, None])
+        if budget is not None:
+            usable &= node[None, :, :] < np.array(budget)[:, None, None]
         tokens = np.concatenate([pend[:, None], cands.reshape(B, -1)], axis=1)
-        batch = ForwardBatch.grid(slots, lens, tokens, self.depth, self.anc, model.device)
-        target = model.argmax(model.run(batch, kv))
-        if beside is not None:
-            beside()
-        target = target.cpu().numpy().reshape(B, self.n)   # (the step's read-back)
-        acc, best, out = verify_chains(cands, usable, target)
-        return acc, best, out, usable.reshape(B, -1).sum(axis=1)
+        return (ForwardBatch.grid(slots, lens, tokens, depth, anc, device),
+                GridDrafts(cands, usable))
+
+    def verify(self, drafts: GridDrafts, target) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(accepted [B], chain [B], emitted tokens [B, G + 1]) from the target's argmax over
+        the step's rows (a tensor: its read-back is the step's first wait)."""
+        B = len(drafts.cands)
+        return verify_chains(drafts.cands, drafts.usable,
+                             target.cpu().numpy().reshape(B, -1))
 
     def commit(self, kv, slots: list[int], acc: list[int], best: list[int]) -> None:
         """Each sequence keeps its root and its accepted rows: in place (kv.advance) unless

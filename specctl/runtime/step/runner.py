@@ -46,12 +46,12 @@ from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.answers import Answers
 from specctl.runtime.step.commit import commit
-from specctl.runtime.step.grid import GridStep
+from specctl.runtime.step.grid import GridStep, GridVerdicts
 from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
-from specctl.runtime.step.step import Planner, StepPlan, read, verify
+from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, read, verify
 from specctl.runtime.control.steptables import STEP_TABLE_ROWS
 from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
@@ -94,7 +94,6 @@ class Runner:
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
         self._later: list[Callable[[], object]] = []   # the last step's learning (under_forward)
         self._later_lean = False   # it is a lean step's (it reads no slot)
-        self._grid: GridStep | None = None   # (run: _grid_step)
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -163,7 +162,7 @@ class Runner:
         if ctl is not None:
             ctl.new_run()
         self.drafter.overlapped = self._overlaps = self.planner.overlaps
-        self._grid = self._grid_step()
+        self.planner.grid = self._grid_step()
         # what exists now (the model's and the drafter's objects, a corpus cache's tables)
         # is out of the cyclic GC's sight for the run: a collection in a step scanned it all
         # (Self-Draft's first steps at batch 64 paid ~2 ms for one, as much as a step's
@@ -366,12 +365,10 @@ class Runner:
     # -- one step ---------------------------------------------------------------------------
     def _grid_step(self) -> GridStep | None:
         """Self-Draft's grid step (runtime/step/grid.py) where its drafter keeps a context
-        table and the run can take it: greedy, no controller (its budgets and learning read
-        per-sequence proposals: a later stage), no logprobs. Else None: the per-sequence
+        table and the run can take it: greedy, no logprobs. Else None: the per-sequence
         steps."""
         table = getattr(self.drafter, "context_table", None)
-        if table is None or not self.sp.greedy or self.controller is not None or \
-                self.logprobs is not None:
+        if table is None or not self.sp.greedy or self.logprobs is not None:
             return None
         return GridStep(table, self.drafter.grid_cands)
 
@@ -381,8 +378,6 @@ class Runner:
         docstring of runtime/step/threads.py): its packed tokens, or its step-cost-table ms
         where a controller prices steps and the step's learning is not left for the next
         (under_forward: CUDA, where no thread tuner runs)."""
-        if self._grid is not None:
-            return self._grid_commit(seqs, self._grid, drain)
         g = self.model.graphs
         captures = g.captures if g is not None else 0
         t0 = self.clock()
@@ -392,17 +387,26 @@ class Runner:
         # (on CUDA the forward runs on while the host learns from the last step and searches
         # for the next: the argmax read is the step's first wait)
         ahead = self.under_forward(plan.seqs, drain)
-        target = read(plan, h, self.model, self.sp)
-        t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
-        out = verify(plan, h, self.model, self.sp, self._uniforms, target)
+        if plan.grid is not None:   # (Self-Draft's grid step: runtime/step/grid.py)
+            acc, best, toks = self.planner.grid.verify(plan.grid, self.model.argmax(h))
+            t2 = self.clock()
+            out = StepOutcome(GridVerdicts(acc.tolist(), best.tolist(), toks.tolist(),
+                                           self.planner.grid.G), ())
+        else:
+            target = read(plan, h, self.model, self.sp)
+            t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
+            out = verify(plan, h, self.model, self.sp, self._uniforms, target)
         if self.controller is not None and self.controller.unlearnt and not plan.lean:
             # (the next decide reads it: observe may come a step late)
             self.controller.verified(plan.budgets, out.verdicts)
         had = [len(s.out_ids) for s in seqs]
-        commit(plan, out, self.kv, self.answers, self.stats)
-        learn = self.drafter.observe_lean(seqs) if plan.lean else \
-            self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
-                                 list(out.probe_out))
+        if plan.grid is not None:
+            learn = self.drafter.grid_learned(seqs, self._grid_commit(plan, out))
+        else:
+            commit(plan, out, self.kv, self.answers, self.stats)
+            learn = self.drafter.observe_lean(seqs) if plan.lean else \
+                self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
+                                     list(out.probe_out))
         # (a drafting step in which a sequence ended learns at once: its slot is about to be
         # given up, and what the controller learns is kept by slot; a lean step's learning
         # reads no slot: it waits for the next forward even past a retirement, _retire)
@@ -441,35 +445,25 @@ class Runner:
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
 
-    def _grid_commit(self, seqs: list[Sequence], grid: GridStep, drain: bool) -> float:
-        """A grid step over seqs: its forward and verification (GridStep.run, the last step's
-        learning under its forward), then each sequence's kept rows and emitted tokens, as
-        commit does a planned step's."""
-        kv, st = self.kv, self.stats
-        slots = [s.slot for s in seqs]
-        acc, best, out, drafted = grid.run(
-            self.model, kv, slots, [kv.lens[s] for s in slots], [s.pending for s in seqs],
-            self.planner._room(seqs), lambda: self.under_forward(seqs, drain))
-        acc, drafted = acc.tolist(), drafted.tolist()
-        grid.commit(kv, slots, acc, best.tolist())
+    def _grid_commit(self, plan: StepPlan, out: StepOutcome) -> int:
+        """A grid step's commit (commit's, from its verdicts' arrays): each sequence's kept
+        rows and emitted tokens; returns the drafts accepted."""
+        st, verdicts = self.stats, out.verdicts
+        acc, G = verdicts.acc, verdicts.G
+        self.planner.grid.commit(self.kv, [s.slot for s in plan.seqs], acc, verdicts.best)
         emit, hist = self.answers.emit, st.accept_hist
-        for s, a, d, toks in zip(seqs, acc, drafted, out.tolist()):
+        for s, a, d, toks in zip(plan.seqs, acc, plan.proposals.sizes, verdicts.out):
             req = s.req
             req.steps += 1
             req.accept_lengths.append(a)
             req.draft_lengths.append(d)
             hist[a] = hist.get(a, 0) + 1
             emit(s, toks[:a + 1])
-        n = grid.n * len(seqs)
+        n = plan.batch.num_tokens
         st.steps += 1
         st.step_tokens += n
         st.padded_tokens += n
-        learn = self.drafter.grid_learned(seqs, sum(acc))
-        if self._overlaps and not any(s.finished for s in seqs):
-            self._later.append(learn)   # (under the next forward, as a planned step's)
-        else:
-            learn()
-        return float(n)
+        return sum(acc)
 
     def under_forward(self, seqs, drain: bool) -> float:
         """The host's work while a step's forward computes, where forwards run on without

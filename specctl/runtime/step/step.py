@@ -25,6 +25,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.runtime.control.controller import Budgets, Controller
+from specctl.runtime.step.grid import GridDrafts, GridProposals, GridStep
 from specctl.runtime.step.sequence import Sequence
 from specctl.speculative.drafter import Drafter, DraftLimits, Proposal
 from specctl.speculative.sampling import SamplingParams, warp
@@ -42,6 +43,8 @@ class StepPlan:
     search_ms: float = 0.0           # the controller's search (Controller.decide), if it ran
     lean: bool = False               # `ar`'s step: every proposal the drafter's idle one
     apart_ms: float = 0.0            # planning that is not drafting's host work (Planner.plan)
+    grid: GridDrafts | None = None   # a grid step's drafts (runtime/step/grid.py): then
+                                     # `proposals` are made from them where they are read
 
     @property
     def confidence_stops(self) -> int:
@@ -70,6 +73,7 @@ class Planner:
                  controller: Controller | None = None):
         self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
         self.controller = controller
+        self.grid: GridStep | None = None   # (a run's, where it drafts on a grid: Runner.run)
 
     def plan(self, seqs: list[Sequence], drain: bool = False, clock=None) -> StepPlan:
         """drain: no request waits (the controller then prices the job's critical path);
@@ -90,6 +94,9 @@ class Planner:
             search_ms = (now() - t) * 1e3
             if budgets.lean:
                 return self._lean(seqs, budgets, search_ms)
+        if self.grid is not None:
+            return self._grid(seqs, budgets, room, search_ms, now)
+        if budgets is not None:
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
         # them is an error here, not a write into a block nobody reserved)
@@ -111,6 +118,22 @@ class Planner:
                 raise RuntimeError(f"{self.drafter.name}: a proposal past its limits "
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
         return self._planned(seqs, budgets, props, search_ms, apart_ms)
+
+    def _grid(self, seqs: list[Sequence], budgets: Budgets | None, room: list[int],
+              search_ms: float, now) -> StepPlan:
+        """A grid step's plan: the drafts of every sequence at once (GridStep.plan), within
+        its room and budget (the drafter's catch-up learning first, timed apart as in plan)."""
+        t = now()
+        if any(room):
+            self.drafter.catch_up(seqs)
+        apart_ms = (now() - t) * 1e3
+        lens = self.kv.lens
+        batch, drafts = self.grid.plan([s.slot for s in seqs], [lens[s.slot] for s in seqs],
+                                       [s.pending for s in seqs], room,
+                                       None if budgets is None else list(budgets.ks),
+                                       self.model.device)
+        return StepPlan(tuple(seqs), budgets, GridProposals(drafts), batch, (), (), search_ms,
+                        apart_ms=apart_ms, grid=drafts)
 
     def _room(self, seqs: list[Sequence]) -> list[int]:
         """The drafts each sequence may accept: with the bonus token after them, a step emits
