@@ -322,6 +322,35 @@ def test_skip_bad(tmp_path, tiny_llama):
     # context), is no unfinished one (it was said to be, "3 of 6 requests done", every time)
     r = ok(generate(inp, tmp_path / "o2.jsonl", tmp_path / "store", tiny_llama, "--skip-bad"))
     assert "unfinished" not in r.output and read_jsonl(tmp_path / "o2.jsonl") != []
+    # --resume of the finished run: nothing to do, its bad lines not recorded again, its
+    # measured throughput kept (the errors were taken as lines still to do)
+    def kept():
+        return [((d / "records.jsonl").read_text(), (d / "metrics.json").read_text())
+                for d in run_dirs(tmp_path / "store")]
+    before = kept()
+    r = ok(generate(inp, out, tmp_path / "store", tiny_llama, "--skip-bad", "--resume"))
+    assert "already complete" in r.output and "not measured" not in r.output
+    assert kept() == before and strip_timing(read_jsonl(out)) == strip_timing(lines)
+    # without --skip-bad a recorded bad line stops the resumed job, as it would a new one
+    r = generate(inp, out, tmp_path / "store", tiny_llama, "--resume")
+    assert r.exit_code != 0 and "mixed.jsonl:2" in r.output
+
+
+def test_out_is_refused_where_it_cannot_be_the_answers(tmp_path, tiny_llama):
+    """--out empty, naming a missing folder (a trailing /), inside the store; and a
+    --job-cache-file that is --out or the input: refused before anything runs."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Hi"}])
+    store = tmp_path / "store"
+    for out, said in (("", "--out is empty"), (f"{tmp_path}/newdir/", "ends in '/'"),
+                      (store / "runs" / "x.jsonl", "inside the store")):
+        r = generate(inp, out, store, tiny_llama)
+        assert r.exit_code != 0 and said in r.output, (out, r.output)
+    assert not (tmp_path / "newdir").exists()
+    for cache, said in ((tmp_path / "o.jsonl", "is --out"), (inp, "is the input file")):
+        r = generate(inp, tmp_path / "o.jsonl", store, tiny_llama, "--method", "self-draft",
+                     "--job-cache", "--job-cache-file", cache)
+        assert r.exit_code != 0 and said in r.output, r.output
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 # ---------------------------------------------------------------------------------------------

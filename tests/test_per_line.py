@@ -86,6 +86,11 @@ def test_a_lines_id_is_carried_beside_custom_id_and_question_id():
         {"role": "user", "content": "y"}]}})
     assert record_meta(q) == {"index": 0, "question_id": 5, "id": "myid"}
     assert record_meta(c) == {"index": 0, "custom_id": "c1", "id": 7}
+    # all three: each one (question_id beside a custom_id was dropped), and each checked
+    a = prompt_record({"custom_id": "r", "question_id": 82, "id": "i", "prompt": "hi"})
+    assert record_meta(a) == {"index": 0, "custom_id": "r", "question_id": 82, "id": "i"}
+    with pytest.raises(SpecctlError, match="question_id: must be a string or integer"):
+        prompt_record({"custom_id": "r", "question_id": 1.5, "prompt": "hi"})
     assert record_meta(prompt_record({"id": "a", "prompt": "x"})) == {"index": 0, "id": "a"}
     with pytest.raises(SpecctlError, match="id: must be a string or integer"):
         prompt_record({"question_id": 5, "id": [1], "turns": ["hi"]})

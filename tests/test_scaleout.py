@@ -367,3 +367,25 @@ def test_every_line_break_in_ids_on_two_ranks(work, tiny_llama, tmp_path):
     assert [l["id"] for l in lines] == [f"id{c}{i}" for i, c in enumerate(breaks)]
     one = [json.loads(l) for l in (tmp_path / "one.jsonl").read_text().split("\n")[:-1]]
     assert strip(lines) == strip(one)
+
+
+def test_skip_bad_lines_on_two_ranks_are_in_the_output(work, tiny_llama, tmp_path):
+    """--skip-bad under two ranks: a bad line's error is its output line, as with one process
+    (the merge read the answers alone, and dropped them); a job of bad lines only fails."""
+    inp = tmp_path / "a.jsonl"
+    inp.write_text('{"prompt": "Say hi", "id": "q1"}\n{"prompt": "", "id": "bad"}\n'
+                   '{"prompt": "Count", "id": "q3"}\n', encoding="utf-8")
+    r = runner.invoke(app, args(inp, tmp_path / "one.jsonl", tmp_path / "s1", tiny_llama, "-q",
+                                "--skip-bad"))
+    assert r.exit_code == 0, r.output
+    ok(launch(2, args(inp, tmp_path / "two.jsonl", tmp_path / "s2", tiny_llama, "--skip-bad"),
+              tmp_path))
+    two, one = read_jsonl(tmp_path / "two.jsonl"), read_jsonl(tmp_path / "one.jsonl")
+    assert [l["index"] for l in two] == [0, 1, 2] and "error" in two[1] and two[1]["id"] == "bad"
+    assert strip(two) == strip(one)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": ""}\n{"prompt": 5}\n', encoding="utf-8")
+    res = launch(2, args(bad, tmp_path / "bad.out.jsonl", tmp_path / "s2", tiny_llama,
+                         "--skip-bad"), tmp_path)
+    assert res[0]["rc"] == 1 and "no line of" in res[0]["err"]
+    assert len(read_jsonl(tmp_path / "bad.out.jsonl")) == 2

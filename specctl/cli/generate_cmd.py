@@ -22,7 +22,7 @@ def generate(
     input: Path = typer.Argument(..., help="Prompts: a JSONL file of prompt / messages / OpenAI "
                                  "batch / turns lines, a Parquet file of such rows, or a directory "
                                  "of .jsonl / .parquet shards."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
                                        "<input stem>.out.jsonl in the current directory)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
@@ -34,7 +34,7 @@ def generate(
     """Generate answers for every line of a prompt file (JSONL, Parquet) or a directory of
     shards, in input order."""
     from specctl.runtime.jobs.generator import Generator
-    from specctl.runtime.jobs.locks import check_out
+    from specctl.runtime.jobs.locks import check_out, out_path
 
     p = dict(options)
     extra = _apply_recipe(ctx, recipe, p) if recipe is not None else {}
@@ -48,8 +48,9 @@ def generate(
                     **p, **extra)
     _warn_unused(ctx, gen.config(str(input)))
     given = out is not None   # (a directory's default name is its own: `.` is named too)
-    out = out or Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
-    check_out(out, input, named=given)   # (generate_file checks again, naming it as given)
+    out = out_path(out) if given else \
+        Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
+    check_out(out, input, named=given, store=gen.store)   # (generate_file checks again)
     try:
         res = gen.generate_file(input, out, resume=resume)
     except RankStopped as e:   # another rank failed; rank 0 prints why

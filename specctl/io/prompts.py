@@ -6,8 +6,8 @@ Accepted line formats:
   {"messages": [{"role", "content"}, ...]}           one stage: those messages
   {"custom_id", "body": {"messages", "max_tokens"}}  OpenAI batch; id from custom_id
   {"question_id", "category", "turns": ["q1", ...]}  MT-bench / Spec-Bench; one stage per turn
-Any format may also carry "id" (the line's key when custom_id/question_id are absent; carried
-to the output beside them otherwise), "category" and a top-level "max_tokens" (OpenAI batch
+Any format may also carry "id" (the line's key when custom_id/question_id are absent; every id
+a line has is carried to the output), "category" and a top-level "max_tokens" (OpenAI batch
 lines use body.max_tokens / body.max_completion_tokens).
 
 A line's own sampling settings (they win over the command's, for that line only): in an OpenAI
@@ -54,7 +54,7 @@ class PromptRecord:
     error: str | None = None
     sampling: dict | None = None   # the line's own settings (SAMPLING keys), checked
     source: str | None = None      # the shard it came from, when the input is a directory
-    plain_id: str | int | None = None   # its "id" too, where id_field is another key
+    more_ids: tuple = ()   # its other ids (key, value), where it has several: all carried
 
     def where(self, path) -> str:
         """The line as messages name it: file:line (the shard's, in a directory of them)."""
@@ -256,10 +256,14 @@ def _top_level_settings(obj: dict, kind: str) -> None:
                        f"min_p or best_of): set it to {off!r} or leave it out")
 
 
-def _plain_id(obj: dict, id_field: str | None) -> str | int | None:
-    """The line's own "id" where custom_id or question_id names it (both are carried to the
-    output line)."""
-    return None if id_field in (None, "id") else _id_value(obj, "id")
+def _more_ids(obj: dict, id_field: str | None) -> tuple:
+    """The line's ids besides the one that keys it (question_id and id beside a custom_id, id
+    beside a question_id), as (key, value): every one is carried to the output line."""
+    if id_field is None:
+        return ()
+    keys = ("custom_id", "question_id", "id")
+    return tuple((k, v) for k in keys[keys.index(id_field) + 1:]
+                 if (v := _id_value(obj, k)) is not None)
 
 
 def _parse(obj) -> dict:
@@ -331,7 +335,7 @@ def _parse(obj) -> dict:
         turns = tuple(({"role": "user", "content": q},) for q in qs)
     return dict(id=ident, id_field=id_field, category=category, turns=turns,
                 max_tokens=max_tokens, raw_prompt=raw, sampling=sampling,
-                plain_id=_plain_id(obj, id_field))
+                more_ids=_more_ids(obj, id_field))
 
 
 def record_from_json(d: dict) -> PromptRecord:
@@ -385,13 +389,13 @@ def line_record(obj, index: int, line_no: int, path: Path, skip_bad: bool,
         msg = f"{path}:{line_no}: {e}"
         if not skip_bad:
             raise SpecctlError(msg) from None
-        ident, id_field, plain = None, None, None
+        ident, id_field, more = None, None, ()
         if isinstance(obj, dict):
             try:
                 ident, id_field = _ident(obj)
-                plain = _plain_id(obj, id_field)
+                more = _more_ids(obj, id_field)
             except _Bad:
                 pass
         return PromptRecord(index=index, line_no=line_no, id=ident, id_field=id_field,
                             category=None, turns=None, max_tokens=None, error=msg,
-                            source=source, plain_id=plain)
+                            source=source, more_ids=more)

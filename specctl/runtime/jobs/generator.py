@@ -33,6 +33,7 @@ from specctl.reporting import QUIET, Reporter
 from specctl.runtime.control import auto
 from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.job import run_generate
+from specctl.runtime.jobs.locks import out_path
 from specctl.runtime.jobs.records import step_lengths
 from specctl.runtime.jobs.methods import make_drafter, warn_flex_off_cuda
 from specctl.runtime.jobs.groups import run_groups
@@ -230,7 +231,7 @@ class Generator:
         over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
         cfg = self.config(input, **over)
         try:
-            return run_generate(cfg, self.store, Path(out) if out is not None else None,
+            return run_generate(cfg, self.store, out_path(out) if out is not None else None,
                                 resume=resume, report=self.report)
         except SpecctlError as e:
             raise self._said(e) from None

@@ -32,7 +32,7 @@ from specctl.runtime.jobs.depends import run_depends
 from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
-from specctl.runtime.jobs.locks import OutLock, check_out, lock_run
+from specctl.runtime.jobs.locks import OutLock, check_job_cache_file, check_out, lock_run
 from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
@@ -137,8 +137,9 @@ def _read(job: _Job, out: Path | None) -> None:
         err = e
     if job.lead and err is None:
         try:
+            check_job_cache_file(cfg.job_cache_file, out, in_path)
             if out is not None:
-                check_out(out, in_path)
+                check_out(out, in_path, store=job.store)
                 job.out_lock = OutLock(out)
             if cfg.ray:   # (before a large input is read)
                 ray_pool.check_address(cfg.ray)
@@ -252,6 +253,8 @@ def _open_run(job: _Job, resume: bool) -> None:
             if run_dir is not None:
                 job.lock = lock_run(run_dir)
             job.done = read_done(run_dir, job.records) if run_dir else {}
+            if not cfg.skip_bad:   # (a bad line recorded by a --skip-bad run stops this one)
+                job.done = {i: r for i, r in job.done.items() if "error" not in r}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
                 run_dir = store.path("runs", run_id)

@@ -66,16 +66,47 @@ def lock_run(run_dir: Path):
                            ) from None
 
 
-def check_out(out: Path, input: Path, named: bool = True) -> None:
+def out_path(raw: str | os.PathLike) -> Path:
+    """--out as given, made a Path: refused where it is empty, or ends in a separator and is
+    no folder (a Path drops the separator: `--out newdir/` wrote a file named newdir)."""
+    text = os.fspath(raw)
+    if not text:
+        raise SpecctlError("--out is empty: pass a file path")
+    if text.endswith(("/", os.sep)) and not Path(text).is_dir():
+        raise SpecctlError(f"--out {text} ends in '/', a folder's name, and there is no such "
+                           "folder: pass a file path")
+    return Path(text)
+
+
+def check_job_cache_file(path: str | None, out: Path | None, input: Path) -> None:
+    """--job-cache-file is neither --out nor the input file (the saved cache would replace
+    the answers or the prompts, and the next run would fail to read it back)."""
+    if path is None:
+        return
+    cache = Path(path).expanduser()
+    for other, what in ((out, "--out: the saved job cache and the answers would overwrite "
+                              "each other"),
+                        (input, "the input file: the saved job cache would replace the "
+                                "prompts")):
+        if other is not None and (cache.resolve() == other.resolve() or cache.exists()
+                                  and other.exists() and os.path.samefile(cache, other)):
+            raise SpecctlError(f"--job-cache-file {path} is {what}; pass another file")
+
+
+def check_out(out: Path, input: Path, named: bool = True, store=None) -> None:
     """`out` can take this job's answers, refused before anything runs: a file path where
     specctl may write (not a directory; writable_file, and a probe file made and removed
     beside it), not the input file (answers would replace the prompts), and not inside an
     input directory (its files are read as prompt shards: the next run would read the answers
-    back as prompts). named: `out` was given, not the default name (said as such). The CLI
-    and the API's generate_file both come here (runtime/jobs/job.py _read)."""
+    back as prompts), nor inside `store` (a Store: its files are specctl's). named: `out` was
+    given, not the default name (said as such). The CLI and the API's generate_file both come
+    here (runtime/jobs/job.py _read)."""
     import tempfile
     if out.is_dir():
         raise SpecctlError(f"--out {out} is a directory; pass a file path")
+    if store is not None and store.root.resolve() in out.resolve().parents:
+        raise SpecctlError(f"--out {out} is inside the store ({store.root}), whose files are "
+                           "specctl's own (a run's are in runs/<id>/): pass --out elsewhere")
     target = writable_file(out, "--out")
     try:
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.",

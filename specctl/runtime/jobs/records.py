@@ -188,21 +188,26 @@ def recorded(run_dir: Path, records: list[PromptRecord]) -> tuple[int, int]:
     """Of the lines read, in one read of the run's records: how many it answered (read_done's),
     and how many it has a record of, an answer or the error a bad line was recorded with
     (--skip-bad: done, as far as the run goes)."""
-    read, answered, bad = {r.index for r in records}, set(), set()
-    for r in _run_lines(run_dir):
-        i = r.get("index") if isinstance(r, dict) else None
-        if type(i) is int and i in read:
-            if _valid(r):
-                answered.add(i)
-            elif isinstance(r.get("error"), str):
-                bad.add(i)
-    return len(answered), len(answered | bad)
+    done = read_done(run_dir, records)
+    answered = sum(not _error(r) for r in done.values())
+    return answered, len(done)
 
 
 def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
-    """The run's finished requests among the lines read (all of them, unless --limit)."""
-    read = {r.index for r in records}
-    return {i: r for i, r in read_all_records(run_dir).items() if i in read}
+    """The run's finished lines among those read (all of them, unless --limit): answers, and
+    the errors bad lines were recorded with (--skip-bad: each is the line's output, as an
+    answer is; a resumed run does not record it again). A later record of a line wins."""
+    read, done = {r.index for r in records}, {}
+    for r in _run_lines(run_dir):
+        i = r.get("index") if isinstance(r, dict) else None
+        if type(i) is int and i in read and (_valid(r) or _error(r)):
+            done[i] = r
+    return done
+
+
+def _error(r: dict) -> bool:
+    """A bad line's record (--skip-bad): its index and why."""
+    return isinstance(r.get("error"), str) and "text" not in r
 
 
 def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:

@@ -75,12 +75,11 @@ def kv_rows(tk: Tokenization, req: Request) -> tuple[int, int]:
 
 
 def record_meta(rec: PromptRecord) -> dict:
-    """What an output line carries over from its input line: index, id, category."""
+    """What an output line carries over from its input line: index, its ids, category."""
     m: dict = {"index": rec.index}
     if rec.id_field:
         m[rec.id_field] = rec.id
-    if rec.plain_id is not None:
-        m["id"] = rec.plain_id
+    m.update(rec.more_ids)
     if rec.category is not None:
         m["category"] = rec.category
     return m
