@@ -750,6 +750,57 @@ def test_a_run_in_use_is_not_resumed_twice(prompts_file, tiny_llama, baseline, t
     ok(generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume"))
 
 
+def test_resume_takes_the_run_furthest_on(prompts_file, tiny_llama, baseline, tmp_path,
+                                          count_generated):
+    """A newer run of the same job that stopped earlier (killed before its first answer, say)
+    does not hide an older one's answers: --resume takes the run with the most records, as
+    the word on an unfinished run names it; a run still going is said to be going."""
+    import fcntl
+    store, run, kept = _crash(baseline, tmp_path, keep_torn=False)
+    newer = store / "runs" / (run.name[:-6] + "zzzzzz")   # (a later id, its records empty)
+    shutil.copytree(run, newer)
+    (newer / "records.jsonl").write_text("")
+    man = json.loads((newer / "manifest.json").read_text())
+    man["created"] = man["created"].replace("T", "T9") if "T" in man["created"] else "9"
+    (newer / "manifest.json").write_text(json.dumps(man))
+    spare = tmp_path / "spare"
+    shutil.copytree(store, spare)
+    with open(spare / "runs" / run.name / ".lock", "a") as f:   # (held: a process is on it)
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = ok(generate(prompts_file, tmp_path / "n.jsonl", spare, tiny_llama))
+        said = " ".join(r.output.split())
+        assert f"{run.name}, a run of this job, is still going" in said, said
+    count_generated.clear()
+    r = ok(generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume"))
+    assert f"resuming {run.name}: 2 of" in " ".join(r.output.split())
+    assert sorted(count_generated) == sorted(set(range(len(baseline["lines"]))) - kept)
+
+
+def test_sigterm_stops_as_ctrl_c_does():
+    """cli.main turns SIGTERM into Terminated, a KeyboardInterrupt: the same cleanup, its
+    own word and exit status 143."""
+    import os
+    import signal
+
+    import typer
+
+    from specctl.cli import _terminated
+    from specctl.cli.common import Terminated, friendly
+    with pytest.raises(Terminated):
+        _terminated(signal.SIGTERM, None)
+
+    @friendly
+    def job():
+        os.kill(os.getpid(), signal.SIGTERM)
+    old = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        with pytest.raises(typer.Exit) as e:
+            job()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert e.value.exit_code == 143
+
+
 def test_threads_option(tmp_path, prompts_file, tiny_llama, baseline):
     """--threads fixes the CPU threads of a step; the answers and the run's key are those of
     the default (a thread count is how, not what, is computed)."""

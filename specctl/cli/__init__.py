@@ -9,10 +9,19 @@ from specctl.cli import generate_cmd  # noqa: F401,I001
 from specctl.cli import bench_cmd  # noqa: F401
 from specctl.cli import prep_cmd  # noqa: F401
 from specctl.cli import store_cmd  # noqa: F401
-from specctl.cli.common import app
+import signal
+
+from specctl.cli.common import Terminated, app
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
+    # SIGTERM (`timeout`, `docker stop`, Slurm, a scheduler) as Ctrl-C: the same cleanup (a
+    # run with no answer removed, its locks released) and the same word; exit status 143
+    signal.signal(signal.SIGTERM, _terminated)
     app()
+
+
+def _terminated(signum, frame):
+    raise Terminated()

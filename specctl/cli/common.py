@@ -96,12 +96,17 @@ def friendly(fn):
             msg = f"{where}: {e.strerror}" if where and e.strerror else str(e)
             console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
             raise typer.Exit(1)
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted[/]: generate, search-skip and train-adapter "
+        except KeyboardInterrupt as e:
+            how = "terminated" if isinstance(e, Terminated) else "interrupted"
+            console.print(f"[yellow]{how}[/]: generate, search-skip and train-adapter "
                           "keep what they finished (run the same command with --resume); "
                           "other commands start over")
-            raise typer.Exit(130)
+            raise typer.Exit(143 if isinstance(e, Terminated) else 130)
     return wrapper
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (cli.main), to stop as Ctrl-C does."""
 
 
 class _Counts(ProgressColumn):

@@ -32,7 +32,8 @@ from specctl.runtime.jobs.depends import run_depends
 from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
 from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
-from specctl.runtime.jobs.locks import OutLock, check_job_cache_file, check_out, lock_run
+from specctl.runtime.jobs.locks import (OutLock, check_job_cache_file, check_out, lock_run,
+                                        run_in_use)
 from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                      nearest_run, output_line, per_line, read_done,
@@ -281,17 +282,27 @@ def _open_run(job: _Job, resume: bool) -> None:
 
 def _hint_unfinished(job: _Job) -> None:
     """Without --resume a job starts a new run; where an unfinished one of the same job would
-    have resumed, say so (its answers are kept either way)."""
+    have resumed, say so (its answers are kept either way), or that it is still going."""
     try:
         prev, _ = find_resumable(job.store, (job.key, job.legacy), job.depends)
         # (a finished --skip-bad run recorded its bad lines' errors: it is no unfinished one)
         done, seen = recorded(prev, job.records) if prev is not None else (0, 0)
+        ended = prev is not None and (prev / "metrics.json").is_file()
+        if not done or seen == len(job.records) and ended:
+            return
+        pid = run_in_use(prev)
     except (OSError, ValueError):   # (a word only: an unreadable old run is --resume's to say)
         return
-    if done and seen < len(job.records):
+    if pid is not None:   # (not unfinished: going on, and --resume would be refused)
+        job.say(f"{prev.name}, a run of this job, is still going in another specctl process"
+                f"{f' (pid {pid})' if pid else ''}; starting a new run")
+    elif seen < len(job.records):
         job.say(f"{prev.name}, an unfinished run of this job, has {done} of "
                 f"{len(job.records)} requests done: add --resume to continue it; starting a "
                 "new run")
+    else:   # (stopped after its last answer, before its output was written)
+        job.say(f"{prev.name}, a run of this job, has every answer but was stopped before "
+                "writing its output: add --resume to write it; starting a new run")
 
 
 def _plan(job: _Job) -> None:

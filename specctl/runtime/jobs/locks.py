@@ -52,6 +52,21 @@ def _acquire(path: Path):
     return f
 
 
+def run_in_use(run_dir: Path) -> str | None:
+    """The pid of the process holding run_dir's lock ("" where it wrote none), or None when
+    no process does (a look: the lock is not taken)."""
+    path = run_dir / ".lock"
+    if not path.is_file():
+        return None
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return lock_holder(f) or ""
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return None
+
+
 def _pid(b: Busy) -> str:
     return f" (pid {b.pid})" if b.pid else ""
 

@@ -168,20 +168,35 @@ def _torn_tail(path: Path) -> bool:
 
 
 def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Path | None, str]:
-    """The run --resume continues: the newest run under one of `keys` (the run key, and its
-    older form) that depends on exactly `depends` (runtime/jobs/depends.py: the model's files, the
-    method's artifact, ... by content). (None, why) when runs of this job exist but every one
-    depended on something that has changed since: why names what, for the user."""
+    """The run --resume continues: of the runs under one of `keys` (the run key, and its
+    older form) that depend on exactly `depends` (runtime/jobs/depends.py: the model's files,
+    the method's artifact, ... by content), the one with the most records, the newest of
+    those. (None, why) when runs of this job exist but every one depended on something that
+    has changed since: why names what, for the user."""
     runs = runs_of(store, keys)
-    for e in runs:
-        if depends is None or e.manifest.get("depends") == depends:
-            return e.path, ""
+    same = [e for e in runs if depends is None or e.manifest.get("depends") == depends]
+    if same:   # (the furthest on, the newest of those: a newer run stopped early, an empty
+        # one killed before its first answer say, hid an older one's answers)
+        return max(same, key=lambda e: _recorded_lines(e.path)).path, ""
     if not runs:
         return None, ""
     what = changed(runs[0].manifest.get("depends"), depends)
     return None, (f"not resuming {runs[0].path.name}: since it ran, {', '.join(what)} changed "
                   "(its answers would not be this job's); starting a new run (that one stays "
                   "in the store)")
+
+
+def _recorded_lines(run_dir: Path) -> int:
+    """How far a run got: its record files' lines (counted, not parsed)."""
+    n = 0
+    for f in run_dir.glob("records*.jsonl"):
+        try:
+            with open(f, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    n += chunk.count(b"\n")
+        except OSError:
+            continue
+    return n
 
 
 def recorded(run_dir: Path, records: list[PromptRecord]) -> tuple[int, int]:
