@@ -163,3 +163,17 @@ def test_a_full_store_names_the_file_and_resume_and_tokens_per_s_after_it(
     assert "tokens/s not measured" in " ".join(r.output.split())
     (run,) = (store / "runs").iterdir()
     assert json.loads((run / "metrics.json").read_text())["tokens_per_s"] is None
+
+
+def test_a_link_to_a_pipe_is_named_a_pipe(tmp_path):
+    """/dev/stdout on a pipe resolves to /proc/<pid>/fd/pipe:[N], which is no path: the
+    message says what is there (a FIFO), not 'No such file or directory'."""
+    r, w = os.pipe()
+    try:
+        link = tmp_path / "out"
+        os.symlink(f"/proc/{os.getpid()}/fd/{w}", link)
+        with pytest.raises(SpecctlError, match="is a FIFO"):
+            writable_file(link, "--out")
+    finally:
+        os.close(r)
+        os.close(w)

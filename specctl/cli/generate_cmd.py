@@ -63,7 +63,7 @@ def generate(
     console.print(f"[green]done[/]: {_n(m['requests'] - m['errors'], 'request')}, "
                   f"{m['new_tokens']} new tokens, "
                   + (f"{m['tokens_per_s']} tokens/s" if m["tokens_per_s"] is not None else
-                     "tokens/s not measured (every answer was made by an earlier invocation)")
+                     "tokens/s not measured (no answer was made by this invocation)")
                   + ", mean accepted tokens "
                   f"{m['mean_accepted_tokens']}"
                   + (f", {_n(m['errors'], 'bad line')}" if m["errors"] else "")

@@ -53,6 +53,8 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
              store: Optional[Path] = StoreOpt):
     """List artifacts in the store."""
     st = Store(store)
+    if st.root.exists() and not st.root.is_dir():
+        raise SpecctlError(f"the store {st.root} is a file, not a folder: pass --store a folder")
     from specctl.store import KINDS
     if kind and kind not in KINDS + ("work",):   # (work: the rows ls shows as such)
         raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)} or work)")

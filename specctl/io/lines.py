@@ -79,8 +79,9 @@ def open_once(path: Path, what: str = "prompt file") -> Hashed:
         f = open(path, "rb")
     except FileNotFoundError:
         if str(path) == "-":
-            raise SpecctlError("prompts are read from a file, not from standard input: "
-                               "save them to a .jsonl file and pass its path") from None
+            raise SpecctlError("'-' is no file: for standard input pass /dev/stdin "
+                               "(`... | specctl generate /dev/stdin --out answers.jsonl`)"
+                               ) from None
         raise SpecctlError(f"{path}: {what} not found") from None
     except OSError as e:
         raise SpecctlError(f"{path}: cannot read {what}: {e.strerror or e}") from None

@@ -39,7 +39,10 @@ def writable_file(path: Path | str, what: str = "") -> Path:
     try:
         mode = os.lstat(target).st_mode
     except FileNotFoundError:
-        return target
+        try:   # (/dev/stdout on a pipe resolves to "/proc/<pid>/fd/pipe:[N]", no path: the
+            mode = os.stat(path).st_mode   # thing the link reaches is still there to see)
+        except OSError:
+            return target
     except OSError as e:
         raise SpecctlError(f"{what + ' ' if what else ''}{path}: cannot write there "
                            f"({e.strerror or e})") from None
