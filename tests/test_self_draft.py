@@ -350,7 +350,9 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
     late.overlapped = True   # (the host beside the forward: pushed by the next learning)
     late.admit(Sequence(Request(0, [[]], 8), prompts[0], 0))
     assert len(late.ctx) == 0
-    late.catch_up([])
+    late.catch_up([])   # (not on a drafting step's critical path either: they wait on)
+    assert len(late.ctx) == 0
+    late.observe_lean([])()   # (the learning a step leaves for the next forward)
     assert {k: late.ctx.get(k, 10) for k in (5, 10)} == {k: dr.ctx.get(k, 10) for k in (5, 10)}
     assert "-pg" in dr.signature()
     dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
