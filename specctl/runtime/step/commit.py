@@ -46,3 +46,25 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
     st.step_tokens += sum(ran)
     st.probe_tokens += sum(plan.probed)
     st.padded_tokens += max(ran) * len(ran)
+
+
+def commit_grid(plan: StepPlan, out: StepOutcome, grid, kv, answers: Answers,
+                st: RunStats) -> int:
+    """A grid step's commit (runtime/step/grid.py), commit's from its verdicts' arrays: each
+    sequence's kept rows and emitted tokens; returns the drafts accepted."""
+    verdicts = out.verdicts
+    acc = verdicts.acc
+    grid.commit(kv, [s.slot for s in plan.seqs], acc, verdicts.best)
+    emit, hist = answers.emit, st.accept_hist
+    for s, a, d, toks in zip(plan.seqs, acc, plan.proposals.sizes, verdicts.out):
+        r = s.req
+        r.steps += 1
+        r.accept_lengths.append(a)
+        r.draft_lengths.append(d)
+        hist[a] = hist.get(a, 0) + 1
+        emit(s, toks[:a + 1])
+    n = plan.batch.num_tokens
+    st.steps += 1
+    st.step_tokens += n
+    st.padded_tokens += n
+    return sum(acc)

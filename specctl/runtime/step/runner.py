@@ -45,7 +45,7 @@ from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.answers import Answers
-from specctl.runtime.step.commit import commit
+from specctl.runtime.step.commit import commit, commit_grid
 from specctl.runtime.step.grid import GridStep, GridVerdicts
 from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
@@ -401,7 +401,9 @@ class Runner:
             self.controller.verified(plan.budgets, out.verdicts)
         had = [len(s.out_ids) for s in seqs]
         if plan.grid is not None:
-            learn = self.drafter.grid_learned(seqs, self._grid_commit(plan, out))
+            learn = self.drafter.grid_learned(
+                seqs, commit_grid(plan, out, self.planner.grid, self.kv, self.answers,
+                                  self.stats))
         else:
             commit(plan, out, self.kv, self.answers, self.stats)
             learn = self.drafter.observe_lean(seqs) if plan.lean else \
@@ -444,26 +446,6 @@ class Runner:
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
-
-    def _grid_commit(self, plan: StepPlan, out: StepOutcome) -> int:
-        """A grid step's commit (commit's, from its verdicts' arrays): each sequence's kept
-        rows and emitted tokens; returns the drafts accepted."""
-        st, verdicts = self.stats, out.verdicts
-        acc, G = verdicts.acc, verdicts.G
-        self.planner.grid.commit(self.kv, [s.slot for s in plan.seqs], acc, verdicts.best)
-        emit, hist = self.answers.emit, st.accept_hist
-        for s, a, d, toks in zip(plan.seqs, acc, plan.proposals.sizes, verdicts.out):
-            req = s.req
-            req.steps += 1
-            req.accept_lengths.append(a)
-            req.draft_lengths.append(d)
-            hist[a] = hist.get(a, 0) + 1
-            emit(s, toks[:a + 1])
-        n = plan.batch.num_tokens
-        st.steps += 1
-        st.step_tokens += n
-        st.padded_tokens += n
-        return sum(acc)
 
     def under_forward(self, seqs, drain: bool) -> float:
         """The host's work while a step's forward computes, where forwards run on without
