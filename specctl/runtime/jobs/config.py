@@ -212,9 +212,9 @@ class GenerateConfig:
                              flag="--job-cache/--no-job-cache", method=_SD)
     grid: bool = option(False, "Experimental (issue 52): draft the context cache's candidates "
                         "as array operations over the whole batch, C chains of G tokens a "
-                        "sequence in one layout (greedy and --speculate fixed; elsewhere the "
-                        "usual per-sequence drafting). Branches, the corpus and the job cache "
-                        "do not draft in its steps.",
+                        "sequence in one layout (greedy, no --logprobs; elsewhere the usual "
+                        "per-sequence drafting). Branches, the corpus and the job cache do not "
+                        "draft in its steps.",
                         flag="--grid/--no-grid", method=_SD)
     job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
                                         "file when the job starts (where it exists) and save "
