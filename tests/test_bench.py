@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -388,6 +389,15 @@ def test_report_without_matplotlib(full, tmp_path, monkeypatch):
 def test_report_errors(tmp_path, full):
     fails(invoke("report", "--store", tmp_path / "empty"), "no bench runs", "specctl bench")
     fails(invoke("report", "nope", "--store", full["store"]), "nope")
+    # where it writes, said first and as itself: a file as --plots, a pipe as --md
+    afile = tmp_path / "a.txt"
+    afile.write_text("x")
+    fails(invoke("report", full["dir"].name, "--store", full["store"], "--plots", afile),
+          "is no folder")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    fails(invoke("report", full["dir"].name, "--store", full["store"], "--md", fifo,
+                 "--no-plots"), "FIFO")
 
 
 @pytest.mark.parametrize("opts, needle", [

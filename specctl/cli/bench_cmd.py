@@ -127,6 +127,12 @@ def report(
         raise SpecctlError("--plots writes plots and --no-plots none: pass one")
     if md is not None and md.is_dir():
         raise SpecctlError(f"--md {md} is a directory; pass a file path")
+    if md is not None:   # (a pipe, a device: said now, not as a temporary file's path later)
+        from specctl.store import writable_file
+        writable_file(md, "--md")
+    if plots is not None and plots.exists() and not plots.is_dir():
+        raise SpecctlError(f"--plots {plots} exists and is no folder: pass a folder (made if "
+                           "missing)")
     why = None if no_plots else _no_matplotlib()
     if why and plots is not None:   # (asked for, and before anything is written: a run that
         raise SpecctlError(f"--plots: {why}; --no-plots for the tables only")   # writes none fails)
