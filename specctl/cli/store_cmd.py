@@ -84,6 +84,8 @@ def _run_summary(path: Path) -> str:
     has none or they are not what a run writes: the file is read as untrusted)."""
     try:
         m = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:   # (going on, or stopped: how far it got)
+        return _run_state(path)
     except (OSError, ValueError):
         return ""
     if not isinstance(m, dict):
@@ -94,6 +96,21 @@ def _run_summary(path: Path) -> str:
     out += [f"{tps:.1f} tok/s"] if num(tps) else []
     out += [f"{gain:.2f}x ar (est.)"] if num(gain) and method != "ar" else []
     return escape(", ".join(out))
+
+
+def _run_state(path: Path) -> str:
+    """A run without metrics: still going in another process, or stopped with so many
+    answers (and bad lines) recorded."""
+    from specctl.runtime.jobs.locks import run_in_use
+    from specctl.runtime.jobs.records import recorded_lines
+    try:
+        pid = run_in_use(path)
+        n = recorded_lines(path)
+    except OSError:
+        return ""
+    if pid is not None:
+        return f"running{f' (pid {pid})' if pid else ''}, {n} answered so far"
+    return f"unfinished: {n} answered"
 
 
 @store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")

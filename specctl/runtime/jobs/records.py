@@ -177,7 +177,7 @@ def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Pat
     same = [e for e in runs if depends is None or e.manifest.get("depends") == depends]
     if same:   # (the furthest on, the newest of those: a newer run stopped early, an empty
         # one killed before its first answer say, hid an older one's answers)
-        return max(same, key=lambda e: _recorded_lines(e.path)).path, ""
+        return max(same, key=lambda e: recorded_lines(e.path)).path, ""
     if not runs:
         return None, ""
     what = changed(runs[0].manifest.get("depends"), depends)
@@ -186,8 +186,9 @@ def find_resumable(store: Store, keys, depends: dict | None = None) -> tuple[Pat
                   "in the store)")
 
 
-def _recorded_lines(run_dir: Path) -> int:
-    """How far a run got: its record files' lines (counted, not parsed)."""
+def recorded_lines(run_dir: Path) -> int:
+    """How far a run got: its record files' lines (counted, not parsed: an answer or a bad
+    line's error each)."""
     n = 0
     for f in run_dir.glob("records*.jsonl"):
         try:
