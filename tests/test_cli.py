@@ -772,7 +772,7 @@ def test_resume_takes_the_run_furthest_on(prompts_file, tiny_llama, baseline, tm
         assert f"{run.name}, a run of this job, is still going" in said, said
         ls = " ".join(ok(invoke("store", "ls", "--store", spare, "--kind", "runs")).output
                       .split())
-        assert "running (pid" in ls and "2 answered so far" in ls and "unfinished: 0" in ls
+        assert "running (pid" in ls and "2 lines recorded so far" in ls and "unfinished: 0" in ls
     count_generated.clear()
     r = ok(generate(prompts_file, tmp_path / "o.jsonl", store, tiny_llama, "--resume"))
     assert f"resuming {run.name}: 2 of" in " ".join(r.output.split())

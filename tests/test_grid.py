@@ -289,9 +289,30 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
                 kv.lens[s] = 10
             batch, drafts = grid.plan(slots, [10] * B, list(range(5, 5 + B)), [4] * B, None,
                                       "cpu")
-            acc, best, _ = grid.verify(drafts, model.argmax(model.run(batch, kv)))
-            grid.commit(kv, slots, acc.tolist(), [0] * B)
+            v = grid.verify(drafts, model.argmax(model.run(batch, kv)))
+            grid.commit(kv, slots, v.acc, [0] * B)
         step()   # (the layout is made once, at the first step)
         made[B] = _calls(step)
         assert made[B].pop("kv.py:_check_kept") == B
     assert made[2] == made[12] and sum(made[2].values()) > 10
+
+
+def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
+    """Near a sequence's end its room cuts every chain (room 2 of G 4): its usable drafts are
+    nodes 0, 1, 4, 5, 8, 9 ... of the layout, learnt as positions 0..7 (GridProposals' size 8);
+    two drafts accepted on chain 1 are positions 2 and 3, not the layout's 4 and 5."""
+    import torch
+
+    from specctl.runtime.step.grid import GridDrafts, GridProposals
+    C, G = 4, 4
+    cands = np.arange(C * G).reshape(1, C, G) + 100
+    usable = np.broadcast_to(np.arange(G) < 2, (1, C, G)).copy()
+    target = np.zeros((1, 1 + C * G), np.int64)
+    target[0, 0] = 104                 # the root's next token: chain 1's first draft
+    target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
+    target[0, 1 + 5] = 7               # after node 1: the bonus
+    drafts = GridDrafts(cands, usable)
+    grid = GridStep(ContextTable(200, 10, G), C)
+    v = grid.verify(drafts, torch.from_numpy(target.ravel()))
+    assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]
+    assert v[0].accepted == [2, 3] and v[0].bonus == 7 and v.out[0][:3] == [104, 105, 7]

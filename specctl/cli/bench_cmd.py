@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from specctl.cli.common import RichReporter, StoreOpt, _stdout, app, console, friendly
+from specctl.cli.common import (RichReporter, StoreOpt, Terminated, _stdout, app, console,
+                                friendly)
 from specctl.cli.options import BENCH, config_options
 
 # the options that are BenchConfig's own fields (the rest pass to every run's GenerateConfig)
@@ -84,10 +85,11 @@ def bench(
     rep = RichReporter(bars=not quiet)
     try:
         res = run_bench(cfg, Store(store), rep)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:   # (SIGTERM too: cli.main, Terminated)
         rep.stop()
-        console.print("[yellow]interrupted[/]: a bench run is stored only once it is complete")
-        raise typer.Exit(130)
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        console.print(f"[yellow]{how}[/]: a bench run is stored only once it is complete")
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130)
     finally:
         rep.stop()
     _print_bench(res)

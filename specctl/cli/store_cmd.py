@@ -109,8 +109,8 @@ def _run_state(path: Path) -> str:
     except OSError:
         return ""
     if pid is not None:
-        return f"running{f' (pid {pid})' if pid else ''}, {n} answered so far"
-    return f"unfinished: {n} answered"
+        return f"running{f' (pid {pid})' if pid else ''}, {n} lines recorded so far"
+    return f"unfinished: {n} lines recorded"
 
 
 @store_app.command("show", epilog="Example:\n\n  specctl store show ar-20261122")

@@ -261,9 +261,15 @@ def _more_ids(obj: dict, id_field: str | None) -> tuple:
     beside a question_id), as (key, value): every one is carried to the output line."""
     if id_field is None:
         return ()
-    keys = ("custom_id", "question_id", "id")
-    return tuple((k, v) for k in keys[keys.index(id_field) + 1:]
-                 if (v := _id_value(obj, k)) is not None)
+    keys, out = ("custom_id", "question_id", "id"), []
+    for k in keys[keys.index(id_field) + 1:]:
+        v = obj.get(k)
+        if isinstance(v, float) and v.is_integer():   # (a column with nulls reads as float)
+            v = int(v)
+        v = _id_value({k: v}, k)
+        if v is not None:
+            out.append((k, v))
+    return tuple(out)
 
 
 def _parse(obj) -> dict:
@@ -349,6 +355,7 @@ def record_from_json(d: dict) -> PromptRecord:
     if d.get("sampling") is not None:
         d["sampling"] = {k: tuple(v) if isinstance(v, list) else v
                          for k, v in d["sampling"].items()}
+    d["more_ids"] = tuple(tuple(kv) for kv in d.get("more_ids", ()))
     return PromptRecord(**d)
 
 

@@ -75,6 +75,8 @@ class ContextTable:
         """The grams of each text (every window of G + 1 tokens: its first the key), the
         texts in order: ContextCache.push_many of each text's grams, one array pass."""
         g = self.G
+        if not texts:
+            return
         lens = np.fromiter(map(len, texts), np.int64, len(texts))
         flat = np.fromiter(chain.from_iterable(texts), np.int64, int(lens.sum()))
         start = np.concatenate([[0], np.cumsum(lens)[:-1]])

@@ -87,10 +87,11 @@ def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict
     try:
         return run_search(dev, table, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
                           on_probe, settings, report.log), False
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         from specctl.prep.skip.search import _read_log
         probes = _read_log(log_path)   # the log is complete up to the interruption
-        if not probes:
+        # (SIGTERM, a subclass: no more forwards, a grace period is short; --resume has the log)
+        if not probes or type(e) is not KeyboardInterrupt:
             raise
         return probes, True
     finally:

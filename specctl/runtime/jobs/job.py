@@ -36,8 +36,9 @@ from specctl.runtime.jobs.locks import (OutLock, check_job_cache_file, check_out
                                         run_in_use)
 from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
-                                     nearest_run, output_line, per_line, read_done,
-                                     read_input, record_file, recorded, runs_of)
+                                          is_error_record, nearest_run, output_line, per_line,
+                                          read_done, read_input, record_file, recorded,
+                                          runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
@@ -255,7 +256,7 @@ def _open_run(job: _Job, resume: bool) -> None:
                 job.lock = lock_run(run_dir)
             job.done = read_done(run_dir, job.records) if run_dir else {}
             if not cfg.skip_bad:   # (a bad line recorded by a --skip-bad run stops this one)
-                job.done = {i: r for i, r in job.done.items() if "error" not in r}
+                job.done = {i: r for i, r in job.done.items() if not is_error_record(r)}
             if run_dir is None:
                 run_id = new_id(f"{cfg.method}-")
                 run_dir = store.path("runs", run_id)

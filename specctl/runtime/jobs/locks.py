@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from specctl.errors import SpecctlError
@@ -33,6 +34,7 @@ def _acquire(path: Path):
     holds it. A lock file removed by its holder on release (the --out lock) may be unlinked
     between our open and our lock: then the lock is on a dead inode, so try again."""
     path = writable_file(path)   # (a FIFO there would block the open; a device is no lock)
+    tries = 0
     while True:
         f = open(path, "a+")
         try:
@@ -40,6 +42,10 @@ def _acquire(path: Path):
         except OSError:
             pid = lock_holder(f)
             f.close()
+            tries += 1
+            if tries < 5:   # (a look that holds it an instant, run_in_use's: wait it out)
+                time.sleep(0.02)
+                continue
             raise Busy(pid) from None
         try:
             same = os.fstat(f.fileno()).st_ino == os.stat(path).st_ino

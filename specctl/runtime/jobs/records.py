@@ -205,7 +205,7 @@ def recorded(run_dir: Path, records: list[PromptRecord]) -> tuple[int, int]:
     and how many it has a record of, an answer or the error a bad line was recorded with
     (--skip-bad: done, as far as the run goes)."""
     done = read_done(run_dir, records)
-    answered = sum(not _error(r) for r in done.values())
+    answered = sum(not is_error_record(r) for r in done.values())
     return answered, len(done)
 
 
@@ -216,12 +216,12 @@ def read_done(run_dir: Path, records: list[PromptRecord]) -> dict[int, dict]:
     read, done = {r.index for r in records}, {}
     for r in _run_lines(run_dir):
         i = r.get("index") if isinstance(r, dict) else None
-        if type(i) is int and i in read and (_valid(r) or _error(r)):
+        if type(i) is int and i in read and (_valid(r) or is_error_record(r)):
             done[i] = r
     return done
 
 
-def _error(r: dict) -> bool:
+def is_error_record(r: dict) -> bool:
     """A bad line's record (--skip-bad): its index and why."""
     return isinstance(r.get("error"), str) and "text" not in r
 

@@ -99,11 +99,14 @@ class GridProposals(Sequence):
 
 
 class GridVerdicts(Sequence):
-    """The step's verdicts (accepted node indices: chain c's node j is c G + j), made one at
-    a time where they are asked for."""
+    """The step's verdicts, made one at a time where they are asked for. A verdict's accepted
+    nodes are numbered as the controller learns them: the sequence's usable drafts chain after
+    chain (GridProposals' sizes), so its chain's first node is the usable drafts before it
+    (`start`: c G where room lets every chain be whole)."""
 
-    def __init__(self, acc: list[int], best: list[int], out: list[list[int]], G: int):
-        self.acc, self.best, self.out, self.G = acc, best, out, G
+    def __init__(self, acc: list[int], best: list[int], start: list[int],
+                 out: list[list[int]]):
+        self.acc, self.best, self.start, self.out = acc, best, start, out
 
     def __len__(self) -> int:
         return len(self.acc)
@@ -111,7 +114,7 @@ class GridVerdicts(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        a, c = self.acc[i], self.best[i] * self.G
+        a, c = self.acc[i], self.start[i]
         return Verdict(list(range(c, c + a)), self.out[i][a])
 
 
@@ -148,12 +151,15 @@ class GridStep:
         return (ForwardBatch.grid(slots, lens, tokens, depth, anc, device),
                 GridDrafts(cands, usable))
 
-    def verify(self, drafts: GridDrafts, target) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(accepted [B], chain [B], emitted tokens [B, G + 1]) from the target's argmax over
-        the step's rows (a tensor: its read-back is the step's first wait)."""
+    def verify(self, drafts: GridDrafts, target) -> GridVerdicts:
+        """The step's verdicts from the target's argmax over its rows (a tensor: its read-back
+        is the step's first wait)."""
         B = len(drafts.cands)
-        return verify_chains(drafts.cands, drafts.usable,
-                             target.cpu().numpy().reshape(B, -1))
+        acc, best, out = verify_chains(drafts.cands, drafts.usable,
+                                       target.cpu().numpy().reshape(B, -1))
+        per = drafts.usable.sum(axis=2)                   # usable drafts per chain [B, C]
+        start = (np.cumsum(per, axis=1) - per)[np.arange(B), best]
+        return GridVerdicts(acc.tolist(), best.tolist(), start.tolist(), out.tolist())
 
     def commit(self, kv, slots: list[int], acc: list[int], best: list[int]) -> None:
         """Each sequence keeps its root and its accepted rows: in place (kv.advance) unless

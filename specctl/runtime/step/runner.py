@@ -46,7 +46,7 @@ from specctl.runtime.step.accounting import Accounting
 from specctl.runtime.step.admission import Admission
 from specctl.runtime.step.answers import Answers
 from specctl.runtime.step.commit import commit, commit_grid
-from specctl.runtime.step.grid import GridStep, GridVerdicts
+from specctl.runtime.step.grid import GridStep
 from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
@@ -388,10 +388,8 @@ class Runner:
         # for the next: the argmax read is the step's first wait)
         ahead = self.under_forward(plan.seqs, drain)
         if plan.grid is not None:   # (Self-Draft's grid step: runtime/step/grid.py)
-            acc, best, toks = self.planner.grid.verify(plan.grid, self.model.argmax(h))
+            out = StepOutcome(self.planner.grid.verify(plan.grid, self.model.argmax(h)), ())
             t2 = self.clock()
-            out = StepOutcome(GridVerdicts(acc.tolist(), best.tolist(), toks.tolist(),
-                                           self.planner.grid.G), ())
         else:
             target = read(plan, h, self.model, self.sp)
             t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
