@@ -405,6 +405,7 @@ def test_report_errors(tmp_path, full):
     (["--methods", "ar,ar"], "twice"),
     (["--batch-sizes", "0"], "--batch-sizes"),
     (["--batch-sizes", "a,b"], "--batch-sizes"),
+    (["--batch-sizes", "1,,4"], "an empty item"),
     (["--repeats", "0"], "--repeats"),
     (["--alpha", "2"], "alpha"),
 ])

@@ -573,6 +573,8 @@ def test_cli_end_to_end(tmp_path, oanc_zip, tok_dir):
 def test_cli_errors(tmp_path, tok_dir, oanc_tree):
     store = tmp_path / "store"
     e = fails(invoke("build-cache", "--model", tok_dir, "--store", store), "no corpus given")
+    fails(invoke("build-cache", oanc_tree, "--model", tok_dir, "--store", store, "--workers", 0),
+          "--workers must be at least 1")
     assert "https://anc.org/data/oanc/" in e
     fails(invoke("build-cache", tmp_path / "nope.zip", "--model", tok_dir, "--store", store),
           "nope.zip", "no such file")

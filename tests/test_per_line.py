@@ -91,6 +91,9 @@ def test_a_lines_id_is_carried_beside_custom_id_and_question_id():
     assert record_meta(a) == {"index": 0, "custom_id": "r", "question_id": 82, "id": "i"}
     with pytest.raises(SpecctlError, match="question_id: must be a string or integer"):
         prompt_record({"custom_id": "r", "question_id": 1.5, "prompt": "hi"})
+    # (a Parquet column with nulls reads as float: 81.0 is id 81, as it was before it was kept)
+    f = prompt_record({"custom_id": "r", "question_id": 81.0, "prompt": "hi"})
+    assert record_meta(f) == {"index": 0, "custom_id": "r", "question_id": 81}
     assert record_meta(prompt_record({"id": "a", "prompt": "x"})) == {"index": 0, "id": "a"}
     with pytest.raises(SpecctlError, match="id: must be a string or integer"):
         prompt_record({"question_id": 5, "id": [1], "turns": ["hi"]})

@@ -125,10 +125,12 @@ class BenchConfig:
 
 
 def parse_list(text: str, what: str, conv=str) -> tuple:
+    parts = [x.strip() for x in text.split(",")]
+    if not any(parts):
+        raise SpecctlError(f"{what} is empty")
+    if not all(parts):   # ("1,,4": a value lost in typing, not a list of two)
+        raise SpecctlError(f"{what}: an empty item in {text!r}")
     try:
-        items = tuple(conv(x.strip()) for x in text.split(",") if x.strip())
+        return tuple(conv(x) for x in parts)
     except ValueError:
         raise SpecctlError(f"{what}: expected a comma-separated list, got {text!r}") from None
-    if not items:
-        raise SpecctlError(f"{what} is empty")
-    return items

@@ -161,6 +161,8 @@ def build_cache(
     from specctl.prep.cache.command import BuildCacheConfig, default_workers, run_build_cache
     from specctl.prep.cache.ngrams import CountConfig
 
+    if workers is not None and workers < 1:
+        raise SpecctlError("--workers must be at least 1")
     cfg = BuildCacheConfig(tuple(str(c) for c in corpus or ()), model,
                            CountConfig(max_key_len, gram_len, top, min_count,
                                        workers or default_workers()), name, force)
