@@ -56,3 +56,25 @@ def test_work_below_one_unit_still_divides():
         assert t.choice == 1
     finally:
         torch.set_num_threads(old)
+
+
+def test_a_sudden_slowdown_starts_a_trial_at_once():
+    """Between trials, two steps at SLOWER times the choice's measured time start a trial
+    then, not `period` steps on: two threads stalled ~150x by a process that took a core
+    (a probe saw it) run two steps so, not 64."""
+    old = torch.get_num_threads()
+    try:
+        t = ThreadTuner(2, trial=2, period=64, max_period=64)
+        drive(t, {1: 2.0, 2: 1.0}.__getitem__, 10)   # quiet: two threads
+        assert t.choice == 2
+        busy = {1: 1.5, 2: 150.0}
+        used = drive(t, busy.__getitem__, 12)
+        assert t.choice == 1 and used[:2] == [2, 2] and used[-4:] == [1, 1, 1, 1]
+        # one slow step (a collection, a page fault) is no reason to trial
+        t2 = ThreadTuner(2, trial=2, period=64, max_period=64)
+        drive(t2, {1: 2.0, 2: 1.0}.__getitem__, 10)
+        t2.before()
+        t2.after(100.0, 1)
+        assert drive(t2, {1: 2.0, 2: 1.0}.__getitem__, 8).count(1) == 0
+    finally:
+        torch.set_num_threads(old)

@@ -18,7 +18,9 @@ tries the candidates now and then and keeps the fastest:
 It trials every candidate for `trial` steps, keeps the one with the lowest median time per
 unit of work, and trials again after `period` steps; a trial that confirms the choice doubles
 the period (up to `max_period`), a switch resets it, so a steady machine pays for trials
-rarely.
+rarely. Two steps in a row at SLOWER times the choice's trial median start a trial at once:
+a process that takes a core between trials made two threads ~150x slower for the 64 steps
+to the next one (a new-user probe on this 2-core machine, --threads 1 unaffected).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from __future__ import annotations
 import statistics
 
 import torch
+
+SLOWER = 4.0   # a step this many times the choice's trial median per unit of work is slow
 
 
 class ThreadTuner:
@@ -39,6 +43,8 @@ class ThreadTuner:
         self._seen: dict[int, list[float]] = {}
         self._since = period                     # steps since the last trial: trial first
         self._current = None
+        self._ref = None   # the choice's median seconds per unit of work at its trial
+        self._slow = 0     # steps in a row since that were SLOWER times it
 
     def before(self) -> None:
         if len(self.options) == 1:
@@ -57,6 +63,11 @@ class ThreadTuner:
             return
         if not self._queue:
             self._since += 1
+            per = seconds / work if work > 0 else seconds
+            slow = self._ref is not None and per > SLOWER * self._ref
+            self._slow = self._slow + 1 if slow else 0
+            if self._slow >= 2:   # (the load changed: trial now, not `period` steps on)
+                self._since, self._slow = self.period, 0
             return
         n = self._queue.pop(0)
         self._seen.setdefault(n, []).append(seconds / work if work > 0 else seconds)
@@ -65,3 +76,4 @@ class ThreadTuner:
             self.period = min(2 * self.period, self.max_period) if best == self.choice \
                 else self.base
             self.choice = best
+            self._ref, self._slow = statistics.median(self._seen[best]), 0
