@@ -145,3 +145,13 @@ def test_missing_and_empty_files(tmp_path):
     p = write(tmp_path, raw=b"\n  \n")
     with pytest.raises(SpecctlError, match=f"no prompts in {p}"):
         read_prompts(p)
+
+
+def test_an_api_prompt_as_a_tuple_of_messages():
+    """A tuple of messages is messages, as a list is; a tuple of strings is told what its items
+    must be (it was told the tuple was no non-empty list)."""
+    from specctl.io.prompts import prompt_record
+    r = prompt_record(({"role": "user", "content": "x"},))
+    assert r.turns == (({"role": "user", "content": "x"},),)
+    with pytest.raises(SpecctlError, match=r"prompt 0: messages\[0\]: must be an object"):
+        prompt_record(("hi",))

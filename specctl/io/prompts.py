@@ -362,8 +362,8 @@ def record_from_json(d: dict) -> PromptRecord:
 def prompt_record(prompt, index: int = 0) -> PromptRecord:
     """One prompt given in memory as a PromptRecord: a string (a user message), a list of
     {"role", "content"} messages, or a dict in any of the line formats above."""
-    obj = ({"prompt": prompt} if isinstance(prompt, str) else
-           {"messages": prompt} if isinstance(prompt, (list, tuple)) else prompt)
+    obj = ({"prompt": prompt} if isinstance(prompt, str) else   # (a tuple of messages too)
+           {"messages": list(prompt)} if isinstance(prompt, (list, tuple)) else prompt)
     if not isinstance(obj, dict):
         raise SpecctlError(f"prompt {index}: a string, a list of messages or a prompt-line dict, "
                            f"got {type(prompt).__name__}")
