@@ -306,12 +306,12 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     from specctl.runtime.step.grid import GridDrafts, GridProposals
     C, G = 4, 4
     cands = np.arange(C * G).reshape(1, C, G) + 100
-    usable = np.broadcast_to(np.arange(G) < 2, (1, C, G)).copy()
+    usable = np.broadcast_to(np.arange(G) < 2, (1, C, G)).copy()   # (every chain held)
     target = np.zeros((1, 1 + C * G), np.int64)
     target[0, 0] = 104                 # the root's next token: chain 1's first draft
     target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
     target[0, 1 + 5] = 7               # after node 1: the bonus
-    drafts = GridDrafts(cands, usable)
+    drafts = GridDrafts(cands, usable, usable)
     grid = GridStep(ContextTable(200, 10, G), C)
     v = grid.verify(drafts, torch.from_numpy(target.ravel()))
     assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]

@@ -6,4 +6,4 @@ python recipes/host_profile.py --model /tmp/tiny --input recipes/prompts/specben
     --store /tmp/tiny-store --batch-sizes 8,64 --threads 1 --max-tokens 48 --prompts 128 \
     --methods ar,self-draft:light:fixed,self-draft:grid:fixed --schedule cuda --repeats 3
 # under auto on the host-charged clock (H200 table, host x3), requests waiting
-for b in 8 32 64; do python bench-results/2026-11-29-grid/paired.py $b waiting 5; done
+for b in 8 32 64; do python bench-results/2026-11-29-grid/paired.py $b waiting 3; done

@@ -56,7 +56,7 @@ def commit_grid(plan: StepPlan, out: StepOutcome, grid, kv, answers: Answers,
     acc = verdicts.acc
     grid.commit(kv, [s.slot for s in plan.seqs], acc, verdicts.best)
     emit, hist = answers.emit, st.accept_hist
-    for s, a, d, toks in zip(plan.seqs, acc, plan.proposals.sizes, verdicts.out):
+    for s, a, d, toks in zip(plan.seqs, acc, plan.grid.drafted().tolist(), verdicts.out):
         r = s.req
         r.steps += 1
         r.accept_lengths.append(a)

@@ -71,9 +71,11 @@ def verify_chains(cands: np.ndarray, usable: np.ndarray,
 
 @dataclass(frozen=True)
 class GridDrafts:
-    """A grid step's drafts (GridStep.plan): candidates [B, C, G] and which of them may be
-    accepted [B, C, G], by the context table, each sequence's room and its budget."""
+    """A grid step's drafts (GridStep.plan): candidates [B, C, G]; the slots each sequence's
+    room and budget allow [B, C, G]; of those, the ones holding a candidate (`usable`: they
+    may be accepted)."""
     cands: np.ndarray
+    allowed: np.ndarray
     usable: np.ndarray
 
     def drafted(self) -> np.ndarray:
@@ -84,10 +86,13 @@ class GridDrafts:
 class GridProposals(Sequence):
     """The step's proposals as the controller and the accounting read them (a draft of so many
     nodes, no probe, no confidence stop), made one at a time where they are asked for: the
-    step itself never makes them."""
+    step itself never makes them. Their size is the slots the budget allowed, with or without
+    a candidate: the step runs every one of them, so the controller learns what a slot of the
+    grid is worth (an empty one accepts nothing), not only a candidate's (counting candidates
+    alone, one b64 run expected 1.7x the tokens its drafting steps gave, and lost)."""
 
     def __init__(self, drafts: GridDrafts):
-        self.sizes = drafts.drafted().tolist()
+        self.sizes = drafts.allowed.reshape(len(drafts.allowed), -1).sum(axis=1).tolist()
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -100,9 +105,9 @@ class GridProposals(Sequence):
 
 class GridVerdicts(Sequence):
     """The step's verdicts, made one at a time where they are asked for. A verdict's accepted
-    nodes are numbered as the controller learns them: the sequence's usable drafts chain after
-    chain (GridProposals' sizes), so its chain's first node is the usable drafts before it
-    (`start`: c G where room lets every chain be whole)."""
+    nodes are numbered as the controller learns them: the sequence's allowed slots chain after
+    chain (GridProposals' sizes), so its chain's first node is the slots before it (`start`:
+    c G where room lets every chain be whole)."""
 
     def __init__(self, acc: list[int], best: list[int], start: list[int],
                  out: list[list[int]]):
@@ -144,12 +149,13 @@ class GridStep:
         depth, anc, node = self.layout(C)
         pend = np.array(pending, dtype=np.int64)
         cands, held = self.table.candidates(pend, C)
-        usable = held[:, :, None] & (self.at[None, None, :] < np.array(room)[:, None, None])
+        allowed = np.broadcast_to(self.at[None, None, :] < np.array(room)[:, None, None],
+                                  (B, C, G))
         if budget is not None:
-            usable &= node[None, :, :] < np.array(budget)[:, None, None]
+            allowed = allowed & (node[None, :, :] < np.array(budget)[:, None, None])
         tokens = np.concatenate([pend[:, None], cands.reshape(B, -1)], axis=1)
         return (ForwardBatch.grid(slots, lens, tokens, depth, anc, device),
-                GridDrafts(cands, usable))
+                GridDrafts(cands, allowed, allowed & held[:, :, None]))
 
     def verify(self, drafts: GridDrafts, target) -> GridVerdicts:
         """The step's verdicts from the target's argmax over its rows (a tensor: its read-back
@@ -157,7 +163,7 @@ class GridStep:
         B = len(drafts.cands)
         acc, best, out = verify_chains(drafts.cands, drafts.usable,
                                        target.cpu().numpy().reshape(B, -1))
-        per = drafts.usable.sum(axis=2)                   # usable drafts per chain [B, C]
+        per = drafts.allowed.sum(axis=2)                  # allowed slots per chain [B, C]
         start = (np.cumsum(per, axis=1) - per)[np.arange(B), best]
         return GridVerdicts(acc.tolist(), best.tolist(), start.tolist(), out.tolist())
 
