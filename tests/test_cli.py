@@ -350,6 +350,12 @@ def test_out_is_refused_where_it_cannot_be_the_answers(tmp_path, tiny_llama):
         r = generate(inp, tmp_path / "o.jsonl", store, tiny_llama, "--method", "self-draft",
                      "--job-cache", "--job-cache-file", cache)
         assert r.exit_code != 0 and said in r.output, r.output
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_jsonl(shards / "a.jsonl", [{"prompt": "Hi"}])
+    r = generate(shards, tmp_path / "o.jsonl", store, tiny_llama, "--method", "self-draft",
+                 "--job-cache", "--job-cache-file", shards / "cache.safetensors")
+    assert r.exit_code != 0 and "inside the input directory" in r.output, r.output
     assert not (tmp_path / "o.jsonl").exists()
 
 

@@ -101,7 +101,8 @@ def out_path(raw: str | os.PathLike) -> Path:
 
 def check_job_cache_file(path: str | None, out: Path | None, input: Path) -> None:
     """--job-cache-file is neither --out nor the input file (the saved cache would replace
-    the answers or the prompts, and the next run would fail to read it back)."""
+    the answers or the prompts, and the next run would fail to read it back), nor inside an
+    input directory."""
     if path is None:
         return
     cache = Path(path).expanduser()
@@ -112,6 +113,9 @@ def check_job_cache_file(path: str | None, out: Path | None, input: Path) -> Non
         if other is not None and (cache.resolve() == other.resolve() or cache.exists()
                                   and other.exists() and os.path.samefile(cache, other)):
             raise SpecctlError(f"--job-cache-file {path} is {what}; pass another file")
+    if input.is_dir() and input.resolve() in cache.resolve().parents:
+        raise SpecctlError(f"--job-cache-file {path} is inside the input directory, whose "
+                           "files are read as prompt shards: pass a file elsewhere")
 
 
 def check_out(out: Path, input: Path, named: bool = True, store=None) -> None:
