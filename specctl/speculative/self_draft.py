@@ -60,7 +60,7 @@ class SelfDraftParams:
     job_cache: bool = False   # specctl: draft from the job's prompts and answers (job_cache.py)
     job_cands: int = 2        # candidates from the job cache per step (its most frequent)
     job_len: int = 16         # tokens a job-cache candidate drafts at most
-    grid: bool = False        # specctl: the context cache as a device table, its candidates
+    grid: bool = False        # specctl: the context cache as an array table, its candidates
                               # drafted over the batch at once (runtime/step/grid.py)
 
     def __post_init__(self):
@@ -204,7 +204,7 @@ class SelfDraftDrafter(Drafter):
             if self.overlapped:   # (under a forward: _settle)
                 self.ctx_pending.append(seq.prompt_ids)   # (past CTX_PENDING the oldest go)
             else:
-                self._push_prompt(seq.prompt_ids)
+                self.ctx.push_texts([seq.prompt_ids])
         if self.job is not None:
             self._job_text(seq.prompt_ids)
 
@@ -292,9 +292,6 @@ class SelfDraftDrafter(Drafter):
         self.unindexed = False
         if self.job_pending:
             self.flush_job()
-
-    def _push_prompt(self, ids) -> None:
-        self.ctx.push_texts([ids])
 
     def _settle(self, seqs=None, admitted: bool = True) -> None:
         """The trim due since, then the admitted prompts' grams into the context cache, then

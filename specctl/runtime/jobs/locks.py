@@ -113,7 +113,7 @@ def check_job_cache_file(path: str | None, out: Path | None, input: Path) -> Non
         if other is not None and (cache.resolve() == other.resolve() or cache.exists()
                                   and other.exists() and os.path.samefile(cache, other)):
             raise SpecctlError(f"--job-cache-file {path} is {what}; pass another file")
-    if input.is_dir() and input.resolve() in cache.resolve().parents:
+    if _inside(cache, input):
         raise SpecctlError(f"--job-cache-file {path} is inside the input directory, whose "
                            "files are read as prompt shards: pass a file elsewhere")
 
@@ -141,15 +141,22 @@ def check_out(out: Path, input: Path, named: bool = True, store=None) -> None:
         raise SpecctlError(f"--out {out}: cannot write there ({e.strerror or e})") from None
     if out.exists() and input.exists() and os.path.samefile(out, input):
         raise SpecctlError(f"--out {out} is the input file: answers would replace the prompts")
-    # (inside by its own path or by what it links to: a link placed in the folder is read as
-    # a shard, and answers written through it would replace a file's prompts)
-    where = Path(os.path.abspath(out)).parent.resolve()   # (the folder the path itself is in)
-    if input.is_dir() and (input.resolve() in out.resolve().parents
-                           or input.resolve() in (where, *where.parents)):
+    if _inside(out, input):
         what = f"--out {out} is" if named else f"the default output, {out} (in the current " \
             "directory), would be"
         raise SpecctlError(f"{what} inside the input directory, whose files are read as "
                            "prompt shards: pass --out elsewhere")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether `path` lies in the directory `folder`, by its own path or by what it links to
+    (a link placed in the folder is read as a shard, and what is written through it would
+    replace a file's prompts)."""
+    if not folder.is_dir():
+        return False
+    where = Path(os.path.abspath(path)).parent.resolve()   # (the folder the path itself is in)
+    inside = folder.resolve()
+    return inside in path.resolve().parents or inside in (where, *where.parents)
 
 
 class OutLock:

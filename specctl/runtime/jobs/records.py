@@ -144,17 +144,22 @@ def dumps(line: dict) -> str:
     return text.translate(_BREAKS)
 
 
+def _record_files(run_dir: Path) -> list[Path]:
+    """A run's record files, whatever world size(s) wrote them: `records.jsonl` and every
+    `records.rank<r>.jsonl`, in name order."""
+    return [f for f in sorted(run_dir.glob("records*.jsonl"))
+            if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name)]
+
+
 def _run_lines(run_dir: Path):
-    """Each JSON line of a run's record files, whatever world size(s) wrote them:
-    `records.jsonl` and every `records.rank<r>.jsonl`, in name order. A line torn by a crash
-    is skipped (that request is simply redone)."""
-    for f in sorted(run_dir.glob("records*.jsonl")):
-        if f.name == "records.jsonl" or re.fullmatch(r"records\.rank\d+\.jsonl", f.name):
-            for line in jsonl_lines(f.read_text(encoding="utf-8")):
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+    """Each JSON line of a run's record files (_record_files). A line torn by a crash is
+    skipped (that request is simply redone)."""
+    for f in _record_files(run_dir):
+        for line in jsonl_lines(f.read_text(encoding="utf-8")):
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
 
 
 def _torn_tail(path: Path) -> bool:
@@ -190,7 +195,7 @@ def recorded_lines(run_dir: Path) -> int:
     """How far a run got: its record files' lines (counted, not parsed: an answer or a bad
     line's error each)."""
     n = 0
-    for f in run_dir.glob("records*.jsonl"):
+    for f in _record_files(run_dir):
         try:
             with open(f, "rb") as fh:
                 while chunk := fh.read(1 << 20):

@@ -170,14 +170,13 @@ class GridStep:
     def commit(self, kv, slots: list[int], acc: list[int], best: list[int]) -> None:
         """Each sequence keeps its root and its accepted rows: in place (kv.advance) unless
         they came from a chain past the first (kv.commit_many moves them)."""
-        G, moved = self.G, []
+        G, moved, still, kept = self.G, [], [], []
         for s, a, c in zip(slots, acc, best):
             if a and c:
                 moved.append((s, [0, *range(1 + c * G, 1 + c * G + a)]))
+            else:
+                still.append(s)
+                kept.append(a + 1)
         if moved:
             kv.commit_many(moved)
-            done = {s for s, _ in moved}
-            kv.advance([s for s in slots if s not in done],
-                       [a + 1 for s, a in zip(slots, acc) if s not in done])
-        else:
-            kv.advance(slots, [a + 1 for a in acc])
+        kv.advance(still, kept)

@@ -61,16 +61,16 @@ class ThreadTuner:
     def after(self, seconds: float, work: float) -> None:
         if len(self.options) == 1:
             return
+        per = seconds / work if work > 0 else seconds
         if not self._queue:
             self._since += 1
-            per = seconds / work if work > 0 else seconds
             slow = self._ref is not None and per > SLOWER * self._ref
             self._slow = self._slow + 1 if slow else 0
             if self._slow >= 2:   # (the load changed: trial now, not `period` steps on)
                 self._since, self._slow = self.period, 0
             return
         n = self._queue.pop(0)
-        self._seen.setdefault(n, []).append(seconds / work if work > 0 else seconds)
+        self._seen.setdefault(n, []).append(per)
         if not self._queue:   # trial over: keep the fastest
             best = min(self._seen, key=lambda k: statistics.median(self._seen[k]))
             self.period = min(2 * self.period, self.max_period) if best == self.choice \
