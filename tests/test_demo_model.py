@@ -134,9 +134,10 @@ def test_the_exact_self_check_covers_every_operation_of_the_demo_model(demo_mode
 def test_every_method_under_exact_at_the_demo_models_shapes_is_ar_at_batch_1(demo_model_dir,
                                                                              demo):
     """The demo model in bf16 under --exact: ar at batch 8, Self-Draft (a corpus that knows the
-    answers, so its trees are accepted) and draft-verify with the repo's skip set, fixed and
-    auto, at batch 1 and 8 give ar's batch-1 tokens for every prompt (the issue-44 bar at the
-    real shapes, where plain bf16 differs)."""
+    answers, so its trees are accepted), its grid step (runtime/step/grid.py: the context
+    table's chains) and draft-verify with the repo's skip set, fixed and auto, at batch 1 and
+    8 give ar's batch-1 tokens for every prompt (the issue-44 bar at the real shapes, where
+    plain bf16 differs)."""
     from helpers import Oracle
     from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
     from specctl.speculative.sampling import SamplingParams
@@ -155,10 +156,17 @@ def test_every_method_under_exact_at_the_demo_models_shapes_is_ar_at_batch_1(dem
                 "self-draft": SelfDraftDrafter(SelfDraftParams(job_cache=True),
                                                Oracle([p + r for p, r in zip(ids, ref)])),
                 "draft-verify": LayerSkipDrafter(m, skip, SamplingParams(), ExitParams()),
+                "self-draft:grid": SelfDraftDrafter(
+                    SelfDraftParams(branches=0, context_cands=4, prompt_grams=True, grid=True),
+                    vocab=m.cfg.vocab_size),
             }
             for name, dr in drafters.items():
                 got, st = run_ids(m, ids, batch_size=b, max_tokens=16, max_len=320,
                                   drafter=dr, speculate=speculate)
                 assert got == ref, (name, speculate, b)
                 accepted += sum(k * n for k, n in st.accept_hist.items())
+                if name == "self-draft:grid" and speculate == "fixed" and b == 1:
+                    # (every step a grid step: its 1 + C G rows; and some drafts accepted)
+                    assert st.step_tokens == 17 * st.steps, st.step_tokens
+                    assert dr.accepted_from["context"] > 0
     assert accepted > 0
