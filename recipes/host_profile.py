@@ -127,6 +127,10 @@ def main() -> None:
     from specctl.speculative.kangaroo import Adapter
     Adapter.decode = timed(Adapter.decode)
     Adapter.write_rows = timed(Adapter.write_rows)
+    # and so is a grid step's verification and KV moves: a fixed set of tensor operations
+    # queued behind the forward, nothing read back (GridStep.device_step; tests/test_grid.py)
+    from specctl.runtime.step.grid import GridStep
+    GridStep.device_step = timed(GridStep.device_step)
 
     if launches:
         print(f"{model.attention} attention: {launches['step']} kernel launches an ar step at "
@@ -225,10 +229,10 @@ class Row:
             finally:
                 self.t["under"] += time.perf_counter() - t
 
-        def catch_up():   # (at a retirement or the run's end: no forward to hide it under)
-            t = time.perf_counter()
+        def catch_up(*a, **kw):   # (at a retirement or the run's end: no forward to hide
+            t = time.perf_counter()   # it under)
             try:
-                return catch()
+                return catch(*a, **kw)
             finally:
                 if not busy[0]:
                     self.t["off"] += time.perf_counter() - t

@@ -11,9 +11,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import kv_budget, random_prompts, run_ids
 from specctl.engine.graphs import CudaGraphs
+from specctl.engine.kv import KVCache
 from specctl.engine.loader import load_model
 from specctl.runtime.step.grid import GridStep, chain_layout, verify_chains
 from specctl.speculative.context_cache import ContextCache
@@ -127,7 +129,8 @@ def test_verify_chains_emits_what_the_trie_does(seed):
         for c in range(C):
             for j in range(G):
                 target[b, 1 + c * G + j] = after(b, cands[b, c, :j + 1].tolist())
-    acc, best, out = verify_chains(cands, usable, target)
+    res = verify_chains(*map(torch.from_numpy, (cands, usable, target))).numpy()
+    acc, best, out = res[:, 0], res[:, 1], res[:, 2:]
     hits = 0
     for b in range(B):
         keep = [cands[b, c, :min(G, room[b])].tolist() for c in range(C) if held[b, c]]
@@ -288,9 +291,9 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
             for s in slots:
                 kv.lens[s] = 10
             batch, drafts = grid.plan(slots, [10] * B, list(range(5, 5 + B)), [4] * B, None,
-                                      "cpu")
-            v = grid.verify(drafts, model.argmax(model.run(batch, kv)))
-            grid.commit(kv, slots, v.acc, [0] * B)
+                                      kv, "cpu")
+            v = grid.verify(drafts, model.argmax(model.run(batch, kv)), kv)
+            grid.commit(kv, slots, v.acc)
         step()   # (the layout is made once, at the first step)
         made[B] = _calls(step)
         assert made[B].pop("kv.py:_check_kept") == B
@@ -301,8 +304,6 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     """Near a sequence's end its room cuts every chain (room 2 of G 4): its usable drafts are
     nodes 0, 1, 4, 5, 8, 9 ... of the layout, learnt as positions 0..7 (GridProposals' size 8);
     two drafts accepted on chain 1 are positions 2 and 3, not the layout's 4 and 5."""
-    import torch
-
     from specctl.runtime.step.grid import GridDrafts, GridProposals
     C, G = 4, 4
     cands = np.arange(C * G).reshape(1, C, G) + 100
@@ -311,8 +312,37 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     target[0, 0] = 104                 # the root's next token: chain 1's first draft
     target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
     target[0, 1 + 5] = 7               # after node 1: the bonus
-    drafts = GridDrafts(cands, usable, usable)
+    kv = KVCache(1, 1, 32, 1, 2)
+    drafts = GridDrafts.make(cands, usable, usable, [0], [3], np.zeros((1, 1), np.int64), "cpu")
     grid = GridStep(ContextTable(200, 10, G), C)
-    v = grid.verify(drafts, torch.from_numpy(target.ravel()))
+    v = grid.verify(drafts, torch.from_numpy(target.ravel()), kv)
     assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]
     assert v[0].accepted == [2, 3] and v[0].bonus == 7 and v.out[0][:3] == [104, 105, 7]
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
+    """GridStep.device_step (verification and the KV moves, issued behind the forward) is the
+    same tensor operations at batch 1, 8 and 64, and runs on the meta device, where reading a
+    value back (.item(), .tolist(), a data-dependent shape such as nonzero's) raises: so on a
+    GPU it queues behind the forward and the step's one wait is verify's read of its result."""
+    from specctl.engine.launches import counting
+    from specctl.runtime.step.grid import GridDrafts
+    C, G = 4, 4
+    grid = GridStep(ContextTable(50, 10, G), C)
+    counts = {}
+    for B in (1, 8, 64):
+        rng = np.random.default_rng(B)
+        cands = rng.integers(0, 50, (B, C, G))
+        usable = rng.random((B, C, G)) < 0.5
+        tables = rng.integers(1, 40, (B, 3)) if paged else np.arange(B)[:, None]
+        for dev in ("meta", "cpu"):
+            kv = KVCache(2, 64, 48, 1, 2, device=dev, num_blocks=40 if paged else None)
+            drafts = GridDrafts.make(cands, usable, usable, list(range(B)), [5] * B, tables,
+                                     dev)
+            target = torch.from_numpy(rng.integers(0, 50, B * (1 + C * G))).to(dev)
+            with counting() as c:
+                res = grid.device_step(drafts, target, kv)
+            assert res.shape == (B, G + 4)
+            counts[B, dev] = c.count
+    assert len(set(counts.values())) == 1 and counts[1, "cpu"] > 10, counts

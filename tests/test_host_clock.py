@@ -230,9 +230,9 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
 
         def forgetting(key, _f=forget):
             r = runners[-1] if runners else None
-            if r is not None and r._later:   # (only a lean step's waits: caught up before)
-                assert r._later_lean
+            if r is not None and r._later_free:   # (only what reads no slot waits)
                 past.append(key)
+            assert r is None or not r._later
             return _f(key)
         past = []
         ctl.forget = forgetting
@@ -241,7 +241,7 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
         clock.reset()
         got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=32, controller=ctl)
         assert got == ref
-        assert not runners[-1]._later
+        assert not runners[-1]._later and not runners[-1]._later_free
         inside = depth = learnt = 0
         for e in events:
             if e == "forward":

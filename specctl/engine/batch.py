@@ -269,8 +269,9 @@ class ForwardBatch:
         B, n = tokens.shape
         self._seqs, self.device = None, torch.device(device)
         self.num_new, self.num_tokens = [n] * B, B * n
-        self.token_list = tokens.ravel().tolist()
-        self.position_list = (np.asarray(lens)[:, None] + depth[None, :]).ravel().tolist()
+        # (arrays, not lists: what the eager path's tensors and a replay's staging read)
+        self.token_list = tokens.ravel()
+        self.position_list = (np.asarray(lens)[:, None] + depth[None, :]).ravel()
         self.seq_slots, self.prefix_lens = list(slots), list(lens)
         self.cu_seqlens = list(range(0, B * n + 1, n))
         self.max_kv_len = max(lens) + n

@@ -204,6 +204,13 @@ class KVCache:
         for slot, kept in items:
             self.lens[slot] += len(kept)
 
+    def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Storage rows src's keys and values into rows dst (index tensors of one shape on
+        the cache's device, distinct dst rows), every layer at once, nothing checked nor read back: the grid
+        step's moves, issued behind its forward (runtime/step/grid.py)."""
+        for cache in (self.k_all, self.v_all):
+            cache[:, dst] = cache[:, src]   # (the right side is gathered first)
+
     def truncate(self, slot: int, n: int) -> None:
         """Drop committed rows past n (rejected rows are simply forgotten)."""
         if n < 0 or n > self.lens[slot]:

@@ -54,7 +54,7 @@ def commit_grid(plan: StepPlan, out: StepOutcome, grid, kv, answers: Answers,
     sequence's kept rows and emitted tokens; returns the drafts accepted."""
     verdicts = out.verdicts
     acc = verdicts.acc
-    grid.commit(kv, [s.slot for s in plan.seqs], acc, verdicts.best)
+    grid.commit(kv, [s.slot for s in plan.seqs], acc)
     emit, hist = answers.emit, st.accept_hist
     for s, a, d, toks in zip(plan.seqs, acc, plan.grid.drafted().tolist(), verdicts.out):
         r = s.req

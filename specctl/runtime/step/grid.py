@@ -14,6 +14,12 @@ accepted draft equals the target's own token whatever it came from. So the step 
 `ar`'s text, and what it does a sequence in Python is what `ar`'s step does: read its tokens
 and emit them.
 
+Verification and the KV moves are tensor operations on the step's device (device_step: ~40
+of them at any batch, none reading a value back), queued behind the forward on a GPU; the
+host then reads one [B, G + 4] result, as `ar` reads its [B] tokens. The drafter's learning
+from the step (its text into the table) reads no slot: it waits for the next forward even
+where a sequence ended (Runner.step).
+
 The price of one layout for every sequence and step: a chain costs more rows than the trie
 the per-sequence path merges the same candidates into (~20% on the demo model, shape.py
 there), and a sequence without candidates still runs its C G rows.
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from specctl.engine.batch import ForwardBatch
 from specctl.speculative.context_table import ContextTable
@@ -47,36 +54,47 @@ def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
     return depth, anc
 
 
-def verify_chains(cands: np.ndarray, usable: np.ndarray,
-                  target: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def verify_chains(cands: torch.Tensor, usable: torch.Tensor,
+                  target: torch.Tensor) -> torch.Tensor:
     """cands [B, C, G] drafts, usable [B, C, G] which of them may be accepted, target [B, n]
-    the target's argmax after the root and after each node: (accepted [B], the chain they come
-    from [B], the emitted tokens [B, G + 1]: the accepted drafts, then the target's token after
-    the last, then anything)."""
+    the target's argmax after the root and after each node, all on the step's device: [B,
+    G + 3] there, each sequence's (accepted, the chain they come from, the emitted tokens:
+    the accepted drafts, then the target's token after the last, then anything). A fixed
+    number of tensor operations at any batch, none of which reads a value back."""
     B, C, G = cands.shape
-    after = np.empty_like(cands)   # the target's token after each node's parent
-    after[:, :, 0] = target[:, :1]
-    after[:, :, 1:] = target[:, 1:].reshape(B, C, G)[:, :, :G - 1]
-    agree = (cands == after) & usable
-    lens = np.cumprod(agree, axis=2).sum(axis=2)                     # [B, C]
-    best = lens.argmax(axis=1)                                        # (the first longest)
-    rows = np.arange(B)
-    acc = lens[rows, best]
-    out = np.empty((B, G + 1), dtype=cands.dtype)
-    out[:, :G] = cands[rows, best]
-    out[:, G] = 0
-    out[rows, acc] = target[rows, np.where(acc > 0, best * G + acc, 0)]   # the bonus
-    return acc, best, out
+    chains = target[:, 1:].view(B, C, G)
+    after = torch.cat([target[:, :1, None].expand(B, C, 1), chains[:, :, :G - 1]], dim=2)
+    lens = ((cands == after) & usable).long().cumprod(dim=2).sum(dim=2)   # [B, C]
+    best = lens.argmax(dim=1, keepdim=True)                               # (the first longest)
+    acc = lens.gather(1, best)
+    drafts = cands.gather(1, best[:, :, None].expand(B, 1, G))[:, 0]
+    bonus = target.gather(1, torch.where(acc > 0, best * G + acc, 0))    # (the root's: 0)
+    out = torch.cat([drafts, torch.zeros_like(acc)], dim=1).scatter(1, acc, bonus)
+    return torch.cat([acc, best, out], dim=1)
 
 
 @dataclass(frozen=True)
 class GridDrafts:
     """A grid step's drafts (GridStep.plan): candidates [B, C, G]; the slots each sequence's
     room and budget allow [B, C, G]; of those, the ones holding a candidate (`usable`: they
-    may be accepted)."""
+    may be accepted); `up`, on the step's device: each sequence's slot, committed rows,
+    candidates, usable slots, allowed slots before each chain and the first entries of its
+    block table, in one row (GridDrafts.make: what the device's verification and moves read,
+    one copy a step)."""
     cands: np.ndarray
     allowed: np.ndarray
     usable: np.ndarray
+    up: torch.Tensor
+
+    @classmethod
+    def make(cls, cands: np.ndarray, allowed: np.ndarray, usable: np.ndarray,
+             slots: list[int], lens: list[int], tables, device) -> "GridDrafts":
+        B = len(cands)
+        per = allowed.sum(axis=2)   # [B, C]
+        host = np.concatenate([np.array([slots, lens], np.int64).T, cands.reshape(B, -1),
+                               usable.reshape(B, -1), np.cumsum(per, axis=1) - per,
+                               np.array(tables, np.int64)], axis=1)
+        return cls(cands, allowed, usable, torch.from_numpy(host).to(device))
 
     def drafted(self) -> np.ndarray:
         """Drafts each sequence could accept [B]."""
@@ -124,7 +142,10 @@ class GridVerdicts(Sequence):
 
 
 class GridStep:
-    """Self-Draft's drafting step over a batch, from a context table (greedy)."""
+    """Self-Draft's drafting step over a batch, from a context table (greedy): its plan on
+    the host, then on the step's device its verification and its KV moves (device_step,
+    behind the forward: nothing read back), then one read of [B, G + 4] (verify), and a
+    commit that only counts the rows kept."""
 
     def __init__(self, table: ContextTable, cands: int):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
@@ -140,7 +161,7 @@ class GridStep:
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
-             budget: list[int] | None, device) -> tuple[ForwardBatch, GridDrafts]:
+             budget: list[int] | None, kv, device) -> tuple[ForwardBatch, GridDrafts]:
         """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
         for the largest budget, at most the drafter's), accepted no deeper than its room and,
         chain after chain, within its budget of nodes (None: every node)."""
@@ -154,29 +175,42 @@ class GridStep:
         if budget is not None:
             allowed = allowed & (node[None, :, :] < np.array(budget)[:, None, None])
         tokens = np.concatenate([pend[:, None], cands.reshape(B, -1)], axis=1)
+        usable = allowed & held[:, :, None]
+        # (the block-table entries of every row the step writes: a contiguous cache's is
+        # the slot's one block, its number)
+        tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
+            else np.array(slots, np.int64)[:, None]
         return (ForwardBatch.grid(slots, lens, tokens, depth, anc, device),
-                GridDrafts(cands, allowed, allowed & held[:, :, None]))
+                GridDrafts.make(cands, allowed, usable, slots, lens, tables, device))
 
-    def verify(self, drafts: GridDrafts, target) -> GridVerdicts:
-        """The step's verdicts from the target's argmax over its rows (a tensor: its read-back
-        is the step's first wait)."""
-        B = len(drafts.cands)
-        acc, best, out = verify_chains(drafts.cands, drafts.usable,
-                                       target.cpu().numpy().reshape(B, -1))
-        per = drafts.allowed.sum(axis=2)                  # allowed slots per chain [B, C]
-        start = (np.cumsum(per, axis=1) - per)[np.arange(B), best]
-        return GridVerdicts(acc.tolist(), best.tolist(), start.tolist(), out.tolist())
+    def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
+        """On the step's device, issued behind the forward and read back by nobody here:
+        the verdicts ([B, G + 4]: verify_chains' accepted and best chain, the allowed slots
+        before that chain, then its emitted tokens), and each sequence's best chain's rows moved
+        below its root (all G of them, whatever was accepted: rows past what commit keeps are
+        garbage the next forward overwrites; the first chain's move onto itself). A fixed
+        number of tensor operations at any batch (tests/test_grid.py counts them)."""
+        up, (B, C, G) = drafts.up, drafts.cands.shape
+        n = C * G
+        res = verify_chains(up[:, 2:2 + n].view(B, C, G),
+                            up[:, 2 + n:2 + 2 * n].view(B, C, G) > 0, target.view(B, 1 + n))
+        best = res[:, 1:2]
+        start = up[:, 2 + 2 * n:2 + 2 * n + C].gather(1, best)   # (GridVerdicts' numbering)
+        at = torch.arange(1 + n, device=up.device)
+        rows = up[:, 1:2] + at                                      # [B, 1 + n] the step's
+        tables, block = up[:, 2 + 2 * n + C:], kv.block
+        stored = tables.gather(1, rows // block) * block + rows % block   # (their storage)
+        kv.copy_rows(stored[:, 1:1 + G], stored.gather(1, at[1:1 + G] + best * G))
+        return torch.cat([res[:, :2], start, res[:, 2:]], dim=1)
 
-    def commit(self, kv, slots: list[int], acc: list[int], best: list[int]) -> None:
-        """Each sequence keeps its root and its accepted rows: in place (kv.advance) unless
-        they came from a chain past the first (kv.commit_many moves them)."""
-        G, moved, still, kept = self.G, [], [], []
-        for s, a, c in zip(slots, acc, best):
-            if a and c:
-                moved.append((s, [0, *range(1 + c * G, 1 + c * G + a)]))
-            else:
-                still.append(s)
-                kept.append(a + 1)
-        if moved:
-            kv.commit_many(moved)
-        kv.advance(still, kept)
+    def verify(self, drafts: GridDrafts, target: torch.Tensor, kv) -> GridVerdicts:
+        """The step's verdicts from the target's argmax over its rows (a tensor: device_step,
+        then the step's one read-back)."""
+        res = self.device_step(drafts, target, kv).cpu()
+        acc, best, start = res[:, :3].T.tolist()
+        return GridVerdicts(acc, best, start, res[:, 3:].tolist())
+
+    @staticmethod
+    def commit(kv, slots: list[int], acc: list[int]) -> None:
+        """Each sequence keeps its root and its accepted rows, in place since device_step."""
+        kv.advance(slots, [a + 1 for a in acc])

@@ -92,8 +92,10 @@ class Runner:
         self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         self._admitted = 0
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
-        self._later: list[Callable[[], object]] = []   # the last step's learning (under_forward)
-        self._later_lean = False   # it is a lean step's (it reads no slot)
+        # the last step's learning (under_forward): what reads a slot (caught up before a
+        # retirement gives the slot up), and what reads none (it waits on past one)
+        self._later: list[Callable[[], object]] = []
+        self._later_free: list[Callable[[], object]] = []
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -172,7 +174,8 @@ class Runner:
         try:
             return self._loop(requests, on_done, on_tokens, self._tuner())
         except BaseException:
-            self._later = []   # (a run that failed learns nothing more from its last step)
+            # (a run that failed learns nothing more from its last step)
+            self._later, self._later_free = [], []
             raise
         finally:
             gc.unfreeze()
@@ -323,8 +326,7 @@ class Runner:
         waiting.appendleft(req)
 
     def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
-        if not self._later_lean:   # (a lean step's learning waits on: step)
-            self.catch_up()
+        self.catch_up(slotted=True)   # (what reads no slot waits on: step)
         req = seq.req
         if seq.prefilled or seq.out_ids:
             self.drafter.retire(seq)
@@ -388,7 +390,8 @@ class Runner:
         # for the next: the argmax read is the step's first wait)
         ahead = self.under_forward(plan.seqs, drain)
         if plan.grid is not None:   # (Self-Draft's grid step: runtime/step/grid.py)
-            out = StepOutcome(self.planner.grid.verify(plan.grid, self.model.argmax(h)), ())
+            out = StepOutcome(self.planner.grid.verify(plan.grid, self.model.argmax(h),
+                                                       self.kv), ())
             t2 = self.clock()
         else:
             target = read(plan, h, self.model, self.sp)
@@ -409,11 +412,12 @@ class Runner:
                                      list(out.probe_out))
         # (a drafting step in which a sequence ended learns at once: its slot is about to be
         # given up, and what the controller learns is kept by slot; a lean step's learning
-        # reads no slot: it waits for the next forward even past a retirement, _retire)
+        # reads no slot, nor does a grid step's drafter's (text into its table): it waits for
+        # the next forward even past a retirement, _retire)
         defer = self._overlaps and (plan.lean or not any(s.finished for s in seqs))
-        self._later_lean = plan.lean
-        if learn is not None and defer:
-            self._later.append(learn)
+        free = self._overlaps and (plan.lean or plan.grid is not None)
+        if learn is not None and (free or defer):
+            (self._later_free if free else self._later).append(learn)
         elif learn is not None:   # (in the step's time, as before)
             learn()
         work = float(plan.batch.num_tokens)
@@ -438,7 +442,8 @@ class Runner:
             args = (plan, out, seqs, had, took, None if new else t0, drain, self._held,
                     searched, host)
             if defer:   # (its total: the step as it ends now)
-                self._later.append(lambda: self.accounting.step(*args, end=end))
+                (self._later_free if plan.lean else self._later).append(
+                    lambda: self.accounting.step(*args, end=end))
             else:
                 work = self.accounting.step(*args)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
@@ -450,7 +455,7 @@ class Runner:
         the host (Planner.overlaps): what the last step taught (the drafter's caches, the
         controller's acceptance, step time and guard: each a step late), then the next step's
         search (Planner.prefetch, its ms returned)."""
-        if self._later:   # (the host's own seconds: a simulated clock may not charge them)
+        if self._later or self._later_free:   # (the host's own seconds: a simulated clock may not charge them)
             t = time.perf_counter()
             self.catch_up()
             self.stats.learn_s += time.perf_counter() - t
@@ -466,9 +471,13 @@ class Runner:
             self.stats.search_ms += self.planner.prefetch(
                 sorted(seqs, key=lambda s: s.slot), drain, self.clock, missing=True)
 
-    def catch_up(self) -> None:
-        """The last step's learning, if it waits (under_forward): now, before a sequence
-        retires (its slot and what was learnt of it are forgotten) and as the run ends."""
+    def catch_up(self, slotted: bool = False) -> None:
+        """The last step's learning, if it waits (under_forward): now, and as the run ends;
+        slotted: only what reads a slot, before a sequence retires (its slot and what was
+        learnt of it are forgotten)."""
         later, self._later = self._later, []
+        if not slotted:
+            later += self._later_free
+            self._later_free = []
         for f in later:
             f()

@@ -131,7 +131,7 @@ class Planner:
         batch, drafts = self.grid.plan([s.slot for s in seqs], [lens[s.slot] for s in seqs],
                                        [s.pending for s in seqs], room,
                                        None if budgets is None else list(budgets.ks),
-                                       self.model.device)
+                                       self.kv, self.model.device)
         return StepPlan(tuple(seqs), budgets, GridProposals(drafts), batch, (), (), search_ms,
                         apart_ms=apart_ms, grid=drafts)
 
