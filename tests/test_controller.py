@@ -933,3 +933,24 @@ def test_a_steps_learning_prices_its_own_kind_at_once():
         kind = c.counts_ms((0, 0, 8), False)[1]
         assert c.factor(kind) == pytest.approx(
             math.exp(c.drift + c._rel(kind[3:]) + c._rel(kind)), rel=1e-12)
+
+
+def test_one_outlying_first_lean_step_does_not_price_lean_steps():
+    """A run's first lean step that hit 26 ms of page faults (43x its table price) is learnt
+    as at most StepCost.FIRST_OFF x what it was expected to cost, and as at most
+    guard.AR_OFF x `ar`'s price in the guard; the lean steps after it (at 1.5x the table)
+    bring both back within 10% in a dozen steps. Taken at face value it priced lean steps at
+    5-20x theirs for ~60 steps of a b8 run on the demo model, and every step drafted at a
+    loss (bench-results/2026-11-29-grid-device)."""
+    from specctl.runtime.control.guard import AR_OFF
+    from specctl.runtime.control.stepcost import FIRST_OFF
+    c = Ctl(StepCost(table(lambda b, n: 2.0 * (1 + 0.1 * (n - 1)))), 4, tree=True,
+            prior_accept=0.7, explore_every=0)
+    lean = c.cost.table_ms([0] * 8)[0]
+    c.lean_done(8, 43 * lean)
+    assert c.cost.step_ms([0] * 8) <= FIRST_OFF * lean * 1.001
+    assert c.guard.ar_ms(lean) <= AR_OFF * lean * 1.001
+    for _ in range(12):
+        c.lean_done(8, 1.5 * lean)
+    assert c.cost.step_ms([0] * 8) == pytest.approx(1.5 * lean, rel=0.1)
+    assert c.guard.ar_ms(lean) == pytest.approx(1.5 * lean, rel=0.1)

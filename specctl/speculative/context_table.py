@@ -39,10 +39,15 @@ def _hash(keys: np.ndarray, conts: np.ndarray) -> np.ndarray:
 class ContextTable:
     def __init__(self, vocab: int, lru: int, gram: int):
         self.V, self.R, self.G = vocab, lru, gram
-        self.conts = np.zeros((vocab + 1, lru, gram), dtype=np.int64)
+        # (int32 tokens: ~8 MB at a 49k vocabulary, not 16; every page written now, as the
+        # drafter is made: zeros are mapped lazily, and the run's first push, ~60 prompts'
+        # grams scattered over the keys, paid ~26 ms of page faults inside a step)
+        self.conts = np.empty((vocab + 1, lru, gram), dtype=np.int32)
+        self.hash = np.empty((vocab + 1, lru), dtype=np.uint64)   # each held gram's _hash
+        for a in (self.conts, self.hash):
+            a.fill(0)
         self.ptr = np.zeros(vocab + 1, dtype=np.int64)
         self.fill = np.zeros(vocab + 1, dtype=np.int64)
-        self.hash = np.zeros((vocab + 1, lru), dtype=np.uint64)   # each held gram's _hash
         self._ring = np.arange(lru)
 
     def candidates(self, keys: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:

@@ -53,6 +53,7 @@ GUARD_EPS = 0.02       # how far behind ar a step may be (timing noise; no real 
 GUARD_HOLD = 64        # ar steps held to after a first trip (doubling)
 GUARD_MAX_HOLD = 4096
 AR_MEMORY = 16         # lean steps the ar ratio averages over
+AR_OFF = 4             # how far off the ratio so far a lean step counts, at most (lean)
 JOB_SLACK = 2.0        # steps' time the job's balance may be behind ar
 
 
@@ -77,10 +78,14 @@ class Guard:
 
     def lean(self, table_ms: float, ms: float, steps: int = 1) -> None:
         """`steps` lean steps (no drafts, `ar`'s path) of table price table_ms took ms each on
-        average: weighed as that many steps (one contrast step moves the average as one)."""
+        average: weighed as that many steps (one contrast step moves the average as one), and
+        counted at most AR_OFF times off what `ar`'s step is taken to cost so far (the table's,
+        at first): one step that hit a page-in is not `ar`'s price (a first lean step at 43x
+        its table's made every drafting step look like a win for ~60 steps)."""
         if not (table_ms > 0 and ms > 0):
             return
-        x = math.log(ms / table_ms)
+        e, off = self.ar_log or 0.0, math.log(AR_OFF)
+        x = min(e + off, max(e - off, math.log(ms / table_ms)))
         self.ar_steps += steps
         self.ar_log = x if self.ar_log is None else \
             self.ar_log + (x - self.ar_log) * min(1.0, steps / min(self.ar_steps, AR_MEMORY))

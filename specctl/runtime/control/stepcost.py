@@ -280,8 +280,10 @@ class StepCost:
           by the drift and its class.
         In logs, and a step more than twice off what it was expected to cost counts as twice
         (one step that hit a page-in or a neighbour's burst must not price its kind for the
-        next dozen), unless its class has never been timed: a contrast step's first timing
-        is the news it was run for. extra_host: the ms of it that drafting's host work added
+        next dozen); where its class has never been timed, FIRST_OFF times: a contrast
+        step's first timing is the news it was run for, but a first lean step that paid 26
+        ms of page faults (43x its table price) priced lean steps at 5-20x theirs for ~60
+        steps of a b8 run, and all of them drafted at a loss. extra_host: the ms of it that drafting's host work added
         (learn_host: priced per drafting sequence, not as a ratio)."""
         ms, kind = self.counts_ms(counts, probes)
         if not ms > 0 or not measured_ms > 0:
@@ -291,9 +293,10 @@ class StepCost:
         rel_cls, rel_kind = self._rel(cls), self._rel(kind)   # (as they stand before it)
         measured_ms = max(measured_ms - extra_host, 0.1 * measured_ms)
         x = math.log(measured_ms / ms)
-        if cls in self.scale:   # (log factor(kind) as it stands: not cached, the step moves it)
-            e = self.drift + rel_cls + rel_kind
-            x = min(e + math.log(2), max(e - math.log(2), x))
+        # (log factor(kind) as it stands: not cached, the step moves it)
+        e = self.drift + rel_cls + rel_kind
+        off = math.log(2 if cls in self.scale else FIRST_OFF)
+        x = min(e + off, max(e - off, x))
         self.steps += 1
         self.drift += (x - rel_cls - rel_kind - self.drift) / min(self.steps, SCALE_MEMORY)
         x -= self.drift
@@ -431,6 +434,7 @@ def moved(counts: tuple, k: int, j: int) -> tuple:
 
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
 SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
+FIRST_OFF = 4        # how far off its expected cost a class's first timed step counts, at most
 
 
 def padded_steps(model) -> bool:
