@@ -94,7 +94,9 @@ def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size)
         assert got == ref, name
         if dr is not None:
             assert sum(k * n for k, n in stats.accept_hist.items()) > 0, name
-    assert ("kangaroo", 1) in {key[3] for key in gpu.graphs.cache}
+        if name == "kangaroo":   # (its draft forwards replayed graphs: checked before the next
+            # method's run, whose KV cache may be another, and its graphs with it)
+            assert ("kangaroo", 1) in {key[3] for key in gpu.graphs.cache}
 
 
 @pytest.mark.parametrize("graphs, other", [(True, "flex"), (False, "flex"), (True, "fused"),
