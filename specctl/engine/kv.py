@@ -25,7 +25,8 @@ them and compacts it to the front:
 
 A step commits all its sequences at once (commit_many): every row that moves, in every slot and
 layer, moves in one gather and one scatter per cache tensor, whatever the batch size (on a GPU,
-two launches instead of two per layer and sequence).
+two launches instead of two per layer and sequence). A grid step moves its rows on the device
+from indices the device works out (copy_rows, runtime/step/grid.py), then `advance`s the lens.
 
 Rows written past `lens` and not committed (rejected drafts, other branches) are garbage that the
 next forward overwrites; they never become visible, because attention reads only committed rows

@@ -301,7 +301,9 @@ class SelfDraftDrafter(Drafter):
         (a drafting step after a lean stretch then finds it indexed, not its own work). The
         job cache's texts still wait for a drafting step (flush_job: ~0.5 ms a text on this
         CPU, more than a forward hides at batch 64 when several finish at once). admitted
-        False: the trim and the prompts wait."""
+        False: the trim and the prompts wait. (A grid step's text, grid_learned, waits for
+        the next forward even past the retirements and admissions after it: it then comes
+        after their trim and prompts, which changes only what is drafted.)"""
         if admitted and self.trim_due:
             self.ctx.trim(self.prm.trim_to)
             self.trim_due = False

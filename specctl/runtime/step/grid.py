@@ -14,8 +14,8 @@ accepted draft equals the target's own token whatever it came from. So the step 
 `ar`'s text, and what it does a sequence in Python is what `ar`'s step does: read its tokens
 and emit them.
 
-Verification and the KV moves are tensor operations on the step's device (device_step: 37
-of them at any batch, none reading a value back), queued behind the forward on a GPU; the
+Verification and the KV moves are tensor operations on the step's device (device_step: under
+40 of them at any batch, none reading a value back), queued behind the forward on a GPU; the
 host then reads one [B, G + 4] result, as `ar` reads its [B] tokens. The drafter's learning
 from the step (its text into the table) reads no slot: it waits for the next forward even
 where a sequence ended (Runner.step).

@@ -179,7 +179,7 @@ class Runner:
             raise
         finally:
             gc.unfreeze()
-            self.catch_up()   # (a whole run's loop leaves none: its last step ended sequences)
+            self.catch_up()   # (what waits past the last retirements: a grid or lean step's)
             torch.set_num_threads(cpu_threads)
             self.stats.accepted_from = {k: v - came.get(k, 0) for k, v in
                                         getattr(self.drafter, "accepted_from", {}).items()}
