@@ -39,18 +39,17 @@ PLAN = (
          "4 tests (Triton compiles)"),
     Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
          "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs"),
-    Step(2, "stage2", 60, 40, "model.json", "36 s at 65c1f6b"),
+    Step(2, "stage2", 60, 40, "model.json", "35 s at 7f4cca3"),
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
-    Step(2, "bench-batch", 330, 180, "bench-batch.md",
-         "174 s at 65c1f6b (256 prompts, 5 methods at batch 8/32/64, 1 repeat)"),
-    Step(2, "bench-b1", 150, 126, "bench-b1.md", "126 s at 65c1f6b"),
-    Step(2, "fused-probe", 60, 36, "fused-probe.md",
-         "not timed yet: load 5 s, 8 captures, ~6 Triton compiles of 1-3 s, 800 replays"),
-    Step(2, "exact", 90, 80, "exact.md", "80 s at 65c1f6b (eager: 0.06x ar)"),
-    Step(2, "repeat", 45, 36, "repeat.md", "72 s at 65c1f6b for two settings, now one"),
-    Step(2, "host-profile", 60, 42, "host-profile.md",
-         "42 s at 65c1f6b at batch 1/8/32; batch 32 is now 64 over 128 prompts of 48 tokens "
-         "(~100 steps a run) with torch.profiler: not timed yet"),
+    Step(2, "bench-batch", 300, 140, "bench-batch.md",
+         "130 s at 7f4cca3 (256 prompts, 5 methods at batch 8/32/64, 1 repeat)"),
+    Step(2, "bench-b1", 150, 126, "bench-b1.md", "120 s at 7f4cca3"),
+    Step(2, "fused-probe", 60, 20, "fused-probe.md", "12 s at 7f4cca3"),
+    Step(2, "exact", 90, 40, "exact.md", "33 s at 7f4cca3"),
+    Step(2, "repeat", 45, 40, "repeat.md", "38 s at 7f4cca3"),
+    Step(2, "host-profile", 130, 110, "host-profile.md",
+         "killed at its 60 s budget at 7f4cca3 in the batch-64 rows' torch profiles (its "
+         "tables written); one more row since (the grid): not timed yet"),
 )
 
 # What the GPU owes that no call runs, and why (printed by `plan`)

@@ -332,8 +332,9 @@ def repeat_table(d: Path) -> str:
 @step("host-profile")
 def host_profile(c: Ctx) -> int:
     """The host's share of a step, ar and Self-Draft, at batch 1 and 8; then at batch 64 over
-    128 prompts (a batch fills twice), with a drafting step every step (self-draft:light:fixed:
-    issue 52's bar is its host time against ar's) and each row once under torch.profiler
+    128 prompts (a batch fills twice), with a drafting step every step (self-draft:light:fixed
+    and the grid's, self-draft:grid:fixed: issue 52's bar is their host time against ar's)
+    and each row once under torch.profiler
     (OUT/torch-profile.<method>.b64.txt: the kernels and host ops of its steps). (REHEARSE:
     --threads, since the step's wrapper gives the CPU thread tuner no work.)"""
     small = c.rehearse
@@ -344,7 +345,8 @@ def host_profile(c: Ctx) -> int:
                 "--skip-set", c.art / "skip.json")
     rc64 = c.x_to("host-profile-b64.md", c.py, "recipes/host_profile.py", "--input",
                   c.art / "sharegpt-prompts.jsonl", "--methods",
-                  "ar,self-draft,self-draft:light:fixed", "--batch-sizes", "4" if small else "64",
+                  "ar,self-draft,self-draft:light:fixed,self-draft:grid:fixed",
+                  "--batch-sizes", "4" if small else "64",
                   "--prompts", "8" if small else "128", "--max-tokens", "4" if small else "48",
                   *(["--threads", "2"] if small else []), "--schedule", "cuda",
                   "--skip-set", c.art / "skip.json", "--torch-profile", c.out / "torch-profile")
