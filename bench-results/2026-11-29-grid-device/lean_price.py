@@ -32,4 +32,4 @@ def show():
         print("b %d drain %s tokens %d lean %.3f/ms (%.2f ms) chosen %.3f/ms (%.2f ms) table-ar %.2f" % (r[0], r[1], r[2], r[3], r[5], r[4], r[6], r[7]))
     print("lean_done:", [(b, round(ms, 2) if ms else ms, s, round(h, 2) if h else h) for b, ms, s, h in lean[:60]])
 sys.argv = ['demo_clock.py'] + sys.argv[1:]
-runpy.run_path('bench-results/2026-11-29-grid-device/demo_clock.py', run_name='__main__')
+runpy.run_path('bench-results/2026-11-29-host-clock-5/demo_clock.py', run_name='__main__')

@@ -11,4 +11,4 @@ def __init__(self, *a, **kw):
     init(self, *a, **kw)
 C.Controller.__init__ = __init__
 sys.argv = ['demo_clock.py'] + sys.argv[1:]
-runpy.run_path('bench-results/2026-11-29-grid-device/demo_clock.py', run_name='__main__')
+runpy.run_path('bench-results/2026-11-29-host-clock-5/demo_clock.py', run_name='__main__')

@@ -10,6 +10,8 @@ the clock's prediction of what `bench-batch` measures on the GPU (2026-11-26: Se
 
     python bench-results/2026-11-29-host-clock-5/demo_clock.py BATCH [PROMPTS] [THREADS] [ROUNDS] [METHOD]
 
+(METHOD a bench variant too, as self-draft:grid: since ../2026-11-29-grid-device.)
+
 PROMPTS (default 4 x BATCH) ShareGPT first turns, each cut to its first 96 tokens (prefill of
 whole turns on 2 cores would take longer than the run), answers of the lengths the demo
 model's real answers had (sim.trace_lengths, at most 64; with all of them 64 long, `ar`'s
@@ -35,7 +37,7 @@ from sim import (HOST, NoUndo, SimClock, h200_fused_table, prefill_table,  # noq
 from specctl.engine.loader import load_model  # noqa: E402
 from specctl.io.sharegpt import first_human_turns  # noqa: E402
 from specctl.models.checkpoint import resolve_model  # noqa: E402
-from specctl.runtime.jobs.config import GenerateConfig  # noqa: E402
+from specctl.runtime.jobs.config import GenerateConfig, split_variant  # noqa: E402
 from specctl.runtime.jobs.methods import make_drafter  # noqa: E402
 from specctl.runtime.jobs.tokenization import Tokenization  # noqa: E402
 from specctl.runtime.step.sequence import Request  # noqa: E402
@@ -58,8 +60,9 @@ rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 lens = [min(x, 64) for x in trace_lengths(n, traces())]   # (the real answers' lengths)
 METHOD = sys.argv[5] if len(sys.argv) > 5 else "self-draft"   # (draft-verify: the skip set
 SKIP = str(ROOT / "recipes/gpu/skip-attn-16-20-24-28.json")     # the CPU bench uses)
-cfg = GenerateConfig(input="x", method=METHOD, batch_size=b, max_tokens=64,
-                     skip_set=SKIP if METHOD == "draft-verify" else None)
+name, opts = split_variant(METHOD)   # (a bench variant too: self-draft:grid)
+cfg = GenerateConfig(input="x", method=name, batch_size=b, max_tokens=64,
+                     skip_set=SKIP if name == "draft-verify" else None, **opts)
 base = make_drafter(cfg, model, model_dir, store, lambda *_: None)
 ratios = []
 for r in range(rounds):   # (ar, then Self-Draft afresh: a round's ratio is one pair's)
