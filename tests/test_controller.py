@@ -954,3 +954,19 @@ def test_one_outlying_first_lean_step_does_not_price_lean_steps():
         c.lean_done(8, 1.5 * lean)
     assert c.cost.step_ms([0] * 8) == pytest.approx(1.5 * lean, rel=0.1)
     assert c.guard.ar_ms(lean) == pytest.approx(1.5 * lean, rel=0.1)
+
+
+def test_a_steady_ratio_far_off_the_table_is_learnt_at_once_by_the_guard():
+    """Lean steps that all take 10x (or 43x) their table price are a machine unlike the
+    table's, not a page-in: the guard's `ar` price is theirs from the second such step (the
+    bound kept the first at 4x, and a running mean would have carried it for dozens)."""
+    from specctl.runtime.control.guard import Guard
+    for far in (10.0, 43.0):
+        g = Guard()
+        g.lean(2.0, far * 2.0)
+        assert g.ar_ms(2.0) == pytest.approx(4 * 2.0)
+        g.lean(2.0, far * 2.0)
+        assert g.ar_ms(2.0) == pytest.approx(far * 2.0)
+        for _ in range(5):
+            g.lean(2.0, far * 2.0)
+        assert g.ar_ms(2.0) == pytest.approx(far * 2.0)

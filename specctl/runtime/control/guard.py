@@ -64,6 +64,7 @@ class Guard:
         self.active = active   # (off: it still measures ar's step, and never holds a run)
         self.ar_log: float | None = None   # log(measured / table ms) of the lean steps
         self.ar_steps = 0
+        self.ar_cut: float | None = None   # the last lean sample's log ratio, if AR_OFF cut it
         self.balance = 0.0                 # ms saved against ar since the last trip
         self.next_hold = hold
         self.hold = 0                      # ar steps still to hold to
@@ -81,11 +82,18 @@ class Guard:
         average: weighed as that many steps (one contrast step moves the average as one), and
         counted at most AR_OFF times off what `ar`'s step is taken to cost so far (the table's,
         at first): one step that hit a page-in is not `ar`'s price (a first lean step at 43x
-        its table's made every drafting step look like a win for ~60 steps)."""
+        its table's made every drafting step look like a win for ~60 steps). A sample that
+        agrees (within AR_OFF) with the one just cut says the cut one was the machine, not a
+        page-in: the average starts again from the two (else a steady 10x off the table read
+        9x after 8 steps)."""
         if not (table_ms > 0 and ms > 0):
             return
-        e, off = self.ar_log or 0.0, math.log(AR_OFF)
-        x = min(e + off, max(e - off, math.log(ms / table_ms)))
+        e, off, raw = self.ar_log or 0.0, math.log(AR_OFF), math.log(ms / table_ms)
+        x = min(e + off, max(e - off, raw))
+        cut, self.ar_cut = self.ar_cut, (raw if x != raw else None)
+        if cut is not None and abs(raw - cut) <= off:
+            self.ar_log, self.ar_steps, x = None, steps, (cut + raw) / 2
+            self.ar_cut = None
         self.ar_steps += steps
         self.ar_log = x if self.ar_log is None else \
             self.ar_log + (x - self.ar_log) * min(1.0, steps / min(self.ar_steps, AR_MEMORY))
