@@ -70,7 +70,7 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         t.add_column(col)
     for e in entries:
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes),
-                  *((_run_summary(e.path),) if runs else ()))
+                  *((_run_summary(e.path) if e.kind == "runs" else "",) if runs else ()))
     # (a killed command's: removed by the next of its kind; kept: `store rm work/NAME` when no
     # --resume is to come)
     for dirs, what in ((stale, "left by a killed command"), (kept, "kept for --resume")):

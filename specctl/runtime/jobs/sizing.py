@@ -37,8 +37,13 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
         if "KV cache budget" not in str(e):
             raise
-        raise SpecctlError(f"{e}: raise --kv-memory (or --gpu-memory), or lower "
-                           "--max-tokens") from None
+        # (a sequence's rows: its prompt and answer, at most the context, and what the drafter
+        # writes past them in a step: the rows the message names beyond the context)
+        past = f" and what {drafter.name} writes past them in a step (drafts, probes)" \
+            if drafter.kv_headroom else ""
+        lower = ", or lower --max-tokens" if max_len < ctx else ""
+        raise SpecctlError(f"{e}: a sequence here is up to {max_len} rows of prompt and "
+                           f"answer{past}; raise --kv-memory (or --gpu-memory){lower}") from None
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not isinstance(e, torch.OutOfMemoryError) and "can't allocate" not in str(e):
             raise
