@@ -99,8 +99,9 @@ def friendly(fn):
         except KeyboardInterrupt as e:
             how = "terminated" if isinstance(e, Terminated) else "interrupted"
             console.print(f"[yellow]{how}[/]: generate, search-skip and train-adapter "
-                          "keep what they finished (run the same command with --resume); "
-                          "other commands start over")
+                          "keep what they finished (run the same command with --resume; "
+                          "generate writes --out only once its run ends, so a file there "
+                          "now is an earlier run's); other commands start over")
             raise typer.Exit(143 if isinstance(e, Terminated) else 130)
     return wrapper
 
