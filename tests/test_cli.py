@@ -606,6 +606,12 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))
     assert "no candidates" in " ".join(r.output.split())
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--method", "self-draft", "--grid", "--context-cands", 0))
+    assert "--grid drafts the context cache's candidates only" in " ".join(r.output.split())
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--method", "self-draft", "--grid"))
+    assert "--grid drafts" not in r.output
     # a skip set that is neither a file nor a stored id fails before the model is loaded
     fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                    "--method", "draft-verify", "--skip-set", "nope.json"),
