@@ -207,8 +207,8 @@ class KVCache:
 
     def copy_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Storage rows src's keys and values into rows dst (index tensors of one shape on
-        the cache's device, distinct dst rows), every layer at once, nothing checked nor read back: the grid
-        step's moves, issued behind its forward (runtime/step/grid.py)."""
+        the cache's device, distinct dst rows), every layer at once, nothing checked nor read
+        back: the grid step's moves, issued behind its forward (runtime/step/grid.py)."""
         for cache in (self.k_all, self.v_all):
             cache[:, dst] = cache[:, src]   # (the right side is gathered first)
 

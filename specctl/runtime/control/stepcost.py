@@ -283,8 +283,9 @@ class StepCost:
         next dozen); where its class has never been timed, FIRST_OFF times: a contrast
         step's first timing is the news it was run for, but a first lean step that paid 26
         ms of page faults (43x its table price) priced lean steps at 5-20x theirs for ~60
-        steps of a b8 run, and all of them drafted at a loss. extra_host: the ms of it that drafting's host work added
-        (learn_host: priced per drafting sequence, not as a ratio)."""
+        steps of a b8 run, and all of them drafted at a loss. extra_host: the ms of it that
+        drafting's host work added (learn_host: priced per drafting sequence, not as a
+        ratio)."""
         ms, kind = self.counts_ms(counts, probes)
         if not ms > 0 or not measured_ms > 0:
             return ms

@@ -48,13 +48,14 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
     st.padded_tokens += max(ran) * len(ran)
 
 
-def commit_grid(plan: StepPlan, out: StepOutcome, grid, kv, answers: Answers,
-                st: RunStats) -> int:
+def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats) -> int:
     """A grid step's commit (runtime/step/grid.py), commit's from its verdicts' arrays: each
     sequence's kept rows and emitted tokens; returns the drafts accepted."""
     verdicts = out.verdicts
     acc = verdicts.acc
-    grid.commit(kv, [s.slot for s in plan.seqs], acc)
+    # (each sequence keeps its root and its accepted rows, in place since the verify's
+    # GridStep.device_step)
+    kv.advance([s.slot for s in plan.seqs], [a + 1 for a in acc])
     emit, hist = answers.emit, st.accept_hist
     for s, a, d, toks in zip(plan.seqs, acc, plan.grid.drafted().tolist(), verdicts.out):
         r = s.req

@@ -144,8 +144,8 @@ class GridVerdicts(Sequence):
 class GridStep:
     """Self-Draft's drafting step over a batch, from a context table (greedy): its plan on
     the host, then on the step's device its verification and its KV moves (device_step,
-    behind the forward: nothing read back), then one read of [B, G + 4] (verify), and a
-    commit that only counts the rows kept."""
+    behind the forward: nothing read back), then one read of [B, G + 4] (verify); its commit
+    (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
     def __init__(self, table: ContextTable, cands: int):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
@@ -209,8 +209,3 @@ class GridStep:
         res = self.device_step(drafts, target, kv).cpu()
         acc, best, start = res[:, :3].T.tolist()
         return GridVerdicts(acc, best, start, res[:, 3:].tolist())
-
-    @staticmethod
-    def commit(kv, slots: list[int], acc: list[int]) -> None:
-        """Each sequence keeps its root and its accepted rows, in place since device_step."""
-        kv.advance(slots, [a + 1 for a in acc])

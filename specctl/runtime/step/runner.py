@@ -403,8 +403,7 @@ class Runner:
         had = [len(s.out_ids) for s in seqs]
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
-                seqs, commit_grid(plan, out, self.planner.grid, self.kv, self.answers,
-                                  self.stats))
+                seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))
         else:
             commit(plan, out, self.kv, self.answers, self.stats)
             learn = self.drafter.observe_lean(seqs) if plan.lean else \
@@ -455,8 +454,8 @@ class Runner:
         the host (Planner.overlaps): what the last step taught (the drafter's caches, the
         controller's acceptance, step time and guard: each a step late), then the next step's
         search (Planner.prefetch, its ms returned)."""
-        if self._later or self._later_free:   # (the host's own seconds: a simulated clock may not charge them)
-            t = time.perf_counter()
+        if self._later or self._later_free:   # (the host's own seconds: a simulated clock
+            t = time.perf_counter()                # may not charge them)
             self.catch_up()
             self.stats.learn_s += time.perf_counter() - t
         # (a CPU's run searches at the step: Planner.prefetch would say so, a call later)
