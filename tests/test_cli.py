@@ -859,7 +859,7 @@ def test_options_are_declared_once():
     every_method = {n for names in METHOD_OPTIONS.values() for n in names} - {"no_corpus_cache"}
     assert {"skip_set", "adapter", "branches"} <= every_method <= set(BENCH) <= bench
     assert {"speculate", "threads", "kv_memory"} <= set(BENCH)
-    assert "no_corpus_cache" in gen and "prefill_chunk" not in gen   # (a recipe sets it)
+    assert "no_corpus_cache" in gen and "prefill_chunk" in gen and "prefill_chunk" in bench
 
 
 def test_a_ray_address_nothing_answers_at_fails_at_once(tiny_llama, tmp_path):

@@ -65,6 +65,35 @@ def test_chunked_prefill_equals_one_shot(model):
     assert r.stats.prefill_forwards >= sum(len(p) for p in prompts) // 7
 
 
+def test_a_prefill_forward_keeps_its_padded_attention_rows_within_pad_bytes(model,
+                                                                            monkeypatch):
+    """The unfused attention pads a prefill forward's prompts to its longest: 24 prompts of
+    3-12 tokens beside one of 120, at 512 tokens a forward, would pad 25 x 120 rows. With a
+    bound on their mask and bias (PAD_BYTES, made small here) the prompts go in more forwards,
+    each within it, the long one in halves where alone it passes the bound: the same
+    answers."""
+    import specctl.runtime.step.prefill as P
+    prompts = _prompts(24, seed=5)
+    prompts.insert(3, [(7 * i) % 50 + 1 for i in range(120)])
+    ref, st0 = run_ids(model, prompts, batch_size=25, max_tokens=4, max_len=160)
+    c = model.cfg
+    row = 1 + c.num_heads // c.num_kv_heads * model.embed.element_size()
+    monkeypatch.setattr(P, "PAD_BYTES", 60 * 120 * row)   # (120 x 120 rows alone: over it)
+    seen, halves, forward = [], [], model.forward
+
+    def logged(batch, kv, *a, **kw):
+        if max(batch.num_new) > 1 or len(batch.num_new) == 1 and batch.prefix_lens[0] == 0:
+            seen.append(len(batch.num_new) * max(batch.num_new) * batch.max_kv_len * row)
+            halves.extend((p, n) for p, n in zip(batch.prefix_lens, batch.num_new) if n == 60)
+        return forward(batch, kv, *a, **kw)
+    monkeypatch.setattr(model, "forward", logged)
+    got, st = run_ids(model, prompts, batch_size=25, max_tokens=4, max_len=160)
+    assert got == ref
+    assert st.prefill_forwards > st0.prefill_forwards
+    assert seen and max(seen) <= P.PAD_BYTES, (seen, P.PAD_BYTES)
+    assert halves == [(0, 60), (60, 60)]   # (the long prompt's halves)
+
+
 def test_eos_and_context_stop(model):
     prompts = _prompts(2, seed=4)
     ref, _ = run_ids(model, prompts, max_tokens=12)

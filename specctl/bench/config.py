@@ -79,7 +79,7 @@ class BenchConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
-    prefill_chunk: int = 512
+    prefill_chunk: int | None = None     # (None: GenerateConfig's, by the device)
     attention: str = "auto"
     cuda_graphs: bool = True
     cudnn_attention: bool = False        # (a model-load setting, as cuda_graphs: bench loads it)

@@ -15,7 +15,7 @@ from specctl.cli.options import BENCH, config_options
 
 # the options that are BenchConfig's own fields (the rest pass to every run's GenerateConfig)
 BENCH_FIELDS = ("model", "max_tokens", "seed", "chat", "device", "dtype", "attention",
-                "cuda_graphs", "cudnn_attention")
+                "cuda_graphs", "cudnn_attention", "prefill_chunk")
 from specctl.errors import SpecctlError
 from specctl.runtime.jobs.config import VARIANTS
 from specctl.store import Store

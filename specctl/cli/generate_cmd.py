@@ -141,7 +141,7 @@ def _say_gain(m: dict) -> None:
 
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
     """Fill the options the user did not give from the recipe (in place); returns the recipe's
-    GenerateConfig settings that have no option of their own (prefill_chunk)."""
+    GenerateConfig settings that have no option of their own."""
     from specctl.recipe import load_recipe
 
     r = load_recipe(path)

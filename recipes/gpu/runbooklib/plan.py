@@ -43,7 +43,9 @@ PLAN = (
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
     Step(2, "bench-batch", 300, 140, "bench-batch.md",
          "130 s at 7f4cca3 (256 prompts, 5 methods at batch 8/32/64, 1 repeat)"),
-    Step(2, "bench-b1", 150, 126, "bench-b1.md", "120 s at 7f4cca3"),
+    Step(2, "prefill-chunk", 60, 40, "prefill-chunk.md",
+         "not timed yet: `ar` alone at 2 batch sizes of bench-batch's 15 rows (130 s)"),
+    Step(2, "bench-b1", 100, 70, "bench-b1.md", "120 s at 7f4cca3 with 2 repeats; 1 now"),
     Step(2, "fused-probe", 60, 20, "fused-probe.md", "12 s at 7f4cca3"),
     Step(2, "exact", 90, 40, "exact.md", "33 s at 7f4cca3"),
     Step(2, "repeat", 45, 40, "repeat.md", "38 s at 7f4cca3"),

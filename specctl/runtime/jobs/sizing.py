@@ -6,12 +6,18 @@ import time
 
 import torch
 
+from specctl.engine.exact import PREFILL_ROWS
 from specctl.errors import SpecctlError
 from specctl.runtime.jobs.config import GenerateConfig, parse_size
 from specctl.runtime.jobs.exactcheck import set_exact_kept
 from specctl.runtime.control.controller import make_controller
+from specctl.runtime.step.prefill import PAD_BYTES
 from specctl.runtime.step.runner import Runner
 from specctl.runtime.jobs.tokenization import Tokenization
+
+
+CUDA_CHUNKS = (4096, 2048, 1024)   # prefill_chunk's choices on CUDA, first the largest
+CHUNK_SHARE = 0.02   # the most of a device's memory a prefill forward's activations may take
 
 
 def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,
@@ -28,11 +34,12 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
-    budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len)
+    chunk = prefill_chunk(cfg, model)
+    budget = kv_budget(cfg, model, slots, drafter.step_rows, max_len, chunk)
     try:
         runner = Runner(model, drafter, cfg.sampling(), batch_size=slots, max_len=max_len,
                         eos_ids=tk.eos_ids, render=tk.render, decode=tk.decode,
-                        stop=cfg.stop, prefill_chunk=cfg.prefill_chunk,
+                        stop=cfg.stop, prefill_chunk=chunk,
                         threads=cfg.threads, kv_budget=budget, logprobs=cfg.logprobs)
     except ValueError as e:   # a budget below one sequence (Model.new_kv_cache)
         if "KV cache budget" not in str(e):
@@ -95,8 +102,44 @@ def set_exact(model, cfg: GenerateConfig, log=lambda msg: None, *, store=None,
     return first
 
 
+def prefill_chunk(cfg: GenerateConfig, model) -> int:
+    """Prompt tokens a prefill forward takes: a recipe's prefill_chunk; else on CUDA the
+    largest of CUDA_CHUNKS whose activations (prefill_bytes) take at most CHUNK_SHARE of the
+    device's memory, and 512 on a CPU and under --exact (the rows its start-up check probes,
+    engine/exact.PREFILL_ROWS).
+
+    Why larger on CUDA: a prefill forward runs eagerly (steps replay graphs), so it costs its
+    launches whatever its tokens. On the H200, an eager forward of the demo shape took ~12 ms
+    for one token or 512, and 14.8 ms for 16 prompts of 512 (8,192 tokens)
+    (bench-results/2026-11-30-gpu-7f4cca3/prefill-cost.json). At 512 tokens a forward, `ar`'s
+    256 ShareGPT prompts at batch 32 took 44 prefill forwards, 0.64 s of its 1.69 s, and at
+    batch 64 42 forwards, 0.57 of 1.18 s. A CPU's forward costs mostly its tokens (the demo
+    model: 22 ms for 8 tokens, 290 for 512), so there a larger one gains little."""
+    if cfg.prefill_chunk is not None:
+        return cfg.prefill_chunk
+    if model.device.type != "cuda" or cfg.exact:
+        return PREFILL_ROWS
+    total = torch.cuda.get_device_properties(model.device).total_memory
+    return next((n for n in CUDA_CHUNKS if prefill_bytes(model, n) <= CHUNK_SHARE * total),
+                PREFILL_ROWS)
+
+
+def prefill_bytes(model, tokens: int) -> int:
+    """A generous estimate of a prefill forward's working memory over `tokens` prompt
+    tokens: each row's activations three times over (a prefill's logits are its last rows'
+    only), and the attention mask and bias of its padded rows (PAD_BYTES, runtime/step/
+    prefill.py)."""
+    return 3 * tokens * _width(model.cfg) * model.embed.element_size() + PAD_BYTES
+
+
+def _width(c) -> int:
+    """The elements of one row's activations in a layer (norms, q/k/v, attention, MLP)."""
+    return 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
+        * c.head_dim
+
+
 def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
-              max_len: int) -> int | None:
+              max_len: int, chunk: int = PREFILL_ROWS) -> int | None:
     """Bytes for the KV cache: --kv-memory; on CUDA else what --gpu-memory leaves after what
     the device already holds (weights, other processes) and the step's working memory; on
     the CPU else None (all it needs)."""
@@ -112,21 +155,18 @@ def kv_budget(cfg: GenerateConfig, model, slots: int, step_rows: int,
     if kept is not None:
         used -= kept[1].bytes
     return max(0, int(cfg.gpu_memory * total) - used - work_bytes(
-        model, slots, step_rows, cfg.prefill_chunk, max_len))
+        model, slots, step_rows, chunk, max_len))
 
 
 def work_bytes(model, slots: int, step_rows: int, prefill_chunk: int, max_len: int) -> int:
     """A generous estimate of a step's working memory beside weights and KV cache: the
-    activations of the largest forward (a prefill chunk, or every slot's step with graph
-    padding) in the model's dtype and fp32 logits of its rows, attention's gathered keys and
-    values of one layer (every slot at max_len rows) and its mask, captured graphs' pools, plus
-    a fixed 1 GiB for the CUDA context and libraries' workspaces."""
+    activations of the largest forward (a prefill chunk, prefill_bytes; or every slot's step
+    with graph padding, in the model's dtype with fp32 logits of its rows), attention's
+    gathered keys and values of one layer (every slot at max_len rows) and its mask, captured
+    graphs' pools, plus a fixed 1 GiB for the CUDA context and libraries' workspaces."""
     c = model.cfg
     e = model.embed.element_size()
-    rows = max(prefill_chunk, slots * max(step_rows, 16))
-    width = 4 * c.hidden_size + 2 * c.intermediate_size + (c.num_heads + 2 * c.num_kv_heads) \
-        * c.head_dim
-    per_row = width * e + 4 * c.vocab_size
+    step = 3 * slots * max(step_rows, 16) * (_width(c) * e + 4 * c.vocab_size)
     gathered = 2 * slots * max_len * c.num_kv_heads * c.head_dim * e \
         + slots * max(step_rows, 16) * max_len * e
-    return 3 * rows * per_row + 2 * gathered + 2**30
+    return max(step, prefill_bytes(model, prefill_chunk)) + 2 * gathered + 2**30

@@ -1,6 +1,7 @@
 """Prefill: newly admitted prompts into the KV cache, packed together in chunks of at most
-`chunk` tokens, each finished prompt's first token from its last row (a step for the
-compression ratio, so `ar`'s is exactly 1; no verification, so no accept statistics).
+`chunk` tokens (and of padded rows whose attention mask fits PAD_BYTES), each finished
+prompt's first token from its last row (a step for the compression ratio, so `ar`'s is
+exactly 1; no verification, so no accept statistics).
 A drafter that keeps states of its own gets the prefill forward's (Kangaroo's exit layer:
 Drafter.prefill_capture / prefilled)."""
 
@@ -18,6 +19,11 @@ from specctl.runtime.step.sequence import Sequence
 from specctl.runtime.step.stats import RunStats
 
 
+PAD_BYTES = 256 * 2**20   # the most a prefill forward's attention mask and bias may take: the
+# unfused attention pads each prompt to the forward's longest ([prompts, new rows, columns]),
+# so 64 prompts beside one of 3,000 tokens would take 64 x 3,000 x 3,000 of each
+
+
 def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStats,
             answers: Answers, sample_rows: Callable[[torch.Tensor, list[Sequence]], list[int]],
             logprobs: int | None = None, under: Callable[[], None] | None = None) -> None:
@@ -26,14 +32,21 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
     work run once the last forward is issued and before its output is first read (on CUDA
     while it computes)."""
     todo = list(seqs)
+    c = model.cfg   # (a padded row's mask and bias: bool, and dtype for each head of a group)
+    row = 1 + c.num_heads // c.num_kv_heads * model.embed.element_size()
     while todo:
-        budget, parts = chunk, []
+        budget, parts, n_max, cols = chunk, [], 0, 0
         for s in todo:
             if budget <= 0:
                 break
             n = min(len(s.prompt_ids) - s.prefilled, budget)
+            while not parts and n > 1 and n * (s.prefilled + n) * row > PAD_BYTES:
+                n //= 2   # (one long prompt deep in its context: in smaller pieces)
+            wide, far = max(n_max, n), max(cols, s.prefilled + n)
+            if parts and (len(parts) + 1) * wide * far * row > PAD_BYTES:
+                break
             parts.append((s, n))
-            budget -= n
+            budget, n_max, cols = budget - n, wide, far
         batch = ForwardBatch([SeqInput(s.slot, s.prompt_ids[s.prefilled:s.prefilled + n],
                                        s.prefilled) for s, n in parts], model.device)
         layer = drafter.prefill_capture
