@@ -135,6 +135,7 @@ def test_bench_writes_the_expected_fields(full):
             assert ts["steps_s"] > 0 and ts["prefill_s"] > 0 and ts["prefill_forwards"] > 0
             assert ts["steps_s"] + ts["prefill_s"] <= r["wall_s"]["runs"][0] + 0.002   # (rounded)
             assert ts["learn_s"] == 0.0   # (a CPU learns at the step: no forward to hide it)
+            assert ts["prefill_chunk"] == 512   # (a CPU's: runtime/jobs/sizing.prefill_chunk)
         else:
             assert r["engine"] == "transformers" and r["method"].startswith("hf")
             assert r["mean_accepted_tokens"] is None and r["ctar"] is None

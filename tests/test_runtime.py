@@ -76,14 +76,13 @@ def test_a_prefill_forward_keeps_its_padded_attention_rows_within_pad_bytes(mode
     prompts = _prompts(24, seed=5)
     prompts.insert(3, [(7 * i) % 50 + 1 for i in range(120)])
     ref, st0 = run_ids(model, prompts, batch_size=25, max_tokens=4, max_len=160)
-    c = model.cfg
-    row = 1 + c.num_heads // c.num_kv_heads * model.embed.element_size()
-    monkeypatch.setattr(P, "PAD_BYTES", 60 * 120 * row)   # (120 x 120 rows alone: over it)
+    col, row = P._padded_bytes(model)
+    monkeypatch.setattr(P, "PAD_BYTES", 60 * (120 * col + row))   # (120 x 120 alone: over it)
     seen, halves, forward = [], [], model.forward
 
     def logged(batch, kv, *a, **kw):
         if max(batch.num_new) > 1 or len(batch.num_new) == 1 and batch.prefix_lens[0] == 0:
-            seen.append(len(batch.num_new) * max(batch.num_new) * batch.max_kv_len * row)
+            seen.append(len(batch.num_new) * max(batch.num_new) * (batch.max_kv_len * col + row))
             halves.extend((p, n) for p, n in zip(batch.prefix_lens, batch.num_new) if n == 60)
         return forward(batch, kv, *a, **kw)
     monkeypatch.setattr(model, "forward", logged)

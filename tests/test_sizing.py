@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
+from specctl.errors import SpecctlError
 from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.sizing import prefill_bytes, prefill_chunk, work_bytes
 
@@ -51,3 +53,29 @@ def test_the_working_memory_holds_the_chunk_it_runs():
     assert 3 * 4096 * width * 2 < prefill_bytes(m, 4096) < 3 * 4096 * (width * 2 + 4 * 32000)
     steps = work_bytes(m, 64, 8, 512, 2048)   # (64 slots' steps of 8 rows: more than a chunk)
     assert steps - work_bytes(m, 64, 8, 256, 2048) == 0
+
+
+def test_a_prefill_chunk_that_cannot_run_is_refused_at_once():
+    """Below one token a prefill forward takes nothing (the run would fail at its first
+    admission); above 512 under --exact its forwards would have rows the start-up check never
+    probed (engine/exact.PREFILL_ROWS)."""
+    for bad in (0, -4):
+        with pytest.raises(SpecctlError, match="^--prefill-chunk must be at least 1$"):
+            GenerateConfig(input="x", prefill_chunk=bad)
+    with pytest.raises(SpecctlError, match="--exact checks prefill forwards of up to 512"):
+        GenerateConfig(input="x", exact=True, prefill_chunk=1024)
+    assert GenerateConfig(input="x", exact=True, prefill_chunk=256).prefill_chunk == 256
+
+
+def test_a_padded_rows_bytes_count_each_mask_the_attention_keeps():
+    """A padded query row's bytes a key column (runtime/step/prefill._padded_bytes): the bool
+    mask, the bias before its repeat over the g grouped heads, after it and its padded copy;
+    again for each distinct sliding window; soft-capped scores and their fp32 softmax (Gemma
+    2). Besides the columns, the padded queries, the output and its copy."""
+    from specctl.runtime.step.prefill import _padded_bytes
+    plain = dict(DEMO, layer_windows=(), attn_softcap=None)
+    assert _padded_bytes(_model(plain)) == (1 + (1 + 2 * 3) * 2, 3 * 9 * 64 * 2)
+    windows = dict(plain, layer_windows=(4096, None, 4096, None))
+    assert _padded_bytes(_model(windows))[0] == 2 * _padded_bytes(_model(plain))[0]
+    capped = dict(plain, attn_softcap=50.0)
+    assert _padded_bytes(_model(capped))[0] == _padded_bytes(_model(plain))[0] + 9 * (2 + 4)

@@ -135,7 +135,7 @@ def category_rows(res: dict) -> list[list[str]]:
 
 
 TIME_COLUMNS = ("method", "batch", "wall s", "decode steps s", "decode x ar",
-                "prefill s (forwards)", "search s", "learning s", "rest s",
+                "prefill s (forwards of <= chunk)", "search s", "learning s", "rest s",
                 "lean / drafting ms a step")
 
 
@@ -161,7 +161,8 @@ def time_rows(res: dict) -> list[list[str]]:
         base = ar.get(r["batch_size"])
         vs = f"{base / ts['steps_s']:.2f}x" if base and ts["steps_s"] > 0 else "-"
         out.append([r["method"], str(r["batch_size"]), f"{wall:.2f}", f"{ts['steps_s']:.2f}",
-                    vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']})",
+                    vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']}"
+                    + (f" of <= {ts['prefill_chunk']})" if ts.get("prefill_chunk") else ")"),
                     f"{ts['search_s']:.2f}", _f(ts.get("learn_s")),
                     f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
                     f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])

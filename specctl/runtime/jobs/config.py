@@ -235,6 +235,12 @@ class GenerateConfig:
             raise SpecctlError("--max-tokens must be at least 1")
         if self.limit is not None and self.limit < 1:
             raise SpecctlError("--limit must be at least 1")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise SpecctlError("--prefill-chunk must be at least 1")
+        if self.exact and (self.prefill_chunk or 0) > 512:   # (engine/exact.PREFILL_ROWS)
+            raise SpecctlError(f"--exact checks prefill forwards of up to 512 tokens at start-up, "
+                               f"so it cannot run --prefill-chunk {self.prefill_chunk}: give "
+                               "512 or less, or leave it out")
         # (the API's stop="Paris" is one stop string, as vLLM's and a prompt line's are, not
         # five letters; a list is a tuple, hashable: runs are grouped by their settings)
         stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None \
@@ -360,6 +366,8 @@ class GenerateConfig:
             if name in d and d[name] == default:   # at their defaults left out: keys
                 # without them still match (ray and actors: unkeyed but in legacy keys)
                 d.pop(name)
+        if legacy and d["prefill_chunk"] is None:   # (legacy keys held it: 512 before it
+            d["prefill_chunk"] = 512                # followed the device)
         if d["prompt_grams"] is None:   # (its default follows --speculate; self-draft's
             d["prompt_grams"] = False   # signature says what it did) keyed as it used to be
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

@@ -24,6 +24,21 @@ PAD_BYTES = 256 * 2**20   # the most a prefill forward's attention mask and bias
 # so 64 prompts beside one of 3,000 tokens would take 64 x 3,000 x 3,000 of each
 
 
+def _padded_bytes(model) -> tuple[int, int]:
+    """(bytes a padded query row takes for each key column, bytes it takes besides) in the
+    unfused attention (engine/attention.py): the bool mask, the bias in the model's dtype
+    before and after its repeat over each KV head's grouped queries, and the copy SDPA's
+    memory-efficient kernel may pad it into; one mask and bias more for each sliding window
+    (layer.windowed), and soft-capped scores with their fp32 softmax (Gemma 2's _capped);
+    besides, the padded queries, SDPA's output and its packed copy."""
+    c, e = model.cfg, model.embed.element_size()
+    windows = len({w for w in c.layer_windows if w is not None})
+    col = (1 + windows) * (1 + (1 + 2 * c.num_heads // c.num_kv_heads) * e)
+    if c.attn_softcap is not None:
+        col += c.num_heads * (e + 4)
+    return col, 3 * c.num_heads * c.head_dim * e
+
+
 def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStats,
             answers: Answers, sample_rows: Callable[[torch.Tensor, list[Sequence]], list[int]],
             logprobs: int | None = None, under: Callable[[], None] | None = None) -> None:
@@ -32,18 +47,17 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
     work run once the last forward is issued and before its output is first read (on CUDA
     while it computes)."""
     todo = list(seqs)
-    c = model.cfg   # (a padded row's mask and bias: bool, and dtype for each head of a group)
-    row = 1 + c.num_heads // c.num_kv_heads * model.embed.element_size()
+    col, row = _padded_bytes(model)
     while todo:
         budget, parts, n_max, cols = chunk, [], 0, 0
         for s in todo:
             if budget <= 0:
                 break
             n = min(len(s.prompt_ids) - s.prefilled, budget)
-            while not parts and n > 1 and n * (s.prefilled + n) * row > PAD_BYTES:
+            while not parts and n > 1 and n * ((s.prefilled + n) * col + row) > PAD_BYTES:
                 n //= 2   # (one long prompt deep in its context: in smaller pieces)
             wide, far = max(n_max, n), max(cols, s.prefilled + n)
-            if parts and (len(parts) + 1) * wide * far * row > PAD_BYTES:
+            if parts and (len(parts) + 1) * wide * (far * col + row) > PAD_BYTES:
                 break
             parts.append((s, n))
             budget, n_max, cols = budget - n, wide, far

@@ -100,7 +100,7 @@ class Runner:
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
         self._overlaps = self.planner.overlaps   # (its every step reads it: kept, not asked)
-        self.stats = RunStats(kv_bytes=self.kv.bytes,
+        self.stats = RunStats(kv_bytes=self.kv.bytes, prefill_chunk=prefill_chunk,
                               kv_blocks=self.kv.num_blocks if self.kv.paged else 0)
         self.answers = Answers(eos_ids, stop, decode, self.kv, max_len, self.stats, logprobs)
         self.clock = time.perf_counter   # (a test's simulated clock replaces it)

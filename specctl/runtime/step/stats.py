@@ -11,6 +11,7 @@ class RunStats:
     steps: int = 0                 # verification forwards (decode steps; prefill not counted)
     prefill_forwards: int = 0
     prefill_tokens: int = 0
+    prefill_chunk: int = 0         # the most prompt tokens a prefill forward took (its chunk)
     prefill_s: float = 0.0         # seconds in prefill (it ends in a host read: on CUDA, its
     step_s: float = 0.0            # kernels' time too), and in decode steps
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
@@ -95,6 +96,8 @@ def sum_stats(parts: list[dict]) -> RunStats:
                     except ValueError:
                         pass
                     cur[k] = cur.get(k, 0) + c
+            elif f.name == "prefill_chunk":   # (a setting, not a count)
+                total.prefill_chunk = max(cur, v or 0)
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
                     isinstance(cur, (int, float)):
                 setattr(total, f.name, cur + v)
