@@ -122,6 +122,27 @@ def test_other_attention_equals_sdpa_on_cuda(tiny_llama, graphs, other):
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "fused"])
+def test_prefill_forwards_of_thousands_of_tokens_keep_every_method_lossless(tiny_llama,
+                                                                          attention):
+    """CUDA's prefill chunk (4096 tokens a forward, runtime/jobs/sizing.prefill_chunk): 24
+    prompts of 20-300 tokens admitted together go in one or two prefill forwards (the fused
+    layer where no prompt's piece passes 128 tokens, the unfused one past it), and every
+    method's greedy output equals the CPU's `ar` at 512 tokens a forward."""
+    import random
+    from helpers import method_drafters
+    rnd = random.Random(11)
+    prompts = [[rnd.randrange(3, 300) for _ in range(rnd.randrange(20, 300))] for _ in range(24)]
+    cpu = load_model(tiny_llama, "cpu", "fp32")
+    gpu = load_model(tiny_llama, "cuda", "fp32", attention=attention)
+    ref, _ = run_ids(cpu, prompts, batch_size=24, max_tokens=12, max_len=400)
+    for name, dr in method_drafters(gpu, prompts, ref).items():
+        got, st = run_ids(gpu, prompts, batch_size=24, max_tokens=12, drafter=dr, max_len=400,
+                          prefill_chunk=4096)
+        assert got == ref, name
+        assert st.prefill_forwards <= 2 and st.prefill_chunk == 4096, (name, st.prefill_forwards)
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
     """Sampling on the graph path: Self-Draft's text is ar's, token for token (fp32), and the
