@@ -78,4 +78,4 @@ def test_a_padded_rows_bytes_count_each_mask_the_attention_keeps():
     windows = dict(plain, layer_windows=(4096, None, 4096, None))
     assert _padded_bytes(_model(windows))[0] == 2 * _padded_bytes(_model(plain))[0]
     capped = dict(plain, attn_softcap=50.0)
-    assert _padded_bytes(_model(capped))[0] == _padded_bytes(_model(plain))[0] + 9 * (2 + 4)
+    assert _padded_bytes(_model(capped))[0] == _padded_bytes(_model(plain))[0] + 9 * (4 + 4)

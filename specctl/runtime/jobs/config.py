@@ -237,10 +237,12 @@ class GenerateConfig:
             raise SpecctlError("--limit must be at least 1")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise SpecctlError("--prefill-chunk must be at least 1")
-        if self.exact and (self.prefill_chunk or 0) > 512:   # (engine/exact.PREFILL_ROWS)
-            raise SpecctlError(f"--exact checks prefill forwards of up to 512 tokens at start-up, "
-                               f"so it cannot run --prefill-chunk {self.prefill_chunk}: give "
-                               "512 or less, or leave it out")
+        from specctl.engine.exact import PREFILL_ROWS
+        if self.exact and (self.prefill_chunk or 0) > PREFILL_ROWS:
+            raise SpecctlError(f"--exact checks prefill forwards of up to {PREFILL_ROWS} tokens "
+                               f"at start-up, so it cannot run --prefill-chunk "
+                               f"{self.prefill_chunk}: give {PREFILL_ROWS} or less, or leave it "
+                               "out")
         # (the API's stop="Paris" is one stop string, as vLLM's and a prompt line's are, not
         # five letters; a list is a tuple, hashable: runs are grouped by their settings)
         stop = (self.stop,) if isinstance(self.stop, str) else () if self.stop is None \

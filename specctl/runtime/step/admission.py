@@ -19,8 +19,8 @@ step_ms and r are the means of the recent steps. Until all are known (2 prefills
 enough apart to tell F from a token's cost: a run's first, of a batch of prompts, and the
 next, of the first few to end, mostly are), g = 1. (Waiting for 4 admitted the run's first
 ~3 early ends one prefill forward each; with 2, `ar` on the tests' host-charged clock took 5
-prefill forwards where it took 7 at batch 8-64 with requests waiting, 3-5% of its time:
-bench-results/2026-11-30-clumps.)
+prefill forwards where it took 8 at batch 8 and 7 at 32-64 with requests waiting, 3-5% of its
+time: bench-results/2026-11-30-clumps.)
 
 Known ends: a sequence's token budget (and the context) bounds the steps it has left, so where a
 running sequence must end within w steps, holding the f free slots until then costs at most
@@ -94,9 +94,10 @@ class Admission:
 
     def _fit(self) -> float | None:
         """F by least squares of ms = F x forwards + s x tokens over the recent prefills (2 or
-        more), where their tokens a forward spread enough to tell F from s (a coefficient of variation
-        of at least SPREAD: prompts of 50 and 51 tokens would split noise), s >= 0, and F no
-        more than the cheapest prefill's ms a forward. None where it cannot be told."""
+        more), where their tokens a forward spread enough to tell F from s (a coefficient of
+        variation of at least SPREAD: prompts of 50 and 51 tokens would split noise), s >= 0,
+        and F no more than the cheapest prefill's ms a forward. None where it cannot be
+        told."""
         if len(self.prefills) < 2:
             return None
         per = [t / f for f, t, _ in self.prefills]

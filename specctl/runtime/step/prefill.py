@@ -34,8 +34,8 @@ def _padded_bytes(model) -> tuple[int, int]:
     c, e = model.cfg, model.embed.element_size()
     windows = len({w for w in c.layer_windows if w is not None})
     col = (1 + windows) * (1 + (1 + 2 * c.num_heads // c.num_kv_heads) * e)
-    if c.attn_softcap is not None:
-        col += c.num_heads * (e + 4)
+    if c.attn_softcap is not None:   # (scores, a temporary of their tanh, the fp32 softmax)
+        col += c.num_heads * (2 * e + 4)
     return col, 3 * c.num_heads * c.head_dim * e
 
 
