@@ -252,6 +252,16 @@ def test_exact_rows_are_checked_against_ar_exact_in_bf16(work, prompts, tiny_lla
     skipped = [s for s in res["skipped"] if s["method"] == "ar:exact"]
     assert skipped == [] and len(res["rows"]) == 2 or "fp32 matmuls" in skipped[0]["reason"]
 
+    # a global --exact with --dtype auto loads bf16, as `generate --exact` does (a probe saw
+    # it load fp32 on this CPU and skip every row)
+    ok(bench(prompts, work / "store-exact-auto", tiny_llama, "--methods", "ar,self-draft",
+             "--batch-sizes", "1", "--repeats", 1, "--exact", "--corpus-cache", "none",
+             "--dtype", "auto"))
+    (d,) = benches(work / "store-exact-auto")
+    res = json.loads((d / "results.json").read_text())
+    assert res["dtype"] == "bfloat16" and res["skipped"] == [], res["skipped"]
+    assert [r["exact"] for r in res["rows"]] == [True, True]
+
     real = peers.make_drafter
     monkeypatch.setattr(peers, "make_drafter", lambda cfg, *a, **kw: WrongToken()
                         if cfg.method == "self-draft" else real(cfg, *a, **kw))

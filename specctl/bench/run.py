@@ -91,6 +91,17 @@ class _Bench:
         return any(r.category is not None for r in self.recs)
 
 
+def _model_dtype(cfg: BenchConfig) -> str:
+    """The dtype of the bench's one model: --dtype; but where every specctl row runs under
+    --exact, "auto" is what `generate --exact` loads (GenerateConfig.model_dtype: bf16, the
+    dtype a CPU can make batch-invariant). A bench of both kinds keeps --dtype: its plain
+    rows are timed in the dtype asked for."""
+    rows = [m for m in cfg.methods if m not in PEERS]
+    if rows and all(cfg.generate_config(m, 1).exact for m in rows):
+        return cfg.generate_config(rows[0], 1).model_dtype()
+    return cfg.dtype
+
+
 def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
               log: Callable[[str], None] | None = None) -> dict:
     """Run the bench, store it as benches/<id>; returns the results (see RESULTS_SCHEMA).
@@ -104,7 +115,7 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     recs, input_desc, input_sha = _load_prompts(cfg, store, log)
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
-    model = load_model(model_dir, cfg.device, cfg.dtype, cuda_graphs=cfg.cuda_graphs,
+    model = load_model(model_dir, cfg.device, _model_dtype(cfg), cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
     warn_flex_off_cuda(model, log)
     b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
