@@ -97,6 +97,9 @@ def bench(
     err = mismatch_error(res)
     if err is not None:
         raise err
+    if not res["rows"]:   # (a script must not read a bench of nothing as a pass)
+        why = "; ".join(sorted({f"{s['method']}: {s['reason']}" for s in res["skipped"]}))
+        raise SpecctlError(f"no row ran: every method was skipped ({why})")
 
 
 def _no_matplotlib() -> str | None:
