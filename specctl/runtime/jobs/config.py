@@ -134,9 +134,10 @@ class GenerateConfig:
     device: str = option("auto", "auto, cpu, cuda, cuda:1 ...", bench=True)
     dtype: str = option("auto", "auto (bf16 on CUDA, fp32 on CPU), fp32, bf16, fp16.", bench=True)
     skip_bad: bool = option(False, "Record bad lines in the output instead of stopping.")
-    prefill_chunk: int | None = option(None, "Prompt tokens a prefill forward takes (default: "
-                                       "512 on a CPU and under --exact; on CUDA 4096, or "
-                                       "less where the device's memory is small).", bench=True)
+    prefill_chunk: int | None = option(None, "Prompt tokens a prefill forward takes, at least "
+                                       "1 (default: 512 on a CPU and under --exact, which "
+                                       "allows no more; on CUDA 4096, or less where the "
+                                       "device's memory is small).", bench=True)
     attention: str = option("auto", "Attention backend: auto (default: fused on CUDA where "
                             "Triton is installed, else sdpa), sdpa, fused (each decoder layer "
                             "of a decoding step in 9 kernel launches, Triton; CUDA only) or "
