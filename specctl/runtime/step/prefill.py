@@ -48,16 +48,20 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
     while it computes)."""
     todo = list(seqs)
     col, row = _padded_bytes(model)
+
+    def over(prompts: int, wide: int, far: int) -> bool:   # (prompts x wide rows x far columns)
+        return prompts * wide * (far * col + row) > PAD_BYTES
+
     while todo:
         budget, parts, n_max, cols = chunk, [], 0, 0
         for s in todo:
             if budget <= 0:
                 break
             n = min(len(s.prompt_ids) - s.prefilled, budget)
-            while not parts and n > 1 and n * ((s.prefilled + n) * col + row) > PAD_BYTES:
+            while not parts and n > 1 and over(1, n, s.prefilled + n):
                 n //= 2   # (one long prompt deep in its context: in smaller pieces)
             wide, far = max(n_max, n), max(cols, s.prefilled + n)
-            if parts and (len(parts) + 1) * wide * (far * col + row) > PAD_BYTES:
+            if parts and over(len(parts) + 1, wide, far):
                 break
             parts.append((s, n))
             budget, n_max, cols = budget - n, wide, far
