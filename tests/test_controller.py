@@ -166,6 +166,21 @@ def test_tree_mixed_batch():
     assert ks[0] >= 2 and ks[1] == 0, ks
 
 
+def test_a_trees_gain_counts_the_nodes_its_drafter_did_not_find():
+    """A budget of k trie nodes is priced by what it bought: where the drafter found fewer
+    nodes than the budget allowed (Self-Draft on the demo model finds no candidate in ~45% of
+    its sequence-steps), the missing ones count as tried and not accepted. Counted only where
+    found, a budget's gain read ~2x what its steps verified on the demo model's clock
+    (bench-results/2026-11-30-tree-gain)."""
+    ctl = Ctl(StepCost(flat), 8, tree=True, prior_accept=0.7, explore_every=0)
+    for step in range(60):   # half the steps find 8 nodes (the first 3 accepted), half none
+        ks = ctl.budgets([0], [100])
+        found = 8 if step % 2 else 0
+        ctl.learn([0], [min(found, ks[0])], [[0, 1, 2][:min(found, ks[0])]])
+    got = ctl.acc.gains_many([0])[0, 8] - 1.0   # accepted nodes expected at budget 8
+    assert got == pytest.approx(1.5, abs=0.2), got   # (counted where found: ~3)
+
+
 def test_cpu_tables_price_rows_by_the_tile_they_cost():
     rows = {1: 10.0, 2: 11.0, 4: 14.0, 8: 20.0, 16: 30.0, 32: 50.0, 64: 90.0}
     t = StepTable("cpu", "float32", "sdpa", 128, (1, 8), NS,

@@ -16,9 +16,14 @@ Expected emitted tokens of a step with draft budget k (gain):
 - Trees (Self-Draft's trie of cache candidates, verified in node order): the accepted path's
   nodes have increasing indices (parents precede children), so a trie cut to its first n nodes
   keeps exactly the accepted nodes with index < n. Per node index j, how often node j was on
-  the accepted path (hits[j]) over the steps whose budget verified it (tried[j]):
+  the accepted path (hits[j]) over the steps whose budget allowed it (tried[j]), whether or
+  not the drafter found that many nodes:
       gain(n) = 1 + sum_{j<n} hits[j] / tried[j]
-  i.e. the tree is trimmed by expected value in the trie's own priority order. (Over all the
+  i.e. the tree is trimmed by expected value in the trie's own priority order, and a budget is
+  priced by what it buys. (Counted only where found, a node's rate was its acceptance given
+  that it exists: Self-Draft on the demo model finds no candidate in ~45% of its
+  sequence-steps, and its budgets' gains read ~2x the tokens their steps verified,
+  bench-results/2026-11-30-tree-gain.) (Over all the
   steps that drafted instead, a node past the usual budget, verified only in exploring steps,
   would read ~explore_every times too rare: a job cache's long right candidates stayed cut
   at the budget they started with.) Same pooled prior as chains (node j's prior rate is
@@ -190,8 +195,8 @@ class Acceptance:
     def learn_many(self, keys, tried, accepted, confs=None) -> None:
         """A verified step of each sequence keys[i]: tried[i] draft positions (chains: its
         budget as spent, where a draft forward whose token the drafter's own exit dropped still
-        counts; trees: the nodes verified), accepted[i] its accepted node indices in path
-        order, and (chains) confs[i] the drafter's confidence of each draft."""
+        counts; trees: the nodes its budget allowed), accepted[i] its accepted node indices in
+        path order, and (chains) confs[i] the drafter's confidence of each draft."""
         width = self.tried.shape[1]
         pick = [i for i, t in enumerate(tried) if t > 0]
         if not pick:

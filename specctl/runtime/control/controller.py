@@ -404,7 +404,8 @@ class Controller:
                 measured_ms: float | None, host_ms: float | None = None) -> tuple[float, float]:
         """Learn from a verified step: each sequence's acceptance (a chain against its budget
         as spent, since a draft forward whose token the drafter's own exit dropped was paid
-        for and added nothing; a tree against the nodes it verified), and the step's measured
+        for and added nothing; a tree against its budget, the nodes its drafter did not find
+        counted as tried: acceptance.py), and the step's measured
         ms (all of it: planning, drafting, verify, bookkeeping), host_ms of it the host's own
         (StepCost.learn_host; None: not known). Returns (the step's table ms as run, the
         tokens it was expected to emit)."""
@@ -415,7 +416,8 @@ class Controller:
         self.timed_steps += measured_ms is not None
         tried = [len(p.draft) if self.tree else max(len(p.draft), k if p.forwards else 0)
                  for k, p in zip(ks, proposals)]
-        self.acc.learn_many(keys, tried, [v.accepted for v in verdicts],
+        allowed = [max(t, k) for t, k in zip(tried, ks)] if self.tree else tried
+        self.acc.learn_many(keys, allowed, [v.accepted for v in verdicts],
                             None if self.tree else [p.conf for p in proposals])
         if b.base is not None:   # an exploring step: did its extra drafts bring anything?
             found = any(len(v.accepted) > k for v, k in zip(verdicts, b.base))
