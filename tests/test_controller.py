@@ -170,11 +170,12 @@ def test_a_trees_gain_counts_the_nodes_its_drafter_did_not_find():
     """A budget of k trie nodes is priced by what it bought: where the drafter found fewer
     nodes than the budget allowed (Self-Draft on the demo model finds no candidate in ~45% of
     its sequence-steps), the missing ones count as tried and not accepted. Counted only where
-    found, a budget's gain read ~2x what its steps verified on the demo model's clock
+    found, a budget's gain read 1.4-2.1x what its steps verified on the demo model's clock
     (bench-results/2026-11-30-tree-gain)."""
     ctl = Ctl(StepCost(flat), 8, tree=True, prior_accept=0.7, explore_every=0)
     for step in range(60):   # half the steps find 8 nodes (the first 3 accepted), half none
         ks = ctl.budgets([0], [100])
+        assert ks[0] >= 6, (step, ks)   # (the search keeps the budget near 8 on this table)
         found = 8 if step % 2 else 0
         ctl.learn([0], [min(found, ks[0])], [[0, 1, 2][:min(found, ks[0])]])
     got = ctl.acc.gains_many([0])[0, 8] - 1.0   # accepted nodes expected at budget 8

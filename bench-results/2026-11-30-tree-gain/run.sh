@@ -13,3 +13,4 @@ python $D/demo_steps.py 32 128 2 1 self-draft > $D/steps-b32-after.txt
 python $D/cells.py 4 self-draft,self-draft:job 1:waiting,8:waiting,32:waiting,64:waiting,8:drain,32:drain,64:drain > $D/tests-clock-after.txt
 python bench-results/2026-11-30-tree-gain/b8.py 8 > bench-results/2026-11-30-tree-gain/b8-tests-clock.txt   # (after; before: the same in a worktree at the parent)
 python $C 64 256 2 1 self-draft > $D/demo-b64-after.txt   # (twice; before: in a worktree at 74afa77)
+# the cold-rule variant (not kept): git apply cold-rule.patch, then the same commands into cold-rule-*.txt

@@ -22,12 +22,13 @@ Expected emitted tokens of a step with draft budget k (gain):
   i.e. the tree is trimmed by expected value in the trie's own priority order, and a budget is
   priced by what it buys. (Counted only where found, a node's rate was its acceptance given
   that it exists: Self-Draft on the demo model finds no candidate in ~45% of its
-  sequence-steps, and its budgets' gains read ~2x the tokens their steps verified,
-  bench-results/2026-11-30-tree-gain.) (Over all the
-  steps that drafted instead, a node past the usual budget, verified only in exploring steps,
-  would read ~explore_every times too rare: a job cache's long right candidates stayed cut
-  at the budget they started with.) Same pooled prior as chains (node j's prior rate is
-  prior_accept ** (j + 1)).
+  sequence-steps, and its budgets' gains read 1.4-2.1x the tokens their steps verified,
+  bench-results/2026-11-30-tree-gain. A cold cache's first drafting step, where nothing can be
+  found yet, counts too: left out, the demo model's runs drafted more and lost more at batch
+  8-32, the same folder.) (Over every step that had a budget instead, a node past the usual
+  budget, verified only in exploring steps, would read ~explore_every times too rare: a job
+  cache's long right candidates stayed cut at the budget they started with.) Same pooled
+  prior as chains (node j's prior rate is prior_accept ** (j + 1)).
 - Confidence (chains): acceptance given the drafter's probability of its token, learnt over
   the run per bin of tenths (`calibrated`), each bin shrunk toward the pooled acceptance with
   `prior_weight` pseudo-trials, so it says nothing until the run has evidence. The policy's
@@ -56,7 +57,8 @@ def conf_bin(conf: float) -> int:
 @dataclass
 class AcceptStats:
     """Per-position acceptance counts: tried[j] / hit[j] for draft position (chain) or node
-    index (tree) j; steps = verify steps that drafted (trees)."""
+    index (tree) j, tried meaning allowed by the budget (module docstring); steps = verify
+    steps with a budget (trees)."""
     tried: np.ndarray
     hit: np.ndarray
     steps: int = 0
