@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import method_drafters
+from specctl.runtime.jobs.config import GenerateConfig
 from specctl.speculative.self_draft import SelfDraftDrafter
 from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller,
                  sim_run, timed_model, trace_lengths, traces)
@@ -68,7 +69,7 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
         if ref is None:
             ref = out
             drafters = {"trace": TraceChains(ref, known)}
-            drafters.update(_drafters(model, prompts, ref, methods))
+            drafters.update(_drafters(model, prompts, ref, methods, batch))
         assert out == ref
         for name, dr in drafters.items():
             dr = dr.fresh()
@@ -81,13 +82,16 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
     return {k: best["ar"] / t for k, t in best.items() if k != "ar"}, stats, ar
 
 
-def _drafters(model, prompts, ref, methods=None) -> dict:
+def _drafters(model, prompts, ref, methods=None, batch: int = 1) -> dict:
     """Every method's drafter (helpers.method_drafters), Self-Draft as a user runs it by
-    default ("self-draft": no job cache) and with --job-cache ("self-draft:job"; the lossless
-    tests' Self-Draft), each apart: the job cache's indexing is host work of its own."""
+    default at this batch size ("self-draft": no job cache, on the grid from GRID_FROM) and
+    with --job-cache ("self-draft:job"; the lossless tests' Self-Draft), each apart: the job
+    cache's indexing is host work of its own."""
     got = {k: v for k, v in method_drafters(model, prompts, ref).items() if v is not None}
     job = got.pop("self-draft")
-    got["self-draft"] = SelfDraftDrafter(replace(job.prm, job_cache=False), job.corpus)
+    grid = GenerateConfig(input="x", method="self-draft", batch_size=batch).grid_default()
+    got["self-draft"] = SelfDraftDrafter(replace(job.prm, job_cache=False, grid=grid), job.corpus,
+                                         vocab=model.cfg.vocab_size)
     got["self-draft:job"] = job
     return {k: v for k, v in got.items() if methods is None or k in methods}
 

@@ -77,8 +77,9 @@ class SelfDraftParams:
                 f"{'' if self.context_cache else '-noctx'}{'' if self.corpus_cache else '-nocorpus'}"
                 f"{'-pg' if self.prompt_grams else ''}s{self.seed}"
                 # (only when on: runs recorded without a job cache keep their signature)
-                f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}"
-                f"{'-grid' if self.grid else ''}")
+                # (not the grid: it changes how drafts are made, never an answer, and its
+                # default follows the batch size, which a run resumes with another of)
+                f"{f'-job{self.job_cands}x{self.job_len}' if self.job_cache else ''}")
 
 
 _M64 = (1 << 64) - 1

@@ -16,9 +16,11 @@ DEVICE_OUT = "/tmp/gpu-out"   # OUT in the printed calls
 MIB = 1024 * 1024
 KILL_AFTER_S = 10   # a step past its budget gets SIGTERM, then SIGKILL this much later
 # the bench's methods: ar and every method `auto` (what the GPU owes); at batch 1 the strongest
-# HF peer too (it runs at batch 1 only)
-METHODS = "ar,self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto"
-METHODS_B1 = "ar,hf-static," + METHODS[len("ar,"):]
+# HF peer too (it runs at batch 1 only); at batch, Self-Draft's per-sequence steps beside its
+# default's, on the grid from 32 (runtime/jobs/config.py GRID_FROM)
+_AUTO = "self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto"
+METHODS = "ar,self-draft:no-grid:auto," + _AUTO
+METHODS_B1 = "ar,hf-static," + _AUTO
 
 
 def die(msg: str):
@@ -73,8 +75,8 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
         methods = env.get("METHODS") or METHODS
-        b1 = env.get("METHODS_B1") or "ar,hf-static," + (
-            methods[3:] if methods.startswith("ar,") else methods)
+        b1 = env.get("METHODS_B1") or (METHODS_B1 if methods == METHODS else "ar,hf-static,"
+                                       + (methods[3:] if methods.startswith("ar,") else methods))
         # (a step's process inherits PYTHONPATH as the run set it: the original rides along)
         pp0 = env["RUNBOOK_PYTHONPATH0"] if "RUNBOOK_PYTHONPATH0" in env else \
             env.get("PYTHONPATH", "")

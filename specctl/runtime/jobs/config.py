@@ -26,14 +26,24 @@ VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                            "job": {"job_cache": True},
                            "no-job": {"job_cache": False},
                            # few extra tokens per step: for hardware where they are not free
+                           # (its per-sequence steps at any batch size)
                            "light": {"prompt_grams": True, "branches": 0, "context_cands": 4,
-                                     "corpus_cands": 1},
+                                     "corpus_cands": 1, "grid": False},
+                           # the per-sequence steps where the default drafts on the grid
+                           "no-grid": {"grid": False},
                            # light's candidates drafted over the batch at once (experimental)
                            "grid": {"prompt_grams": True, "branches": 0, "context_cands": 4,
                                     "grid": True}}}
 
 
 SPECULATE = ("auto", "fixed")
+GRID_FROM = 32   # the batch size from which Self-Draft drafts on the grid by default
+# (runtime/step/grid.py): there a per-sequence drafting step's host work (~30 us a sequence on
+# the developers' CPU, ~3x on a GPU machine's) outweighs what its wider drafts add, and its
+# early finishers split the batch's admission groups; on the host-charged clock at batch 32
+# with requests waiting, the grid keeps up with ar (0.995x) where the per-sequence path does
+# not (0.93x), and below 32 the per-sequence path gains (batch 16: 1.03x against 0.95x):
+# bench-results/2026-11-30-grid-default
 
 
 def split_variant(spec: str) -> tuple[str, dict]:
@@ -213,12 +223,14 @@ class GenerateConfig:
                              "tokens, up to 16-token continuations), for jobs whose answers "
                              "repeat each other. Per process; --resume rebuilds it.",
                              flag="--job-cache/--no-job-cache", method=_SD)
-    grid: bool = option(False, "Experimental (issue 52): draft the context cache's candidates "
-                        "as array operations over the whole batch, C chains of G tokens a "
-                        "sequence in one layout (greedy, no --logprobs; elsewhere the usual "
-                        "per-sequence drafting). Branches, the corpus and the job cache do not "
-                        "draft in its steps.",
-                        flag="--grid/--no-grid", method=_SD)
+    grid: bool | None = option(None, "Draft the context cache's candidates as array "
+                               "operations over the whole batch, C chains of G tokens a "
+                               "sequence in one layout (greedy, no --logprobs; elsewhere the "
+                               "usual per-sequence drafting). Branches, the corpus and the job "
+                               f"cache do not draft in its steps. Default: on at --batch-size "
+                               f"{GRID_FROM} and above under --speculate auto, greedy, without "
+                               "--logprobs or --job-cache; off elsewhere.",
+                               flag="--grid/--no-grid", method=_SD)
     job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
                                         "file when the job starts (where it exists) and save "
                                         "it there when the job ends, so a later job over new "
@@ -303,14 +315,20 @@ class GenerateConfig:
         # first ones come from the context cache: the prompt's grams make them land more often
         # (demo model, held-out questions: 0.13 tokens accepted per 1-token draft against 0.09)
         grams = self.speculate == "auto" if self.prompt_grams is None else self.prompt_grams
+        grid = self.grid_default() if self.grid is None else self.grid
         try:
             return SelfDraftParams(self.branches, self.branch_len, self.gram, self.context_cands,
                                    self.corpus_cands, context_cache=self.context_cache,
                                    corpus_cache=self.corpus_cache != "none",
                                    prompt_grams=grams, seed=self.seed,
-                                   job_cache=self.job_cache, grid=self.grid)
+                                   job_cache=self.job_cache, grid=grid)
         except ValueError as e:
             raise SpecctlError(f"self-draft: --{str(e).replace('_', '-', 1)}") from None
+
+    def grid_default(self) -> bool:
+        """Whether Self-Draft drafts on the grid where --grid is not given (GRID_FROM)."""
+        return self.speculate == "auto" and self.batch_size >= GRID_FROM and \
+            self.sampling().greedy and self.logprobs is None and not self.job_cache
 
     def model_dtype(self) -> str:
         """The dtype to load the model in: --dtype, but under --exact "auto" is bf16 on the CPU
@@ -373,4 +391,6 @@ class GenerateConfig:
             d["prefill_chunk"] = 512                # followed the device)
         if d["prompt_grams"] is None:   # (its default follows --speculate; self-draft's
             d["prompt_grams"] = False   # signature says what it did) keyed as it used to be
+        if d["grid"] is None:   # (nor can the grid: its default follows the batch size)
+            d["grid"] = False
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

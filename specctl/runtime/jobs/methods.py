@@ -9,7 +9,7 @@ from specctl.errors import SpecctlError
 from specctl.models.fingerprint import model_fingerprint
 from specctl.runtime.jobs.artifacts import (describe_skip_set, resolve_adapter,
                                             resolve_corpus_cache, resolve_skip_set)
-from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig
 from specctl.speculative.drafter import NoDraft
 from specctl.store import Store
 
@@ -65,6 +65,10 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                 "tokens per sequence and step cost real compute (0.2-0.6x of ar on a 2-core CPU, "
                 "see docs/benchmarks.md); --speculate auto (the default) drafts only where it "
                 "is expected to pay")
+        if prm.grid and cfg.grid is None:   # (said: the corpus and branches then sit out)
+            log(f"self-draft: drafting on the grid at batch {cfg.batch_size} (the default from "
+                f"{GRID_FROM}): the context cache's candidates only, no corpus nor branches "
+                "(--no-grid: the per-sequence steps)")
         return SelfDraftDrafter(prm, corpus, cid, model.cfg.vocab_size)
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
