@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from specctl.engine import exact
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.kv import BLOCK, row_bytes
 from specctl.engine.loader import load_model
+from specctl.speculative.self_draft import SelfDraftDrafter
 
 
 @pytest.fixture(scope="module", params=["bf16", "fp32"])
@@ -224,7 +226,11 @@ def test_every_method_under_exact_in_bf16_is_ar_at_batch_1(tiny_llama, speculate
     m.set_exact(True)
     prompts = random_prompts(9, seed=3, max_len=40)
     ref, _ = run_ids(m, prompts, max_tokens=24)
-    for name, dr in method_drafters(m, prompts, ref).items():
+    drafters = method_drafters(m, prompts, ref)
+    sd = drafters["self-draft"]   # (and on the grid: Self-Draft's default from batch 32)
+    drafters["self-draft:grid"] = SelfDraftDrafter(replace(sd.prm, grid=True, prompt_grams=True),
+                                                   sd.corpus, vocab=m.cfg.vocab_size)
+    for name, dr in drafters.items():
         for b in (1, 4, 9):
             got, stats = run_ids(m, prompts, batch_size=b, max_tokens=24, drafter=dr,
                                  speculate=speculate)
