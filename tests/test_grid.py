@@ -300,6 +300,23 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
     assert made[2] == made[12] and sum(made[2].values()) > 10
 
 
+def test_one_chain_runs_no_deeper_than_a_sequence_may_accept():
+    """With every budget within one chain, the step's chain is only as deep as the most a
+    sequence's budget and room let it accept (budgets 2 and 3, rooms 9 and 1: 3 rows a
+    sequence, not 1 + G = 5, which a captured graph's grid pads to 8); past one chain, or
+    with no budgets, every chain is whole. And what a sequence may accept is unchanged."""
+    table = ContextTable(50, 4, 4)
+    table.push_texts([[1, 2, 3, 4, 5, 6, 7, 8, 9] * 3])
+    grid, kv = GridStep(table, 4), KVCache(2, 1, 64, 1, 2)
+    for budget, room, rows, allowed in (([2, 3], [9, 1], 3, [2, 1]),
+                                        ([6, 1], [9, 9], 9, [6, 1]),
+                                        (None, [2, 1], 17, [8, 4]),
+                                        ([1, 1], [0, 0], 2, [0, 0])):
+        batch, drafts = grid.plan([0, 1], [5, 5], [1, 2], room, budget, kv, "cpu")
+        assert batch.num_new == [rows, rows], budget
+        assert drafts.allowed.reshape(2, -1).sum(axis=1).tolist() == allowed, budget
+
+
 def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     """Near a sequence's end its room cuts every chain (room 2 of G 4): its usable drafts are
     nodes 0, 1, 4, 5, 8, 9 ... of the layout, learnt as positions 0..7 (GridProposals' size 8);

@@ -22,7 +22,9 @@ where a sequence ended (Runner.step).
 
 The price of one layout for every sequence and step: a chain costs more rows than the trie
 the per-sequence path merges the same candidates into (~20% on the demo model, shape.py
-there), and a sequence without candidates still runs its C G rows.
+there), and a sequence without candidates still runs its C G rows. Where the budgets fit in
+one chain, the chain is only as deep as the most any sequence may accept (a drain's first
+drafting step at batch 64 ran 5 rows a sequence for budgets of 1-3, padded to 8 on a graph).
 """
 
 from __future__ import annotations
@@ -152,12 +154,12 @@ class GridStep:
         self.at = np.arange(self.G)   # each node's depth - 1
         self._layouts: dict[int, tuple] = {}
 
-    def layout(self, C: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(depth [n], ancestors [n, n], each draft's node index [C, G]) of C chains: made once."""
-        got = self._layouts.get(C)
+    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(depth [n], ancestors [n, n], each draft's node index [C, G]) of C chains of G
+        nodes: made once."""
+        got = self._layouts.get((C, G))
         if got is None:
-            got = self._layouts[C] = (*chain_layout(C, self.G),
-                                      np.arange(C * self.G).reshape(C, self.G))
+            got = self._layouts[C, G] = (*chain_layout(C, G), np.arange(C * G).reshape(C, G))
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
@@ -167,10 +169,16 @@ class GridStep:
         chain after chain, within its budget of nodes (None: every node)."""
         B, G = len(slots), self.G
         C = self.C if budget is None else max(1, min(self.C, -(-max(budget) // G)))
-        depth, anc, node = self.layout(C)
+        if C == 1:   # (one chain: as deep as some sequence may accept, no deeper; a budget of
+            # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
+            reach = max(room) if budget is None else max(map(min, budget, room))
+            G = max(1, min(G, reach))
+        depth, anc, node = self.layout(C, G)
         pend = np.array(pending, dtype=np.int64)
         cands, held = self.table.candidates(pend, C)
-        allowed = np.broadcast_to(self.at[None, None, :] < np.array(room)[:, None, None],
+        if G < self.G:
+            cands = cands[:, :, :G]
+        allowed = np.broadcast_to(self.at[None, None, :G] < np.array(room)[:, None, None],
                                   (B, C, G))
         if budget is not None:
             allowed = allowed & (node[None, :, :] < np.array(budget)[:, None, None])
