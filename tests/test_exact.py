@@ -228,8 +228,9 @@ def test_every_method_under_exact_in_bf16_is_ar_at_batch_1(tiny_llama, speculate
     ref, _ = run_ids(m, prompts, max_tokens=24)
     drafters = method_drafters(m, prompts, ref)
     sd = drafters["self-draft"]   # (and on the grid: Self-Draft's default from batch 32)
-    drafters["self-draft:grid"] = SelfDraftDrafter(replace(sd.prm, grid=True, prompt_grams=True),
-                                                   sd.corpus, vocab=m.cfg.vocab_size)
+    drafters["self-draft:grid"] = SelfDraftDrafter(
+        replace(sd.prm, grid=True, prompt_grams=True, job_cache=False), sd.corpus,
+        vocab=m.cfg.vocab_size)
     for name, dr in drafters.items():
         for b in (1, 4, 9):
             got, stats = run_ids(m, prompts, batch_size=b, max_tokens=24, drafter=dr,

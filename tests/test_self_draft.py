@@ -376,15 +376,17 @@ def test_prompt_grams_default_follows_speculate():
 def test_grid_default_follows_the_batch_size():
     """Self-Draft drafts on the grid by default from GRID_FROM sequences, under auto, greedy,
     without --logprobs or --job-cache; --grid / --no-grid win either way, and the light and
-    no-grid variants keep the per-sequence steps. Neither its key nor its signature follows:
-    a run resumes at another batch size (after running out of memory)."""
+    no-grid variants keep the per-sequence steps; a corpus cache named is drafted from. Neither
+    its key, its options digest nor its signature follows: a run resumes at another batch size
+    (after running out of memory), with --grid or --no-grid or neither."""
     from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig, split_variant
+    from specctl.runtime.jobs.depends import options_digest
     cfg = lambda **kw: GenerateConfig(input="x", method="self-draft", **kw)  # noqa: E731
     grid = lambda **kw: cfg(**kw).self_draft_params().grid  # noqa: E731
     assert not grid() and not grid(batch_size=GRID_FROM - 1)
     assert grid(batch_size=GRID_FROM) and grid(batch_size=64)
     for off in ({"speculate": "fixed"}, {"temperature": 0.7}, {"logprobs": 2},
-                {"job_cache": True}, {"grid": False}):
+                {"job_cache": True}, {"corpus_cache": "my-corpus"}, {"grid": False}):
         assert not grid(batch_size=64, **off), off
     assert grid(batch_size=1, grid=True)
     for variant in ("self-draft:light", "self-draft:no-grid"):
@@ -393,7 +395,10 @@ def test_grid_default_follows_the_batch_size():
                   for b in (8, 64))
     assert not small.prm.grid and big.prm.grid
     assert small.signature() == big.signature()
-    assert cfg(batch_size=8).key(small.signature()) == cfg(batch_size=64).key(big.signature())
+    runs = [cfg(batch_size=b, **kw) for b in (8, 64) for kw in ({}, {"grid": True},
+                                                                {"grid": False})]
+    assert len({c.key(small.signature()) for c in runs}) == 1
+    assert len({options_digest(c) for c in runs}) == 1
 
 
 def test_light_variant_is_lossless(model, reference):

@@ -45,7 +45,7 @@ PLAN = (
          "130 s at 7f4cca3 (256 prompts, 5 methods at batch 8/32/64, 1 repeat); a 6th since "
          "(self-draft:no-grid): not timed yet"),
     Step(2, "prefill-chunk", 60, 40, "prefill-chunk.md",
-         "not timed yet: `ar` alone at 2 batch sizes of bench-batch's 15 rows (130 s)"),
+         "not timed yet: `ar` alone at 2 batch sizes of bench-batch's 18 rows (130 s for 15)"),
     Step(2, "bench-b1", 100, 70, "bench-b1.md", "120 s at 7f4cca3 with 2 repeats; 1 now"),
     Step(2, "fused-probe", 60, 20, "fused-probe.md", "12 s at 7f4cca3"),
     Step(2, "exact", 90, 40, "exact.md", "33 s at 7f4cca3"),

@@ -74,9 +74,10 @@ def check_attention(name: str) -> None:
 
 # GenerateConfig fields that do not make a run another run (see GenerateConfig.key)
 # (--limit too: a run of the first N lines resumes to do them all; --device and --dtype as
-# given: the caller keys the device type and dtype the model runs in instead)
+# given: the caller keys the device type and dtype the model runs in instead; --grid: how
+# drafts are made, never an answer, and its default follows the batch size)
 UNKEYED = ("input", "skip_bad", "batch_size", "prefill_chunk", "device", "dtype", "limit",
-           "threads", "kv_memory", "gpu_memory", "ray", "actors", "job_cache_file")
+           "threads", "kv_memory", "gpu_memory", "ray", "actors", "job_cache_file", "grid")
 
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20,
@@ -229,7 +230,8 @@ class GenerateConfig:
                                "usual per-sequence drafting). Branches, the corpus and the job "
                                f"cache do not draft in its steps. Default: on at --batch-size "
                                f"{GRID_FROM} and above under --speculate auto, greedy, without "
-                               "--logprobs or --job-cache; off elsewhere.",
+                               "--logprobs, --job-cache or a --corpus-cache named; off "
+                               "elsewhere.",
                                flag="--grid/--no-grid", method=_SD)
     job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
                                         "file when the job starts (where it exists) and save "
@@ -328,7 +330,8 @@ class GenerateConfig:
     def grid_default(self) -> bool:
         """Whether Self-Draft drafts on the grid where --grid is not given (GRID_FROM)."""
         return self.speculate == "auto" and self.batch_size >= GRID_FROM and \
-            self.sampling().greedy and self.logprobs is None and not self.job_cache
+            self.sampling().greedy and self.logprobs is None and not self.job_cache and \
+            self.corpus_cache in (None, "none")   # (a corpus named is one to draft from)
 
     def model_dtype(self) -> str:
         """The dtype to load the model in: --dtype, but under --exact "auto" is bf16 on the CPU
@@ -391,6 +394,5 @@ class GenerateConfig:
             d["prefill_chunk"] = 512                # followed the device)
         if d["prompt_grams"] is None:   # (its default follows --speculate; self-draft's
             d["prompt_grams"] = False   # signature says what it did) keyed as it used to be
-        if d["grid"] is None:   # (nor can the grid: its default follows the batch size)
-            d["grid"] = False
+        d["grid"] = False   # (unkeyed, but held at False by the keys made while it was keyed)
         return hashlib.sha256(json.dumps([d, extra], sort_keys=True).encode()).hexdigest()[:16]

@@ -65,11 +65,13 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
                 "tokens per sequence and step cost real compute (0.2-0.6x of ar on a 2-core CPU, "
                 "see docs/benchmarks.md); --speculate auto (the default) drafts only where it "
                 "is expected to pay")
-        if prm.grid and cfg.grid is None:   # (said: the corpus and branches then sit out)
-            log(f"self-draft: drafting on the grid at batch {cfg.batch_size} (the default from "
-                f"{GRID_FROM}): the context cache's candidates only, no corpus nor branches "
-                "(--no-grid: the per-sequence steps)")
-        return SelfDraftDrafter(prm, corpus, cid, model.cfg.vocab_size)
+        drafter = SelfDraftDrafter(prm, corpus, cid, model.cfg.vocab_size)
+        # (said, as the corpus and branches then sit out)
+        if cfg.grid is None and drafter.context_table is not None:
+            log(f"self-draft: drafting on the grid at batch {cfg.batch_size} (the default "
+                f"from {GRID_FROM}): the context cache's candidates only, no corpus nor "
+                "branches (--no-grid: the per-sequence steps)")
+        return drafter
     if cfg.method != "draft-verify":
         raise SpecctlError(f"unknown method {cfg.method!r}")
     from specctl.speculative.draft_verify import LayerSkipDrafter

@@ -152,7 +152,7 @@ class GridStep:
     def __init__(self, table: ContextTable, cands: int):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
         self.at = np.arange(self.G)   # each node's depth - 1
-        self._layouts: dict[int, tuple] = {}
+        self._layouts: dict[tuple[int, int], tuple] = {}
 
     def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(depth [n], ancestors [n, n], each draft's node index [C, G]) of C chains of G
@@ -176,8 +176,7 @@ class GridStep:
         depth, anc, node = self.layout(C, G)
         pend = np.array(pending, dtype=np.int64)
         cands, held = self.table.candidates(pend, C)
-        if G < self.G:
-            cands = cands[:, :, :G]
+        cands = cands[:, :, :G]
         allowed = np.broadcast_to(self.at[None, None, :G] < np.array(room)[:, None, None],
                                   (B, C, G))
         if budget is not None:
