@@ -21,3 +21,14 @@ PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 12
 # before-paths.txt: before_paths.py in a worktree at 35075a2 (/tmp/wt-base), before the default
 (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/before_paths.py 3 32:waiting,64:waiting,8:waiting,64:drain)
 (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/before_paths.py 3 16:waiting,32:drain)
+# the demo clock at b32, three rounds after (this tree) and before (a66d55b) the truncation
+PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 128 2 3 self-draft
+(cd /tmp/wt-before && PYTHONPATH=/tmp/wt-before python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 128 2 3 self-draft)
+# and at b64 after it (demo-b64-after.txt)
+PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 64 256 2 2 self-draft
+# host work a step at b64 (host_profile.md)
+python recipes/tiny_model.py /tmp/tiny --input recipes/prompts/specbench128.jsonl --store /tmp/tiny-store
+python recipes/host_profile.py --model /tmp/tiny --input recipes/prompts/specbench128.jsonl \
+    --store /tmp/tiny-store --batch-sizes 64 --threads 1 --max-tokens 48 --prompts 128 \
+    --methods ar,self-draft,self-draft:no-grid,self-draft:grid:fixed,draft-verify --schedule cuda \
+    --repeats 3 --skip-set /tmp/tiny/skip.json
