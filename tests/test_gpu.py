@@ -78,6 +78,33 @@ def test_graphs_keep_self_draft_lossless(tiny_llama, batch_size):
     assert gpu.graphs.replays > 0 and sum(k * n for k, n in stats.accept_hist.items()) > 0
 
 
+def test_the_grid_at_batch_32_is_lossless_through_graphs(tiny_llama):
+    """Self-Draft's default from batch 32, the grid step (runtime/step/grid.py: verification
+    and KV moves on the device, one read-back), through captured graphs at batch 32 under a
+    controller whose budgets make steps of one to three chains, one chain cut to the budgets
+    too (5, 3 and 2 rows a sequence on the CPU's stand-in), equals the CPU's ar greedy in
+    fp32."""
+    from specctl.engine.steptable import StepTable
+    from specctl.runtime.control.controller import make_controller
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+    cpu = load_model(tiny_llama, "cpu", "fp32")
+    gpu = load_model(tiny_llama, "cuda", "fp32")
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12] * 6 \
+        + random_prompts(16, seed=11)
+    ref, _ = run_ids(cpu, prompts, max_tokens=24)
+    dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, prompt_grams=True,
+                                          grid=True), None, vocab=gpu.cfg.vocab_size)
+    ns, bs = (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32)
+    table = StepTable("cuda", "float32", "sdpa", 128, bs, ns,   # (rows nearly free: drafts)
+                      tuple(tuple(10.0 + 0.02 * b * n for n in ns) for b in bs))
+    ctl = make_controller(dr, gpu, 32, table, correct=False, guard=False, prior_accept=0.8,
+                          explore_every=8)
+    got, _ = run_ids(gpu, prompts, batch_size=32, max_tokens=24, drafter=dr, speculate="auto",
+                     controller=ctl)
+    assert got == ref
+    assert gpu.graphs.replays > 0 and dr.accepted_from["context"] > 0
+
+
 @pytest.mark.parametrize("batch_size, attention", [(1, "sdpa"), (8, "sdpa"), (1, "fused"),
                                                    (8, "fused"), (8, "flex")])
 def test_every_method_lossless_through_graphs(tiny_llama, attention, batch_size):

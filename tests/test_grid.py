@@ -220,7 +220,7 @@ def test_a_run_takes_the_grid_step_only_where_it_can(model):
 def _table(f):
     """A synthetic step-cost table, ms(b, n) = f(b, n) (test_controller.py's)."""
     from specctl.engine.steptable import StepTable
-    ns, bs = (1, 2, 4, 8, 16, 32, 64), tuple(range(1, 9))
+    ns, bs = (1, 2, 4, 8, 16, 32, 64), tuple(range(1, 9)) + (16, 32)
     return StepTable("cpu", "float32", "sdpa", 128, bs, ns,
                      tuple(tuple(float(f(b, n)) for n in ns) for b in bs))
 
@@ -250,6 +250,32 @@ def test_grid_under_the_controller(model, grid_steps, batch_size, profile):
         assert dr.accepted_from["context"] > 0 and st.steps < sum(map(len, ref))
     else:
         assert grid_steps["steps"] == 0 and set(st.budget_hist) == {0}
+
+
+def test_the_grid_at_batch_32_through_graphs_cuts_its_chain_to_the_budgets(model, graph,
+                                                                          monkeypatch):
+    """Self-Draft's default from batch 32 (the grid, runtime/jobs/config.py GRID_FROM) on
+    the graph path under --speculate auto: where the budgets fit in one chain, its steps run
+    fewer rows than 1 + G a sequence, and accept; the output is ar's."""
+    from specctl.runtime.control.controller import make_controller
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12] * 6 + \
+        random_prompts(16, seed=11)
+    ref, _ = run_ids(model, prompts, max_tokens=24)
+    rows, plan = [], GridStep.plan
+
+    def planned(self, *a, **kw):
+        batch, drafts = plan(self, *a, **kw)
+        rows.append(batch.num_new[0])
+        return batch, drafts
+    monkeypatch.setattr(GridStep, "plan", planned)
+    dr = _grid_drafter(graph)
+    ctl = make_controller(dr, graph, 32, _table(lambda b, n: 10.0 + 0.02 * b * n),
+                          correct=False, guard=False, prior_accept=0.8, explore_every=8)
+    got, st = run_ids(graph, prompts, batch_size=32, max_tokens=24, drafter=dr,
+                      speculate="auto", controller=ctl)
+    assert got == ref
+    assert graph.graphs.replays > 0 and dr.accepted_from["context"] > 0
+    assert min(rows) < 1 + dr.prm.gram, rows
 
 
 def _calls(fn) -> Counter:

@@ -34,9 +34,9 @@ class Step:
 PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
     Step(1, "step-table-7b", 30, 15, "step-table-7b.json", "10 s at 65c1f6b"),
-    Step(1, "gpu-tests", 75, 65, "gpu-tests.log",
-         "53 s at 65c1f6b (the flex tests, ~33 s more, are left out), + the fused layer's "
-         "4 tests (Triton compiles)"),
+    Step(1, "gpu-tests", 85, 72, "gpu-tests.log",
+         "61 s of tests at 7f4cca3 (the flex tests, ~33 s more, are left out), + the grid at "
+         "batch 32 since (one test, its graphs captured at 32 slots: not timed yet)"),
     Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
          "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs"),
     Step(2, "stage2", 60, 40, "model.json", "35 s at 7f4cca3"),
