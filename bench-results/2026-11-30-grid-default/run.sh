@@ -32,3 +32,7 @@ python recipes/host_profile.py --model /tmp/tiny --input recipes/prompts/specben
     --store /tmp/tiny-store --batch-sizes 64 --threads 1 --max-tokens 48 --prompts 128 \
     --methods ar,self-draft,self-draft:no-grid,self-draft:grid:fixed,draft-verify --schedule cuda \
     --repeats 3 --skip-set /tmp/tiny/skip.json
+# the demo clock at 8, 16 and 32, both paths, three rounds each
+for spec in "16 64 self-draft" "16 64 self-draft:dgrid" "8 32 self-draft" "8 32 self-draft:dgrid" "32 128 self-draft:no-grid"; do
+  set -- $spec; PYTHONPATH=$PWD python bench-results/2026-11-30-grid-default/demo_grid.py $1 $2 2 3 $3
+done
