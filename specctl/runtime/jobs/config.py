@@ -41,9 +41,9 @@ GRID_FROM = 32   # the batch size from which Self-Draft drafts on the grid by de
 # (runtime/step/grid.py): there a per-sequence drafting step's host work (~30 us a sequence on
 # the developers' CPU, ~3x on a GPU machine's) outweighs what its wider drafts add, and its
 # early finishers split the batch's admission groups; on the host-charged clock at batch 32
-# with requests waiting, the grid keeps up with ar (0.995x) where the per-sequence path does
-# not (0.93x), and below 32 the per-sequence path gains (batch 16: 1.03x against 0.95x):
-# bench-results/2026-11-30-grid-default
+# with requests waiting, the grid keeps up with ar (0.99x) where the per-sequence path does
+# not (0.93x), and below 32 the per-sequence path gains (batch 16: 1.03x against 0.95x); on
+# the demo model the two are level at 8-64: bench-results/2026-11-30-grid-default
 
 
 def split_variant(spec: str) -> tuple[str, dict]:
