@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from specctl.engine.steptable import StepTable
 from specctl.runtime.control.controller import make_controller
 from specctl.runtime.step.runner import Runner
 from specctl.runtime.step.sequence import Request
@@ -33,6 +34,13 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
                     kv_budget=kv_budget)
     stats = runner.run(reqs, lambda r: results.__setitem__(r.index, r.answer_ids[0]))
     return [results[i] for i in range(len(prompts))], stats
+
+
+def step_table(f, batches=tuple(range(1, 9)), device: str = "cpu") -> StepTable:
+    """A synthetic step-cost table: ms(b, n) = f(b, n), n = 1, 2, 4 .. 64."""
+    ns = (1, 2, 4, 8, 16, 32, 64)
+    return StepTable(device, "float32", "sdpa", 128, tuple(batches), ns,
+                     tuple(tuple(float(f(b, n)) for n in ns) for b in batches))
 
 
 def kv_budget(model, drafter, max_len: int, sequences: float) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import step_table as table
 from specctl.engine.steptable import StepTable
 from specctl.runtime.control.controller import Budgets, Controller, make_controller
 from specctl.runtime.control.stepcost import Shapes, StepCost
@@ -52,12 +53,6 @@ class Ctl(Controller):
         return self.stop_rule(self.last)
 
 NS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def table(f, batches=tuple(range(1, 9))) -> StepTable:
-    """A synthetic table: ms(b, n) = f(b, n)."""
-    return StepTable("cpu", "float32", "sdpa", 128, tuple(batches), NS,
-                     tuple(tuple(float(f(b, n)) for n in NS) for b in batches))
 
 
 steep = table(lambda b, n: 10.0 * b * n)            # every extra token costs a whole step

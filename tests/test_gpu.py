@@ -84,7 +84,7 @@ def test_the_grid_at_batch_32_is_lossless_through_graphs(tiny_llama):
     controller whose budgets make steps of one to three chains, one chain cut to the budgets
     too (5, 3 and 2 rows a sequence on the CPU's stand-in), equals the CPU's ar greedy in
     fp32."""
-    from specctl.engine.steptable import StepTable
+    from helpers import step_table
     from specctl.runtime.control.controller import make_controller
     from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
     cpu = load_model(tiny_llama, "cpu", "fp32")
@@ -94,9 +94,8 @@ def test_the_grid_at_batch_32_is_lossless_through_graphs(tiny_llama):
     ref, _ = run_ids(cpu, prompts, max_tokens=24)
     dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, prompt_grams=True,
                                           grid=True), None, vocab=gpu.cfg.vocab_size)
-    ns, bs = (1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32)
-    table = StepTable("cuda", "float32", "sdpa", 128, bs, ns,   # (rows nearly free: drafts)
-                      tuple(tuple(10.0 + 0.02 * b * n for n in ns) for b in bs))
+    # (rows nearly free: the controller drafts)
+    table = step_table(lambda b, n: 10.0 + 0.02 * b * n, (1, 2, 4, 8, 16, 32), "cuda")
     ctl = make_controller(dr, gpu, 32, table, correct=False, guard=False, prior_accept=0.8,
                           explore_every=8)
     got, _ = run_ids(gpu, prompts, batch_size=32, max_tokens=24, drafter=dr, speculate="auto",

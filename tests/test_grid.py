@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import kv_budget, random_prompts, run_ids
+from helpers import kv_budget, random_prompts, run_ids, step_table
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
 from specctl.engine.loader import load_model
@@ -217,14 +217,6 @@ def test_a_run_takes_the_grid_step_only_where_it_can(model):
     assert grid(context_cands=0) is None and grid(context_cache=False) is None
 
 
-def _table(f):
-    """A synthetic step-cost table, ms(b, n) = f(b, n) (test_controller.py's)."""
-    from specctl.engine.steptable import StepTable
-    ns, bs = (1, 2, 4, 8, 16, 32, 64), tuple(range(1, 9)) + (16, 32)
-    return StepTable("cpu", "float32", "sdpa", 128, bs, ns,
-                     tuple(tuple(float(f(b, n)) for n in ns) for b in bs))
-
-
 @pytest.mark.parametrize("batch_size", [1, 4])
 @pytest.mark.parametrize("profile", ["flat", "steep"])
 def test_grid_under_the_controller(model, grid_steps, batch_size, profile):
@@ -238,7 +230,7 @@ def test_grid_under_the_controller(model, grid_steps, batch_size, profile):
     dr = _grid_drafter(model)
     f = (lambda b, n: 10.0 + 0.001 * b * n) if profile == "flat" else \
         (lambda b, n: 10.0 * b * n)
-    ctl = make_controller(dr, model, batch_size, _table(f), correct=False, guard=False,
+    ctl = make_controller(dr, model, batch_size, step_table(f), correct=False, guard=False,
                           prior_accept=0.9 if profile == "flat" else 0.99,
                           explore_every=32 if profile == "flat" else 0)
     got, st = run_ids(model, prompts, batch_size=batch_size, max_tokens=32, drafter=dr,
@@ -269,7 +261,8 @@ def test_the_grid_at_batch_32_through_graphs_cuts_its_chain_to_the_budgets(model
         return batch, drafts
     monkeypatch.setattr(GridStep, "plan", planned)
     dr = _grid_drafter(graph)
-    ctl = make_controller(dr, graph, 32, _table(lambda b, n: 10.0 + 0.02 * b * n),
+    ctl = make_controller(dr, graph, 32, step_table(lambda b, n: 10.0 + 0.02 * b * n,
+                                                     tuple(range(1, 9)) + (16, 32)),
                           correct=False, guard=False, prior_accept=0.8, explore_every=8)
     got, st = run_ids(graph, prompts, batch_size=32, max_tokens=24, drafter=dr,
                       speculate="auto", controller=ctl)
