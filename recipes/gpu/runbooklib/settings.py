@@ -15,12 +15,21 @@ RUNBOOK = ROOT / "recipes" / "gpu" / "runbook.py"
 DEVICE_OUT = "/tmp/gpu-out"   # OUT in the printed calls
 MIB = 1024 * 1024
 KILL_AFTER_S = 10   # a step past its budget gets SIGTERM, then SIGKILL this much later
-# the bench's methods: ar and every method `auto` (what the GPU owes); at batch 1 the strongest
-# HF peer too (it runs at batch 1 only); at batch, Self-Draft's per-sequence steps beside its
-# default's, on the grid from 32 (runtime/jobs/config.py GRID_FROM)
-_AUTO = "self-draft:auto,self-draft:light:auto,draft-verify:auto,kangaroo:auto"
-METHODS = "ar,self-draft:no-grid:auto," + _AUTO
-METHODS_B1 = "ar,hf-static," + _AUTO
+# the bench's methods: ar and every method `auto` (what the GPU owes); at batch, Self-Draft's
+# per-sequence steps beside its default's, on the grid from 32 (runtime/jobs/config.py
+# GRID_FROM)
+METHODS = ("ar,self-draft:no-grid:auto,self-draft:auto,self-draft:light:auto,draft-verify:auto,"
+           "kangaroo:auto")
+
+
+def b1_methods(methods: str) -> str:
+    """Batch 1's: the strongest HF peer too (it runs at batch 1 only), and not the
+    per-sequence row, which there is the default's own."""
+    rest = [m for m in methods.split(",") if m not in ("ar", "self-draft:no-grid:auto")]
+    return ",".join(["ar", "hf-static"] + rest)
+
+
+METHODS_B1 = b1_methods(METHODS)
 
 
 def die(msg: str):
@@ -75,8 +84,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "Settings":
         methods = env.get("METHODS") or METHODS
-        b1 = env.get("METHODS_B1") or (METHODS_B1 if methods == METHODS else "ar,hf-static,"
-                                       + (methods[3:] if methods.startswith("ar,") else methods))
+        b1 = env.get("METHODS_B1") or b1_methods(methods)
         # (a step's process inherits PYTHONPATH as the run set it: the original rides along)
         pp0 = env["RUNBOOK_PYTHONPATH0"] if "RUNBOOK_PYTHONPATH0" in env else \
             env.get("PYTHONPATH", "")
