@@ -4,6 +4,9 @@ prefill tables, this process's CPU time outside the forwards x3, real text's ans
 ROUNDS rounds of ar then each; per cell the median x ar, every round, steps and drafting steps.
 
     PYTHONPATH=$PWD python bench-results/2026-11-30-grid-default/paths.py ROUNDS 32:waiting,64:drain,...
+
+It runs on 35075a2 too (before-paths.txt was made by its forerunner there, the same
+drafters named `self-draft` and `sd-grid`).
 """
 import statistics
 import sys
@@ -19,7 +22,9 @@ real = T._drafters
 
 
 def drafters(model, prompts, ref, methods=None, batch=1):
-    sd = real(model, prompts, ref, ["self-draft"], batch)["self-draft"]
+    # (the tests' Self-Draft at batch 1, the per-sequence steps, as at 35075a2, whose
+    # _drafters took no batch: the grid's setting is made here either way)
+    sd = real(model, prompts, ref, ["self-draft"])["self-draft"]
     return {p: SelfDraftDrafter(replace(sd.prm, grid=g), sd.corpus, vocab=model.cfg.vocab_size)
             for p, g in (("per-seq", False), ("grid", True))}
 

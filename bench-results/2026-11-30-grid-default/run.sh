@@ -18,9 +18,10 @@ PYTHONPATH=$PWD python bench-results/2026-11-30-grid-default/paths.py 4 64:waiti
 PYTHONPATH=$PWD python bench-results/2026-11-30-grid-default/stephost.py 64 drain trace
 # the demo clock after the change, b32 (demo-b32-after.txt)
 PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 128 2 2 self-draft
-# before-paths.txt: before_paths.py in a worktree at 35075a2 (/tmp/wt-base), before the default
-(cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/before_paths.py 3 32:waiting,64:waiting,8:waiting,64:drain)
-(cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/before_paths.py 3 16:waiting,32:drain)
+# before-paths.txt: paths.py in a worktree at 35075a2 (/tmp/wt-base), before the default (its
+# forerunner named the two `self-draft` and `sd-grid`)
+(cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/paths.py 3 32:waiting,64:waiting,8:waiting,64:drain)
+(cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python /work/main/bench-results/2026-11-30-grid-default/paths.py 3 16:waiting,32:drain)
 # the demo clock at b32, three rounds after (this tree) and before (a66d55b) the truncation
 PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 128 2 3 self-draft
 (cd /tmp/wt-before && PYTHONPATH=/tmp/wt-before python bench-results/2026-11-29-host-clock-5/demo_clock.py 32 128 2 3 self-draft)
