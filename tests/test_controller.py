@@ -397,7 +397,7 @@ def test_flat_profile_drafts_and_stays_lossless(model, batch):
 
 def test_no_search_under_a_prefill_whose_next_step_is_lean_regardless():
     """A drafter with draft forwards: until a step is timed the run's steps are lean
-    (Controller._untimed_forwards), so the search made under a prefill for the next step
+    (Controller._untimed_host), so the search made under a prefill for the next step
     would be thrown away; it is not made. Once a lean step is timed it is, and decide takes
     it."""
     ctl = Controller(StepCost(flat), 4, prior_accept=0.9)
@@ -417,7 +417,7 @@ def test_no_search_under_a_prefill_whose_next_step_is_lean_regardless():
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_drafter_with_draft_forwards_drafts_under_sampling_too(model, temperature):
     """A run's first steps wait for a timed lean step where the drafter runs draft forwards
-    (Controller._untimed_forwards); under sampling a step's host share is not timed (its
+    (Controller._untimed_host); under sampling a step's host share is not timed (its
     verify works on the device), and the wait once never ended: such a run never drafted."""
     from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
     from specctl.speculative.sampling import SamplingParams
@@ -877,7 +877,7 @@ def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
 def test_draft_forwards_are_priced_with_a_lean_steps_host_until_a_drafting_step_is_timed():
     """Each draft forward spends the host what a lean step of as many sequences does (its
     batch, launch and read-back), which the table does not price: until a drafting step has
-    been timed it is priced so (StepCost.forward_host); from then on host_fit's measure is
+    been timed it is priced so (StepCost.untimed_host); from then on host_fit's measure is
     the price. Nothing for a drafter without draft forwards, nor before a lean step's host
     is known."""
     t = table(lambda b, n: 2.0 + 0.02 * b * n)
@@ -894,6 +894,43 @@ def test_draft_forwards_are_priced_with_a_lean_steps_host_until_a_drafting_step_
     tree.learn_host(1, 0.3)
     ms, kind = tree.counts_ms((0, 0, 1))
     assert tree.step_ms([2]) == pytest.approx(ms * tree.factor(kind))
+
+
+def test_a_drains_first_drafting_step_is_priced_with_its_host_work():
+    """While the batch drains, a step that would draft before any drafting step has been
+    timed waits for a lean step's host time, and is then priced DRAIN_HOST lean steps of host
+    more (StepCost.untimed_host): a lesson learnt in a drain comes too late to pay (on the
+    host-charged clock every method's drain at batch 32-64 drafted one or two steps on the
+    prior, each saving no step, and ran 0.96-0.98x ar). With requests waiting the same step
+    drafts as before, and once a drafting step is timed its measure prices a drain too. A
+    gain that covers the price still drafts, and a drain of one sequence drafts at once."""
+    from specctl.runtime.control.stepcost import DRAIN_HOST
+    t = table(lambda b, n: 2.0 + 0.001 * b * n, batches=(1, 2, 4, 8, 16, 32, 64))
+    keys = list(range(32))
+
+    def ctl(accept):
+        return Controller(StepCost(t, True), 4, prior_accept=accept, explore_every=0,
+                          wait_first=True)
+    c = ctl(0.7)
+    assert c.plan(keys, [60] * 32, drain=True).lean   # (no lean step's host timed yet)
+    c.lean_done(32, 2.05, 1, 0.2, 1)                  # a lean step: 0.2 ms of host
+    cost = c.cost
+    cost.draining = True
+    ms, kind = cost.counts_ms((0, 32))
+    assert cost.step_ms([1] * 32) == pytest.approx(ms * cost.factor(kind) + DRAIN_HOST * 0.2)
+    assert c.plan(keys, [60] * 32, drain=True).lean   # the prior's slowest gains less
+    waiting = ctl(0.7)
+    waiting.lean_done(32, 2.05, 1, 0.2, 1)
+    assert not waiting.plan(keys, [60] * 32).lean     # (not a drain: as before)
+    one = ctl(0.7)   # (a drain of one sequence does not wait: its gains are all critical)
+    assert not one.plan([0], [60], drain=True).lean
+    sure = ctl(0.99)
+    sure.lean_done(32, 2.05, 1, 0.2, 1)
+    assert not sure.plan(keys, [60] * 32, drain=True).lean   # a gain worth the price
+    timed = ctl(0.7)
+    timed.lean_done(32, 2.05, 1, 0.2, 1)
+    timed.cost.learn_host(32, 0.25, 32)   # a drafting step timed: its host is known
+    assert not timed.plan(keys, [60] * 32, drain=True).lean
 
 
 def test_a_drafter_with_draft_forwards_drafts_once_a_step_is_timed():

@@ -75,14 +75,22 @@ tokens, and saved ~0.4% of a 64-sequence drain; not kept.) And a drafter that ru
 forwards (draft-verify, Kangaroo) spends the host a lean step's work on each of them, which
 the table does not price: until some step has been timed its steps are lean (an `ar` step
 costs nothing against `ar`), and its first drafting step is priced with each draft forward
-costing the host what a lean step of as many sequences took (StepCost.forward_host; where a
+costing the host what a lean step of as many sequences took (StepCost.untimed_host; where a
 step's host share is not timed, as under sampling, the prior is nothing, as before). On the
 host-charged clock Kangaroo's first drafting step at batch 1, priced 3.2 ms, took 5.2-5.8, ~3% of
 a 64-token drain.
 
 While the batch drains (no request waits) the search prices the job's critical path instead of
 the step's goodput (policy.drain_best), with each sequence's acceptance taken at what the
-slowest of the batch's sequences may be (Acceptance.gains_many's `slowest`).
+slowest of the batch's sequences may be (Acceptance.gains_many's `slowest`). And a drain's
+first drafting step is not priced at no host work: its steps are lean until a lean step's host
+is timed, as above, and then a step that drafts before any drafting step has been timed is
+priced DRAIN_HOST lean steps of host more (StepCost.untimed_host). A step learnt from comes too
+late to pay there: on the host-charged clock every drafting method's pure drain at batch 32-64
+drafted one or two steps on the prior, each costing ~7 lean steps' host and saving no step
+(26 of 32 sequences on the critical path, most accepting nothing), and ran 0.96-0.98x `ar`; priced,
+they draft none (or the trace at batch 32, where its gain beat the price, two late ones) and run
+0.985-1.0x. A drain of one sequence does not wait (_untimed_host).
 """
 
 from __future__ import annotations
@@ -229,10 +237,12 @@ class Controller:
         # (in a lean stretch only an exploring step due, and paid for, searches; and none
         # after the run's first drafting step if that one got too few: module docstring)
         if self.steps < self.lean_until and not due or self.wait_first and self.unlearnt \
-                and not self.timed_steps and not self.hit or self._untimed_forwards():
+                and not self.timed_steps and not self.hit \
+                or self._untimed_host(drain, len(keys)):
             self.last_bare = self.steps
             return self._lean_budgets(len(keys))
         c = self.cost
+        c.draining = drain
         caps = self._caps(room)
         nxt, self._next = self._next, None
         same = nxt is not None and nxt.order == tuple(keys)
@@ -268,13 +278,17 @@ class Controller:
                        stops=not self.tree and self.last_explore != self.steps and any(ks),
                        base=base)
 
-    def _untimed_forwards(self) -> bool:
-        """Whether the drafter runs draft forwards and no step has been timed yet: the run's
-        first steps are lean until one is (module docstring), so that its first drafting step
-        is priced with its forwards' host work (StepCost.forward_host; nothing where the
-        host's share was not timed, as under sampling, whose verify works on the device)."""
-        return self.wait_first and bool(self.cost.draft_frac) and self.correct \
-            and not self.timed_steps and self.guard.ar_log is None
+    def _untimed_host(self, drain: bool, b: int) -> bool:
+        """Whether the drafter runs draft forwards, or a batch of more than one drains, and
+        no step has been timed yet: the run's first steps are lean until one is (module
+        docstring), so that its first drafting step is priced with its host work
+        (StepCost.untimed_host; nothing where the host's share was not timed, as under
+        sampling, whose verify works on the device). A drain of one sequence does not wait:
+        every token a drafting step gains is on its critical path, its first drafting step's
+        host was 2.7 lean steps on the host-charged clock, and waiting cost Self-Draft 2
+        steps of 20 there (2.26 -> 2.14x `ar`) where the price changed no decision."""
+        return self.wait_first and (bool(self.cost.draft_frac) or drain and b > 1) \
+            and self.correct and not self.timed_steps and self.guard.ar_log is None
 
     def _caps(self, room) -> np.ndarray:
         """Each sequence's largest budget: its room, at most K."""
@@ -284,6 +298,7 @@ class Controller:
                 drain: bool) -> tuple[bool, np.ndarray, list[int]]:
         """(probes, gains, budgets) of the best step for these sequences (policy.search)."""
         c = self.cost
+        c.draining = drain
         probes = policy.probes_pay(c, len(keys), self.probe_share)
         # (draining, the slowest's gains: the stop rule and the expected tokens read them too,
         # so a drain's predicted tokens are its critical path's, not the batch's mean)
@@ -336,10 +351,10 @@ class Controller:
         last waiting request was admitted); else, where sequences were admitted since, their
         gains and whether probes pay (~0.1 ms at b64), as decide computes them."""
         nxt = self._next
-        if self._untimed_forwards():   # (decide gives the next step a lean step without
-            return   # searching, and nothing is learnt between a prefill and it: draft-verify
-            # and Kangaroo made this search, ~0.25 ms of CPU at batch 64, under a run's first
-            # prefill, where a launch-bound eager forward hides little)
+        if self._untimed_host(drain, len(keys)):   # (decide gives the next step a lean step
+            return   # without searching, and nothing is learnt between a prefill and it:
+            # draft-verify and Kangaroo made this search, ~0.25 ms of CPU at batch 64, under a
+            # run's first prefill, where a launch-bound eager forward hides little)
         if not self._serves(nxt, self.steps + 1, keys, drain):
             self.prefetch(keys, room, drain)
         elif nxt.order != tuple(keys):   # (nothing is learnt between now and decide)

@@ -101,6 +101,7 @@ class StepCost:
     # the last drafting steps (host ms, batch size, sequences drafting): host_fit's
     _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
     _host: tuple | None = None   # host_fit as of the last learn_host (None: to work out)
+    draining: bool = False       # the search being priced is a drain's (untimed_host)
 
     @classmethod
     def of(cls, table: StepTable, price: DraftPrice, padded: bool) -> "StepCost":
@@ -177,7 +178,7 @@ class StepCost:
             at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
         return ms * np.exp(base + rel[at]) + self.host_ms(sh.drafting) + \
-            self.forward_host(sh.b, depth)
+            self.untimed_host(sh.b, depth, sh.drafting)
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
         """The learnt kinds of batch size b: their codes (sorted) and _rel, with a 0 after the
@@ -256,8 +257,9 @@ class StepCost:
         ms, kind = self.counts_ms(counts, probes)
         if not ms:
             return 0.0
-        return ms * self.factor(kind) + float(self.host_ms(sum(counts) - counts[0])) + \
-            float(self.forward_host(kind[0], kind[2]))
+        drafting = sum(counts) - counts[0]
+        return ms * self.factor(kind) + float(self.host_ms(drafting)) + \
+            float(self.untimed_host(kind[0], kind[2], drafting))
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
@@ -336,17 +338,25 @@ class StepCost:
         return np.where(np.asarray(drafting) > 0, a + sl * np.asarray(drafting), 0.0) \
             if a or sl else 0.0
 
-    def forward_host(self, b: int, depth):
+    def untimed_host(self, b: int, depth, drafting):
         """Until a drafting step has been timed (host_fit prices drafting's host from then
-        on): the host time of a step's `depth` draft forwards (an int or an array), each
-        priced as a lean step of b sequences spends it (lean_at: a forward's batch, its launch
-        and its read-back are the host's work in both). Kangaroo's first drafting step on the
-        host-charged clock at batch 1 took 5.2-5.8 ms where its forwards were priced 3.2: its
-        three draft forwards' host work, which nothing priced; 0 for a drafter without draft
-        forwards, and before a lean step is timed (Controller.decide waits for one)."""
-        if not self.draft_frac or self._drafted or not self.lean_steps:
+        on), what its host work is priced at (0 before a lean step is timed: Controller.decide
+        waits for one where this matters). Its draft forwards (`depth`, an int or an array),
+        each priced as a lean step of b sequences spends it (lean_at: a forward's batch, its
+        launch and its read-back are the host's work in both): Kangaroo's first drafting step
+        on the host-charged clock at batch 1 took 5.2-5.8 ms where its forwards were priced
+        3.2, its three draft forwards' host work, which nothing priced. And while the batch
+        drains (`draining`, set by the controller for its search), DRAIN_HOST lean steps more
+        for a step where any sequence (`drafting`) drafts: a drain's job ends with its
+        sequences, so a first drafting step priced at no host work is a lesson that comes too
+        late to pay (the module docstring's numbers)."""
+        if self._drafted or not self.lean_steps:
             return 0.0
-        return np.maximum(depth, 0) * self.lean_at(b)
+        lean = self.lean_at(b)
+        got = np.maximum(depth, 0) * lean if self.draft_frac else 0.0
+        if self.draining:
+            got = got + np.where(np.asarray(drafting) > 0, DRAIN_HOST * lean, 0.0)
+        return got
 
     def learn_host(self, b: int, host_ms: float, drafting: int = 0, steps: int = 1) -> float:
         """A step of b sequences, `drafting` of them drafting (0: a lean step; `steps` of
@@ -435,6 +445,13 @@ def moved(counts: tuple, k: int, j: int) -> tuple:
 
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
 SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
+DRAIN_HOST = 8.0     # lean steps of host a drain's first drafting step is priced to add
+# (untimed_host), as measured: on the host-charged clock at batch 32-64 the trace's first
+# drafting steps took 6.9-7.6 more, Self-Draft's grid 6.7 and 3.4 more in the step after it; on
+# the H200 at 7f4cca3 Self-Draft's drafting steps took 3.4 / 2.9 ms more than a lean step at
+# batch 32 / 64, ~7-10 lean steps' host with their extra rows in it; at batch 1 and 8 here 2.7
+# and 4.6-5.4, where a drafting step gains more and the higher price changed no drain
+# (bench-results/2026-11-30-drain-prior)
 FIRST_OFF = 4        # how far off its expected cost a class's first timed step counts, at most
 
 
