@@ -15,3 +15,6 @@ for b in 1 8 32 64; do (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python $OLDPW
 (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python $OLDPWD/$D/spans.py 64 self-draft 8) > $D/spans-b64-before.txt
 PYTHONPATH=$PWD python $D/fixedspans.py 64 > $D/fixedspans-b64.txt
 for b in 32 64; do for m in trace self-draft; do PYTHONPATH=$PWD python $D/drainwhy.py $b $m; done; done > $D/drainwhy-after.txt
+# the demo model on the same clock, a pure drain (64 prompts at batch 64), two rounds each
+(cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python $OLDPWD/bench-results/2026-11-29-host-clock-5/demo_clock.py 64 64 2 2 self-draft) > $D/demo-b64-drain-before.txt
+PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 64 64 2 2 self-draft > $D/demo-b64-drain-after.txt
