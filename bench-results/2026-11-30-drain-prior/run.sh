@@ -18,3 +18,7 @@ for b in 32 64; do for m in trace self-draft; do PYTHONPATH=$PWD python $D/drain
 # the demo model on the same clock, a pure drain (64 prompts at batch 64), two rounds each
 (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python $OLDPWD/bench-results/2026-11-29-host-clock-5/demo_clock.py 64 64 2 2 self-draft) > $D/demo-b64-drain-before.txt
 PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 64 64 2 2 self-draft > $D/demo-b64-drain-after.txt
+# the held-out CPU default bench (issue 52's >= 0.95x check)
+python -m specctl bench recipes/prompts/mtbench16.jsonl --max-tokens 48 \
+    --methods ar,self-draft,self-draft:light,draft-verify --batch-sizes 1,8 --repeats 3 \
+    --warmup 1 --device cpu --dtype fp32 --skip-set recipes/gpu/skip-attn-16-20-24-28.json > $D/heldout-cpu-default.txt
