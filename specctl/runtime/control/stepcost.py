@@ -349,7 +349,7 @@ class StepCost:
         drains (`draining`, set by the controller for its search), DRAIN_HOST lean steps more
         for a step where any sequence (`drafting`) drafts: a drain's job ends with its
         sequences, so a first drafting step priced at no host work is a lesson that comes too
-        late to pay (the module docstring's numbers)."""
+        late to pay (DRAIN_HOST's numbers; controller.py's docstring)."""
         if self._drafted or not self.lean_steps:
             return 0.0
         lean = self.lean_at(b)
