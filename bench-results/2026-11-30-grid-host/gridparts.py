@@ -1,6 +1,7 @@
-"""(From the repo root, the tiny model at /tmp/tiny: recipes/tiny_model.py.) Wall us of the host's parts of a grid drafting step at b64 (tiny model, grid:fixed), via
-host_profile's runner: plan (Planner._grid), the host side of verify (after device_step),
-commit_grid, grid_learned's closure, and the whole step."""
+"""Wall us of the host's parts of a grid drafting step at b64 (the tiny model at /tmp/tiny,
+recipes/tiny_model.py; self-draft:grid:fixed), timed inside host_profile's run: the plan
+(Planner._grid, GridStep.plan, ForwardBatch.grid, GridDrafts.make), device_step, verify with its
+read-back, and commit_grid. From the repo root."""
 import sys, time, collections, statistics
 sys.argv = ["host_profile.py", "--model", "/tmp/tiny", "--input", "recipes/prompts/specbench128.jsonl",
             "--store", "/tmp/tiny-store", "--batch-sizes", "64", "--threads", "1", "--max-tokens", "48",
