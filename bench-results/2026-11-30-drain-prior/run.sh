@@ -22,3 +22,8 @@ PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py 64 64
 python -m specctl bench recipes/prompts/mtbench16.jsonl --max-tokens 48 \
     --methods ar,self-draft,self-draft:light,draft-verify --batch-sizes 1,8 --repeats 3 \
     --warmup 1 --device cpu --dtype fp32 --skip-set recipes/gpu/skip-attn-16-20-24-28.json > $D/heldout-cpu-default.txt
+# small pure drains on the demo model (prompts = batch), three rounds each
+for cfg in "1 1" "2 2" "4 4" "8 8"; do b=${cfg% *}
+  (cd /tmp/wt-base && PYTHONPATH=/tmp/wt-base python $OLDPWD/bench-results/2026-11-29-host-clock-5/demo_clock.py $cfg 2 3 self-draft) > $D/demo-b$b-drain-before.txt
+  PYTHONPATH=$PWD python bench-results/2026-11-29-host-clock-5/demo_clock.py $cfg 2 3 self-draft > $D/demo-b$b-drain-after.txt
+done
