@@ -44,6 +44,20 @@ def _prompts(n, seed=0, vocab=30):
     return [[rng.randrange(vocab) for _ in range(rng.randint(3, 12))] for _ in range(n)]
 
 
+def workload(model, batch: int, n: int, monkeypatch, table=None, prefill=None):
+    """(the traces, n prompts, their answers' lengths, the host-charged clock that now prices
+    model's forwards) of a batch's workload: n = 4 x batch with requests waiting, batch for a
+    pure drain. table, prefill: the forwards' prices (default: the demo shape's on the H200,
+    sim.h200_fused_table and sim.prefill_table). The results folders' scripts start here."""
+    known = traces()
+    prompts = _prompts(n, seed=batch)
+    lens = [min(x, MAX_TOKENS) for x in trace_lengths(n, known)]
+    clock = SimClock(table or h200_fused_table(), batch, host=HOST,
+                     prefill=prefill or prefill_table())
+    timed_model(model, clock, monkeypatch)
+    return known, prompts, lens, clock
+
+
 def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, rounds: int = 2,
                         table=None, prefill=None):
     """ar, then each drafter under auto, on one host-charged clock, `rounds` times over
@@ -54,12 +68,7 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
     the demo shape's on the H200, sim.h200_fused_table and sim.prefill_table). Every run
     admits in groups, `ar`'s too (as under --speculate auto), and none sees when its answers
     end (real text's answers end by EOS: sim_run's ends_known)."""
-    known = traces()
-    prompts = _prompts(n, seed=batch)
-    lens = [min(x, MAX_TOKENS) for x in trace_lengths(n, known)]
-    clock = SimClock(table or h200_fused_table(), batch, host=HOST,
-                     prefill=prefill or prefill_table())
-    timed_model(model, clock, monkeypatch)
+    known, prompts, lens, clock = workload(model, batch, n, monkeypatch, table, prefill)
     best, stats, ref, drafters, ar = {}, {}, None, {}, None
     for _ in range(rounds):
         clock.reset()
@@ -122,11 +131,7 @@ def test_a_pure_drain_drafts_no_step_on_the_prior(model, monkeypatch):
     at batch 32 a price of 2 let the trace draft from step 19, so a host 4x this EPYC's speed
     would move it there: not asserted.)"""
     batch = 64
-    known = traces()
-    prompts = _prompts(batch, seed=batch)
-    lens = [min(x, MAX_TOKENS) for x in trace_lengths(batch, known)]
-    clock = SimClock(h200_fused_table(), batch, host=HOST, prefill=prefill_table())
-    timed_model(model, clock, monkeypatch)
+    known, prompts, lens, clock = workload(model, batch, batch, monkeypatch)
     ref, ar = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens,
                       ends_known=False)
     drafters = {"trace": TraceChains(ref, known)}

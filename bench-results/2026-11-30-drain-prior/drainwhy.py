@@ -5,17 +5,12 @@ import sys
 sys.path.insert(0, "tests")
 import numpy as np
 import test_host_clock as T
-from sim import (SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run,
-                 timed_model, trace_lengths, traces, HOST, script_model)
+from sim import TraceChains, sim_controller, sim_run, script_model
 from specctl.runtime.control.controller import Controller
-from specctl.runtime.control import policy
 m, patch = script_model()
 b = int(sys.argv[1]); meth = sys.argv[2]
 n = b
-known = traces(); prompts = T._prompts(n, seed=b)
-lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
-clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, patch)
+known, prompts, lens, clock = T.workload(m, b, n, patch)
 orig, obs = Controller.decide, Controller.observe
 def decide(self, keys, room, drain=False):
     bd = orig(self, keys, room, drain)

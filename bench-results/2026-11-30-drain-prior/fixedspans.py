@@ -1,20 +1,15 @@
 """Host CPU a step (its clock span less its device time, / HOST) of ar and of Self-Draft's grid
 under --speculate fixed (every step drafts) in a drain. fixedspans.py BATCH [profile]"""
-import sys, time
+import sys
 sys.path.insert(0, "tests")
 from dataclasses import replace
 import test_host_clock as T
-from sim import (SimClock, h200_fused_table, prefill_table, sim_controller, sim_run,
-                 timed_model, trace_lengths, traces, HOST, script_model)
+from sim import HOST, sim_run, script_model
 from specctl.runtime.step import runner as RN
-from specctl.runtime.control.controller import Controller
 from specctl.speculative.self_draft import SelfDraftDrafter
 m, patch = script_model()
 b = int(sys.argv[1])
-known = traces(); prompts = T._prompts(b, seed=b)
-lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(b, known)]
-clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, patch)
+known, prompts, lens, clock = T.workload(m, b, b, patch)
 orig = RN.Runner.step; rec = []
 def step(self, seqs, drain=False):
     t0, d0 = clock(), clock.t

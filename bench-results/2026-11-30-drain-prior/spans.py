@@ -3,15 +3,11 @@ ar beside a method under auto. spans.py BATCH METHOD [STEPS]"""
 import sys, time
 sys.path.insert(0, "tests")
 import test_host_clock as T
-from sim import (SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run,
-                 timed_model, trace_lengths, traces, HOST, script_model)
+from sim import TraceChains, sim_controller, sim_run, script_model
 from specctl.runtime.step import runner as RN
 m, patch = script_model()
 b = int(sys.argv[1]); meth = sys.argv[2]; N = int(sys.argv[3]) if len(sys.argv) > 3 else 10
-known = traces(); prompts = T._prompts(b, seed=b)
-lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(b, known)]
-clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, patch)
+known, prompts, lens, clock = T.workload(m, b, b, patch)
 orig = RN.Runner.step; rec = []
 def step(self, seqs, drain=False):
     t0, c0, d0 = clock(), time.thread_time(), clock.t

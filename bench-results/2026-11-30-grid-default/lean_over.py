@@ -8,15 +8,11 @@ per-sequence steps at any batch).
 import sys, cProfile, pstats
 sys.path.insert(0, "tests")
 import test_host_clock as T
-from sim import (SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run,
-                 timed_model, trace_lengths, traces, HOST, script_model)
+from sim import TraceChains, sim_controller, sim_run, script_model
 m, patch = script_model()
 b, work, R = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 n = 4 * b if work == "waiting" else b
-known = traces(); prompts = T._prompts(n, seed=b)
-lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
-clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, patch)
+known, prompts, lens, clock = T.workload(m, b, n, patch)
 prof = cProfile.Profile() if len(sys.argv) > 4 and sys.argv[4] != "-" else None
 for r in range(R):
     clock.reset()

@@ -3,17 +3,13 @@ stephost.py BATCH waiting|drain [method]"""
 import sys, time
 sys.path.insert(0, "tests")
 import test_host_clock as T
-from sim import (SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller, sim_run,
-                 timed_model, trace_lengths, traces, HOST, script_model)
+from sim import HOST, TraceChains, sim_controller, sim_run, script_model
 from specctl.runtime.step import runner as RN, step as SP, prefill as PF
 m, patch = script_model()
 b, work = int(sys.argv[1]), sys.argv[2]
 meth = sys.argv[3] if len(sys.argv) > 3 else "trace"
 n = 4 * b if work == "waiting" else b
-known = traces(); prompts = T._prompts(n, seed=b)
-lens = [min(x, T.MAX_TOKENS) for x in trace_lengths(n, known)]
-clock = SimClock(h200_fused_table(), b, host=HOST, prefill=prefill_table())
-timed_model(m, clock, patch)
+known, prompts, lens, clock = T.workload(m, b, n, patch)
 rec = []
 orig_step, orig_plan = RN.Runner.step, SP.Planner.plan
 last = {}
