@@ -6,7 +6,11 @@ What only a GPU can show (the capture itself, compiled kernels, speed) is in tes
 from __future__ import annotations
 
 import dataclasses
+import random
+import sys
+from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,6 +21,8 @@ from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
 from specctl.engine.loader import load_model
+from specctl.runtime.step.grid import GridStep
+from specctl.speculative.context_table import ContextTable
 from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
 from specctl.speculative.self_draft import branch_probe, build_trie
 from specctl.speculative.sampling import SamplingParams
@@ -289,3 +295,100 @@ def test_kangaroo_step_without_drafts_is_one_replay(tiny_llama, eager, reference
     assert sum(k * n for k, n in stats.accept_hist.items()) > 0   # (the other steps draft)
     assert dr.lean_replays and set(dr.lean_replays) == {1}
     assert ("kangaroo-whole", 1) in {key[3] for key in m.graphs.cache}
+
+
+def _staged(batch, Bb: int, n: int, scratch: int):
+    """What a padded step stages, a sequence at a time (the layout the module docstring
+    states): tokens and positions [Bb * n] (a sequence's real rows first, then its last token
+    again at the positions after its prefix; batch rows past it the scratch slot's), the padded
+    row of each real one, and the masks [Bb, n, n] (a padding row sees itself only)."""
+    cu, counts = batch.cu_seqlens, batch.num_new
+    toks, posl = list(batch.token_list), list(batch.position_list)
+    tok, pos, real = [0] * (Bb * n), list(range(n)) * Bb, []
+    local = np.tile(np.tril(np.ones((n, n), dtype=bool)), (Bb, 1, 1))
+    for b, k in enumerate(counts):
+        o, p = b * n, batch.prefix_lens[b]
+        tok[o:o + n] = toks[cu[b]:cu[b + 1]] + [toks[cu[b + 1] - 1]] * (n - k)
+        pos[o:o + n] = posl[cu[b]:cu[b + 1]] + [p + j for j in range(k, n)]
+        real += range(o, o + k)
+        if b in batch.masked:
+            m = batch.local.shape[1]
+            local[b, :m, :m] = batch.local[b]
+        for j in range(k, n):
+            local[b, j] = False
+            local[b, j, j] = True
+    slots = list(batch.seq_slots) + [scratch] * (Bb - len(counts))
+    prefix = list(batch.prefix_lens) + [0] * (Bb - len(counts))
+    return tok + pos + slots + prefix + real, local
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed):
+    """The graph path stages a step's batch in whole arrays (not a loop over its sequences,
+    which at batch 64 cost a grid step ~300 us of host a step): what it stages equals the
+    layout written out a sequence at a time, for ragged steps of chains and trees, some
+    sequences causal beside masked ones, and for a grid step (one template for all)."""
+    rng = random.Random(seed)
+    m = graph_model(tiny_llama)
+    B = rng.choice([3, 5, 7])
+    kv = m.new_kv_cache(B, 128)
+    seqs = []
+    for s in range(B):
+        k = rng.randrange(1, 12)
+        toks = [rng.randrange(3, 300) for _ in range(k)]
+        base = rng.randrange(0, 40)
+        if rng.random() < 0.5 and k > 1:   # a tree: each node's parent an earlier one
+            seqs.append(SeqInput(s, toks, base, parents=[rng.randrange(-1, j) for j in
+                                                         range(k - 1)]))
+        else:
+            seqs.append(SeqInput(s, toks, base))
+    grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 3)
+    for s in range(B):
+        kv.lens[s] = 10 + s
+    gbatch, _ = grid.plan(list(range(B)), [10 + s for s in range(B)], list(range(5, 5 + B)),
+                          [9] * B, None, kv, "cpu")
+    for batch in (ForwardBatch(seqs, "cpu"), gbatch):
+        m.run(batch, kv)
+        (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
+                                if k[0] == m.graphs.bucket(B, kv.num_slots)
+                                and k[1] == m.graphs.padded_n(max(batch.num_new)))
+        with torch.inference_mode():
+            padded = m.graphs._stage_inputs(cap, batch, kv, Bb, n)
+        assert padded == any(k != n for k in batch.num_new)
+        want, local = _staged(batch, Bb, n, kv.scratch)
+        T = batch.num_tokens
+        assert cap.ints[:len(want)].tolist() == want
+        assert cap.ints.numel() == len(want) - T + Bb * n   # (the rest of `real`: unread)
+        assert torch.equal(cap.local, torch.from_numpy(local))
+
+
+def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llama):
+    """Staging a grid step's padded batch for its replay calls the same Python and C
+    functions at 2 sequences as at 12: nothing is done a sequence at a time."""
+    m = graph_model(tiny_llama)
+    kv = m.new_kv_cache(16, 128)
+    grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 4)
+    made = {}
+    for B in (2, 12):
+        for s in range(B):
+            kv.lens[s] = 10
+        batch, _ = grid.plan(list(range(B)), [10] * B, list(range(5, 5 + B)), [9] * B, None,
+                             kv, "cpu")
+        m.run(batch, kv)   # (captures, eagerly)
+        Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
+        assert n > batch.num_new[0]   # (17 rows padded to 32)
+        cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
+        counts = Counter()
+
+        def prof(frame, event, arg):
+            if event in ("call", "c_call"):
+                counts[getattr(arg, "__name__", None) if event == "c_call"
+                       else frame.f_code.co_name] += 1
+        sys.setprofile(prof)
+        try:
+            with torch.inference_mode():
+                m.graphs._stage_inputs(cap, batch, kv, Bb, n)
+        finally:
+            sys.setprofile(None)
+        made[B] = counts
+    assert made[2] == made[12] and sum(made[2].values()) > 10
