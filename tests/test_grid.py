@@ -382,3 +382,28 @@ def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
             assert res.shape == (B, G + 4)
             counts[B, dev] = c.count
     assert len(set(counts.values())) == 1 and counts[1, "cpu"] > 10, counts
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded):
+    """The controller prices a grid step at the rows GridStep.plan gives it: every sequence
+    runs as many as the longest budget needs (one chain cut to it, else whole chains), on
+    the graph grid where steps are padded. A price by each sequence's own budget put a step
+    of budgets 5 at 6 rows a sequence where it ran 9, and on a CPU a step in which 4 of 32
+    sequences draft 4 tokens at 48 rows where it ran 160."""
+    from specctl.engine.graphs import grid_n
+    from specctl.runtime.control.stepcost import Shapes, StepCost, budget_counts
+    dr = _grid_drafter(model)
+    G, b = dr.prm.gram, 32
+    table = step_table(lambda bb, n: 1.0 + bb * n, batches=(b,))
+    cost = StepCost.of(table, dr.price(), padded)
+    grid = GridStep(ContextTable(model.cfg.vocab_size, 10, G), dr.grid_cands)
+    kv = model.new_kv_cache(b, 256)
+    for top in range(0, dr.price().max_draft + 1):
+        for drafting in (1, 4, b):
+            ks = [top] * drafting + [0] * (b - drafting)
+            batch, _ = grid.plan(list(range(b)), [10] * b, [5] * b, [40] * b, ks, kv, "cpu")
+            n = batch.num_new[0] if top else 1   # (top 0: a lean step, ar's)
+            n = grid_n(n) if padded else n
+            ms = cost.table_prices(Shapes.of_counts(budget_counts(ks), False))[0][0]
+            assert ms == pytest.approx(table.ms(b, n)), (top, drafting)

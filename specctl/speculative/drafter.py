@@ -77,6 +77,9 @@ class DraftPrice:
                                      # last: its shallow layers only); None: draft_frac
     probe: int = 0              # probe tokens a speculating sequence adds (Self-Draft's branches)
     idle_whole: bool = False    # a step with no drafts is one plain forward (Kangaroo)
+    chain: int = 0              # a grid's (runtime/step/grid.py): every sequence of a drafting
+    # step runs the same rows, 1 + the largest budget where it fits in one chain of this many
+    # nodes, else as many whole chains as it needs; 0: each sequence runs its own
 
 
 class Drafter:

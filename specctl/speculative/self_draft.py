@@ -184,7 +184,7 @@ class SelfDraftDrafter(Drafter):
         grid (runtime/step/grid.py): the context cache's chains, cut by node order, no probe."""
         p = self.prm
         if self.context_table is not None:
-            return DraftPrice(max_draft=self.grid_cands * p.gram, tree=True)
+            return DraftPrice(max_draft=self.grid_cands * p.gram, tree=True, chain=p.gram)
         return DraftPrice(max_draft=p.context_cands * p.gram + p.corpus_cands * self.glen
                           + self._job_draft(),
                           tree=True,

@@ -326,7 +326,7 @@ class Controller:
                      # gets here in a lean stretch, _may_search)
         caps = self._caps(room)
         probes, gains, ks = self._search(keys, caps, room, drain)
-        fill = max(ks, default=0) if self.cost.padded and not self.cost.draft_frac else 0
+        fill = max(ks, default=0) if self.cost.by_top else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
         # the prices decide will read, worked out now (StepCost keeps each step shape's: a new
         # one costs ~0.1 ms at b64): its step's, and an exploring step's widened one

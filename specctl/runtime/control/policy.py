@@ -61,7 +61,7 @@ def search(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool,
     b = len(gains)
     if b == 1:   # one sequence: its candidates are its budgets 0 .. cap, in order (and its
         return [_search_one(gains[0], int(caps[0]), cost, probes)]   # path is the job's)
-    if cost.padded and not cost.draft_frac:
+    if cost.by_top:
         return _search_levels(gains, np.asarray(caps), cost, probes, left)
     seq, k = hull_order(gains, caps)
     if not len(k):
@@ -156,8 +156,9 @@ def critical_paths(gains: np.ndarray, seq: np.ndarray, left: np.ndarray) -> np.n
 
 def _search_levels(gains: np.ndarray, caps: np.ndarray, cost: StepCost, probes: bool,
                    left: np.ndarray | None) -> list[int]:
-    """search() where a step's cost follows its longest budget alone (captured graphs pad
-    every sequence to it, and no draft forward is priced: Self-Draft on CUDA): for a longest
+    """search() where a step's cost follows its longest budget alone (StepCost.by_top: captured
+    graphs pad every sequence to it, or a grid runs its rows, and no draft forward is priced:
+    Self-Draft on CUDA, or on its grid): for a longest
     budget T the most tokens, and the shortest critical path, come from giving every sequence
     min(cap, T) (gains never fall with the budget), so the levels T = 0 .. max cap are every
     candidate there is. O(B K) and a dozen array calls: the prefixes' [units, ...] arrays

@@ -11,6 +11,9 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
         verify_ms = table.ms(B, grid(max_i n_i))
     packed (CPU: no padding, cost follows the total packed tokens, the matmuls dominate):
         verify_ms = table.ms(B, sum_i n_i / B)      (the batch-B row at the mean tokens)
+    a grid (Self-Draft's grid step, DraftPrice.chain): every sequence runs the longest's
+        rows, 1 + k_max within one chain, else whole chains (and that onto the graph grid
+        where padded): verify_ms = table.ms(B, n(k_max))
   The CPU row is read at a fractional n (linear interpolation), which is the total-token model
   while keeping the measured per-sequence attention overhead of batch B, after rounding the
   rows up to the tile they cost (StepTable.ms, tile_rows): at batch 8 one draft token makes
@@ -80,6 +83,7 @@ class StepCost:
                                      # last, shallow layers only); None: draft_frac
     probe: int = 0             # probe tokens a speculating sequence adds (Self-Draft's branches)
     idle_whole: bool = False   # a step with no drafts is one plain forward (Kangaroo)
+    chain: int = 0             # a grid's chain (DraftPrice.chain): rows follow the top budget
     drift: float = 0.0         # log(measured / table ms) common to every step now (learn)
     steps: int = 0             # steps learnt from
     scale: dict = field(default_factory=dict, repr=False)   # a class of step (whether it
@@ -109,10 +113,21 @@ class StepCost:
         captured graphs, which pad every sequence to the step's longest."""
         return cls(table, padded, verify_frac=price.verify_frac, draft_frac=price.draft_frac,
                    draft_extra=price.draft_extra, tail_frac=price.tail_frac,
-                   probe=price.probe, idle_whole=price.idle_whole)
+                   probe=price.probe, idle_whole=price.idle_whole, chain=price.chain)
+
+    @property
+    def by_top(self) -> bool:
+        """Whether a step's price follows its largest budget alone: every sequence runs as
+        many rows as the longest (padded onto captured graphs, or a grid's), and no draft
+        forward is priced (policy._search_levels)."""
+        return (self.padded or self.chain > 0) and not self.draft_frac
 
     def tokens(self, k, probes: bool = True):
-        """The verify tokens of a sequence with budget k (an int or an array of them)."""
+        """The verify tokens of a sequence with budget k (an int or an array of them); on a
+        grid, of every sequence of a step whose largest budget is k: whole chains past one."""
+        if self.chain:
+            c = self.chain
+            k = np.where(k > c, -(-np.asarray(k) // c) * c, k)
         return 1 + k + np.where(k > 0, self.probe if probes else 0, 0)
 
     def _verify_ms(self, b: int, rows: np.ndarray) -> np.ndarray:
@@ -138,6 +153,8 @@ class StepCost:
         b = sh.b
         if self.padded:   # every sequence padded to the longest, and that onto the graph grid
             rows = b * grid_n_many(self.tokens(sh.top, probes))
+        elif self.chain:   # (a grid's: every sequence as the longest)
+            rows = b * self.tokens(sh.top, probes)
         else:
             rows = b + sh.tokens + (self.probe * sh.drafting if probes else 0)
         v = self._verify_ms(b, rows)
