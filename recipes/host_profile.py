@@ -4,8 +4,8 @@
                                    [--batch-sizes 1,8,32] [--prompts 16] [--max-tokens 64]
                                    [--device cpu|cuda] [--store DIR] [--threads N]
                                    [--model DIR] [--input FILE] [--skip-set FILE]
-                                   [--repeats N] [--schedule auto|cuda|cpu] [--cprofile FILE]
-                                   [--torch-profile FILE]
+                                   [--repeats N] [--schedule auto|cuda|cpu] [--graphs]
+                                   [--cprofile FILE] [--torch-profile FILE]
 
 With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
 so the host column is the runtime's own work per step, what issue "A host-lean step" bounds:
@@ -17,12 +17,14 @@ Runs each method through the one Runner (built as `generate` builds it) on the i
 prompts (default: real ShareGPT first turns) and splits every step's wall time into model work
 (the verify forward and any draft forwards, Kangaroo's adapter layer, synchronized on CUDA,
 and the argmax over their logits) and everything else: the host's share (the controller,
-drafting logic, n-gram lookups, tree and mask assembly, input tensors, verification, KV
-commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
+drafting logic, n-gram lookups, tree and mask assembly, input tensors and a graph replay's
+staging of them, verification, KV commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
 method must keep small. What CUDA's schedule runs while a step's forward computes (the last
 step's learning, the next step's search: Runner.under_forward) is timed apart, as "under fwd":
 hidden on a GPU while it is shorter than the forward; `--schedule cuda` runs that schedule on a
-CPU too (a CPU's own learns at the step: all of it host then). The methods' runs alternate, and
+CPU too (a CPU's own learns at the step: all of it host then), and `--graphs` a GPU's graph
+path (padding every sequence to the grid, staging each step's inputs: host work a CPU's eager
+steps skip). The methods' runs alternate, and
 each row shows its run of least host time. (Host ms/step holds the learning caught up between
 steps, which ms/step, the steps' own wall, does not; a prefill's time, and the search run under
 it, are in neither.) Prints one markdown table; host us/seq-step is the host's share per
@@ -68,6 +70,10 @@ def main() -> None:
                          "and the next step's search run while the forward computes: timed "
                          "apart, 'under fwd'), on any device; cpu: all of it in the step, as "
                          "a CPU runs it; auto: the device's")
+    ap.add_argument("--graphs", action="store_true",
+                    help="on a CPU, steps through the graph path's eager stand-in (its padding "
+                         "and the staging of each step's inputs, which a GPU's steps run); by "
+                         "default a CPU's steps run eagerly")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     ap.add_argument("--torch-profile", default=None,
@@ -82,6 +88,9 @@ def main() -> None:
     model_dir = resolve_model(a.model, store)
     model = load_model(model_dir, a.device)
     launches = on_cuda(model)   # (before the timing wrappers below go on)
+    if a.graphs and model.graphs is None:
+        from specctl.engine.graphs import CudaGraphs
+        model.graphs = CudaGraphs(model, capture=False)
     tk = Tokenization(model_dir, chat=True)
     if a.input:
         from specctl.io.prompts import read_prompts
@@ -98,7 +107,7 @@ def main() -> None:
         from specctl.runtime.step.step import Planner
         Planner.overlaps = property(lambda self, o=a.schedule == "cuda": o)
 
-    fwd = {"t": 0.0, "depth": 0}
+    fwd = {"t": 0.0, "depth": 0, "stage": 0.0}
 
     def timed(fn):
         def wrapper(*args, **kw):   # only the outermost call counts (run nests)
@@ -131,6 +140,18 @@ def main() -> None:
     # queued behind the forward, nothing read back (GridStep.device_step; tests/test_grid.py)
     from specctl.runtime.step.grid import GridStep
     GridStep.device_step = timed(GridStep.device_step)
+    # but a replay's staging of the step's inputs, inside Model.run, is the host's (numpy into
+    # the graph's buffers before the launch): timed apart and taken off the model's share
+    from specctl.engine.graphs import CudaGraphs
+    stage = CudaGraphs._stage_inputs
+
+    def staged(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return stage(*args, **kw)
+        finally:
+            fwd["stage"] += time.perf_counter() - t
+    CudaGraphs._stage_inputs = staged
 
     if launches:
         print(f"{model.attention} attention: {launches['step']} kernel launches an ar step at "
@@ -207,7 +228,7 @@ class Row:
         busy = [False]
 
         def step(seqs, drain=False):
-            f0, t = self.fwd["t"], time.perf_counter()
+            f0, s0, t = self.fwd["t"], self.fwd["stage"], time.perf_counter()
             busy[0] = True
             try:
                 work = inner(seqs, drain)   # (the thread tuner's unit of work)
@@ -217,7 +238,7 @@ class Row:
                 torch.cuda.synchronize()
             st = self.t
             st["t"] += time.perf_counter() - t
-            st["fwd"] += self.fwd["t"] - f0
+            st["fwd"] += self.fwd["t"] - f0 - (self.fwd["stage"] - s0)
             st["n"] += 1
             st["seqs"] += len(seqs)
             return work
