@@ -327,7 +327,8 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     """The graph path stages a step's batch in whole arrays (not a loop over its sequences,
     which at batch 64 cost a grid step ~300 us of host a step): what it stages equals the
     layout written out a sequence at a time, for ragged steps of chains and trees, some
-    sequences causal beside masked ones, and for a grid step (one template for all)."""
+    sequences causal beside masked ones, and for a grid step (one template for all, whose
+    mask is staged once, and again after another step's)."""
     rng = random.Random(seed)
     m = graph_model(tiny_llama)
     B = rng.choice([3, 5, 7])
@@ -347,7 +348,9 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
         kv.lens[s] = 10 + s
     gbatch, _ = grid.plan(list(range(B)), [10 + s for s in range(B)], list(range(5, 5 + B)),
                           [9] * B, None, kv, "cpu")
-    for batch in (ForwardBatch(seqs, "cpu"), gbatch):
+    ragged = ForwardBatch(seqs, "cpu")
+    for batch in (ragged, gbatch, gbatch, ragged, gbatch):   # (a grid's mask, staged once
+        # for its shape, is restaged after another step's)
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(B, kv.num_slots)

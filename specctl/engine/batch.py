@@ -210,7 +210,7 @@ class ForwardBatch:
         self.max_kv_len = max(p + n for p, n in zip(self.prefix_lens, counts))
         # [B, n, n] bool among each sequence's new tokens, for the sequences in `masked` (the
         # others: causal, their rows unset); None when every sequence is causal
-        self.local = None
+        self.local, self.template = None, None   # (template: a grid's, ForwardBatch.grid)
         self.masked = sorted(trees + hand)
         if trees:
             n = max(counts)
@@ -256,6 +256,7 @@ class ForwardBatch:
         self.cu_seqlens = list(range(n + 1))
         self.max_kv_len = max(lens) + 1
         self.local, self.masked, self._attn_meta = None, [], None
+        self.template = None
         return self
 
     @classmethod
@@ -277,6 +278,7 @@ class ForwardBatch:
         self.max_kv_len = max(lens) + n
         self.local = np.broadcast_to(local, (B, n, n))
         self.masked, self._attn_meta = list(range(B)), None
+        self.template = local   # (a replay restages no mask a step before staged as is)
         return self
 
     @property

@@ -28,7 +28,8 @@ static buffers are this module's business:
 - inputs are staged on the host with numpy into one (pinned, on CUDA) buffer and copied to the
   graph's static buffers in one transfer: tokens and positions [B_b * n], slot and prefix length
   per sequence [B_b], the index of each real row among the padded ones; masks among each
-  sequence's new tokens [B_b, n, n] in a second transfer, only when a step is not all chains.
+  sequence's new tokens [B_b, n, n] in a second transfer, only when they change (a step not
+  all chains; a grid step's template is staged once for its shape).
 - the captured graph ends at the last layer's states [B_b * n, D]: the LM head runs on the rows
   the caller needs (argmax for greedy, fp32 logits only for sampled rows; Model.argmax/logits).
   Or with a caller's head (Model.run): Kangaroo's draft forward is layers [0, l) plus its
@@ -78,9 +79,19 @@ class _Captured:
     real: torch.Tensor        # [Bb * n] index of each real row among the padded rows (a prefix)
     table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
-    chains: bool              # local holds the causal mask of every row (as captured)
+    mask: tuple | None        # what local holds: CAUSAL (every row's, as captured), a grid
+                              # step's (template, batch) (ForwardBatch.grid), or None: other
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
+
+
+CAUSAL = ("causal",)   # (_Captured.mask: every row's causal mask)
+
+
+def _holds(mask: tuple | None, want: tuple | None) -> bool:
+    """Whether a graph's staged mask is the one a step wants (None: one made for it alone)."""
+    return mask is not None and want is not None and len(mask) == len(want) and \
+        all(a is b or (type(a) is int and a == b) for a, b in zip(mask, want))
 
 
 class _EagerReplay:
@@ -194,7 +205,7 @@ class CudaGraphs:
         if kv.scratch is None:
             return None
         n = self.padded_n(max(batch.num_new))
-        if n is None or any(p + n > kv.max_len for p in batch.prefix_lens):
+        if n is None or max(batch.prefix_lens) + n > kv.max_len:
             return None
         return n
 
@@ -248,11 +259,15 @@ class CudaGraphs:
         if self._staged is not None:
             self._staged.synchronize()   # the host buffers' last copy has been read
         B, counts = len(batch.num_new), batch.num_new
-        padded = any(k != n for k in counts)
+        padded = batch.num_tokens != B * n   # (no sequence has more than n)
         ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
-        tok, pos, slots, prefix, real, table = np.split(
-            ints, np.cumsum([Bb * n, Bb * n, Bb, Bb, Bb * n]))
-        tok[:], pos[:] = 0, np.tile(np.arange(n), Bb)   # padded batch rows: scratch slot
+        # (slices, not np.split: a lean step's staging is on every step's critical path)
+        R = Bb * n
+        tok, pos, slots, prefix = ints[:R], ints[R:2 * R], ints[2 * R:2 * R + Bb], \
+            ints[2 * R + Bb:2 * R + 2 * Bb]
+        real, table = ints[2 * R + 2 * Bb:3 * R + 2 * Bb], ints[3 * R + 2 * Bb:]
+        tok[:] = 0   # padded batch rows: the scratch slot's
+        pos.reshape(Bb, n)[:] = np.arange(n)
         slots[:], prefix[:] = kv.scratch, 0
         slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
         if cap.table is not None:   # unallocated entries and padded batch rows: the null block
@@ -273,7 +288,11 @@ class CudaGraphs:
             tok[at], pos[at], real[:cu[-1]] = toks, posl, at
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
         masked = bool(batch.masked)
-        if n > 1 and (masked or padded or not cap.chains):
+        # (a grid's mask is one template for every step of its shape: staged once, not each
+        # step: ~25 us of host a grid step at batch 64 on a CPU)
+        want = CAUSAL if not (masked or padded) else \
+            None if batch.template is None else (batch.template, B)
+        if n > 1 and not _holds(cap.mask, want):
             local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
             local[:] = self._tril(n)
             if masked:
@@ -284,7 +303,7 @@ class CudaGraphs:
                 local[b, j] = False
                 local[b, j, j] = True
             cap.local.copy_(self._stage_local[:Bb * n * n].view(Bb, n, n), non_blocking=True)
-            cap.chains = not (masked or padded)
+            cap.mask = want
         if self.capture:
             self._staged = torch.cuda.Event()
             self._staged.record()
@@ -379,4 +398,4 @@ class CudaGraphs:
             graph = _EagerReplay(lambda: self._forward(*args))
             outputs = graph.outputs
         return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, table,
-                         local, True, hidden, outputs)
+                         local, CAUSAL, hidden, outputs)

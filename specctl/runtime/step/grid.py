@@ -160,6 +160,8 @@ class GridStep:
         got = self._layouts.get((C, G))
         if got is None:
             got = self._layouts[C, G] = (*chain_layout(C, G), np.arange(C * G).reshape(C, G))
+            for a in got:   # (read-only: a replay keeps the mask it staged from one)
+                a.flags.writeable = False
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
