@@ -9,7 +9,8 @@ guard decide on the GPU's prices, deterministically, while the tiny model's toke
 The host-charged clock (host > 0) also charges what the GPU's host pays serially with its
 launches: every second of this process's own CPU time outside the model's forwards (the
 controller's search, drafting logic, verification, commit, admission, the prefill's
-bookkeeping) times `host`, the ratio of the GPU machine's host to this one on the same work
+bookkeeping, and each forward's staging of its inputs for a graph's replay: Staging) times
+`host`, the ratio of the GPU machine's host to this one on the same work
 (HOST: the H200 machine's host ran `ar`'s step bookkeeping at 0.12 / 0.22 / 0.32 ms a step
 at batch 1 / 8 / 32, bench-results/2026-11-28-gpu-74f1c5f/host-profile.md, without a profiler;
 this 2-core EPYC at 0.037 / 0.076 / 0.12 with `recipes/host_profile.py --repeats 3` on the tiny
@@ -29,10 +30,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import types
 from pathlib import Path
 
+import torch
+
 from specctl.engine.batch import FULL
-from specctl.engine.graphs import CudaGraphs, grid_n
+from specctl.engine.graphs import CAUSAL, CudaGraphs, grid_n
 from specctl.engine.launches import counting
 from specctl.engine.steptable import StepTable
 from specctl.runtime.control.controller import Controller
@@ -162,15 +166,42 @@ class SimClock:
         self.t += s
 
 
+class Staging:
+    """What a GPU's host does for a forward before its graph's launch: the step's inputs
+    staged into the graph's buffers (CudaGraphs._stage_inputs: numpy, padded onto the graph
+    grid; a grid step's mask once for its shape), here into buffers of its own, so the
+    forward itself stays the eager one the clock prices (the graph path's eager stand-in
+    would compute every padded row on this CPU, and its larger forwards leave the host's
+    caches colder than a GPU's replay does: the host-charged ar at b64 moved +-12% between
+    runs on it, +-1.5% without)."""
+
+    def __init__(self):
+        self.graphs = CudaGraphs(None, capture=False)
+        self.caps: dict = {}
+        self.kv = types.SimpleNamespace(scratch=0)   # (the scratch slot: padded batch rows')
+
+    def __call__(self, batch, slots: int) -> None:
+        B, n = len(batch.num_new), grid_n(max(batch.num_new))
+        Bb = CudaGraphs.bucket(B, slots)
+        cap = self.caps.get((Bb, n))
+        if cap is None:
+            cap = self.caps[Bb, n] = types.SimpleNamespace(
+                ints=torch.empty(3 * Bb * n + 2 * Bb, dtype=torch.long), table=None,
+                local=torch.empty(Bb, n, n, dtype=torch.bool), mask=CAUSAL)
+        self.graphs._stage_inputs(cap, batch, self.kv, Bb, n)
+
+
 def timed_model(model, clock: SimClock, monkeypatch):
     """model whose decoding forwards advance the clock: Model.run's, and Model.forward's called
     by others (Kangaroo's whole-model step); sim_run pauses it for prefill (a prompt's forward
     is not a decoding step, and methods that finish sequences at other steps prefill the next
     ones in other groups: a real cost, which a step table does not price)."""
     cls, inside = type(model), []
+    stage = Staging()
 
     def run(batch, kv, plan=FULL, hidden=None, head=None):
         clock.forward(batch, plan, tail=isinstance(head, AdapterRows))
+        stage(batch, kv.num_slots)   # (the host's, before the launch)
         inside.append(1)
         try:
             with clock.device():
