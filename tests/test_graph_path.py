@@ -327,8 +327,8 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     """The graph path stages a step's batch in whole arrays (not a loop over its sequences,
     which at batch 64 cost a grid step ~300 us of host a step): what it stages equals the
     layout written out a sequence at a time, for ragged steps of chains and trees, some
-    sequences causal beside masked ones, and for a grid step (one template for all, whose
-    mask is staged once, and again after another step's)."""
+    sequences causal beside masked ones, for padded chains, and for a grid step (one template
+    for all, whose mask is staged once, and again after another step's)."""
     rng = random.Random(seed)
     m = graph_model(tiny_llama)
     B = rng.choice([3, 5, 7])
@@ -349,8 +349,10 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     gbatch, _ = grid.plan(list(range(B)), [10 + s for s in range(B)], list(range(5, 5 + B)),
                           [9] * B, None, kv, "cpu")
     ragged = ForwardBatch(seqs, "cpu")
-    for batch in (ragged, gbatch, gbatch, ragged, gbatch):   # (a grid's mask, staged once
-        # for its shape, is restaged after another step's)
+    chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
+                                     for s in range(B)], "cpu") for _ in range(2))
+    # (a grid's mask, staged once for its shape, is staged again after another step's)
+    for batch in (ragged, gbatch, gbatch, chains, chains, chains2, chains, gbatch, ragged):
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(B, kv.num_slots)
