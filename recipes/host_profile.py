@@ -71,9 +71,10 @@ def main() -> None:
                          "apart, 'under fwd'), on any device; cpu: all of it in the step, as "
                          "a CPU runs it; auto: the device's")
     ap.add_argument("--graphs", action="store_true",
-                    help="on a CPU, steps through the graph path's eager stand-in (its padding "
-                         "and the staging of each step's inputs, which a GPU's steps run); by "
-                         "default a CPU's steps run eagerly")
+                    help="where the model has no graphs (a CPU), steps through the graph "
+                         "path's eager stand-in (its padding and the staging of each step's "
+                         "inputs, which a GPU's steps run); by default a CPU's steps run "
+                         "eagerly")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     ap.add_argument("--torch-profile", default=None,

@@ -332,7 +332,7 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     rng = random.Random(seed)
     m = graph_model(tiny_llama)
     B = rng.choice([3, 5, 7])
-    kv = m.new_kv_cache(B, 128)
+    kv = m.new_kv_cache(8, 128)   # (buckets of 4 and 8: B < Bb, padded batch rows)
     seqs = []
     for s in range(B):
         k = rng.randrange(1, 12)
@@ -344,18 +344,23 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
         else:
             seqs.append(SeqInput(s, toks, base))
     grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 3)
-    for s in range(B):
+    for s in range(8):
         kv.lens[s] = 10 + s
-    gbatch, _ = grid.plan(list(range(B)), [10 + s for s in range(B)], list(range(5, 5 + B)),
-                          [9] * B, None, kv, "cpu")
+
+    def grid_batch(b):
+        return grid.plan(list(range(b)), [10 + s for s in range(b)], list(range(5, 5 + b)),
+                         [9] * b, None, kv, "cpu")[0]
+    gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
     ragged = ForwardBatch(seqs, "cpu")
     chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
                                      for s in range(B)], "cpu") for _ in range(2))
-    # (a grid's mask, staged once for its shape, is staged again after another step's)
-    for batch in (ragged, gbatch, gbatch, chains, chains, chains2, chains, gbatch, ragged):
+    # (a grid's mask, staged once for its shape and batch, is staged again after another
+    # step's: another batch size's of the same template too)
+    for batch in (ragged, gbatch, gbatch, other, gbatch, chains, chains, chains2, chains,
+                  gbatch, other, other, ragged):
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
-                                if k[0] == m.graphs.bucket(B, kv.num_slots)
+                                if k[0] == m.graphs.bucket(len(batch.num_new), kv.num_slots)
                                 and k[1] == m.graphs.padded_n(max(batch.num_new)))
         with torch.inference_mode():
             padded = m.graphs._stage_inputs(cap, batch, kv, Bb, n)
@@ -368,21 +373,15 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
 
 
 def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llama):
-    """Staging a grid step's padded batch for its replay calls the same Python and C
-    functions at 2 sequences as at 12: nothing is done a sequence at a time."""
+    """Staging a grid step's padded batch for its replay, its mask included (after another
+    step's), calls the same Python and C functions at 2 sequences as at 12: nothing is done a
+    sequence at a time. Staged again, its mask is not (one template for every step)."""
     m = graph_model(tiny_llama)
     kv = m.new_kv_cache(16, 128)
     grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 4)
-    made = {}
-    for B in (2, 12):
-        for s in range(B):
-            kv.lens[s] = 10
-        batch, _ = grid.plan(list(range(B)), [10] * B, list(range(5, 5 + B)), [9] * B, None,
-                             kv, "cpu")
-        m.run(batch, kv)   # (captures, eagerly)
-        Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
-        assert n > batch.num_new[0]   # (17 rows padded to 32)
-        cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
+    made, again = {}, {}
+
+    def calls(fn) -> Counter:
         counts = Counter()
 
         def prof(frame, event, arg):
@@ -392,8 +391,21 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
         sys.setprofile(prof)
         try:
             with torch.inference_mode():
-                m.graphs._stage_inputs(cap, batch, kv, Bb, n)
+                fn()
         finally:
             sys.setprofile(None)
-        made[B] = counts
-    assert made[2] == made[12] and sum(made[2].values()) > 10
+        return counts
+    for B in (2, 12):
+        for s in range(B):
+            kv.lens[s] = 10
+        batch, _ = grid.plan(list(range(B)), [10] * B, list(range(5, 5 + B)), [9] * B, None,
+                             kv, "cpu")
+        m.run(batch, kv)   # (captures, eagerly)
+        Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
+        assert n > batch.num_new[0]   # (17 rows padded to 32)
+        cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
+        m.run(ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu"), kv)
+        made[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
+        again[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
+    assert made[2] == made[12] and again[2] == again[12] and sum(made[2].values()) > 10
+    assert made[2]["_tril"] == 1 and again[2]["_tril"] == 0   # (the mask: staged once)

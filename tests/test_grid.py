@@ -385,7 +385,7 @@ def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded):
+def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded, monkeypatch):
     """The controller prices a grid step at the rows GridStep.plan gives it: every sequence
     runs as many as the longest budget needs (one chain cut to it, else whole chains), on
     the graph grid where steps are padded. A price by each sequence's own budget put a step
@@ -407,3 +407,11 @@ def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded):
             n = grid_n(n) if padded else n
             ms = cost.table_prices(Shapes.of_counts(budget_counts(ks), False))[0][0]
             assert ms == pytest.approx(table.ms(b, n)), (top, drafting)
+    # so its budgets are searched by levels, as a padded step's (on a CPU too)
+    from dataclasses import replace
+    from specctl.runtime.control import policy
+    seen = []
+    monkeypatch.setattr(policy, "_search_levels", lambda *a: seen.append(a) or [0] * b)
+    policy.search(np.zeros((b, 5)), np.full(b, 4), cost, False)
+    assert len(seen) == 1 and cost.by_top
+    assert StepCost.of(table, replace(dr.price(), chain=0), padded).by_top == padded

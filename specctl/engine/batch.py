@@ -278,7 +278,8 @@ class ForwardBatch:
         self.max_kv_len = max(lens) + n
         self.local = np.broadcast_to(local, (B, n, n))
         self.masked, self._attn_meta = list(range(B)), None
-        self.template = local   # (a replay restages no mask a step before staged as is)
+        self.template = local   # (every step of this shape has this mask: a replay stages
+        # it once, not each step, CudaGraphs._stage_inputs)
         return self
 
     @property

@@ -80,7 +80,8 @@ class _Captured:
     table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
     local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
     mask: tuple | None        # what local holds: CAUSAL (every row's, as captured), a grid
-                              # step's (template, batch) (ForwardBatch.grid), or None: other
+                              # step's (template, batch size) (ForwardBatch.grid), or None:
+                              # a mask made for one step alone
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
 
@@ -254,7 +255,8 @@ class CudaGraphs:
 
     def _stage_inputs(self, cap: _Captured, batch: ForwardBatch, kv, Bb: int, n: int) -> bool:
         """Write the batch, padded to Bb x n, into the graph's static inputs: numpy into one
-        host buffer, one copy (a second one for masks when the step has trees or padding).
+        host buffer, one copy (a second one for the masks where they change: trees or padding,
+        a grid's template once for its shape and batch size).
         Returns whether any sequence was padded."""
         if self._staged is not None:
             self._staged.synchronize()   # the host buffers' last copy has been read

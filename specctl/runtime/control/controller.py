@@ -314,7 +314,7 @@ class Controller:
         from the acceptance known now (a step behind, the price of running early). decide
         takes it at the next step if that step searches with the same drain flag: each
         sequence's budget capped by its room then; a sequence admitted since gets the level
-        where the search gives every sequence one (captured graphs: policy._search_levels),
+        where the search gives every sequence one (StepCost.by_top: policy._search_levels),
         else 0. Skipped where the next step will not search (a lean stretch, the guard).
         room: a callable giving it (not worked out where nothing is searched)."""
         self._next = None

@@ -24,7 +24,8 @@ a steep verify cost gives every sequence 0 (exactly `ar`'s steps); a flat one gi
 budget; in a mixed batch the sequences that accept more get larger budgets.
 
 Where a step's cost follows its longest budget alone (captured graphs pad every sequence to
-it, and no draft forward is priced: Self-Draft on CUDA), the levels are every candidate there
+it, or a grid step runs its rows for every sequence, and no draft forward is priced:
+Self-Draft on CUDA, or on its grid: StepCost.by_top), the levels are every candidate there
 is (`_search_levels`): a dozen array calls. A drain's critical paths of all the prefixes come
 from one sort (`critical_paths`), not a [prefixes, batch] array.
 
