@@ -301,7 +301,8 @@ def _staged(batch, Bb: int, n: int, scratch: int):
     """What a padded step stages, a sequence at a time (the layout the module docstring
     states): tokens and positions [Bb * n] (a sequence's real rows first, then its last token
     again at the positions after its prefix; batch rows past it the scratch slot's), the padded
-    row of each real one, and the masks [Bb, n, n] (a padding row sees itself only)."""
+    row of each real one, and the masks [Bb, n, n] (a masked sequence's padding row sees
+    itself only, a chain's the rows before it)."""
     cu, counts = batch.cu_seqlens, batch.num_new
     toks, posl = list(batch.token_list), list(batch.position_list)
     tok, pos, real = [0] * (Bb * n), list(range(n)) * Bb, []
@@ -314,9 +315,9 @@ def _staged(batch, Bb: int, n: int, scratch: int):
         if b in batch.masked:
             m = batch.local.shape[1]
             local[b, :m, :m] = batch.local[b]
-        for j in range(k, n):
-            local[b, j] = False
-            local[b, j, j] = True
+            for j in range(k, n):
+                local[b, j] = False
+                local[b, j, j] = True
     slots = list(batch.seq_slots) + [scratch] * (Bb - len(counts))
     prefix = list(batch.prefix_lens) + [0] * (Bb - len(counts))
     return tok + pos + slots + prefix + real, local
@@ -375,7 +376,8 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
 def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llama):
     """Staging a grid step's padded batch for its replay, its mask included (after another
     step's), calls the same Python and C functions at 2 sequences as at 12: nothing is done a
-    sequence at a time. Staged again, its mask is not (one template for every step)."""
+    sequence at a time. Staged again, its mask is not (one template for every step), nor is
+    a step of padded chains' after another step of chains (the causal mask)."""
     m = graph_model(tiny_llama)
     kv = m.new_kv_cache(16, 128)
     grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 4)
@@ -404,8 +406,12 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
         Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
         assert n > batch.num_new[0]   # (17 rows padded to 32)
         cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
-        m.run(ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu"), kv)
+        chains = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu")
+        m.run(chains, kv)
         made[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
         again[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
+        assert calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))["_tril"] == 1
+        assert calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))["_tril"] == 0
     assert made[2] == made[12] and again[2] == again[12] and sum(made[2].values()) > 10
     assert made[2]["_tril"] == 1 and again[2]["_tril"] == 0   # (the mask: staged once)
+    # (and padded chains', causal, once after another step's: none for the next chains)

@@ -26,3 +26,5 @@ PYTHONPATH=$PWD python bench-results/2026-11-30-tree-gain/cells.py 3 self-draft,
 PYTHONPATH=$PWD python $D/arnoise.py 64 waiting 5 > $D/arnoise-after.txt
 # rounds-b8-waiting-before.txt at 129f1be, rounds-b8-waiting-after.txt at b3b676d
 PYTHONPATH=$PWD python $D/rounds.py 8 waiting 6 self-draft > $D/rounds-b8-waiting-after.txt
+# ragged-before.txt at ca551c5, ragged-after.txt after it
+PYTHONPATH=$PWD python $D/stage_ragged.py 8,64 > $D/ragged-after.txt

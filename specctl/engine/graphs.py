@@ -15,8 +15,10 @@ static buffers are this module's business:
   the same); `captures` and `capture_s` count what was captured, wherever it was. Every
   sequence is padded to one n: an `ar` step has n = 1, a draft forward n = 1 with a skip plan,
   a verify of chains, trees or Self-Draft's candidates + branches pads up to the grid. Padding
-  tokens sit past a sequence's real rows, see only its prefix and themselves, and no real
-  token sees them; their KV rows are never committed and their outputs are dropped. Batch
+  tokens sit past a sequence's real rows and no real token sees them; a chain's see its
+  prefix and the rows before them (the causal mask, so a step of chains stages no mask), a
+  masked sequence's only its prefix and themselves; their KV rows are never committed and
+  their outputs are dropped. Batch
   rows past the real batch point to a scratch slot (the KV cache has one spare slot), so
   padding never touches a real sequence. Prefill and anything past `max_n` tokens run eagerly.
 - attention reads C columns of the cache: the batch's longest prefix + n, rounded up onto the
@@ -292,18 +294,22 @@ class CudaGraphs:
         masked = bool(batch.masked)
         # (a grid's mask is one template for every step of its shape: staged once, not each
         # step, which took ~40 us of host a grid step at batch 64 on a CPU)
-        want = CAUSAL if not (masked or padded) else \
+        want = CAUSAL if not masked else \
             None if batch.template is None else (batch.template, B)
         if n > 1 and not _holds(cap.mask, want):
             local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
             local[:] = self._tril(n)
-            if masked:
-                m = batch.local.shape[1]
-                local[batch.masked, :m, :m] = batch.local[batch.masked]
-            if padded:   # a padding row sees (the prefix and) itself only
-                b, j = np.nonzero(np.arange(n) >= np.asarray(counts)[:, None])
-                local[b, j] = False
-                local[b, j, j] = True
+            if masked:   # (a masked sequence's padding rows see (the prefix and) themselves
+                # only: its mask's rows past its nodes are not a chain's)
+                m, rows = batch.local.shape[1], batch.masked
+                local[rows, :m, :m] = batch.local[rows]
+                if padded:
+                    k = np.asarray(counts)
+                    if len(rows) < B:   # (the others: no row past their own here)
+                        k = np.where(np.isin(np.arange(B), rows), k, n)
+                    b, j = np.nonzero(np.arange(n) >= k[:, None])
+                    local[b, j] = False
+                    local[b, j, j] = True
             cap.local.copy_(self._stage_local[:Bb * n * n].view(Bb, n, n), non_blocking=True)
             cap.mask = want
         if self.capture:
