@@ -28,3 +28,6 @@ PYTHONPATH=$PWD python $D/arnoise.py 64 waiting 5 > $D/arnoise-after.txt
 PYTHONPATH=$PWD python $D/rounds.py 8 waiting 6 self-draft > $D/rounds-b8-waiting-after.txt
 # ragged-before.txt at ca551c5, ragged-after.txt after it
 PYTHONPATH=$PWD python $D/stage_ragged.py 8,64 > $D/ragged-after.txt
+# cells-final.txt at a7624ad
+PYTHONPATH=$PWD python bench-results/2026-11-30-tree-gain/cells.py 3 self-draft,draft-verify,kangaroo \
+  32:waiting,32:drain,64:waiting,64:drain,8:waiting,8:drain,1:waiting,1:drain > $D/cells-final.txt
