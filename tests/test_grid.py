@@ -72,6 +72,11 @@ def test_context_table_is_its_documented_ring(seed):
             ref.trim(keep)
         for key in range(8):
             assert table.get(key, lru) == ref.get(key, lru), (key, grams)
+        limit, depth = rng.randint(1, lru), rng.randint(1, g)   # (a grid step's: fewer,
+        cands, held = table.candidates(np.arange(8), limit, depth)   # shallower chains)
+        for key in range(8):
+            assert [tuple(c) for c in cands[key][:held[key]].tolist()] == \
+                [c[:depth] for c in ref.get(key, limit)], (key, limit, depth)
     assert len(table) == sum(map(len, ref.q.values()))
 
 
@@ -343,17 +348,18 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     from specctl.runtime.step.grid import GridDrafts, GridProposals
     C, G = 4, 4
     cands = np.arange(C * G).reshape(1, C, G) + 100
-    usable = np.broadcast_to(np.arange(G) < 2, (1, C, G)).copy()   # (every chain held)
+    allowed = np.full((1, C), 2)   # (2 slots of each chain allowed, every chain held)
     target = np.zeros((1, 1 + C * G), np.int64)
     target[0, 0] = 104                 # the root's next token: chain 1's first draft
     target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
     target[0, 1 + 5] = 7               # after node 1: the bonus
     kv = KVCache(1, 1, 32, 1, 2)
-    drafts = GridDrafts.make(cands, usable, usable, [0], [3], np.zeros((1, 1), np.int64), "cpu")
+    drafts = GridDrafts.make(np.array([[0], [3], [9]]), cands, allowed, np.array([C]),
+                             np.zeros((1, 1), np.int64), "cpu")
     grid = GridStep(ContextTable(200, 10, G), C)
     v = grid.verify(drafts, torch.from_numpy(target.ravel()), kv)
     assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]
-    assert v[0].accepted == [2, 3] and v[0].bonus == 7 and v.out[0][:3] == [104, 105, 7]
+    assert v[0].accepted == [2, 3] and v[0].bonus == 7 and [t[0] for t in v.out[:3]] == [104, 105, 7]
 
 
 @pytest.mark.parametrize("paged", [False, True])
@@ -370,16 +376,16 @@ def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
     for B in (1, 8, 64):
         rng = np.random.default_rng(B)
         cands = rng.integers(0, 50, (B, C, G))
-        usable = rng.random((B, C, G)) < 0.5
+        allowed, held = rng.integers(0, G + 1, (B, C)), rng.integers(0, C + 1, B)
+        seq = np.array([np.arange(B), np.full(B, 5), rng.integers(0, 50, B)])
         tables = rng.integers(1, 40, (B, 3)) if paged else np.arange(B)[:, None]
         for dev in ("meta", "cpu"):
             kv = KVCache(2, 64, 48, 1, 2, device=dev, num_blocks=40 if paged else None)
-            drafts = GridDrafts.make(cands, usable, usable, list(range(B)), [5] * B, tables,
-                                     dev)
+            drafts = GridDrafts.make(seq, cands, allowed, held, tables, dev)
             target = torch.from_numpy(rng.integers(0, 50, B * (1 + C * G))).to(dev)
             with counting() as c:
                 res = grid.device_step(drafts, target, kv)
-            assert res.shape == (B, G + 4)
+            assert res.shape == (B, G + 5)
             counts[B, dev] = c.count
     assert len(set(counts.values())) == 1 and counts[1, "cpu"] > 10, counts
 

@@ -272,15 +272,27 @@ class ForwardBatch:
         self.num_new, self.num_tokens = [n] * B, B * n
         # (arrays, not lists: what the eager path's tensors and a replay's staging read)
         self.token_list = tokens.ravel()
-        self.position_list = (np.asarray(lens)[:, None] + depth[None, :]).ravel()
-        self.seq_slots, self.prefix_lens = list(slots), list(lens)
+        self.position_list = (np.asarray(lens)[:, None] + depth).ravel()
+        self.seq_slots, self.prefix_lens = slots, lens   # (the caller's, never edited)
         self.cu_seqlens = list(range(0, B * n + 1, n))
         self.max_kv_len = max(lens) + n
-        self.local = np.broadcast_to(local, (B, n, n))
-        self.masked, self._attn_meta = list(range(B)), None
+        self.masked, self._attn_meta, self._local = list(range(B)), None, None
         self.template = local   # (every step of this shape has this mask: a replay stages
-        # it once, not each step, CudaGraphs._stage_inputs)
+        # it once, not each step, CudaGraphs._stage_inputs, and never reads self.local)
         return self
+
+    @property
+    def local(self) -> np.ndarray | None:
+        """[B, n, n] (ForwardBatch.__init__'s comment; a grid's made from its template where
+        read: an eager forward's)."""
+        if self._local is None and self.template is not None:
+            self._local = np.broadcast_to(self.template, (len(self.num_new),) +
+                                          self.template.shape)
+        return self._local
+
+    @local.setter
+    def local(self, value: np.ndarray | None) -> None:
+        self._local = value
 
     @property
     def seqs(self) -> list[SeqInput]:

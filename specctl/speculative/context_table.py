@@ -49,13 +49,24 @@ class ContextTable:
         self.ptr = np.zeros(vocab + 1, dtype=np.int64)
         self.fill = np.zeros(vocab + 1, dtype=np.int64)
         self._ring = np.arange(lru)
+        # each key's rows of conts newest first (key R + (ptr - 1 - i) % R for the i-th
+        # newest), kept by push: a step's candidates are then two gathers, not the ring's
+        # arithmetic over the batch (each numpy call of a step's plan costs ~5x in a run
+        # what it costs warm, bench-results/2026-11-30-grid-host)
+        self.newest = self._rows(np.arange(vocab + 1))
 
-    def candidates(self, keys: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-        """The `limit` newest continuations of each key [B] (newest first): ([B, C, G] tokens,
-        [B, C] which are held), C = min(limit, lru)."""
-        i = self._ring[:min(limit, self.R)]
-        slot = (self.ptr[keys][:, None] - 1 - i[None, :]) % self.R
-        return self.conts[keys[:, None], slot], i[None, :] < self.fill[keys][:, None]
+    def candidates(self, keys: np.ndarray, limit: int,
+                   depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The `limit` newest continuations of each key [B] (newest first), their first
+        `depth` tokens (None: all G): ([B, C, depth] tokens, [B] how many each key holds: its
+        first that many of the C are held), C = min(limit, lru)."""
+        rows = self.conts.reshape(-1, self.G)[self.newest[keys, :min(limit, self.R)]]
+        return (rows if depth is None or depth == self.G else rows[:, :, :depth]), \
+            self.fill[keys]
+
+    def _rows(self, keys: np.ndarray) -> np.ndarray:
+        """[K, R] each key's rows of conts, newest first."""
+        return keys[:, None] * self.R + (self.ptr[keys][:, None] - 1 - self._ring) % self.R
 
     def push(self, keys: np.ndarray, conts: np.ndarray) -> None:
         """Grams (keys [K], continuations [K, G]) in push order: each key keeps its newest
@@ -82,13 +93,15 @@ class ContextTable:
         before = self.ptr[ks]
         starts = np.flatnonzero(first)
         sizes = np.diff(np.append(starts, K))   # each key's grams in this push
-        self.ptr[ks[starts]] += sizes           # (keys distinct there: np.add.at costs ~1 us
+        touched = ks[starts]
+        self.ptr[touched] += sizes              # (keys distinct there: np.add.at costs ~1 us
         n = np.repeat(sizes, sizes)             # a gram)
         land = np.where(rank >= n - R, ks, self.V)   # (only a key's last R land)
         at = (before + rank) % R
         self.conts[land, at] = conts[order]
         self.hash[land, at] = h[order]
         self.fill[ks] = np.minimum(self.fill[ks] + n, R)
+        self.newest[touched] = self._rows(touched)
 
     def push_many(self, grams) -> None:
         """push of (key, continuation) pairs, in order (ContextCache's call)."""
@@ -116,8 +129,8 @@ class ContextTable:
         """One key's newest `limit` continuations (ContextCache.get: the per-sequence path)."""
         if limit <= 0 or not 0 <= key < self.V:
             return []
-        c, ok = self.candidates(np.array([key]), limit)
-        return [tuple(t) for t in c[0][ok[0]].tolist()]
+        c, held = self.candidates(np.array([key]), limit)
+        return [tuple(t) for t in c[0][:held[0]].tolist()]
 
     def trim(self, keep: int) -> None:
         """Every key keeps only its `keep` newest continuations."""

@@ -57,7 +57,7 @@ def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunS
     # GridStep.device_step)
     kv.advance([s.slot for s in plan.seqs], [a + 1 for a in acc])
     emit, hist = answers.emit, st.accept_hist
-    for s, a, d, toks in zip(plan.seqs, acc, plan.grid.drafted().tolist(), verdicts.out):
+    for s, a, d, toks in zip(plan.seqs, acc, verdicts.drafted, verdicts.emitted()):
         r = s.req
         r.steps += 1
         r.accept_lengths.append(a)

@@ -16,7 +16,7 @@ and emit them.
 
 Verification and the KV moves are tensor operations on the step's device (device_step: under
 40 of them at any batch, none reading a value back), queued behind the forward on a GPU; the
-host then reads one [B, G + 4] result, as `ar` reads its [B] tokens. The drafter's learning
+host then reads one [B, G + 5] result, as `ar` reads its [B] tokens. The drafter's learning
 from the step (its text into the table) reads no slot: it waits for the next forward even
 where a sequence ended (Runner.step).
 
@@ -77,30 +77,33 @@ def verify_chains(cands: torch.Tensor, usable: torch.Tensor,
 
 @dataclass(frozen=True)
 class GridDrafts:
-    """A grid step's drafts (GridStep.plan): candidates [B, C, G]; the slots each sequence's
-    room and budget allow [B, C, G]; of those, the ones holding a candidate (`usable`: they
-    may be accepted); `up`, on the step's device: each sequence's slot, committed rows,
-    candidates, usable slots, allowed slots before each chain and the first entries of its
-    block table, in one row (GridDrafts.make: what the device's verification and moves read,
-    one copy a step)."""
-    cands: np.ndarray
+    """A grid step's drafts (GridStep.plan): C chains of G nodes a sequence; per chain the
+    slots each sequence's room and budget allow (`allowed` [B, C]: its first so many nodes);
+    `host`, each sequence's slot, committed rows, tokens (its pending one, then the
+    candidates [C G]), allowed slots, chains holding a candidate (its first so many) and the
+    first entries of its block table in one row, and `up`, the same on the step's device
+    (what the device's verification and moves read, one copy a step)."""
+    C: int
+    G: int
     allowed: np.ndarray
-    usable: np.ndarray
+    host: np.ndarray
     up: torch.Tensor
 
     @classmethod
-    def make(cls, cands: np.ndarray, allowed: np.ndarray, usable: np.ndarray,
-             slots: list[int], lens: list[int], tables, device) -> "GridDrafts":
-        B = len(cands)
-        per = allowed.sum(axis=2)   # [B, C]
-        host = np.concatenate([np.array([slots, lens], np.int64).T, cands.reshape(B, -1),
-                               usable.reshape(B, -1), np.cumsum(per, axis=1) - per,
-                               np.array(tables, np.int64)], axis=1)
-        return cls(cands, allowed, usable, torch.from_numpy(host).to(device))
+    def make(cls, seq: np.ndarray, cands: np.ndarray, allowed: np.ndarray, held: np.ndarray,
+             tables, device) -> "GridDrafts":
+        """seq [>= 3, B]: slots, committed rows, pending tokens; cands [B, C, G]; held [B]
+        (ContextTable.candidates'); tables [B, blocks] (the step's rows' block-table
+        entries)."""
+        B, C, G = cands.shape
+        host = np.concatenate([seq[:3].T, cands.reshape(B, -1), allowed, held[:, None],
+                               tables], axis=1)
+        return cls(C, G, allowed, host, torch.from_numpy(host).to(device))
 
-    def drafted(self) -> np.ndarray:
-        """Drafts each sequence could accept [B]."""
-        return self.usable.reshape(len(self.usable), -1).sum(axis=1)
+    @property
+    def tokens(self) -> np.ndarray:
+        """[B, 1 + C G] each sequence's pending token, then its candidates (a view)."""
+        return self.host[:, 2:3 + self.C * self.G]
 
 
 class GridProposals(Sequence):
@@ -112,10 +115,17 @@ class GridProposals(Sequence):
     alone, one b64 run expected 1.7x the tokens its drafting steps gave, and lost)."""
 
     def __init__(self, drafts: GridDrafts):
-        self.sizes = drafts.allowed.reshape(len(drafts.allowed), -1).sum(axis=1).tolist()
+        self._allowed = drafts.allowed   # (summed where first asked for: a run without a
+        self._sizes = None               # controller never reads them)
+
+    @property
+    def sizes(self) -> list[int]:
+        if self._sizes is None:
+            self._sizes = self._allowed.sum(axis=1).tolist()
+        return self._sizes
 
     def __len__(self) -> int:
-        return len(self.sizes)
+        return len(self._allowed)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -129,9 +139,18 @@ class GridVerdicts(Sequence):
     chain (GridProposals' sizes), so its chain's first node is the slots before it (`start`:
     c G where room lets every chain be whole)."""
 
-    def __init__(self, acc: list[int], best: list[int], start: list[int],
-                 out: list[list[int]]):
-        self.acc, self.best, self.start, self.out = acc, best, start, out
+    def __init__(self, cols: list[list[int]]):
+        """cols: device_step's result by column (one read-back, one tolist): each sequence's
+        accepted drafts, best chain, start, drafts it could accept (`drafted`), then the
+        emitted tokens, `out[j][i]` the j-th of sequence i (the accepted drafts, then the
+        target's token after the last)."""
+        self.acc, self.best, self.start, self.drafted = cols[:4]
+        self.out = cols[4:]
+
+    def emitted(self):
+        """Each sequence's emitted tokens as a tuple (out's rows: a's first a + 1 are
+        emitted)."""
+        return zip(*self.out)
 
     def __len__(self) -> int:
         return len(self.acc)
@@ -140,81 +159,88 @@ class GridVerdicts(Sequence):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         a, c = self.acc[i], self.start[i]
-        return Verdict(list(range(c, c + a)), self.out[i][a])
+        return Verdict(list(range(c, c + a)), self.out[a][i])
 
 
 class GridStep:
     """Self-Draft's drafting step over a batch, from a context table (greedy): its plan on
     the host, then on the step's device its verification and its KV moves (device_step,
-    behind the forward: nothing read back), then one read of [B, G + 4] (verify); its commit
+    behind the forward: nothing read back), then one read of [B, G + 5] (verify); its commit
     (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
     def __init__(self, table: ContextTable, cands: int):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
-        self.at = np.arange(self.G)   # each node's depth - 1
+        self.first = np.arange(self.C) * self.G   # each chain's first node
         self._layouts: dict[tuple[int, int], tuple] = {}
+        self._deeps: dict[tuple[int, int], np.ndarray] = {}
 
-    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(depth [n], ancestors [n, n], each draft's node index [C, G]) of C chains of G
-        nodes: made once."""
+    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
+        """(depth [n], ancestors [n, n]) of C chains of G nodes: made once."""
         got = self._layouts.get((C, G))
         if got is None:
-            got = self._layouts[C, G] = (*chain_layout(C, G), np.arange(C * G).reshape(C, G))
+            got = self._layouts[C, G] = chain_layout(C, G)
             for a in got:   # (read-only: a replay keeps the mask it staged from one)
                 a.flags.writeable = False
+        return got
+
+    def _deep(self, C: int, G: int) -> np.ndarray:
+        """[C] of G: each chain's depth."""
+        got = self._deeps.get((C, G))
+        if got is None:
+            got = self._deeps[C, G] = np.full(C, G)
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
              budget: list[int] | None, kv, device) -> tuple[ForwardBatch, GridDrafts]:
         """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
         for the largest budget, at most the drafter's), accepted no deeper than its room and,
-        chain after chain, within its budget of nodes (None: every node)."""
-        B, G = len(slots), self.G
+        chain after chain, within its budget of nodes (None: every node). (Few numpy calls,
+        each over the whole batch: in a run, between two CPU forwards, each costs ~5x what it
+        costs warm, bench-results/2026-11-30-grid-host.)"""
+        G = self.G
         C = self.C if budget is None else max(1, min(self.C, -(-max(budget) // G)))
         if C == 1:   # (one chain: as deep as some sequence may accept, no deeper; a budget of
             # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
             reach = max(room) if budget is None else max(map(min, budget, room))
             G = max(1, min(G, reach))
-        depth, anc, node = self.layout(C, G)
-        pend = np.array(pending, dtype=np.int64)
-        cands, held = self.table.candidates(pend, C)
-        cands = cands[:, :, :G]
-        allowed = np.broadcast_to(self.at[None, None, :G] < np.array(room)[:, None, None],
-                                  (B, C, G))
+        depth, anc = self.layout(C, G)
+        seq = np.array((slots, lens, pending, room) if budget is None else
+                       (slots, lens, pending, room, budget), dtype=np.int64)
+        cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
+        # each chain's allowed slots: its nodes within the room and the budget (node c G + j)
+        allowed = np.minimum(seq[3, :, None], self._deep(C, G))
         if budget is not None:
-            allowed = allowed & (node[None, :, :] < np.array(budget)[:, None, None])
-        tokens = np.concatenate([pend[:, None], cands.reshape(B, -1)], axis=1)
-        usable = allowed & held[:, :, None]
+            allowed = np.maximum(np.minimum(allowed, seq[4, :, None] - self.first[:C]), 0)
         # (the block-table entries of every row the step writes: a contiguous cache's is
         # the slot's one block, its number)
         tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
-            else np.array(slots, np.int64)[:, None]
-        return (ForwardBatch.grid(slots, lens, tokens, depth, anc, device),
-                GridDrafts.make(cands, allowed, usable, slots, lens, tables, device))
+            else seq[:1].T
+        drafts = GridDrafts.make(seq, cands, allowed, held, tables, device)
+        return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, device), drafts
 
     def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
         """On the step's device, issued behind the forward and read back by nobody here:
-        the verdicts ([B, G + 4]: verify_chains' accepted and best chain, the allowed slots
-        before that chain, then its emitted tokens), and each sequence's best chain's rows moved
+        the verdicts ([B, G + 5]: verify_chains' accepted and best chain, the allowed slots
+        before that chain, the drafts it could accept, then its emitted tokens), and each sequence's best chain's rows moved
         below its root (all G of them, whatever was accepted: rows past what commit keeps are
         garbage the next forward overwrites; the first chain's move onto itself). A fixed
         number of tensor operations at any batch (tests/test_grid.py counts them)."""
-        up, (B, C, G) = drafts.up, drafts.cands.shape
-        n = C * G
-        res = verify_chains(up[:, 2:2 + n].view(B, C, G),
-                            up[:, 2 + n:2 + 2 * n].view(B, C, G) > 0, target.view(B, 1 + n))
-        best = res[:, 1:2]
-        start = up[:, 2 + 2 * n:2 + 2 * n + C].gather(1, best)   # (GridVerdicts' numbering)
+        up, C, G = drafts.up, drafts.C, drafts.G
+        B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
+        allowed = up[:, 3 + n:3 + n + C]
+        lim = allowed * (at[:C] < up[:, 3 + n + C:4 + n + C])   # (usable: a held chain's)
+        res = verify_chains(up[:, 3:3 + n].view(B, C, G), at[:G] < lim[:, :, None],
+                            target.view(B, 1 + n))
+        best = res[:, 1:2]
+        start = (allowed.cumsum(1) - allowed).gather(1, best)   # (GridVerdicts' numbering)
         rows = up[:, 1:2] + at                                      # [B, 1 + n] the step's
-        tables, block = up[:, 2 + 2 * n + C:], kv.block
+        tables, block = up[:, 4 + n + C:], kv.block
         stored = tables.gather(1, rows // block) * block + rows % block   # (their storage)
         kv.copy_rows(stored[:, 1:1 + G], stored.gather(1, at[1:1 + G] + best * G))
-        return torch.cat([res[:, :2], start, res[:, 2:]], dim=1)
+        return torch.cat([res[:, :2], start, lim.sum(1, keepdim=True), res[:, 2:]], dim=1)
 
     def verify(self, drafts: GridDrafts, target: torch.Tensor, kv) -> GridVerdicts:
         """The step's verdicts from the target's argmax over its rows (a tensor: device_step,
         then the step's one read-back)."""
-        res = self.device_step(drafts, target, kv).cpu()
-        acc, best, start = res[:, :3].T.tolist()
-        return GridVerdicts(acc, best, start, res[:, 3:].tolist())
+        return GridVerdicts(self.device_step(drafts, target, kv).cpu().T.tolist())
