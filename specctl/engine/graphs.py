@@ -282,6 +282,13 @@ class CudaGraphs:
         toks, posl = np.asarray(batch.token_list), np.asarray(batch.position_list)
         if not padded:
             tok[:B * n], pos[:B * n] = toks, posl
+        elif batch.template is not None:   # (a grid's: m rows every sequence, as below in
+            m = counts[0]                   # fewer calls; a grid step is mostly padded)
+            t2, p2 = tok[:B * n].reshape(B, n), pos[:B * n].reshape(B, n)
+            t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
+            p2 += np.asarray(batch.prefix_lens)[:, None]
+            p2[:, :m] = posl.reshape(B, m)
+            real[:B * m] = self._real(B, m, n)
         else:   # (whole arrays: a loop over the sequences took a grid step at batch 64 ~300
             # us of host on a CPU, 2.5x `ar`'s whole host step; tests/test_graph_path.py)
             cu, k = np.asarray(batch.cu_seqlens), np.asarray(counts)
@@ -319,6 +326,15 @@ class CudaGraphs:
         return padded
 
     _trils: dict[int, np.ndarray] = {}
+    _reals: dict[tuple[int, int, int], np.ndarray] = {}
+
+    @classmethod
+    def _real(cls, B: int, m: int, n: int) -> np.ndarray:
+        """The rows of B sequences' first m of n each (a grid step's real rows)."""
+        r = cls._reals.get((B, m, n))
+        if r is None:
+            r = cls._reals[B, m, n] = (np.arange(B)[:, None] * n + np.arange(m)).ravel()
+        return r
 
     @classmethod
     def _tril(cls, n: int) -> np.ndarray:
