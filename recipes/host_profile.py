@@ -5,6 +5,7 @@
                                    [--device cpu|cuda] [--store DIR] [--threads N]
                                    [--model DIR] [--input FILE] [--skip-set FILE]
                                    [--repeats N] [--schedule auto|cuda|cpu] [--graphs]
+                                   [--device-core K]
                                    [--cprofile FILE] [--torch-profile FILE]
 
 With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
@@ -24,7 +25,10 @@ step's learning, the next step's search: Runner.under_forward) is timed apart, a
 hidden on a GPU while it is shorter than the forward; `--schedule cuda` runs that schedule on a
 CPU too (a CPU's own learns at the step: all of it host then), and `--graphs` a GPU's graph
 path (padding every sequence to the grid, staging each step's inputs: host work a CPU's eager
-steps skip). The methods' runs alternate, and
+steps skip); `--device-core K` with it runs a step's device work on core K while the host's
+thread waits on another, as a GPU's host waits for its device: the forward then leaves the
+host's own caches as they were, which on a CPU it does not (a plan cost ~5x in a run what it
+cost warm, bench-results/2026-11-30-grid-host). The methods' runs alternate, and
 each row shows its run of least host time. (Host ms/step holds the learning caught up between
 steps, which ms/step, the steps' own wall, does not; a prefill's time, and the search run under
 it, are in neither.) Prints one markdown table; host us/seq-step is the host's share per
@@ -75,6 +79,11 @@ def main() -> None:
                          "path's eager stand-in (its padding and the staging of each step's "
                          "inputs, which a GPU's steps run); by default a CPU's steps run "
                          "eagerly")
+    ap.add_argument("--device-core", type=int, default=None,
+                    help="with --graphs on a CPU: a step's device work (graph replays, the "
+                         "argmax, a grid step's device_step, Kangaroo's adapter) on a thread "
+                         "pinned to core K, the host's thread pinned to another and waiting "
+                         "meanwhile, as a GPU's host waits for its device")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     ap.add_argument("--torch-profile", default=None,
@@ -108,6 +117,8 @@ def main() -> None:
         from specctl.runtime.step.step import Planner
         Planner.overlaps = property(lambda self, o=a.schedule == "cuda": o)
 
+    if a.device_core is not None:
+        _device_elsewhere(model, a.device_core, a.graphs)
     fwd = {"t": 0.0, "depth": 0, "stage": 0.0}
 
     def timed(fn):
@@ -291,6 +302,49 @@ class Row:
         return (f"| {self.method} | {self.b} | {st['n']} | {tot:.2f} | {f:.2f} | {host:.3f} | "
                 f"{per_seq:.1f} | {under:.3f} | {host / (f + host):.0%} | {graphs} | "
                 f"{rows:.1f} |")
+
+
+def _device_elsewhere(model, core: int, graphs: bool) -> None:
+    """--device-core: the device's work of every step on a worker thread pinned to core, this
+    thread pinned to the other cores, blocked (the GIL released) while the worker runs."""
+    import os
+    import queue
+    import threading
+    cores = os.sched_getaffinity(0)
+    if not graphs or model.device.type != "cpu" or core not in cores or len(cores) < 2:
+        raise SystemExit(f"--device-core: needs --graphs on a CPU and core {core} among "
+                         f"this process's {sorted(cores)}, with another beside it")
+    jobs, done = queue.Queue(), queue.Queue()
+
+    def worker():
+        os.sched_setaffinity(0, {core})
+        while True:
+            fn, args, kw = jobs.get()
+            try:
+                done.put((True, fn(*args, **kw)))
+            except BaseException as e:   # (raised again in the caller)
+                done.put((False, e))
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    os.sched_setaffinity(0, cores - {core})
+
+    def there(fn):
+        def wrapper(*args, **kw):
+            if threading.current_thread() is thread:   # (device work within device work)
+                return fn(*args, **kw)
+            jobs.put((fn, args, kw))
+            ok, out = done.get()
+            if not ok:
+                raise out
+            return out
+        return wrapper
+    from specctl.engine.graphs import _EagerReplay
+    from specctl.runtime.step.grid import GridStep
+    from specctl.speculative.kangaroo import Adapter
+    _EagerReplay.replay = there(_EagerReplay.replay)
+    GridStep.device_step = there(GridStep.device_step)
+    Adapter.decode, Adapter.write_rows = there(Adapter.decode), there(Adapter.write_rows)
+    model.argmax = there(model.argmax)
 
 
 def _zero() -> dict:
