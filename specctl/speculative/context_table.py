@@ -3,7 +3,7 @@ one gather, a step's grams one scatter, so neither grows in Python with the batc
 of context_cache.py is read and written a sequence, and a gram, at a time).
 
 Per key token a ring of `lru` continuations of G tokens: conts[key, p], the newest at
-ptr[key] - 1, `fill[key]` of them held. Where it differs from the dict (ContextCache), and why
+ptr[key] - 1, `fill[key]` of them held, `newest[key]` their rows newest first. Where it differs from the dict (ContextCache), and why
 that is safe: a gram pushed while its key holds it already keeps its place (the dict makes it
 the newest; a gram a push repeats is pushed once, at its last place). That changes only which
 candidates a step drafts, never what it emits (verification keeps only the target's own
