@@ -2,15 +2,16 @@
 one gather, a step's grams one scatter, so neither grows in Python with the batch (the dict
 of context_cache.py is read and written a sequence, and a gram, at a time).
 
-Per key token a ring of `lru` continuations of G tokens: conts[key, p], the newest at
-ptr[key] - 1, `fill[key]` of them held, `newest[key]` their rows newest first. Where it differs from the dict (ContextCache), and why
-that is safe: a gram pushed while its key holds it already keeps its place (the dict makes it
-the newest; a gram a push repeats is pushed once, at its last place). That changes only which
-candidates a step drafts, never what it emits (verification keeps only the target's own
-tokens). Grams are told apart by a 64-bit hash of key and continuation (one sort and one
-compare a gram, not five: a 25k-gram push of 256 prompts took ~20 ms): two that collide count
-as one, which again only changes the candidates. Row V is a dump that no gather reads: writes
-that must not land go there, so no operation's shape depends on the data.
+Per key token a ring of `lru` continuations of G tokens: conts[key, p], the newest at ptr[key]
+- 1, `fill[key]` of them held, `newest[key]` their rows newest first. Where it differs from the
+dict (ContextCache), and why that is safe: a gram pushed while its key holds it already keeps
+its place (the dict makes it the newest; a gram a push repeats is pushed once, at its last
+place). That changes only which candidates a step drafts, never what it emits (verification
+keeps only the target's own tokens). Grams are told apart by a 64-bit hash of key and
+continuation (one sort and one compare a gram, not five: a 25k-gram push of 256 prompts took
+~20 ms): two that collide count as one, which again only changes the candidates. Row V is a
+dump that no gather reads: writes that must not land go there, so no operation's shape depends
+on the data.
 """
 
 from __future__ import annotations
