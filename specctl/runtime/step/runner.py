@@ -400,7 +400,9 @@ class Runner:
         if self.controller is not None and self.controller.unlearnt and not plan.lean:
             # (the next decide reads it: observe may come a step late)
             self.controller.verified(plan.budgets, out.verdicts)
-        had = [len(s.out_ids) for s in seqs]
+        # (what each had before the step: only the accounting and --logprobs read it)
+        had = [len(s.out_ids) for s in seqs] \
+            if plan.budgets is not None or self.logprobs is not None else None
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
                 seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))
