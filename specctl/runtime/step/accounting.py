@@ -52,18 +52,19 @@ class Accounting:
         self.ctl, self.stats, self.clock = controller, stats, clock
         self.tally = LeanTally()
 
-    def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence], had: list[int],
-             took: float, t0: float | None, drain: bool, held: int = 0,
+    def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence],
+             had: list[int] | None, took: float, t0: float | None, drain: bool, held: int = 0,
              searched: float = 0.0, host: float | None = None,
              end: float | None = None) -> float:
         """A controlled step that took `took` ms (a lean step's without its search; t0: its
-        start on the clock; None: a graph was captured in it, so its time is no step's cost),
-        its sequences' output lengths before it `had`; drain: no request waited; held: slots
-        held free for a grouped admission; searched: the ms of its searches (a prefetched one
-        too: hidden under the forward on CUDA when short, an upper bound); host: the ms of
-        `took` the host spent apart from the forward (None: not known); end: the clock as it
-        ended, when it is learnt later (Runner.under_forward; else now, this learning
-        included). Returns its work for the thread tuner (its table ms)."""
+        start on the clock; None: a graph was captured in it, so its time is no step's
+        cost), its sequences' output lengths before it `had` (None on a lean step: unread);
+        drain: no request waited; held: slots held free for a grouped admission; searched:
+        the ms of its searches (a prefetched one too: hidden under the forward on CUDA when
+        short, an upper bound); host: the ms of `took` the host spent apart from the forward
+        (None: not known); end: the clock as it ended, when it is learnt later
+        (Runner.under_forward; else now, this learning included). Returns its work for the
+        thread tuner (its table ms)."""
         b, t, n = plan.budgets, self.tally, len(seqs)
         if b.lean and t0 is not None:   # (most steps: what they do first is what is short)
             if held or searched:   # (at once: the job's account judges now)

@@ -219,12 +219,13 @@ class GridStep:
         return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, device), drafts
 
     def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
-        """On the step's device, issued behind the forward and read back by nobody here:
-        the verdicts ([B, G + 5]: verify_chains' accepted and best chain, the allowed slots
-        before that chain, the drafts it could accept, then its emitted tokens), and each sequence's best chain's rows moved
-        below its root (all G of them, whatever was accepted: rows past what commit keeps are
-        garbage the next forward overwrites; the first chain's move onto itself). A fixed
-        number of tensor operations at any batch (tests/test_grid.py counts them)."""
+        """On the step's device, issued behind the forward and read back by nobody here: the
+        verdicts ([B, G + 5]: verify_chains' accepted and best chain, the allowed slots
+        before that chain, the drafts it could accept, then its emitted tokens), and each
+        sequence's best chain's rows moved below its root (all G of them, whatever was
+        accepted: rows past what commit keeps are garbage the next forward overwrites; the
+        first chain's move onto itself). A fixed number of tensor operations at any batch
+        (tests/test_grid.py counts them)."""
         up, C, G = drafts.up, drafts.C, drafts.G
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)

@@ -400,9 +400,11 @@ class Runner:
         if self.controller is not None and self.controller.unlearnt and not plan.lean:
             # (the next decide reads it: observe may come a step late)
             self.controller.verified(plan.budgets, out.verdicts)
-        # (what each had before the step: only the accounting and --logprobs read it)
+        # (what each had before the step: only a drafting step's accounting and --logprobs
+        # read it; a lean step does nothing a sequence that `ar`'s does not)
         had = [len(s.out_ids) for s in seqs] \
-            if plan.budgets is not None or self.logprobs is not None else None
+            if (plan.budgets is not None and not plan.lean) or self.logprobs is not None \
+            else None
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
                 seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))
