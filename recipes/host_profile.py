@@ -80,10 +80,11 @@ def main() -> None:
                          "inputs, which a GPU's steps run); by default a CPU's steps run "
                          "eagerly")
     ap.add_argument("--device-core", type=int, default=None,
-                    help="with --graphs on a CPU: a step's device work (graph replays, the "
-                         "argmax, a grid step's device_step, Kangaroo's adapter) on a thread "
-                         "pinned to core K, the host's thread pinned to another and waiting "
-                         "meanwhile, as a GPU's host waits for its device")
+                    help="with --graphs and --threads on a CPU: a step's device work (graph "
+                         "replays, the argmax, a grid step's device_step, Kangaroo's adapter) "
+                         "on a thread pinned to core K, the host's thread pinned to another "
+                         "and waiting meanwhile, as a GPU's host waits for its device "
+                         "(prefills and eager forwards stay on the host's thread)")
     ap.add_argument("--cprofile", default=None,
                     help="write a cProfile of the timed runs to FILE.<method>.b<batch>")
     ap.add_argument("--torch-profile", default=None,
@@ -118,7 +119,7 @@ def main() -> None:
         Planner.overlaps = property(lambda self, o=a.schedule == "cuda": o)
 
     if a.device_core is not None:
-        _device_elsewhere(model, a.device_core, a.graphs)
+        _device_elsewhere(model, a.device_core, a.graphs, a.threads)
     fwd = {"t": 0.0, "depth": 0, "stage": 0.0}
 
     def timed(fn):
@@ -304,24 +305,30 @@ class Row:
                 f"{rows:.1f} |")
 
 
-def _device_elsewhere(model, core: int, graphs: bool) -> None:
-    """--device-core: the device's work of every step on a worker thread pinned to core, this
-    thread pinned to the other cores, blocked (the GIL released) while the worker runs."""
+def _device_elsewhere(model, core: int, graphs: bool, threads: int | None) -> None:
+    """--device-core: the device's work of every step (graph replays, the argmax, a grid
+    step's device_step, Kangaroo's adapter) on a worker thread pinned to core, under
+    inference mode and with `threads` threads, this thread pinned to the other cores and
+    blocked (the GIL released) while the worker runs. Prefills and eager forwards stay on this
+    thread; the hand-off between threads is in the model's column."""
     import os
     import queue
     import threading
     cores = os.sched_getaffinity(0)
-    if not graphs or model.device.type != "cpu" or core not in cores or len(cores) < 2:
-        raise SystemExit(f"--device-core: needs --graphs on a CPU and core {core} among "
-                         f"this process's {sorted(cores)}, with another beside it")
+    if not graphs or model.device.type != "cpu" or core not in cores or len(cores) < 2 \
+            or threads is None:
+        raise SystemExit(f"--device-core: needs --graphs and --threads on a CPU, and core {core}"
+                         f" among this process's {sorted(cores)}, with another beside it")
     jobs, done = queue.Queue(), queue.Queue()
 
     def worker():
         os.sched_setaffinity(0, {core})
+        torch.set_num_threads(threads)   # (a thread's own setting: the runner's is this one's)
         while True:
             fn, args, kw = jobs.get()
             try:
-                done.put((True, fn(*args, **kw)))
+                with torch.inference_mode():
+                    done.put((True, fn(*args, **kw)))
             except BaseException as e:   # (raised again in the caller)
                 done.put((False, e))
     thread = threading.Thread(target=worker, daemon=True)

@@ -344,12 +344,14 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
                                                          range(k - 1)]))
         else:
             seqs.append(SeqInput(s, toks, base))
-    grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 3)
+    table = ContextTable(m.cfg.vocab_size, 10, 4)   # (candidates, so a padding row's token,
+    table.push_texts([[rng.randrange(3, 12) for _ in range(60)]])   # its last real one, is not 0)
+    grid = GridStep(table, 3)
     for s in range(8):
         kv.lens[s] = 10 + s
 
     def grid_batch(b):
-        return grid.plan(list(range(b)), [10 + s for s in range(b)], list(range(5, 5 + b)),
+        return grid.plan(list(range(b)), [10 + s for s in range(b)], list(range(3, 3 + b)),
                          [9] * b, None, kv, "cpu")[0]
     gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
     ragged = ForwardBatch(seqs, "cpu")
