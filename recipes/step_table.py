@@ -3,6 +3,8 @@
     python recipes/step_table.py [--model M] [--device auto] [--dtype auto]
         [--batches 1,8,32,64] [--ns 1,2,4,8,16,32,64,96] [--context 256] [--out FILE.json]
     python recipes/step_table.py --random 7b --batches 1,8,32,64 ...   # random weights, on CUDA
+    python recipes/step_table.py --random demo --batches 32,64 --ns 5,8,9,16,17,32,41,64 \
+        --exact-ns --out FILE.json   # a probe: each n captured as it is, not padded
 
 With a checkpoint the table is written into the store beside the model's cost profile
 (`profiles/<model>-<device>-<dtype>/steps-<attention>.json`), where a speculation controller
@@ -33,6 +35,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--store", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--exact-ns", action="store_true",
+                    help="capture each n as it is, not padded to the graph grid (next power of "
+                         "two): what a step of exactly n tokens a sequence would cost were its "
+                         "shape captured, e.g. a Self-Draft grid step's 1 + C G (a probe: "
+                         "written to --out only, never to the store, whose table prices the "
+                         "padded shapes a run replays)")
     a = ap.parse_args()
     from specctl.engine.steptable import measure_step_table
     from specctl.store import Store, atomic_write_json
@@ -55,6 +63,12 @@ def main() -> None:
         model = load_model(path, a.device, a.dtype, attention=a.attention)
         ident = (f"{model_fingerprint(path)}-{model.device.type}-"
                  f"{str(model.dtype).replace('torch.', '')}")
+    if a.exact_ns:
+        g = model.graphs
+        if g is None or not a.out:
+            raise SystemExit("--exact-ns: needs CUDA graphs and --out")
+        g.padded_n = lambda n: n if n <= g.max_n else None
+        ident = None
     t = measure_step_table(model, [int(x) for x in a.batches.split(",")],
                            [int(x) for x in a.ns.split(",")], a.context, a.repeats,
                            progress=lambda b, n, ms: print(f"  batch {b} x {n}: {ms:.3f} ms",
