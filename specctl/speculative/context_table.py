@@ -89,8 +89,9 @@ class ContextTable:
         if again.any():
             keys, conts, h = keys[~again], conts[~again], h[~again]
         K, R = keys.shape[0], self.R
-        age = (self.ptr[keys][:, None] - 1 - self._ring[None, :]) % R    # [K, R]
-        held = ((self.hash[keys] == h[:, None]) & (age < self.fill[keys][:, None])).any(1)
+        # (a key's held grams: its first fill rows newest first)
+        held = ((self.hash.reshape(-1)[self.newest[keys]] == h[:, None]) &
+                (self._ring < self.fill[keys][:, None])).any(1)
         keys = np.where(held, self.V, keys)
         order = np.argsort(keys, kind="stable")   # (push order within a key)
         ks = keys[order]
