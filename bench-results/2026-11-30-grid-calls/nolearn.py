@@ -2,15 +2,15 @@
 leaves the host's caches cold? MODE=keep: as it is; none: no learning (grid_learned does
 nothing: no acceptance past the first drafts, so more steps); pollute: no learning but a 600 KB
 sweep in its place. From the repo root: MODE=none PYTHONPATH=$PWD python .../nolearn.py"""
-import sys
-sys.argv = ["host_profile.py", "--model", "/tmp/tiny", "--input", "recipes/prompts/specbench128.jsonl",
-            "--store", "/tmp/tiny-store", "--batch-sizes", "64", "--threads", "1", "--max-tokens", "48",
-            "--prompts", "128", "--methods", "self-draft:grid:fixed", "--schedule", "cuda",
-            "--repeats", "3", "--skip-set", "/tmp/tiny/skip.json", "--graphs", "--device-core", "1"]
-sys.path.insert(0, "recipes")
-from specctl.speculative import self_draft as SD
+import os
+
 import numpy as np
-mode = __import__("os").environ.get("MODE")
+
+from harness import profile_argv
+
+profile_argv("self-draft:grid:fixed", "--device-core", "1")
+from specctl.speculative import self_draft as SD
+mode = os.environ.get("MODE")
 if mode == "none":
     SD.SelfDraftDrafter.grid_learned = lambda self, seqs, acc: None
 elif mode == "pollute":   # no learning, but a same-sized sweep of 600 KB under the forward
