@@ -355,3 +355,28 @@ def test_a_fresh_sequence_is_priced_by_how_far_apart_the_finished_ones_were(tree
          for name, a in (("fresh", fresh), ("alike", alike), ("apart", apart))}
     mean = alike.rates_many(["new"])[0, 0]
     assert q["alike"] > mean - 0.1 and q["apart"] < mean - 0.2 and q["fresh"] < 0.45, q
+
+
+def test_one_steps_price_is_the_searchs_price_of_it():
+    """counts_step_ms (a step's own price: decide's, the stop rule's, the accounting's) is
+    prices' for the same step (the search's, over arrays), whatever the host has learnt:
+    drafting's host fit, the untimed host of draft forwards, a drain's extra for a first
+    drafting step. (It works out its host parts for one step in Python, apart from prices.)"""
+    from specctl.runtime.control.stepcost import Shapes
+    rng = np.random.default_rng(7)
+    t = _table(lambda b, n: 2.0 + 0.05 * b + 0.1 * n)
+    for trial in range(60):
+        cost = StepCost(t, draft_frac=float(rng.choice([0.0, 0.2])),
+                        padded=bool(rng.random() < 0.5))
+        cost.draining = bool(rng.random() < 0.5)
+        if rng.random() < 0.7:   # (a lean step timed: untimed_host prices from it)
+            cost.learn_host(8, float(rng.random()), 0, int(rng.integers(1, 5)))
+        for _ in range(int(rng.integers(0, 4))):   # (drafting steps timed: host_fit)
+            cost.learn_host(8, float(rng.random() * 3), int(rng.integers(1, 9)))
+        if rng.random() < 0.5:
+            cost.learn([2] * 8, float(rng.random() * 10 + 1))
+        counts = tuple(int(c) for c in rng.integers(0, 4, int(rng.integers(1, 6))))
+        if not sum(counts):
+            continue
+        want = float(cost.prices(Shapes.of_counts(counts, cost.draft_frac > 0))[0])
+        assert cost.counts_step_ms(counts) == pytest.approx(want, rel=1e-9), (trial, counts)

@@ -275,8 +275,19 @@ class StepCost:
         if not ms:
             return 0.0
         drafting = sum(counts) - counts[0]
-        return ms * self.factor(kind) + float(self.host_ms(drafting)) + \
-            float(self.untimed_host(kind[0], kind[2], drafting))
+        # (host_ms and untimed_host inline, for one step: numpy's where on a scalar took ~9 us
+        # a call, and each drafting step's plan makes 2-3 of these at b8:
+        # bench-results/2026-11-30-plan-host)
+        host, untimed = 0.0, 0.0
+        if drafting:
+            a, sl = self.host_fit()
+            host = a + sl * drafting
+        if not self._drafted and self.lean_steps:
+            lean = self.lean_at(kind[0])
+            untimed = max(kind[2], 0) * lean if self.draft_frac else 0.0
+            if self.draining and drafting:
+                untimed = untimed + DRAIN_HOST * lean
+        return ms * self.factor(kind) + host + untimed
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
