@@ -125,6 +125,7 @@ class Prefetched:
     fill: int               # a sequence admitted since: the search's level, or 0
     gains: np.ndarray       # [len(order), K + 1]
     probes: bool
+    explores: bool = False  # an exploring step is due then (decide widens the budgets)
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,8 @@ class Controller:
         caps = self._caps(room)
         probes, gains, ks = self._search(keys, caps, room, drain)
         fill = max(ks, default=0) if self.cost.by_top else 0
-        self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes)
+        self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes,
+                                not drain and self._explore_due(room, s))
         # the prices decide will read, worked out now (StepCost keeps each step shape's: a new
         # one costs ~0.1 ms at b64): its step's, and an exploring step's widened one
         self.cost.step_ms(ks, probes)
@@ -370,6 +372,15 @@ class Controller:
     def searches_next(self, drain: bool) -> bool:
         """Whether the next step may search (prefetch's first test: a lean step's cheap)."""
         return not self.guard.hold and bool(self.K) and self._may_search(self.steps + 1, drain)
+
+    @property
+    def drafts_next(self) -> bool:
+        """Whether the search prefetched for the next step (prefetch) gives any sequence a
+        budget, or that step explores: the drafter may then catch up on what lean steps left
+        it (Runner._prefetch) under this step's forward, not on the drafting step's path."""
+        nxt = self._next
+        return nxt is not None and nxt.step == self.steps + 1 and \
+            (nxt.explores or nxt.fill > 0 or any(k > 0 for k in nxt.ks.values()))
 
     def lean_batch(self) -> int:
         """How many lean steps of one batch size the runner may learn as one, by their mean

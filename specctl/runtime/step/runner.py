@@ -36,6 +36,7 @@ from __future__ import annotations
 import gc
 import time
 from collections import deque
+from functools import partial
 from typing import Callable, Iterable
 
 import torch
@@ -217,6 +218,9 @@ class Runner:
                 self.admission.hold(len(free), len(waiting), lambda: self._soon(running),
                                     self.prefill_chunk)
             self._held = len(free) if hold else 0
+            if free and waiting and not hold and self._later:
+                self.catch_up(slotted=True)   # (a retired slot's learning and forgetting,
+                # before a new sequence takes the slot)
             while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
                 if seq is None:   # too few free KV blocks: wait for a sequence to finish
@@ -326,13 +330,18 @@ class Runner:
         waiting.appendleft(req)
 
     def _retire(self, seq: Sequence, free: list[int], waiting: deque, on_done) -> None:
-        self.catch_up(slotted=True)   # (what reads no slot waits on: step)
         req = seq.req
         if seq.prefilled or seq.out_ids:
             self.drafter.retire(seq)
         done = self.answers.finish(seq)
-        if self.controller is not None:
-            self.controller.forget(seq.slot)
+        if self.controller is not None:   # (after the learning that reads its slot: that
+            # waits for the next forward, or for an admission into the slot, _loop; on the
+            # step's path it cost a drafting step in which a sequence ended ~0.3-0.5 ms of
+            # host at b32-64 on the demo model, bench-results/2026-11-30-plan-host)
+            if self._later:
+                self._later.append(partial(self.controller.forget, seq.slot))
+            else:
+                self.controller.forget(seq.slot)
         self.kv.reset(seq.slot)
         free.append(seq.slot)
         free.sort()
@@ -413,13 +422,13 @@ class Runner:
             learn = self.drafter.observe_lean(seqs) if plan.lean else \
                 self.drafter.observe(seqs, list(plan.proposals), list(out.verdicts),
                                      list(out.probe_out))
-        # (a drafting step in which a sequence ended learns at once: its slot is about to be
-        # given up, and what the controller learns is kept by slot; a lean step's learning
-        # reads no slot, nor does a grid step's drafter's (text into its table): it waits for
-        # the next forward even past a retirement, _retire)
-        defer = self._overlaps and (plan.lean or not any(s.finished for s in seqs))
-        free = self._overlaps and (plan.lean or plan.grid is not None)
-        if learn is not None and (free or defer):
+        # (a drafting step's learning reads slots, the controller's: it waits for the next
+        # forward too, even where a sequence ended, as its slot is forgotten after it
+        # (_retire) and caught up before an admission takes the slot (_loop); a lean step's
+        # learning reads no slot, nor does a grid step's drafter's (text into its table))
+        defer = self._overlaps
+        free = defer and (plan.lean or plan.grid is not None)
+        if learn is not None and defer:
             (self._later_free if free else self._later).append(learn)
         elif learn is not None:   # (in the step's time, as before)
             learn()
@@ -463,16 +472,25 @@ class Runner:
             self.catch_up()
             self.stats.learn_s += time.perf_counter() - t
         # (a CPU's run searches at the step: Planner.prefetch would say so, a call later)
-        return self.planner.prefetch(list(seqs), drain, self.clock) if self._overlaps \
-            else 0.0
+        return self._prefetch(list(seqs), drain) if self._overlaps else 0.0
 
     def under_prefill(self, seqs: list[Sequence], drain: bool) -> None:
         """The host's work while a prefill's forward computes (prefill's `under`): what the
         next step's decide would work out over these sequences (Controller.prefetch_missing:
         the search where none prefetched serves it, else the admitted sequences' gains)."""
         if self._overlaps:
-            self.stats.search_ms += self.planner.prefetch(
-                sorted(seqs, key=lambda s: s.slot), drain, self.clock, missing=True)
+            self.stats.search_ms += self._prefetch(sorted(seqs, key=lambda s: s.slot), drain,
+                                                   missing=True)
+
+    def _prefetch(self, seqs: list[Sequence], drain: bool, missing: bool = False) -> float:
+        """The next step's search (Planner.prefetch), its ms returned; where it gives drafts,
+        then what lean steps left the drafter (a lean stretch's text for Self-Draft's table,
+        Drafter.catch_up), now, not on the drafting step's path: there it took ~0.3 ms of a
+        first drafting step's host at b32 on the demo model (bench-results/2026-11-30-plan-host)."""
+        ms = self.planner.prefetch(seqs, drain, self.clock, missing)
+        if self.controller is not None and self.controller.drafts_next:
+            self.drafter.catch_up(seqs)
+        return ms
 
     def catch_up(self, slotted: bool = False) -> None:
         """The last step's learning, if it waits (under_forward): now, and as the run ends;
