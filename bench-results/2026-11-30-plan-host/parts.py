@@ -80,7 +80,7 @@ def plan_(self, *a, **k):
 S.Planner.plan = plan_
 fs = R.Runner.step
 def step_(self, *a, **k):
-    c0 = clock(); t0 = time.thread_time()
+    c0 = clock()
     cur["k"] = "pre"
     try: return fs(self, *a, **k)
     finally:
