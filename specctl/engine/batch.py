@@ -67,7 +67,10 @@ class SeqInput:
                 raise ValueError("every token must attend to itself (mask diagonal)")
 
 
-ROWS_NODES = 96   # where tree_layout's two ways cost about the same (measured on a CPU)
+ROWS_NODES = 240   # where tree_layout's two ways cost about the same: at 8 trees of 15 nodes
+# the bit rows took 27 us warm and 45 after a forward's worth of cache traffic, the arrays 54
+# and 84; at 16 x 15, 52 / 87 against 59 / 98; at 32 x 8, 70 / 94 against 49 / 93
+# (bench-results/2026-11-30-plan-host/layout.txt; it was 96)
 
 
 class BadTree(ValueError):
@@ -83,10 +86,11 @@ def tree_layout(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarra
     j + 1 among tokens 1.., -1 = the root), all at once: (ancestors [B, n, n] bool, each token
     seeing itself and its ancestors; depth [B, n], the root's 0). Padding past a tree's end
     sees itself only. Raises BadTree unless every parent precedes its node.
-    Up to ROWS_NODES nodes in all: a Python bit row per node (measured ~0.35 us a node); more:
-    the nodes flat, each walked up to the root one level a pass, only those not there yet
-    (~40 us + ~0.04 us a node: at 64 Self-Draft trees of 50 tokens 0.17 ms against 0.25 by
-    pointer steps over the padded [B, n] grid, 0.8 by rows)."""
+    Up to ROWS_NODES nodes in all: a Python bit row per node (~0.2-0.35 us a node, the
+    per-sequence drafting steps below batch 32 take it); more: the nodes flat, each walked
+    up to the root one level a pass, only those not there yet (~40 us + ~0.04 us a node: at
+    64 Self-Draft trees of 50 tokens 0.17 ms against 0.25 by pointer steps over the padded
+    [B, n] grid, 0.8 by rows)."""
     if sum(map(len, parents)) <= ROWS_NODES:
         return _layout_rows(parents, n)
     B = len(parents)
