@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -279,12 +280,22 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
             return _f(key)
         past = []
         ctl.forget = forgetting
-        admit = Runner._admit
+        retire = Runner._retire
 
-        def admitting(self, *a, _admit=admit):   # (a slot's learning before its next sequence)
-            assert not self._later
-            return _admit(self, *a)
-        monkeypatch.setattr(Runner, "_admit", admitting)
+        def retiring(self, *a, _retire=retire):   # (the runner whose _later a forget joins)
+            runners.append(self)
+            return _retire(self, *a)
+        monkeypatch.setattr(Runner, "_retire", retiring)
+
+        def reading(fn):   # (the controller reads no slot whose forget is still queued)
+            def read(keys, *a, **kw):
+                r = runners[-1] if runners else None
+                queued = {f.args[0] for f in (r._later if r else []) if isinstance(f, partial)}
+                assert not queued & set(keys), (fn.__name__, queued)
+                return fn(keys, *a, **kw)
+            return read
+        for name in ("decide", "prefetch", "prefetch_missing"):
+            setattr(ctl, name, reading(getattr(ctl, name)))
         events.clear()
         runners.clear()
         clock.reset()
@@ -343,33 +354,46 @@ def test_a_lean_stretchs_text_is_indexed_under_the_forward_before_a_drafting_ste
         model, monkeypatch):
     """Where the next step's prefetched search gives drafts, Self-Draft catches up on what the
     lean steps before it left (their text into its table) under this step's forward
-    (Runner.under_forward), not in the drafting step's plan, where it was host work on that
-    step's path; the output stays ar's."""
-    from specctl.runtime.step.runner import Runner
+    (Runner._prefetch), not in the drafting step's plan, where it was host work on that
+    step's path: the plan indexes only the last lean step's tokens, committed after the
+    forward. The output stays ar's."""
     prompts = _prompts(32, seed=11)
     clock = SimClock(h200_fused_table(), 8, prefill=prefill_table())
     timed_model(model, clock, monkeypatch)
     lens = [min(x, MAX_TOKENS) for x in trace_lengths(32, traces())]
     ref, _ = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens,
                      ends_known=False)
-    dr = _drafters(model, prompts, ref, ["self-draft"], 8)["self-draft"]
+    job = method_drafters(model, prompts, ref)["self-draft"]   # (on the grid: a context
+    # table, which takes a lean stretch's text only when a step next drafts)
+    dr = SelfDraftDrafter(replace(job.prm, job_cache=False, grid=True), job.corpus,
+                          vocab=model.cfg.vocab_size)
     events, depth = [], [0]
     for obj, name, tag in ((model, "run", "forward"), (model, "argmax", "read")):
         def logged(*a, _fn=getattr(obj, name), _tag=tag, **kw):
             depth[0] = _tag == "forward"
             return _fn(*a, **kw)
         monkeypatch.setattr(obj, name, logged)
-    catch_up = type(dr).catch_up
+    catch_up, tail, catching = type(dr).catch_up, type(dr)._text_tail, [False]
 
     def caught(self, seqs, _f=catch_up):
-        if self.unindexed and any(s.out_ids for s in seqs):   # (lean text to index)
-            events.append(depth[0])
-        return _f(self, seqs)
+        catching[0] = True
+        try:
+            return _f(self, seqs)
+        finally:
+            catching[0] = False
+
+    def tailed(self, s, _f=tail):   # (a catch-up's tokens, where it indexed them)
+        new = len(s.out_ids) - s.state.pushed
+        if catching[0] and new > 0:
+            events.append((depth[0], new))
+        return _f(self, s)
     monkeypatch.setattr(type(dr), "catch_up", caught)
-    under = Runner.under_forward
-    got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=lens,
-                      ends_known=False, controller=sim_controller(dr, clock.table))
+    monkeypatch.setattr(type(dr), "_text_tail", tailed)
+    ctl = sim_controller(dr, clock.table)
+    ctl.lean_until = 12   # (a lean stretch first: its 11 steps' text, then a drafting step)
+    got, _ = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=lens,
+                     ends_known=False, controller=ctl)
     assert got == ref
-    assert Runner.under_forward is under and len(events) >= 3, events
-    assert sum(events) >= 0.75 * len(events), events   # (the rest: a drafting step that no
-    # search prefetched, the run's first after a prefill)
+    under = sum(n for inside, n in events if inside)
+    assert under >= 8 * 11, events   # (the stretch's text, every sequence's; the plans
+    # index the last lean step's token a sequence, committed after the forward)

@@ -218,9 +218,6 @@ class Runner:
                 self.admission.hold(len(free), len(waiting), lambda: self._soon(running),
                                     self.prefill_chunk)
             self._held = len(free) if hold else 0
-            if free and waiting and not hold and self._later:
-                self.catch_up(slotted=True)   # (a retired slot's learning and forgetting,
-                # before a new sequence takes the slot)
             while free and waiting and not hold and self.stats.preemptions == preempted:
                 seq = self._admit(waiting[0], free[0])
                 if seq is None:   # too few free KV blocks: wait for a sequence to finish
@@ -335,9 +332,10 @@ class Runner:
             self.drafter.retire(seq)
         done = self.answers.finish(seq)
         if self.controller is not None:   # (after the learning that reads its slot: that
-            # waits for the next forward, or for an admission into the slot, _loop; on the
-            # step's path it cost a drafting step in which a sequence ended ~0.3-0.5 ms of
-            # host at b32-64 on the demo model, bench-results/2026-11-30-plan-host)
+            # waits for the next forward, a prefill's if a sequence is admitted into the slot
+            # first, under_prefill; on the step's path it cost a drafting step in which a
+            # sequence ended ~0.3 ms of host at b32 on the demo model,
+            # bench-results/2026-11-30-plan-host)
             if self._later:
                 self._later.append(partial(self.controller.forget, seq.slot))
             else:
@@ -424,8 +422,9 @@ class Runner:
                                      list(out.probe_out))
         # (a drafting step's learning reads slots, the controller's: it waits for the next
         # forward too, even where a sequence ended, as its slot is forgotten after it
-        # (_retire) and caught up before an admission takes the slot (_loop); a lean step's
-        # learning reads no slot, nor does a grid step's drafter's (text into its table))
+        # (_retire), both before the controller reads a sequence admitted into the slot
+        # (under_prefill); a lean step's learning reads no slot, nor does a grid step's
+        # drafter's (text into its table))
         defer = self._overlaps
         free = defer and (plan.lean or plan.grid is not None)
         if learn is not None and defer:
@@ -475,9 +474,14 @@ class Runner:
         return self._prefetch(list(seqs), drain) if self._overlaps else 0.0
 
     def under_prefill(self, seqs: list[Sequence], drain: bool) -> None:
-        """The host's work while a prefill's forward computes (prefill's `under`): what the
-        next step's decide would work out over these sequences (Controller.prefetch_missing:
-        the search where none prefetched serves it, else the admitted sequences' gains)."""
+        """The host's work while a prefill's forward computes (prefill's `under`): the
+        learning that reads a slot, and the forgetting of the slots that retired since
+        (_retire: before the controller reads an admitted sequence's slot, here or at
+        decide), then what the next step's decide would work out over these sequences
+        (Controller.prefetch_missing: the search where none prefetched serves it, else the
+        admitted sequences' gains)."""
+        if self._later:
+            self.catch_up(slotted=True)
         if self._overlaps:
             self.stats.search_ms += self._prefetch(sorted(seqs, key=lambda s: s.slot), drain,
                                                    missing=True)
