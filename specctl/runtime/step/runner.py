@@ -52,7 +52,7 @@ from specctl.runtime.step.logprobs import step_logprobs
 from specctl.runtime.step.prefill import prefill
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
-from specctl.runtime.step.step import Planner, StepOutcome, StepPlan, read, verify
+from specctl.runtime.step.step import Planner, StepOutcome, read, verify
 from specctl.runtime.control.steptables import STEP_TABLE_ROWS
 from specctl.runtime.step.threads import ThreadTuner
 from specctl.speculative.drafter import Drafter
