@@ -361,7 +361,8 @@ def test_one_steps_price_is_the_searchs_price_of_it():
     """counts_step_ms (a step's own price: decide's, the stop rule's, the accounting's) is
     prices' for the same step (the search's, over arrays), whatever the host has learnt:
     drafting's host fit, the untimed host of draft forwards, a drain's extra for a first
-    drafting step. (It works out its host parts for one step in Python, apart from prices.)"""
+    drafting step. (host_ms and untimed_host take one step in Python, apart from the
+    arrays prices reads.)"""
     from specctl.runtime.control.stepcost import Shapes
     rng = np.random.default_rng(7)
     t = _table(lambda b, n: 2.0 + 0.05 * b + 0.1 * n)

@@ -322,18 +322,20 @@ class Controller:
         if not self.searches_next(drain):
             return
         s, room = self.steps + 1, [max(0, r - 1) for r in room()]
-        if s < self.lean_until and not self._explore_due(room, s):
+        due = self._explore_due(room, s)
+        if s < self.lean_until and not due:
             return   # (decide would not search: as its own lean-stretch test; a drain never
                      # gets here in a lean stretch, _may_search)
+        explores = not drain and due
         caps = self._caps(room)
         probes, gains, ks = self._search(keys, caps, room, drain)
         fill = max(ks, default=0) if self.cost.by_top else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes,
-                                not drain and self._explore_due(room, s))
+                                explores)
         # the prices decide will read, worked out now (StepCost keeps each step shape's: a new
         # one costs ~0.1 ms at b64): its step's, and an exploring step's widened one
         self.cost.step_ms(ks, probes)
-        if not drain and self._explore_due(room, s):
+        if explores:
             self.cost.step_ms(np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist(),
                               probes)
 

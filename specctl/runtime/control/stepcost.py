@@ -275,19 +275,8 @@ class StepCost:
         if not ms:
             return 0.0
         drafting = sum(counts) - counts[0]
-        # (host_ms and untimed_host inline, for one step: numpy's where on a scalar took ~9 us
-        # a call, and each drafting step's plan makes 2-3 of these at b8:
-        # bench-results/2026-11-30-plan-host)
-        host, untimed = 0.0, 0.0
-        if drafting:
-            a, sl = self.host_fit()
-            host = a + sl * drafting
-        if not self._drafted and self.lean_steps:
-            lean = self.lean_at(kind[0])
-            untimed = max(kind[2], 0) * lean if self.draft_frac else 0.0
-            if self.draining and drafting:
-                untimed = untimed + DRAIN_HOST * lean
-        return ms * self.factor(kind) + host + untimed
+        return ms * self.factor(kind) + float(self.host_ms(drafting)) + \
+            float(self.untimed_host(kind[0], kind[2], drafting))
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
               extra_host: float = 0.0) -> float:
@@ -361,10 +350,15 @@ class StepCost:
 
     def host_ms(self, drafting):
         """The host time a step with `drafting` sequences drafting adds (an int or an array of
-        them): host_fit's a + s x drafting, 0 where none drafts."""
+        them): host_fit's a + s x drafting, 0 where none drafts. (One step's in Python:
+        numpy's where on a scalar took ~9 us a call, and each drafting step's plan prices 2-3
+        steps at b8, bench-results/2026-11-30-plan-host.)"""
         a, sl = self.host_fit()
-        return np.where(np.asarray(drafting) > 0, a + sl * np.asarray(drafting), 0.0) \
-            if a or sl else 0.0
+        if not (a or sl):
+            return 0.0
+        if isinstance(drafting, int):
+            return a + sl * drafting if drafting > 0 else 0.0
+        return np.where(np.asarray(drafting) > 0, a + sl * np.asarray(drafting), 0.0)
 
     def untimed_host(self, b: int, depth, drafting):
         """Until a drafting step has been timed (host_fit prices drafting's host from then
@@ -381,6 +375,9 @@ class StepCost:
         if self._drafted or not self.lean_steps:
             return 0.0
         lean = self.lean_at(b)
+        if isinstance(drafting, int):   # (one step's in Python, as host_ms)
+            got = max(depth, 0) * lean if self.draft_frac else 0.0
+            return got + DRAIN_HOST * lean if self.draining and drafting > 0 else got
         got = np.maximum(depth, 0) * lean if self.draft_frac else 0.0
         if self.draining:
             got = got + np.where(np.asarray(drafting) > 0, DRAIN_HOST * lean, 0.0)
