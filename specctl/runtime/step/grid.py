@@ -172,22 +172,15 @@ class GridStep:
         self.table, self.C, self.G = table, min(cands, table.R), table.G
         self.first = np.arange(self.C) * self.G   # each chain's first node
         self._layouts: dict[tuple[int, int], tuple] = {}
-        self._deeps: dict[tuple[int, int], np.ndarray] = {}
 
-    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
-        """(depth [n], ancestors [n, n]) of C chains of G nodes: made once."""
+    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(depth [n], ancestors [n, n], each chain's depth [C]) of C chains of G nodes: made
+        once (the last too: a step's plan makes as few numpy calls as it can)."""
         got = self._layouts.get((C, G))
         if got is None:
-            got = self._layouts[C, G] = chain_layout(C, G)
+            got = self._layouts[C, G] = (*chain_layout(C, G), np.full(C, G))
             for a in got:   # (read-only: a replay keeps the mask it staged from one)
                 a.flags.writeable = False
-        return got
-
-    def _deep(self, C: int, G: int) -> np.ndarray:
-        """[C] of G: each chain's depth."""
-        got = self._deeps.get((C, G))
-        if got is None:
-            got = self._deeps[C, G] = np.full(C, G)
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
@@ -203,12 +196,12 @@ class GridStep:
             # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
             reach = max(room) if budget is None else max(map(min, budget, room))
             G = max(1, min(G, reach))
-        depth, anc = self.layout(C, G)
+        depth, anc, deep = self.layout(C, G)
         seq = np.array((slots, lens, pending, room) if budget is None else
                        (slots, lens, pending, room, budget), dtype=np.int64)
         cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
         # each chain's allowed slots: its nodes within the room and the budget (node c G + j)
-        allowed = np.minimum(seq[3, :, None], self._deep(C, G))
+        allowed = np.minimum(seq[3, :, None], deep)
         if budget is not None:
             allowed = np.maximum(np.minimum(allowed, seq[4, :, None] - self.first[:C]), 0)
         # (the block-table entries of every row the step writes: a contiguous cache's is
