@@ -15,7 +15,7 @@ from functools import partial
 import pytest
 
 from helpers import method_drafters
-from specctl.runtime.jobs.config import GenerateConfig
+from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig
 from specctl.speculative.self_draft import SelfDraftDrafter
 from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller,
                  sim_run, timed_model, trace_lengths, traces)
@@ -363,10 +363,10 @@ def test_a_lean_stretchs_text_is_indexed_under_the_forward_before_a_drafting_ste
     lens = [min(x, MAX_TOKENS) for x in trace_lengths(32, traces())]
     ref, _ = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens,
                      ends_known=False)
-    job = method_drafters(model, prompts, ref)["self-draft"]   # (on the grid: a context
-    # table, which takes a lean stretch's text only when a step next drafts)
-    dr = SelfDraftDrafter(replace(job.prm, job_cache=False, grid=True), job.corpus,
-                          vocab=model.cfg.vocab_size)
+    # (Self-Draft as users get it from GRID_FROM on: on the grid, from a context table, which
+    # takes a lean stretch's text only when a step next drafts)
+    dr = _drafters(model, prompts, ref, ["self-draft"], GRID_FROM)["self-draft"]
+    assert dr.context_table is not None and dr.prm.grid
     events, depth = [], [0]
     for obj, name, tag in ((model, "run", "forward"), (model, "argmax", "read")):
         def logged(*a, _fn=getattr(obj, name), _tag=tag, **kw):
