@@ -28,6 +28,7 @@ so a new run (or a new adapter) replays the same graphs.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass, field
 
@@ -208,6 +209,14 @@ class AdapterWhole:
         return (h,)
 
 
+@functools.cache
+def whole_plan(l: int) -> LayerPlan:
+    """The plan of a whole-model forward capturing layer l's states (a lean step's): one
+    object for every drafter, so a graph's key held since start-up is found by identity (an
+    equal plan made anew cost its dataclass __eq__ at every lean step, and making one ~2 us)."""
+    return LayerPlan(capture=l)
+
+
 @dataclass
 class KangarooProposal(Proposal):
     # layer-l states of [pending, d1 .. dk] (the verify forward starts from them)
@@ -229,10 +238,11 @@ class KangarooDrafter(Drafter):
                                                  for k, t in adapter.w.items()})
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
-        self._whole_plan = LayerPlan(capture=self.l)   # (made once: ~2 us a lean step)
+        self._whole_plan = whole_plan(self.l)
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
         self.head: AdapterHead | None = None
+        self._key = ("kangaroo", self.l)   # (the head's in the graphs' kept objects)
         self.draft_forwards = 0
 
     def price(self) -> DraftPrice:
@@ -254,7 +264,12 @@ class KangarooDrafter(Drafter):
         """The adapter head for this cache: its KV cache is a one-layer sibling of the target's
         (the same slots, lengths and block tables). With graphs, the model's kept one, loaded
         with this adapter."""
-        m = self.model
+        m, head = self.model, self.head
+        if m.graphs is not None:   # (a lean step's: the head kept for this cache, loaded)
+            kept = m.graphs.kept.get(self._key)
+            if kept is not None and kept[1] is head and kept[0] is kv and \
+                    head.loaded is self.adapter:
+                return head
 
         def make(adapter):
             head = AdapterHead(adapter, kv.sibling(1))
@@ -264,7 +279,7 @@ class KangarooDrafter(Drafter):
             if self.head is None or self.head.target() is not kv:
                 self.head = make(self.adapter)
             return self.head
-        head = m.graphs.keep(("kangaroo", self.l), kv, lambda: make(Adapter(
+        head = m.graphs.keep(self._key, kv, lambda: make(Adapter(
             m, self.l, {k: t.clone() for k, t in self.adapter.w.items()})))
         if head.loaded is not self.adapter:
             for k, t in head.adapter.w.items():
@@ -279,7 +294,7 @@ class KangarooDrafter(Drafter):
         head = self._head(kv)
         return [(LayerPlan(end=self.l), head, 1), (LayerPlan(end=self.l), head.rows_only, 1),
                 (LayerPlan(start=self.l), None, self.step_rows),
-                (LayerPlan(capture=self.l), head.whole, 1)]
+                (whole_plan(self.l), head.whole, 1)]
 
     @property
     def prefill_capture(self) -> int:
