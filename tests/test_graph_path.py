@@ -277,8 +277,8 @@ class _LeanEvery2(KangarooDrafter):
         self._r = self.model.graphs.replays if self.model.graphs is not None else 0
         return super().propose(seqs, kv, limits)
 
-    def verify_hidden(self, batch, kv, seqs, proposals, lean=False):
-        h = super().verify_hidden(batch, kv, seqs, proposals, lean)
+    def verify_hidden(self, batch, kv, seqs, proposals):
+        h = super().verify_hidden(batch, kv, seqs, proposals)
         if self.model.graphs is not None and all(p.whole for p in proposals):
             self.lean_replays.append(self.model.graphs.replays - self._r)
         return h

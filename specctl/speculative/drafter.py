@@ -136,9 +136,15 @@ class Drafter:
     # the default is one full forward of the target over [pending + drafts]
     custom_verify = False
 
-    def verify_hidden(self, batch, kv, seqs, proposals, lean: bool = False):
+    def verify_hidden(self, batch, kv, seqs, proposals):
         """The verify forward's last-layer states [T, D] (the runner applies the LM head);
         seqs and proposals: the step's, as sequences to read (the StepPlan's tuples)."""
+        raise NotImplementedError
+
+    def lean_forward(self, kv) -> tuple:
+        """A lean step's forward on kv (idle's proposals), for a drafter that verifies its own
+        way: (plan, head) for Model.run, its outputs (h,). Fixed for a run (Runner.run): a
+        lean step asks nothing of the drafter."""
         raise NotImplementedError
 
     # a drafter that needs the prompt's hidden states entering layer `prefill_capture` (Kangaroo:

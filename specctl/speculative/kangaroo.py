@@ -238,7 +238,6 @@ class KangarooDrafter(Drafter):
                                                  for k, t in adapter.w.items()})
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
-        self._whole_plan = whole_plan(self.l)
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
         self.head: AdapterHead | None = None
@@ -345,12 +344,16 @@ class KangarooDrafter(Drafter):
 
     custom_verify = True
 
-    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs, proposals,
-                      lean: bool = False) -> torch.Tensor:
-        """The double early exit: layers [l, L) only, from the saved layer-l states (lean:
-        the proposals are idle's, WHOLE, with no look at each)."""
-        if lean or all(p.whole for p in proposals):
-            (h,) = self.model.run(batch, kv, self._whole_plan, head=self._head(kv).whole)
+    def lean_forward(self, kv: KVCache) -> tuple:
+        """The whole model, its layer-l states writing the adapter's rows (idle)."""
+        return whole_plan(self.l), self._head(kv).whole
+
+    def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs,
+                      proposals) -> torch.Tensor:
+        """The double early exit: layers [l, L) only, from the saved layer-l states."""
+        if all(p.whole for p in proposals):
+            plan, head = self.lean_forward(kv)
+            (h,) = self.model.run(batch, kv, plan, head=head)
             return h
         rows = []
         for p, n in zip(proposals, batch.num_new):

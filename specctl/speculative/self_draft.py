@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
@@ -283,8 +284,7 @@ class SelfDraftDrafter(Drafter):
         indexed only the steps before it, and without this step's tokens the next drafts
         missed ~1% of the context's accepted tokens (a review, 2026-11-30)."""
         self.unindexed = True
-        return (lambda: self._settle(seqs)) if self.overlapped and \
-            not isinstance(self.ctx, ContextTable) else None
+        return partial(self._settle, seqs) if self.overlapped and not self.prm.grid else None
 
     def catch_up(self, seqs) -> None:
         """The text of lean steps since (IDLE) into the context cache, and finished answers

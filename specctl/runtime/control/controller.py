@@ -195,20 +195,21 @@ class Controller:
         """This step's budgets when they are a lean step's without looking at the sequences
         (a contrast step is due, the guard holds, or a lean stretch goes on and no exploring
         step can be due): plan's decision, at a lean step's cost. None: ask decide."""
-        s = self.steps + 1
-        if s - self.last_bare > 1 and self._contrast_due(s):   # (in a lean stretch: never)
+        s, g = self.steps + 1, self.guard
+        if g.hold:   # (held to ar: no contrast step is due, _contrast_due)
+            g.holding()   # (counts a held step)
+        elif s - self.last_bare > 1 and self._contrast_due(s):   # (in a lean stretch: never)
             self.contrasts += 1
             self.steps = self.last_bare = s
             return self._lean_budgets(b, contrast=True)
-        g = self.guard
-        if g.hold:
-            g.holding()   # (counts a held step)
         elif s >= self.lean_until or self.explore_every and not drain and \
                 s - self.last_explore >= self.period and s >= self.next_try:
             return None   # (_may_search's test, inline: most steps ask it)
         self.steps = self.last_bare = s
-        got = self._lean.get(b)   # (the lean step's own: one look-up, not _lean_budgets')
-        return got if got is not None else self._lean_budgets(b)
+        try:   # (the lean step's own: one look-up, not _lean_budgets')
+            return self._lean[b]
+        except KeyError:
+            return self._lean_budgets(b)
 
     def _may_search(self, s: int, drain: bool) -> bool:
         """Whether step s may search: past a lean stretch, or an exploring step may be due

@@ -166,6 +166,8 @@ class Runner:
             ctl.new_run()
         self.drafter.overlapped = self._overlaps = self.planner.overlaps
         self.planner.grid = self._grid_step()
+        if self.drafter.custom_verify:
+            self.planner.lean_forward = self.drafter.lean_forward(self.kv)
         # what exists now (the model's and the drafter's objects, a corpus cache's tables)
         # is out of the cyclic GC's sight for the run: a collection in a step scanned it all
         # (Self-Draft's first steps at batch 64 paid ~2 ms for one, as much as a step's
@@ -404,14 +406,13 @@ class Runner:
             target = read(plan, h, self.model, self.sp)
             t2 = self.clock() if self.sp.greedy else None   # (sampling verifies on the device)
             out = verify(plan, h, self.model, self.sp, self._uniforms, target)
-        if self.controller is not None and self.controller.unlearnt and not plan.lean:
+        if not plan.lean and self.controller is not None and self.controller.unlearnt:
             # (the next decide reads it: observe may come a step late)
             self.controller.verified(plan.budgets, out.verdicts)
         # (what each had before the step: only a drafting step's accounting and --logprobs
         # read it; a lean step does nothing a sequence that `ar`'s does not)
-        had = [len(s.out_ids) for s in seqs] \
-            if (plan.budgets is not None and not plan.lean) or self.logprobs is not None \
-            else None
+        had = None if plan.lean and self.logprobs is None or plan.budgets is None and \
+            self.logprobs is None else [len(s.out_ids) for s in seqs]
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
                 seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))

@@ -74,18 +74,20 @@ class Planner:
         self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
         self.controller = controller
         self.grid: GridStep | None = None   # (a run's, where it drafts on a grid: Runner.run)
+        self.lean_forward: tuple | None = None   # (a run's, where the drafter verifies its
+        # own way: Drafter.lean_forward, set by Runner.run)
 
     def plan(self, seqs: list[Sequence], drain: bool = False, clock=None) -> StepPlan:
         """drain: no request waits (the controller then prices the job's critical path);
         clock: the runner's, to time the controller's search (StepPlan.search_ms)."""
-        kv, ctl = self.kv, self.controller
-        now = clock or _no_clock
+        ctl = self.controller
         if not self.drafter.drafts:   # (`ar`: its every step a lean one)
             return self._lean(seqs, None)
         if ctl is not None:
             budgets = ctl.plan_lean(len(seqs), drain)
             if budgets is not None:   # ar's step: no room, limits nor checks to work out
                 return self._lean(seqs, budgets)
+        kv, now = self.kv, clock or _no_clock
         room = self._room(seqs)
         budgets, search_ms = None, 0.0
         if ctl is not None:
@@ -204,8 +206,12 @@ class Planner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """The verify forward's last-layer states [T, D]."""
         if self.drafter.custom_verify:
-            return self.drafter.verify_hidden(plan.batch, self.kv, plan.seqs, plan.proposals,
-                                              lean=plan.lean)   # (read, never kept: no copies)
+            if plan.lean:   # (the run's lean forward: nothing asked of the drafter)
+                plan_, head = self.lean_forward
+                (h,) = self.model.run(plan.batch, self.kv, plan_, head=head)
+                return h
+            return self.drafter.verify_hidden(plan.batch, self.kv, plan.seqs,
+                                              plan.proposals)   # (read, never kept: no copies)
         return self.model.run(plan.batch, self.kv)
 
 
