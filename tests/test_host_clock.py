@@ -291,7 +291,7 @@ def test_the_last_steps_learning_runs_under_the_next_forward(model, monkeypatch)
             def read(keys, *a, **kw):
                 r = runners[-1] if runners else None
                 queued = {f.args[0] for f in (r._later if r else [])
-                          if isinstance(f, partial) and f.func is ctl.forget}
+                          if isinstance(f, partial) and f.func == ctl.forget}
                 assert not queued & set(keys), (fn.__name__, queued)
                 return fn(keys, *a, **kw)
             return read

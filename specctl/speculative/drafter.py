@@ -143,8 +143,8 @@ class Drafter:
 
     def lean_forward(self, kv) -> tuple:
         """A lean step's forward on kv (idle's proposals), for a drafter that verifies its own
-        way: (plan, head) for Model.run, its outputs (h,). Fixed for a run (Runner.run): a
-        lean step asks nothing of the drafter."""
+        way: (plan, head) for Model.run, its outputs (h,). Asked at a run's first lean step
+        (Planner.execute): the run's later lean steps ask nothing of the drafter."""
         raise NotImplementedError
 
     # a drafter that needs the prompt's hidden states entering layer `prefill_capture` (Kangaroo:

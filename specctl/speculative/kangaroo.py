@@ -264,7 +264,7 @@ class KangarooDrafter(Drafter):
         (the same slots, lengths and block tables). With graphs, the model's kept one, loaded
         with this adapter."""
         m, head = self.model, self.head
-        if m.graphs is not None:   # (a lean step's: the head kept for this cache, loaded)
+        if m.graphs is not None:   # (most calls: the head kept for this cache, loaded)
             kept = m.graphs.kept.get(self._key)
             if kept is not None and kept[1] is head and kept[0] is kv and \
                     head.loaded is self.adapter:
@@ -337,7 +337,7 @@ class KangarooDrafter(Drafter):
 
     def idle(self, seqs, kv) -> list[KangarooProposal]:
         """Nothing to draft (a lean step): one forward of the whole model verifies, and its
-        layer-l states give the adapter's rows (verify_hidden), so the step costs what ar's
+        layer-l states give the adapter's rows (lean_forward), so the step costs what ar's
         does (two forwards cost 8% more on the H100 at batch 1, 237d5df). One shared proposal
         (never edited): a new one per sequence cost ~3 us each, 0.2 ms a step at batch 64."""
         return [WHOLE] * len(seqs)

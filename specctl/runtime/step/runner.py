@@ -125,7 +125,7 @@ class Runner:
 
     @drafter.setter
     def drafter(self, drafter: Drafter) -> None:
-        self.planner.drafter = drafter
+        self.planner.drafter, self.planner.lean_forward = drafter, None
 
     def _warm(self) -> None:
         """Capture every graph shape the drafter's steps can meet, now, on the run's own
@@ -166,8 +166,7 @@ class Runner:
             ctl.new_run()
         self.drafter.overlapped = self._overlaps = self.planner.overlaps
         self.planner.grid = self._grid_step()
-        if self.drafter.custom_verify:
-            self.planner.lean_forward = self.drafter.lean_forward(self.kv)
+        self.planner.lean_forward = None
         # what exists now (the model's and the drafter's objects, a corpus cache's tables)
         # is out of the cyclic GC's sight for the run: a collection in a step scanned it all
         # (Self-Draft's first steps at batch 64 paid ~2 ms for one, as much as a step's
@@ -411,8 +410,8 @@ class Runner:
             self.controller.verified(plan.budgets, out.verdicts)
         # (what each had before the step: only a drafting step's accounting and --logprobs
         # read it; a lean step does nothing a sequence that `ar`'s does not)
-        had = None if plan.lean and self.logprobs is None or plan.budgets is None and \
-            self.logprobs is None else [len(s.out_ids) for s in seqs]
+        had = None if self.logprobs is None and (plan.lean or plan.budgets is None) else \
+            [len(s.out_ids) for s in seqs]
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
                 seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))
@@ -452,8 +451,9 @@ class Runner:
         """A controlled step's accounting (Accounting.step), from the clock's readings at its
         start, after planning, after the read and at its end, the ms of the next step's search
         run under its forward (`ahead`), the shapes it captured and the slots held; later:
-        learnt after the step ended (its total is then the step as it ended). Returns its
-        work for the thread tuner."""
+        learnt after the step ended (its total is then the step as it ended; a run that
+        raises drops it with the rest of its learning, its search's ms in RunStats too).
+        Returns its work for the thread tuner."""
         t0, t1, t2, end, ahead, new, held = times
         took = (end - t0) * 1e3
         # (the host's own time: planning, and all after the read; not the search, nor

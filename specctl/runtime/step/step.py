@@ -74,8 +74,9 @@ class Planner:
         self.model, self.drafter, self.kv, self.max_len = model, drafter, kv, max_len
         self.controller = controller
         self.grid: GridStep | None = None   # (a run's, where it drafts on a grid: Runner.run)
-        self.lean_forward: tuple | None = None   # (a run's, where the drafter verifies its
-        # own way: Drafter.lean_forward, set by Runner.run)
+        self.lean_forward: tuple | None = None   # (where the drafter verifies its own way:
+        # Drafter.lean_forward, at a run's first lean step; a new run or drafter asks anew,
+        # Runner.run and Runner.drafter, as a head kept for another cache is made anew)
 
     def plan(self, seqs: list[Sequence], drain: bool = False, clock=None) -> StepPlan:
         """drain: no request waits (the controller then prices the job's critical path);
@@ -206,9 +207,11 @@ class Planner:
     def execute(self, plan: StepPlan) -> torch.Tensor:
         """The verify forward's last-layer states [T, D]."""
         if self.drafter.custom_verify:
-            if plan.lean:   # (the run's lean forward: nothing asked of the drafter)
-                plan_, head = self.lean_forward
-                (h,) = self.model.run(plan.batch, self.kv, plan_, head=head)
+            if plan.lean:   # (the run's lean forward: nothing asked of the drafter again)
+                lean = self.lean_forward
+                if lean is None:
+                    lean = self.lean_forward = self.drafter.lean_forward(self.kv)
+                (h,) = self.model.run(plan.batch, self.kv, lean[0], head=lean[1])
                 return h
             return self.drafter.verify_hidden(plan.batch, self.kv, plan.seqs,
                                               plan.proposals)   # (read, never kept: no copies)
