@@ -16,10 +16,11 @@ so the host column is the runtime's own work per step, what issue "A host-lean s
 
 Runs each method through the one Runner (built as `generate` builds it) on the input's
 prompts (default: real ShareGPT first turns) and splits every step's wall time into model work
-(the verify forward and any draft forwards, Kangaroo's adapter layer, synchronized on CUDA,
-and the argmax over their logits) and everything else: the host's share (the controller,
-drafting logic, n-gram lookups, tree and mask assembly, input tensors and a graph replay's
-staging of them, verification, KV commit, bookkeeping). On a GPU the host share is serial with the launches, so it is what a
+(the verify forward and any draft forwards, a graph's replay or an eager forward,
+Kangaroo's adapter layer, synchronized on CUDA, and the argmax over their logits) and
+everything else: the host's share (the controller, drafting logic, n-gram lookups, tree and
+mask assembly, input tensors, a graph replay's key, look-up and staging of them, verification,
+KV commit, bookkeeping; before 2026-11-30 a replay's key and look-up were in the model's). On a GPU the host share is serial with the launches, so it is what a
 method must keep small. What CUDA's schedule runs while a step's forward computes (the last
 step's learning, the next step's search: Runner.under_forward) is timed apart, as "under fwd":
 hidden on a GPU while it is shorter than the forward; `--schedule cuda` runs that schedule on a
@@ -120,10 +121,10 @@ def main() -> None:
 
     if a.device_core is not None:
         _device_elsewhere(model, a.device_core, a.graphs, a.threads)
-    fwd = {"t": 0.0, "depth": 0, "stage": 0.0}
+    fwd = {"t": 0.0, "depth": 0}
 
     def timed(fn):
-        def wrapper(*args, **kw):   # only the outermost call counts (run nests)
+        def wrapper(*args, **kw):   # only the outermost call counts (forwards nest)
             fwd["depth"] += 1
             if fwd["depth"] == 1:
                 if cuda:
@@ -138,8 +139,15 @@ def main() -> None:
                     fwd["t"] += time.perf_counter() - t
                 fwd["depth"] -= 1
         return wrapper
+    # the device's work: an eager forward, a graph's replay (on a CPU the forward run in its
+    # place); the rest of Model.run (a replay's key, look-up, the staging of its inputs into
+    # the graph's buffers, its outputs' rows) is the host's, serial with the launches on a GPU
     model.forward = timed(model.forward)
-    model.run = timed(model.run)
+    from specctl.engine.graphs import _EagerReplay
+    if cuda:
+        torch.cuda.CUDAGraph.replay = timed(torch.cuda.CUDAGraph.replay)
+    else:
+        _EagerReplay.replay = timed(_EagerReplay.replay)
     model.logits = timed(model.logits)
     model.argmax = timed(model.argmax)
     # the argmax over a step's [T, V] logits is device work too (on a CPU it is a large
@@ -153,18 +161,6 @@ def main() -> None:
     # queued behind the forward, nothing read back (GridStep.device_step; tests/test_grid.py)
     from specctl.runtime.step.grid import GridStep
     GridStep.device_step = timed(GridStep.device_step)
-    # but a replay's staging of the step's inputs, inside Model.run, is the host's (numpy into
-    # the graph's buffers before the launch): timed apart and taken off the model's share
-    from specctl.engine.graphs import CudaGraphs
-    stage = CudaGraphs._stage_inputs
-
-    def staged(*args, **kw):
-        t = time.perf_counter()
-        try:
-            return stage(*args, **kw)
-        finally:
-            fwd["stage"] += time.perf_counter() - t
-    CudaGraphs._stage_inputs = staged
 
     if launches:
         print(f"{model.attention} attention: {launches['step']} kernel launches an ar step at "
@@ -241,7 +237,7 @@ class Row:
         busy = [False]
 
         def step(seqs, drain=False):
-            f0, s0, t = self.fwd["t"], self.fwd["stage"], time.perf_counter()
+            f0, t = self.fwd["t"], time.perf_counter()
             busy[0] = True
             try:
                 work = inner(seqs, drain)   # (the thread tuner's unit of work)
@@ -251,7 +247,7 @@ class Row:
                 torch.cuda.synchronize()
             st = self.t
             st["t"] += time.perf_counter() - t
-            st["fwd"] += self.fwd["t"] - f0 - (self.fwd["stage"] - s0)
+            st["fwd"] += self.fwd["t"] - f0
             st["n"] += 1
             st["seqs"] += len(seqs)
             return work
