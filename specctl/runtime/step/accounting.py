@@ -1,7 +1,7 @@
 """What a controlled step teaches the controller, and the run's counts of it (--speculate auto).
 
     acct = Accounting(controller, stats, clock)
-    work = acct.step(plan, out, seqs, had, took, t0, drain)   # after the step's commit
+    work = acct.step(plan, out, seqs, had, drain, times)   # after the step's commit
     acct.flush()                                               # at the run's end
 
 A drafting step is learnt at once: acceptance and its measured ms (Controller.observe), then
@@ -53,19 +53,34 @@ class Accounting:
         self.tally = LeanTally()
 
     def step(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence],
-             had: list[int] | None, took: float, t0: float | None, drain: bool, held: int = 0,
-             searched: float = 0.0, host: float | None = None,
-             end: float | None = None) -> float:
-        """A controlled step that took `took` ms (a lean step's without its search; t0: its
-        start on the clock; None: a graph was captured in it, so its time is no step's
-        cost), its sequences' output lengths before it `had` (None on a lean step: unread);
-        drain: no request waited; held: slots held free for a grouped admission; searched:
-        the ms of its searches (a prefetched one too: hidden under the forward on CUDA when
-        short, an upper bound); host: the ms of `took` the host spent apart from the forward
-        (None: not known); end: the clock as it ended, when it is learnt later
-        (Runner.under_forward; else now, this learning included). Returns its work for the
-        thread tuner (its table ms)."""
+             had: list[int] | None, drain: bool, times: tuple, later: bool = False) -> float:
+        """A controlled step, from the runner's readings `times` (Runner.step): the clock at
+        its start, after its plan, after its read (None under sampling: verify's own device
+        work follows the read) and at its end; the ms of the next step's search run under its
+        forward (hidden there on CUDA when short: counted, an upper bound); the graph shapes
+        captured in it (its time is then no step's cost); the slots held free for a grouped
+        admission. had: its sequences' output lengths before it (None on a lean step:
+        unread); drain: no request waited; later: learnt after it ended, under the next
+        forward (its total is then the step as it ended; else this learning is in it; a run
+        that raises drops it with the rest of its learning). Returns its work for the thread
+        tuner (its table ms)."""
+        t0, t1, t2, end, ahead, new, held = times
         b, t, n = plan.budgets, self.tally, len(seqs)
+        took = (end - t0) * 1e3
+        # (the host's own time: planning, and all after the read; not the search, nor
+        # planning apart from drafting's host work (StepPlan.apart_ms), nor what ran under
+        # the forward)
+        host = None if t2 is None else \
+            (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.apart_ms
+        searched = plan.search_ms + ahead
+        if searched:
+            self.stats.search_ms += searched
+            if b.lean:   # (a search that gave no drafts is the controller's overhead, paid
+                took -= searched   # for by its backoff: ar's step has none; the next
+                # step's, under the forward, is hidden there on CUDA, and taking it off where
+                # it was errs low on ar's price, the guard's safe side)
+        if new:
+            t0 = None
         if b.lean and t0 is not None:   # (most steps: what they do first is what is short)
             if held or searched:   # (at once: the job's account judges now)
                 excess = self._held(n, held) + searched
@@ -88,9 +103,18 @@ class Accounting:
                 self.tally = LeanTally(n, 1, ctl.lean_batch(), took, work, b.contrast,
                                        host or 0.0, host is not None)
             return work
-        work, expected = ctl.observe([s.slot for s in seqs], b, plan.proposals, out.verdicts,
-                                     None if t0 is None else took,
-                                     None if t0 is None else host)
+        return self._drafted(plan, out, seqs, had, drain, took, None if t0 is None else host,
+                             t0, end if later else None, excess)
+
+    def _drafted(self, plan: StepPlan, out: StepOutcome, seqs: list[Sequence],
+                 had: list[int], drain: bool, took: float, host: float | None,
+                 t0: float | None, end: float | None, excess: float) -> float:
+        """A drafting step's learning (step): acceptance and its ms (Controller.observe), its
+        account against `ar`'s for the same progress, and the job's; end: the clock as it
+        ended when learnt later, else None (now, this learning included)."""
+        ctl, st, n = self.ctl, self.stats, len(seqs)
+        work, expected = ctl.observe([s.slot for s in seqs], plan.budgets, plan.proposals,
+                                     out.verdicts, None if t0 is None else took, host)
         total = ((self.clock() if end is None else end) - t0) * 1e3 if t0 is not None \
             else None   # (observe too, unless learnt later)
         ar = ctl.drafted(n, total, _progress(seqs, had, drain))

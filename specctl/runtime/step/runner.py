@@ -439,37 +439,12 @@ class Runner:
             times = (t0, t1, t2, self.clock(), ahead, new, self._held)
             if defer:
                 (self._later_free if plan.lean else self._later).append(
-                    partial(self._account, plan, out, seqs, had, drain, times, True))
+                    partial(self.accounting.step, plan, out, seqs, had, drain, times, True))
             else:
-                work = self._account(plan, out, seqs, had, drain, times)
+                work = self.accounting.step(plan, out, seqs, had, drain, times)
         if self.logprobs is not None:   # (not in the step's time: no method's cost)
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
-
-    def _account(self, plan, out: StepOutcome, seqs: list[Sequence], had, drain: bool,
-                 times: tuple, later: bool = False) -> float:
-        """A controlled step's accounting (Accounting.step), from the clock's readings at its
-        start, after planning, after the read and at its end, the ms of the next step's search
-        run under its forward (`ahead`), the shapes it captured and the slots held; later:
-        learnt after the step ended (its total is then the step as it ended; a run that
-        raises drops it with the rest of its learning, its search's ms in RunStats too).
-        Returns its work for the thread tuner."""
-        t0, t1, t2, end, ahead, new, held = times
-        took = (end - t0) * 1e3
-        # (the host's own time: planning, and all after the read; not the search, nor
-        # planning apart from drafting's host work (StepPlan.apart_ms), nor what ran under
-        # the forward. None: under sampling, verify's own device work follows the read)
-        host = None if t2 is None else \
-            (t1 - t0 + end - t2) * 1e3 - plan.search_ms - plan.apart_ms
-        searched = plan.search_ms + ahead
-        if searched:
-            self.stats.search_ms += searched
-            if plan.budgets.lean:   # (a search that gave no drafts is the controller's
-                took -= searched   # overhead, paid for by its backoff: ar's step has none;
-                # the next step's, `ahead`, is hidden under the forward on CUDA, and taking
-                # it off where it was errs low on ar's price, the guard's safe side)
-        return self.accounting.step(plan, out, seqs, had, took, None if new else t0, drain,
-                                    held, searched, host, end=end if later else None)
 
     def under_forward(self, seqs, drain: bool) -> float:
         """The host's work while a step's forward computes, where forwards run on without
