@@ -26,8 +26,10 @@ FORWARD = {"run", "forward", "argmax", "logits"}   # (the model's: device work, 
 EXTRA = 2   # calls a lean step may make beyond ar's (plan_lean, the account)
 
 
-def _calls(model, drafter, batch: int, controller=None) -> list[tuple[bool, int]]:
-    """(whether the step was a tallied lean step, its calls) of every decoding step."""
+def _per_step(model, drafter, batch: int, controller, count) -> list[tuple[bool, int]]:
+    """(whether the step was a tallied lean step, count's number for it) of every decoding
+    step of a run of 2 x batch short prompts; count(step, *args) runs the step and returns
+    (its number, the step's result)."""
     rng = random.Random(batch)
     prompts = [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(2 * batch)]
     runner = Runner(model, drafter, SamplingParams(), batch_size=batch, max_len=96,
@@ -35,12 +37,27 @@ def _calls(model, drafter, batch: int, controller=None) -> list[tuple[bool, int]
                     decode=lambda ids: " ".join(map(str, ids)), controller=controller,
                     threads=1)
     inner, got = runner.step, []
-    # (a microsecond a reading: the controller's choices, and so the counts, the same in
-    # every run; on the real clock the modal step moved between 1 and 3 calls over ar's)
+    # (a microsecond a reading, in C as perf_counter is: the controller's choices, and so the
+    # counts, the same in every run; on the real clock the modal lean step moved between 1
+    # and 3 calls over ar's)
     runner.clock = partial(next, itertools.count(1.0, 1e-6))
 
     def step(seqs, drain=False):
-        n, inside = Counter(), []
+        acct = runner.accounting
+        n, work = count(inner, seqs, drain)
+        got.append((acct is not None and acct.tally.steps > 1, n))
+        return work
+    runner.step = step
+    runner.run([Request(i, [[{"role": "user", "content": str(i)}]], 40)
+                for i in range(len(prompts))], lambda r: None)
+    return got
+
+
+def _calls(model, drafter, batch: int, controller=None) -> list[tuple[bool, int]]:
+    """(whether the step was a tallied lean step, its calls into specctl outside the
+    model's forwards) of every decoding step."""
+    def count(run, *args):
+        n, inside = [0], []
 
         def prof(frame, event, arg):
             co = frame.f_code
@@ -48,20 +65,16 @@ def _calls(model, drafter, batch: int, controller=None) -> list[tuple[bool, int]
                 if inside or co.co_name in FORWARD and "engine" in co.co_filename:
                     inside.append(co)
                 else:
-                    n["calls"] += 1
+                    n[0] += 1
             elif event == "return" and inside and inside[-1] is co:
                 inside.pop()
-        acct = runner.accounting
         sys.setprofile(prof)
         try:
-            return inner(seqs, drain)
+            work = run(*args)
         finally:
             sys.setprofile(None)
-            got.append((acct is not None and acct.tally.steps > 1, n["calls"]))
-    runner.step = step
-    runner.run([Request(i, [[{"role": "user", "content": str(i)}]], 40)
-                for i in range(len(prompts))], lambda r: None)
-    return got
+        return n[0], work
+    return _per_step(model, drafter, batch, controller, count)
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -95,18 +108,7 @@ def _opcodes(model, drafter, batch: int, controller=None) -> list[tuple[bool, in
     look-up and staging are the host's) on CUDA's schedule where a controller prices padded
     steps (Planner.overlaps: the last step's learning and the next step's search under the
     forward): the host's critical path, as a GPU's runs it."""
-    rng = random.Random(batch)
-    prompts = [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(2 * batch)]
-    runner = Runner(model, drafter, SamplingParams(), batch_size=batch, max_len=96,
-                    eos_ids=set(), render=lambda r: prompts[r.index],
-                    decode=lambda ids: " ".join(map(str, ids)), controller=controller,
-                    threads=1)
-    inner, got = runner.step, []
-    # (a microsecond a reading, in C as perf_counter is: the controller's choices, and which
-    # steps are tallied, the same in every run)
-    runner.clock = partial(next, itertools.count(1.0, 1e-6))
-
-    def step(seqs, drain=False):
+    def count(run, *args):
         n, out = [0], []
 
         def counted(frame, event, arg):
@@ -122,17 +124,13 @@ def _opcodes(model, drafter, batch: int, controller=None) -> list[tuple[bool, in
                 out.append(frame)
             frame.f_trace_opcodes = True
             return counted
-        acct = runner.accounting
         sys.settrace(called)
         try:
-            return inner(seqs, drain)
+            work = run(*args)
         finally:
             sys.settrace(None)
-            got.append((acct is not None and acct.tally.steps > 1, n[0]))
-    runner.step = step
-    runner.run([Request(i, [[{"role": "user", "content": str(i)}]], 40)
-                for i in range(len(prompts))], lambda r: None)
-    return got
+        return n[0], work
+    return _per_step(model, drafter, batch, controller, count)
 
 
 LEAN_SHARE = 0.08   # the Python a lean step may run beyond ar's, a share of ar's (b1:
