@@ -241,7 +241,6 @@ class KangarooDrafter(Drafter):
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
         self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
         self.head: AdapterHead | None = None
-        self._key = ("kangaroo", self.l)   # (the head's in the graphs' kept objects)
         self.draft_forwards = 0
 
     def price(self) -> DraftPrice:
@@ -263,12 +262,7 @@ class KangarooDrafter(Drafter):
         """The adapter head for this cache: its KV cache is a one-layer sibling of the target's
         (the same slots, lengths and block tables). With graphs, the model's kept one, loaded
         with this adapter."""
-        m, head = self.model, self.head
-        if m.graphs is not None:   # (most calls: the head kept for this cache, loaded)
-            kept = m.graphs.kept.get(self._key)
-            if kept is not None and kept[1] is head and kept[0] is kv and \
-                    head.loaded is self.adapter:
-                return head
+        m = self.model
 
         def make(adapter):
             head = AdapterHead(adapter, kv.sibling(1))
@@ -278,7 +272,7 @@ class KangarooDrafter(Drafter):
             if self.head is None or self.head.target() is not kv:
                 self.head = make(self.adapter)
             return self.head
-        head = m.graphs.keep(self._key, kv, lambda: make(Adapter(
+        head = m.graphs.keep(("kangaroo", self.l), kv, lambda: make(Adapter(
             m, self.l, {k: t.clone() for k, t in self.adapter.w.items()})))
         if head.loaded is not self.adapter:
             for k, t in head.adapter.w.items():
