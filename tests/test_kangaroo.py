@@ -3,12 +3,14 @@ the exit layer equals a full forward."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from helpers import check_three_token_sampling, random_prompts, run_ids
+from helpers import check_three_token_sampling, kv_budget, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.speculative.kangaroo import Adapter, AdapterWhole, KangarooDrafter, KangarooParams
 from specctl.speculative.sampling import SamplingParams
 
 
@@ -60,6 +62,71 @@ def test_adapter_cache_filled_by_chunked_prefill(model):
         rows = akv.index([slot] * len(p), list(range(len(p))))
         torch.testing.assert_close(akv.k[0][rows], k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(akv.v[0][rows], v, atol=1e-5, rtol=1e-5)
+
+
+class _LeanEvery2(KangarooDrafter):
+    """Kangaroo that may draft nothing at every other step (a lean step: one forward of the
+    whole model, as auto's); at each drafting step, what the adapter's cache holds of each
+    sequence's rows it has written (its rows [0, done)), kept in `seen` by request."""
+    steps = 0
+
+    def propose(self, seqs, kv, limits):
+        self.steps += 1
+        if self.steps % 2:
+            limits = dataclasses.replace(limits, room=tuple(0 for _ in limits.room))
+        props = super().propose(seqs, kv, limits)
+        if not self.steps % 2:
+            akv = self.head.akv
+            for s in seqs:
+                n = self.head.done[s.slot]
+                rows = akv.index([s.slot] * n, list(range(n)))
+                self.seen[s.req.index] = (akv.k[0][rows].clone(), akv.v[0][rows].clone())
+        return props
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_lean_steps_leave_the_adapters_rows_to_the_next_drafting_step(model, monkeypatch,
+                                                                       paged):
+    """A lean step writes none of the adapter's rows (its forward keeps its layer-l states);
+    the next drafting step writes the stretch's rows first, in one pass: then every committed
+    row holds what the adapter computes over the whole text, as if each step had written its
+    own, and the output is ar's. On a contiguous cache and a paged one (its rows found
+    through the block tables)."""
+    writes = [0]
+    write_rows, whole = Adapter.write_rows, AdapterWhole.__call__
+
+    def counted(self, *a):
+        writes[0] += 1
+        return write_rows(self, *a)
+
+    def lean(self, *a):
+        n = writes[0]
+        out = whole(self, *a)
+        assert writes[0] == n, "a lean step wrote adapter rows"
+        lean.steps += 1
+        return out
+    lean.steps = 0
+    monkeypatch.setattr(Adapter, "write_rows", counted)
+    monkeypatch.setattr(AdapterWhole, "__call__", lean)
+    prompts = random_prompts(3, seed=4)
+    ref, _ = run_ids(model, prompts, batch_size=3, max_tokens=16)
+    a = _adapter(model)
+    dr = _LeanEvery2(model, a, SamplingParams(), KangarooParams(eta=0.0))
+    dr.seen = {}
+    # (paged: a pool of 3.2 sequences under 4 slots: all three run at once)
+    got, stats = run_ids(model, prompts, batch_size=4 if paged else 3, max_tokens=16,
+                         drafter=dr, kv_budget=kv_budget(model, dr, 256, 3.2) if paged else None)
+    assert dr.head.akv.paged == paged
+    assert got == ref and lean.steps > 0 and sum(k * n for k, n in stats.accept_hist.items())
+    for i, (p, out) in enumerate(zip(prompts, got)):
+        k_got, v_got = dr.seen[i]   # (at its last drafting step)
+        n = len(k_got)
+        assert n > len(p) + 2
+        kv = model.new_kv_cache(1, 64)
+        h = model.forward(ForwardBatch([SeqInput(0, (p + out)[:n], 0)]), kv, LayerPlan(end=1))
+        _, k, v = a._qkv(h, torch.arange(n))
+        torch.testing.assert_close(k_got, k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v_got, v, atol=1e-5, rtol=1e-5)
 
 
 def test_adapter_step_equals_train_forward(model):

@@ -19,6 +19,13 @@ The layer-l states of [pending, d1 .. dk] are saved; the verify forward starts a
 them. A sequence that drafted k tokens because it hit gamma needs h_l(dk) too: one more shallow
 forward computes it (and the adapter's KV row for dk) without drafting.
 
+A step that drafts nothing (a lean step, `auto`'s most steps where drafting does not pay) is
+one forward of the whole model, as `ar`'s, which keeps its layer-l states (one row a token, in
+the head's `hidden`, where the KV cache keeps its rows) and writes no adapter row: the next
+drafting step first writes the rows of the stretch in one batched pass (Drafter.catch_up),
+so a stretch of lean steps costs `ar`'s forwards and a copy each (issue 52: the adapter's
+norm, projections, rope and writes at every lean step were ~10 kernels a step on a GPU).
+
 On CUDA both forwards replay captured graphs (engine/graphs.py): a draft forward is layers
 [0, l) with the adapter as the graph's head (AdapterHead), the verify runs layers [l, L) from a
 static buffer of the saved states. The head's weights and KV cache are kept by the model's
@@ -32,6 +39,7 @@ import functools
 import weakref
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -133,11 +141,12 @@ class Adapter:
         akv.write(0, meta.index, k, v)
         return self._out(h, self.model.attend(q, akv.k[0], akv.v[0], meta))
 
-    def write_rows(self, h, positions, meta, akv: KVCache) -> None:
-        """decode() without its draft: only the adapter's KV rows of these tokens (no
-        attention, no LM head: the head alone is a fifth of the demo model's weights)."""
+    def write_rows(self, h, positions, index, akv: KVCache) -> None:
+        """decode() without its draft: only the adapter's KV rows of these tokens, at storage
+        rows `index` (no attention, no LM head: the head alone is a fifth of the demo model's
+        weights)."""
         _, k, v = self._qkv(h, positions, query=False)
-        akv.write(0, meta.index, k, v)
+        akv.write(0, index, k, v)
 
     def train_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Training: one whole sequence's layer-l states [T, D] -> [T, V] logits with causal
@@ -166,38 +175,70 @@ def kangaroo_price(model, adapter: Adapter, max_draft: int = 0) -> DraftPrice:
 
 class AdapterHead:
     """The adapter as the head of a layers-[0, l) forward (Model.run): layer-l
-    states -> (the states, draft logits), writing the adapter's KV rows into its own cache."""
+    states -> (the states, draft logits), writing the adapter's KV rows into its own cache,
+    and the states into `hidden` (every head does: a lean stretch's rows are written from it
+    later, catch_up)."""
 
     def __init__(self, adapter: Adapter, akv: KVCache):
         self.adapter, self.akv = adapter, akv
         self.key = ("kangaroo", adapter.l)
         self.target = None   # the target's cache akv is a sibling of
         self.loaded = None   # the Adapter whose weights it holds (see KangarooDrafter._head)
+        m = adapter.model   # (a row of layer-l states for each row of the KV cache's storage)
+        self.hidden = torch.zeros(akv.k_all.shape[1], m.cfg.hidden_size, dtype=m.dtype,
+                                  device=m.device)
+        # each slot's rows [0, done) hold the adapter's keys and values; its rows [done,
+        # lens) only their states in hidden (lean steps'), until catch_up writes them
+        self.done = [0] * akv.num_slots
 
         self.rows_only = AdapterRows(self)
         self.whole = AdapterWhole(self)
 
     def __call__(self, h, positions, meta):
+        self.hidden[meta.index] = h
         return h, self.adapter.decode(h, positions, meta, self.akv)
+
+    def catch_up(self, slots: list[int]) -> None:
+        """The adapter's rows of each slot's lean stretch (its rows [done, lens)) from their
+        states, in one batched pass; then every committed row of those slots has them."""
+        done, lens, akv = self.done, self.akv.lens, self.akv
+        lag = [(s, done[s], lens[s]) for s in slots if done[s] < lens[s]]
+        for s in slots:
+            done[s] = lens[s]
+        if not lag:
+            return
+        slot, start, end = (np.array(x, dtype=np.int64) for x in zip(*lag))
+        counts = end - start
+        first = np.cumsum(counts) - counts
+        rows = np.repeat(start - first, counts) + np.arange(int(counts.sum()))
+        b = akv.block   # (storage rows through the block tables: a contiguous cache's is
+        tables = np.array(akv.table_rows(slot.tolist(), -(-int(end.max()) // b)))   # its slot)
+        index = tables[np.repeat(np.arange(len(lag)), counts), rows // b] * b + rows % b
+        dev = self.hidden.device
+        index, rows = (torch.from_numpy(a).to(dev) for a in (index, rows))
+        self.adapter.write_rows(self.hidden[index], rows, index, akv)
 
 
 class AdapterRows:
-    """An AdapterHead that only writes the adapter's KV rows: the head of a shallow forward
-    that drafts nothing (the pending token's at an `ar` step, a full chain's last draft's)."""
+    """An AdapterHead that only writes the adapter's KV rows (and keeps the states): the head
+    of a shallow forward that drafts nothing (a full chain's last draft's, a prompt's)."""
 
     def __init__(self, head: AdapterHead):
         self.head = head
         self.key = ("kangaroo-rows", head.adapter.l)
 
     def __call__(self, h, positions, meta):
-        self.head.adapter.write_rows(h, positions, meta, self.head.akv)
+        self.head.hidden[meta.index] = h
+        self.head.adapter.write_rows(h, positions, meta.index, self.head.akv)
         return (h,)
 
 
 class AdapterWhole:
     """The head of a whole-model forward that drafts nothing (Kangaroo's `ar` step): the
-    adapter's KV rows from the captured layer-l states, the last layer's states returned. One
-    forward (one graph replay) where the shallow and deep ones would be two."""
+    captured layer-l states kept for the adapter's rows (AdapterHead.catch_up, at the next
+    drafting step), the last layer's states returned. One forward (one graph replay) where
+    the shallow and deep ones would be two, and a copy where the adapter's rows were ~10
+    kernels."""
 
     def __init__(self, head: AdapterHead):
         self.head = head
@@ -205,7 +246,7 @@ class AdapterWhole:
 
     def __call__(self, out, positions, meta):
         h, h_l = out
-        self.head.adapter.write_rows(h_l, positions, meta, self.head.akv)
+        self.head.hidden[meta.index] = h_l
         return (h,)
 
 
@@ -296,12 +337,23 @@ class KangarooDrafter(Drafter):
     def prefilled(self, batch: ForwardBatch, kv: KVCache, h: torch.Tensor) -> None:
         """The adapter's KV rows for a prefill chunk, from its layer-l states (captured by the
         prefill forward itself: no second pass over layers [0, l))."""
-        self._head(kv).rows_only(h, batch.positions, sdpa_meta(batch, kv))
+        head = self._head(kv)
+        head.rows_only(h, batch.positions, sdpa_meta(batch, kv))
+        for s, p, n in zip(batch.seq_slots, batch.prefix_lens, batch.num_new):
+            head.done[s] = p + n
+
+    def catch_up(self, seqs) -> None:
+        """The adapter's rows of what lean steps left (AdapterHead.catch_up): before a
+        drafting step's proposals (the planner's, timed apart), or under the forward before
+        it (Runner._prefetch)."""
+        if self.head is not None:
+            self.head.catch_up([s.slot for s in seqs])
 
     def propose(self, seqs, kv, limits) -> list[KangarooProposal]:
         head = self._head(kv)
         if all(r <= 0 for r in limits.room):
             return self.idle(seqs, kv)
+        head.catch_up([s.slot for s in seqs])   # (what the planner's catch_up left: none)
         hidden: list[list[torch.Tensor]] = [[] for _ in seqs]
 
         def forward(rows, inputs, depth, drafting):
@@ -331,15 +383,15 @@ class KangarooDrafter(Drafter):
 
     def idle(self, seqs, kv) -> list[KangarooProposal]:
         """Nothing to draft (a lean step): one forward of the whole model verifies, and its
-        layer-l states give the adapter's rows (lean_forward), so the step costs what ar's
-        does (two forwards cost 8% more on the H100 at batch 1, 237d5df). One shared proposal
+        layer-l states are kept for the adapter's rows (lean_forward), so the step costs what
+        ar's does (two forwards cost 8% more on the H100 at batch 1, 237d5df). One shared proposal
         (never edited): a new one per sequence cost ~3 us each, 0.2 ms a step at batch 64."""
         return [WHOLE] * len(seqs)
 
     custom_verify = True
 
     def lean_forward(self, kv: KVCache) -> tuple:
-        """The whole model, its layer-l states writing the adapter's rows (idle)."""
+        """The whole model, its layer-l states kept for the adapter's rows (idle)."""
         return whole_plan(self.l), self._head(kv).whole
 
     def verify_hidden(self, batch: ForwardBatch, kv: KVCache, seqs,
