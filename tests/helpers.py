@@ -54,7 +54,7 @@ def kv_budget(model, drafter, max_len: int, sequences: float) -> int:
     c = model.cfg
     extra = getattr(drafter, "kv_layers", 0)   # a drafter's own cache layers (Kangaroo's)
     per_row = row_bytes(c.num_layers + extra, c.num_kv_heads, c.head_dim, model.dtype)
-    return (int(rows * sequences) + BLOCK) * per_row   # (+ the pool's null block)
+    return int((int(rows * sequences) + BLOCK) * per_row)   # (+ the pool's null block)
 
 
 def hf_greedy(model_dir, prompt: list[int], max_tokens: int) -> list[int]:

@@ -129,6 +129,25 @@ def test_lean_steps_leave_the_adapters_rows_to_the_next_drafting_step(model, mon
         torch.testing.assert_close(v_got, v, atol=1e-5, rtol=1e-5)
 
 
+def test_drafting_steps_leave_no_rows_to_catch_up(model, monkeypatch):
+    """Where every step drafts, each step's draft forwards write its rows: a catch-up finds
+    none to write again (a pass of its own at every drafting step would cost the kernels the
+    lean step saves)."""
+    from specctl.speculative.kangaroo import AdapterHead
+    caught, catch_up = [], AdapterHead.catch_up
+
+    def spy(self, slots):
+        caught.append(sum(self.akv.lens[s] - self.done[s] for s in slots))
+        return catch_up(self, slots)
+    monkeypatch.setattr(AdapterHead, "catch_up", spy)
+    prompts = random_prompts(4, seed=6)
+    ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=16)
+    dr = KangarooDrafter(model, _adapter(model), SamplingParams(), KangarooParams(eta=0.0))
+    got, stats = run_ids(model, prompts, batch_size=4, max_tokens=16, drafter=dr)
+    assert got == ref and sum(k * n for k, n in stats.accept_hist.items()) > 0
+    assert caught and not any(caught)
+
+
 def test_adapter_step_equals_train_forward(model):
     a = _adapter(model, 2, noise=0.01)
     ids = random_prompts(1, seed=2)[0] + [5, 6, 7, 8]

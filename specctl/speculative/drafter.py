@@ -90,7 +90,8 @@ class Drafter:
     # KV rows past a sequence's committed length that one step may write (the pending token,
     # drafts, probe nodes, rows of draft forwards): a paged cache reserves them before the step
     step_rows = 1
-    # layers of KV cache the drafter keeps beside the target's (same rows): a budget covers both
+    # layers of KV cache the drafter keeps beside the target's (same rows), in KV layers' worth
+    # of bytes a row (a float where it keeps rows of another width): a budget covers both
     kv_layers = 0
     # False: it never drafts (`ar`): each step is its lean step (idle), without room or limits
     drafts = True

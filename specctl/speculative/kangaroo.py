@@ -280,7 +280,9 @@ class KangarooDrafter(Drafter):
         self.model, self.adapter, self.sp, self.prm = model, adapter, sampling, params
         self.l = adapter.l
         self.step_rows = 1 + params.gamma   # drafts, and the tail forward's row after them
-        self.kv_layers = 1                  # the adapter's own cache (a sibling of the target's)
+        c = model.cfg   # the adapter's own cache (a sibling of the target's), and the head's
+        # layer-l states of each row (AdapterHead.hidden), in KV layers' worth of bytes
+        self.kv_layers = 1 + c.hidden_size / (2 * c.num_kv_heads * c.head_dim)
         self.head: AdapterHead | None = None
         self.draft_forwards = 0
 
@@ -348,6 +350,16 @@ class KangarooDrafter(Drafter):
         it (Runner._prefetch)."""
         if self.head is not None:
             self.head.catch_up([s.slot for s in seqs])
+
+    def observe(self, seqs, proposals, verdicts, probe_out) -> None:
+        """After a drafting step's commit: each sequence's committed rows have the adapter's
+        rows (its draft forwards wrote them: its pending token's and each draft's, whose
+        states the verify read), so the next catch_up has none of them to write again. Not
+        after a step that drafted nothing (WHOLE: its rows wait, as a lean step's)."""
+        done, lens = self.head.done, self.head.akv.lens
+        for s, p in zip(seqs, proposals):
+            if not p.whole:
+                done[s.slot] = lens[s.slot]
 
     def propose(self, seqs, kv, limits) -> list[KangarooProposal]:
         head = self._head(kv)

@@ -89,7 +89,7 @@ class Runner:
         # its rows); smaller than every slot at full length -> paged
         if kv_budget is not None and drafter.kv_layers:
             L = model.cfg.num_layers
-            kv_budget = kv_budget * L // (L + drafter.kv_layers)
+            kv_budget = int(kv_budget * L / (L + drafter.kv_layers))
         self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         self._admitted = 0
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
