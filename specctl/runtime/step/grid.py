@@ -168,10 +168,32 @@ class GridStep:
     behind the forward: nothing read back), then one read of [B, G + 5] (verify); its commit
     (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
-    def __init__(self, table: ContextTable, cands: int):
+    def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None):
+        """kernel: verify in one Triton launch (grid_kernel.py; None: on CUDA, where Triton
+        is there)."""
         self.table, self.C, self.G = table, min(cands, table.R), table.G
         self.first = np.arange(self.C) * self.G   # each chain's first node
         self._layouts: dict[tuple[int, int], tuple] = {}
+        self.kernel = kernel
+
+    def _kernel(self, device: torch.device):
+        """grid_kernel, where verification runs there on `device`, else None."""
+        if self.kernel is False or (self.kernel is None and device.type != "cuda"):
+            return None
+        try:
+            from specctl.runtime.step import grid_kernel
+        except ImportError:   # (no Triton: the tensor operations, as on a CPU)
+            if self.kernel:
+                raise
+            return None
+        return grid_kernel
+
+    def warm(self, device) -> None:
+        """Where verification is a kernel on `device`: compiled now, as a run starts, not in
+        its first drafting step."""
+        kernel = self._kernel(torch.device(device))
+        if kernel is not None:
+            kernel.warm(self.C, self.G, device)
 
     def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(depth [n], ancestors [n, n], each chain's depth [C]) of C chains of G nodes: made
@@ -220,6 +242,11 @@ class GridStep:
         first chain's move onto itself). A fixed number of tensor operations at any batch
         (tests/test_grid.py counts them)."""
         up, C, G = drafts.up, drafts.C, drafts.G
+        kernel = self._kernel(up.device)
+        if kernel is not None:   # (one launch and the moves' four, not ~40 launches)
+            res, dst, src = kernel.verify(up, target.view(-1), C, G, kv.block, (self.C, self.G))
+            kv.copy_rows(dst, src)
+            return res
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
         allowed = up[:, 3 + n:3 + n + C]

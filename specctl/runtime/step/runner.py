@@ -380,7 +380,9 @@ class Runner:
         table = getattr(self.drafter, "context_table", None)
         if table is None or not self.sp.greedy or self.logprobs is not None:
             return None
-        return GridStep(table, self.drafter.grid_cands)
+        grid = GridStep(table, self.drafter.grid_cands)
+        grid.warm(self.model.device)
+        return grid
 
     def step(self, seqs: list[Sequence], drain: bool = False) -> float:
         """One plan -> forward -> verify -> commit step over prefilled, unfinished sequences

@@ -1,0 +1,84 @@
+"""The grid step's verification kernel (runtime/step/grid_kernel.py, CUDA's) under Triton's
+interpreter on the CPU: the same verdicts and KV moves as GridStep.device_step's tensor
+operations, in one launch and the moves' four."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import triton_module
+from specctl.engine.kv import KVCache
+from specctl.engine.launches import counting
+from specctl.runtime.step.grid import GridDrafts, GridStep
+from specctl.speculative.context_table import ContextTable
+
+grid_kernel = triton_module("specctl.runtime.step.grid_kernel")
+
+
+def _case(rng, B: int, C: int, G: int, paged: bool, vocab: int = 4):
+    """Drafts and a target where chains often agree (a small vocabulary, targets copied from
+    the candidates), with every budget, hold and room from none to all."""
+    cands = rng.integers(0, vocab, (B, C, G))
+    allowed = rng.integers(0, G + 1, (B, C))
+    held = rng.integers(0, C + 1, B)
+    lens = rng.integers(0, 20, B)
+    seq = np.array([np.arange(B), lens, rng.integers(0, vocab, B)])
+    tables = rng.permutation(np.arange(1, 3 * B + 1)).reshape(B, 3) if paged else \
+        np.arange(B)[:, None]
+    target = rng.integers(0, vocab, (B, 1 + C * G))
+    agree = rng.random((B, C, G)) < 0.7   # (target after node j - 1 = node j's candidate)
+    for b, c, j in zip(*np.nonzero(agree)):
+        target[b, c * G + j if j else 0] = cands[b, c, j]
+    if C > 1:   # (ties: the first of two equal chains is the one taken, so its rows move)
+        cands[::2, 1], allowed[::2, :2], held[::2] = cands[::2, 0], G, C
+        target[::2, 1 + G:1 + 2 * G] = target[::2, 1:1 + G]
+    return seq, cands, allowed, held, tables, torch.from_numpy(target.ravel())
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("C,G", [(1, 1), (1, 4), (3, 4), (4, 2), (4, 4)])
+def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
+    rng = np.random.default_rng(C * 10 + G + paged)
+    most = (4, 4)   # (compiled for the largest chains, as a run's: a step's may be fewer)
+    accepted = 0
+    for B in (1, 7, 64):
+        seq, cands, allowed, held, tables, target = _case(rng, B, C, G, paged)
+        out = {}
+        for kernel in (False, True):
+            step = GridStep(ContextTable(50, most[0], most[1]), most[0], kernel=kernel)
+            kv = KVCache(2, 3 * B + 1 if paged else B, 48, 1, 2,
+                         num_blocks=3 * B if paged else None)
+            kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
+            kv.v_all.copy_(-kv.k_all)
+            drafts = GridDrafts.make(seq, cands, allowed, held, tables, "cpu")
+            with counting(as_cuda=True) as c:
+                res = step.device_step(drafts, target, kv)
+            out[kernel] = res, kv.k_all.clone(), kv.v_all.clone(), c.count
+        (r0, k0, v0, n0), (r1, k1, v1, n1) = out[False], out[True]
+        assert torch.equal(r0, r1), (B, r0, r1)
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+        accepted += int((r0[:, 0] > 0).sum())
+        assert n1 <= 5 < 30 <= n0, (n0, n1)   # (one launch and the moves' four)
+    assert accepted > 8   # (drafts accepted: the case is not vacuous)
+
+
+def test_a_grid_run_on_the_kernel_is_a_grid_run(model, monkeypatch):
+    """A whole Self-Draft run on the grid, verifying with the kernel: ar's output and the
+    same acceptance as the tensor operations give."""
+    from helpers import run_ids
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12]
+    ref, _ = run_ids(model, prompts, max_tokens=32)
+    hist = {}
+    init = GridStep.__init__
+    for kernel in (False, True):
+        monkeypatch.setattr(GridStep, "__init__", lambda self, t, c, k=None, _k=kernel:
+                            init(self, t, c, _k))
+        dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, prompt_grams=True,
+                                              grid=True), None, vocab=model.cfg.vocab_size)
+        got, stats = run_ids(model, prompts, batch_size=4, max_tokens=32, drafter=dr)
+        assert got == ref
+        hist[kernel] = stats.accept_hist
+    assert hist[True] == hist[False] and sum(k * n for k, n in hist[True].items()) > 0
