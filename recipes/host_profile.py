@@ -6,7 +6,7 @@
                                    [--model DIR] [--input FILE] [--skip-set FILE]
                                    [--repeats N] [--schedule auto|cuda|cpu] [--graphs]
                                    [--device-core K]
-                                   [--cprofile FILE] [--torch-profile FILE]
+                                   [--cprofile FILE] [--torch-profile FILE] [--launches]
 
 With a tiny model (recipes/tiny_model.py: 2 layers, hidden 64) a forward costs almost nothing,
 so the host column is the runtime's own work per step, what issue "A host-lean step" bounds:
@@ -92,6 +92,10 @@ def main() -> None:
                     help="after the timed runs, one more run of each row under torch.profiler "
                          "(CPU, and CUDA's kernels on a GPU): its ops by self time to "
                          "FILE.<method>.b<batch>.txt")
+    ap.add_argument("--launches", action="store_true",
+                    help="after the timed runs, one more run of each row counting what a GPU's "
+                         "host launches a step: graph replays, and eager kernels as CUDA "
+                         "launches them (engine/launches.py)")
     a = ap.parse_args()
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
@@ -198,9 +202,61 @@ def main() -> None:
                 r.run(reqs())
         for r in rows:
             print(r.line(), flush=True)
+        if a.launches:
+            print("\n| method | batch | steps | graph replays/step | eager launches/step |\n"
+                  "|---|---|---|---|---|")
+            for r in rows:
+                print(launch_counts(r, reqs()), flush=True)
         if a.torch_profile:
             for r in rows:
                 torch_profile(r, reqs(), f"{a.torch_profile}.{r.method.replace(':', '_')}.b{b}.txt")
+
+
+def launch_counts(row: "Row", requests) -> str:
+    """One untimed run of row's runner, its steps' launches counted (engine/launches.py, as
+    CUDA launches them): a graph replay is one (on a CPU the stand-in's forward inside it is
+    not counted), every other kernel one each. A GPU's host pays each eager launch, ~5-10 us,
+    where a replay's kernels cost it one. A grid step verifies as on CUDA, with its kernel
+    (runtime/step/grid_kernel.py: under Triton's interpreter on a CPU, where Triton is)."""
+    import contextlib
+    import os
+    import sys
+    from unittest import mock
+    from specctl.engine.graphs import _EagerReplay
+    from specctl.engine.launches import counting
+    from specctl.runtime.step.grid import GridStep
+    g, runner = row.runner.model.graphs, row.runner
+    n = {"steps": 0, "eager": 0, "replays": 0}
+    step, replay = runner.step, _EagerReplay.replay
+    as_cuda = contextlib.nullcontext()
+    if not row.cuda and "triton" not in sys.modules:   # (the interpreter is chosen at import)
+        os.environ["TRITON_INTERPRET"] = "1"
+    if not row.cuda and os.environ.get("TRITON_INTERPRET") == "1":
+        as_cuda = mock.patch.object(GridStep, "kernel", True)
+    with counting(as_cuda=True) as ops, as_cuda:
+        def quiet_replay(self):
+            ops.quiet += 1
+            try:
+                return replay(self)
+            finally:
+                ops.quiet -= 1
+
+        def counted(seqs, drain=False):
+            c, r = ops.count, g.replays if g else 0
+            try:
+                return step(seqs, drain)
+            finally:
+                n["steps"] += 1
+                n["eager"] += ops.count - c
+                n["replays"] += (g.replays if g else 0) - r
+        runner.step, _EagerReplay.replay = counted, quiet_replay
+        try:
+            runner.run(requests, lambda r: None)
+        finally:
+            runner.step, _EagerReplay.replay = step, replay
+    k = max(n["steps"], 1)
+    return (f"| {row.method} | {row.b} | {n['steps']} | {n['replays'] / k:.2f} | "
+            f"{n['eager'] / k:.1f} |")
 
 
 def torch_profile(row: "Row", requests, path: str) -> None:

@@ -168,13 +168,15 @@ class GridStep:
     behind the forward: nothing read back), then one read of [B, G + 5] (verify); its commit
     (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
+    kernel: bool | None = None   # verify in one Triton launch (grid_kernel.py; None: on
+    # CUDA, where Triton is there)
+
     def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None):
-        """kernel: verify in one Triton launch (grid_kernel.py; None: on CUDA, where Triton
-        is there)."""
         self.table, self.C, self.G = table, min(cands, table.R), table.G
         self.first = np.arange(self.C) * self.G   # each chain's first node
         self._layouts: dict[tuple[int, int], tuple] = {}
-        self.kernel = kernel
+        if kernel is not None:
+            self.kernel = kernel
 
     def _kernel(self, device: torch.device):
         """grid_kernel, where verification runs there on `device`, else None."""
