@@ -308,10 +308,10 @@ class Row:
             st["seqs"] += len(seqs)
             return work
 
-        def under_forward(plan, drain):   # (on CUDA: hidden while shorter than the forward)
+        def under_forward(*a):   # (on CUDA: hidden while shorter than the forward)
             t = time.perf_counter()
             try:
-                return beside(plan, drain)
+                return beside(*a)
             finally:
                 self.t["under"] += time.perf_counter() - t
 

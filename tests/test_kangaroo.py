@@ -136,9 +136,9 @@ def test_drafting_steps_leave_no_rows_to_catch_up(model, monkeypatch):
     from specctl.speculative.kangaroo import AdapterHead
     caught, catch_up = [], AdapterHead.catch_up
 
-    def spy(self, slots):
-        caught.append(sum(self.akv.lens[s] - self.done[s] for s in slots))
-        return catch_up(self, slots)
+    def spy(self, slots, ahead=0):
+        caught.append(sum(self.akv.lens[s] + ahead - self.done[s] for s in slots))
+        return catch_up(self, slots, ahead)
     monkeypatch.setattr(AdapterHead, "catch_up", spy)
     prompts = random_prompts(4, seed=6)
     ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=16)
@@ -146,6 +146,45 @@ def test_drafting_steps_leave_no_rows_to_catch_up(model, monkeypatch):
     got, stats = run_ids(model, prompts, batch_size=4, max_tokens=16, drafter=dr)
     assert got == ref and sum(k * n for k, n in stats.accept_hist.items()) > 0
     assert caught and not any(caught)
+
+
+def test_a_catch_up_under_a_lean_forward_takes_its_row_too(model, monkeypatch):
+    """Where the host runs beside the forward, the catch-up before a drafting step runs under
+    the lean step before it (Runner._prefetch), before that step commits: it writes the lean
+    forward's own row too (ordered after it on the device), so the drafting step's plan has
+    no pass of its own to run; and every row is still the adapter's over the whole text."""
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.step import Planner
+    from specctl.speculative.kangaroo import AdapterHead
+    wrote, catch_up, plan = [], AdapterHead.catch_up, Planner.plan
+    where = ["plan"]
+
+    def spy(self, slots, ahead=0):
+        wrote.append((where[0], sum(max(0, self.akv.lens[s] + ahead - self.done[s])
+                                    for s in slots)))
+        return catch_up(self, slots, ahead)
+
+    def lean3(self, seqs, drain=False, clock=None):   # (3 lean steps, then a drafting one)
+        self.n = getattr(self, "n", 0) + 1
+        return self._lean(seqs, None) if self.n % 4 else plan(self, seqs, drain, clock)
+
+    def prefetch(self, seqs, drain, missing=False, lean=False):   # (the next step drafts)
+        where[0] = "prefetch"
+        if not missing and self.planner.n % 4 == 3:
+            self.drafter.catch_up(seqs, int(lean))
+        where[0] = "plan"
+        return 0.0
+    monkeypatch.setattr(AdapterHead, "catch_up", spy)
+    monkeypatch.setattr(Planner, "plan", lean3)
+    monkeypatch.setattr(Planner, "overlaps", property(lambda self: True))
+    monkeypatch.setattr(Runner, "_prefetch", prefetch)
+    prompts = random_prompts(4, seed=3)
+    ref, _ = run_ids(model, prompts, batch_size=4, max_tokens=30)
+    dr = KangarooDrafter(model, _adapter(model), SamplingParams(), KangarooParams(eta=0.0))
+    got, _ = run_ids(model, prompts, batch_size=4, max_tokens=30, drafter=dr)
+    assert got == ref
+    assert sum(n for w, n in wrote if w == "prefetch") > 0
+    assert sum(n for w, n in wrote if w == "plan") == 0, wrote
 
 
 def test_adapter_step_equals_train_forward(model):

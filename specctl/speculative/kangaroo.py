@@ -53,6 +53,8 @@ from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.verify import DraftTree
 from specctl.speculative.sampling import SamplingParams, draw_drafts
 
+PASS_ROWS = 8192   # the most rows one pass of a catch-up writes
+
 ADAPTER_KEYS = ("norm_in.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
                 "o_proj.weight", "norm_out.weight")
 
@@ -175,9 +177,9 @@ def kangaroo_price(model, adapter: Adapter, max_draft: int = 0) -> DraftPrice:
 
 class AdapterHead:
     """The adapter as the head of a layers-[0, l) forward (Model.run): layer-l
-    states -> (the states, draft logits), writing the adapter's KV rows into its own cache,
-    and the states into `hidden` (every head does: a lean stretch's rows are written from it
-    later, catch_up)."""
+    states -> (the states, draft logits), writing the adapter's KV rows into its own cache.
+    Its `hidden` holds a lean forward's states (AdapterWhole), whose adapter rows catch_up
+    writes later; a drafting step's rows are written by its own forwards."""
 
     def __init__(self, adapter: Adapter, akv: KVCache):
         self.adapter, self.akv = adapter, akv
@@ -190,21 +192,23 @@ class AdapterHead:
         # each slot's rows [0, done) hold the adapter's keys and values; its rows [done,
         # lens) only their states in hidden (lean steps'), until catch_up writes them
         self.done = [0] * akv.num_slots
+        self._pinned = self._copied = None   # (catch_up's host buffer, and its last copy)
 
         self.rows_only = AdapterRows(self)
         self.whole = AdapterWhole(self)
 
     def __call__(self, h, positions, meta):
-        self.hidden[meta.index] = h
         return h, self.adapter.decode(h, positions, meta, self.akv)
 
-    def catch_up(self, slots: list[int]) -> None:
-        """The adapter's rows of each slot's lean stretch (its rows [done, lens)) from their
-        states, in one batched pass; then every committed row of those slots has them."""
+    def catch_up(self, slots: list[int], ahead: int = 0) -> None:
+        """The adapter's rows of each slot's lean stretch (its rows [done, lens + ahead):
+        ahead, what a lean forward in flight writes, ordered before this on the device) from
+        their states, in batched passes of at most PASS_ROWS rows (a pass's temporaries are
+        its rows' states a few times over); then those rows have them."""
         done, lens, akv = self.done, self.akv.lens, self.akv
-        lag = [(s, done[s], lens[s]) for s in slots if done[s] < lens[s]]
+        lag = [(s, done[s], lens[s] + ahead) for s in slots if done[s] < lens[s] + ahead]
         for s in slots:
-            done[s] = lens[s]
+            done[s] = lens[s] + ahead
         if not lag:
             return
         slot, start, end = (np.array(x, dtype=np.int64) for x in zip(*lag))
@@ -214,21 +218,39 @@ class AdapterHead:
         b = akv.block   # (storage rows through the block tables: a contiguous cache's is
         tables = np.array(akv.table_rows(slot.tolist(), -(-int(end.max()) // b)))   # its slot)
         index = tables[np.repeat(np.arange(len(lag)), counts), rows // b] * b + rows % b
+        index, rows = self._upload(np.stack([index, rows]))
+        for i in range(0, len(rows), PASS_ROWS):
+            at = index[i:i + PASS_ROWS]
+            self.adapter.write_rows(self.hidden[at], rows[i:i + PASS_ROWS], at, akv)
+
+    def _upload(self, a: np.ndarray) -> torch.Tensor:
+        """a on the head's device, copied without waiting for the device (on CUDA a
+        pageable copy synchronizes: the host would wait for the forward it runs beside)
+        through a pinned buffer, which the last copy has finished reading."""
         dev = self.hidden.device
-        index, rows = (torch.from_numpy(a).to(dev) for a in (index, rows))
-        self.adapter.write_rows(self.hidden[index], rows, index, akv)
+        if dev.type != "cuda":
+            return torch.from_numpy(a)
+        if self._copied is not None:
+            self._copied.synchronize()
+        if self._pinned is None or self._pinned.numel() < a.size:
+            self._pinned = torch.empty(max(a.size, 4096), dtype=torch.long, pin_memory=True)
+        host = self._pinned[:a.size].view(a.shape)
+        host.numpy()[:] = a
+        out = host.to(dev, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return out
 
 
 class AdapterRows:
-    """An AdapterHead that only writes the adapter's KV rows (and keeps the states): the head
-    of a shallow forward that drafts nothing (a full chain's last draft's, a prompt's)."""
+    """An AdapterHead that only writes the adapter's KV rows: the head of a shallow forward
+    that drafts nothing (a full chain's last draft's, a prompt's)."""
 
     def __init__(self, head: AdapterHead):
         self.head = head
         self.key = ("kangaroo-rows", head.adapter.l)
 
     def __call__(self, h, positions, meta):
-        self.head.hidden[meta.index] = h
         self.head.adapter.write_rows(h, positions, meta.index, self.head.akv)
         return (h,)
 
@@ -344,12 +366,12 @@ class KangarooDrafter(Drafter):
         for s, p, n in zip(batch.seq_slots, batch.prefix_lens, batch.num_new):
             head.done[s] = p + n
 
-    def catch_up(self, seqs) -> None:
-        """The adapter's rows of what lean steps left (AdapterHead.catch_up): before a
-        drafting step's proposals (the planner's, timed apart), or under the forward before
-        it (Runner._prefetch)."""
+    def catch_up(self, seqs, ahead: int = 0) -> None:
+        """The adapter's rows of what lean steps left (AdapterHead.catch_up): under the
+        forward before a drafting step (Runner._prefetch: that lean forward's own row too,
+        ahead 1), else before its proposals (the planner's, timed apart)."""
         if self.head is not None:
-            self.head.catch_up([s.slot for s in seqs])
+            self.head.catch_up([s.slot for s in seqs], ahead)
 
     def observe(self, seqs, proposals, verdicts, probe_out) -> None:
         """After a drafting step's commit: each sequence's committed rows have the adapter's
@@ -365,7 +387,7 @@ class KangarooDrafter(Drafter):
         head = self._head(kv)
         if all(r <= 0 for r in limits.room):
             return self.idle(seqs, kv)
-        head.catch_up([s.slot for s in seqs])   # (what the planner's catch_up left: none)
+        head.catch_up([s.slot for s in seqs])   # (a caller's that left it: none in a run)
         hidden: list[list[torch.Tensor]] = [[] for _ in seqs]
 
         def forward(rows, inputs, depth, drafting):

@@ -286,7 +286,7 @@ class SelfDraftDrafter(Drafter):
         self.unindexed = True
         return partial(self._settle, seqs) if self.overlapped and not self.prm.grid else None
 
-    def catch_up(self, seqs) -> None:
+    def catch_up(self, seqs, ahead: int = 0) -> None:
         """The text of lean steps since (IDLE) into the context cache, and finished answers
         into the job cache, before the next drafting step's proposals. Where the host runs
         beside the forward, admitted prompts' grams and trims wait for the next learning,

@@ -398,7 +398,7 @@ class Runner:
         h = self.planner.execute(plan)
         # (on CUDA the forward runs on while the host learns from the last step and searches
         # for the next: the argmax read is the step's first wait)
-        ahead = self.under_forward(plan.seqs, drain)
+        ahead = self.under_forward(plan.seqs, drain, plan.lean)
         if plan.grid is not None:   # (Self-Draft's grid step: runtime/step/grid.py)
             out = StepOutcome(self.planner.grid.verify(plan.grid, self.model.argmax(h),
                                                        self.kv), ())
@@ -448,17 +448,17 @@ class Runner:
             step_logprobs(self.model, plan, out, h, had, self.logprobs)
         return work
 
-    def under_forward(self, seqs, drain: bool) -> float:
+    def under_forward(self, seqs, drain: bool, lean: bool = False) -> float:
         """The host's work while a step's forward computes, where forwards run on without
         the host (Planner.overlaps): what the last step taught (the drafter's caches, the
         controller's acceptance, step time and guard: each a step late), then the next step's
-        search (Planner.prefetch, its ms returned)."""
+        search (Planner.prefetch, its ms returned). lean: the step is a lean one."""
         if self._later or self._later_free:   # (the host's own seconds: a simulated clock
             t = time.perf_counter()                # may not charge them)
             self.catch_up()
             self.stats.learn_s += time.perf_counter() - t
         # (a CPU's run searches at the step: Planner.prefetch would say so, a call later)
-        return self._prefetch(list(seqs), drain) if self._overlaps else 0.0
+        return self._prefetch(list(seqs), drain, lean=lean) if self._overlaps else 0.0
 
     def under_prefill(self, seqs: list[Sequence], drain: bool) -> None:
         """The host's work while a prefill's forward computes (prefill's `under`): the
@@ -473,14 +473,16 @@ class Runner:
             self.stats.search_ms += self._prefetch(sorted(seqs, key=lambda s: s.slot), drain,
                                                    missing=True)
 
-    def _prefetch(self, seqs: list[Sequence], drain: bool, missing: bool = False) -> float:
+    def _prefetch(self, seqs: list[Sequence], drain: bool, missing: bool = False,
+                  lean: bool = False) -> float:
         """The next step's search (Planner.prefetch), its ms returned; where it gives drafts,
         then what lean steps left the drafter (a lean stretch's text for Self-Draft's table,
-        Drafter.catch_up), now, not on the drafting step's path: there it took ~0.3 ms of a
-        first drafting step's host at b32 on the demo model (bench-results/2026-11-30-plan-host)."""
+        Kangaroo's adapter rows, the lean forward in flight's own too: Drafter.catch_up),
+        now, not on the drafting step's path: there it took ~0.3 ms of a first drafting
+        step's host at b32 on the demo model (bench-results/2026-11-30-plan-host)."""
         ms = self.planner.prefetch(seqs, drain, self.clock, missing)
         if self.controller is not None and self.controller.drafts_next:
-            self.drafter.catch_up(seqs)
+            self.drafter.catch_up(seqs, int(lean))
         return ms
 
     def catch_up(self, slotted: bool = False) -> None:
