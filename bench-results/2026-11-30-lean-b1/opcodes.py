@@ -96,11 +96,11 @@ def step(self, seqs, drain=False):
         S["where"] = None
 
 
-def under_forward(self, seqs, drain):
+def under_forward(self, seqs, drain, *a):
     was = S["where"]
     S["where"] = (was[0], "under") if was else None
     try:
-        return under0(self, seqs, drain)
+        return under0(self, seqs, drain, *a)
     finally:
         S["where"] = was
 
