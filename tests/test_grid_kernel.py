@@ -15,6 +15,7 @@ from specctl.runtime.step.grid import GridDrafts, GridStep
 from specctl.speculative.context_table import ContextTable
 
 grid_kernel = triton_module("specctl.runtime.step.grid_kernel")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # (compiled there, else interpreted)
 
 
 def _case(rng, B: int, C: int, G: int, paged: bool, vocab: int = 4):
@@ -48,14 +49,14 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
         out = {}
         for kernel in (False, True):
             step = GridStep(ContextTable(50, most[0], most[1]), most[0], kernel=kernel)
-            kv = KVCache(2, 3 * B + 1 if paged else B, 48, 1, 2,
+            kv = KVCache(2, 3 * B + 1 if paged else B, 48, 1, 2, device=DEV,
                          num_blocks=3 * B if paged else None)
             kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
             kv.v_all.copy_(-kv.k_all)
-            drafts = GridDrafts.make(seq, cands, allowed, held, tables, "cpu")
+            drafts = GridDrafts.make(seq, cands, allowed, held, tables, DEV)
             with counting(as_cuda=True) as c:
-                res = step.device_step(drafts, target, kv)
-            out[kernel] = res, kv.k_all.clone(), kv.v_all.clone(), c.count
+                res = step.device_step(drafts, target.to(DEV), kv)
+            out[kernel] = res.cpu(), kv.k_all.cpu(), kv.v_all.cpu(), c.count
         (r0, k0, v0, n0), (r1, k1, v1, n1) = out[False], out[True]
         assert torch.equal(r0, r1), (B, r0, r1)
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
@@ -64,6 +65,7 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
     assert accepted > 8   # (drafts accepted: the case is not vacuous)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tests' model runs on the CPU")
 def test_a_grid_run_on_the_kernel_is_a_grid_run(model, monkeypatch):
     """A whole Self-Draft run on the grid, verifying with the kernel: ar's output and the
     same acceptance as the tensor operations give."""
