@@ -50,9 +50,12 @@ PLAN = (
     Step(2, "fused-probe", 60, 20, "fused-probe.md", "12 s at 7f4cca3"),
     Step(2, "exact", 90, 40, "exact.md", "33 s at 7f4cca3"),
     Step(2, "repeat", 45, 40, "repeat.md", "38 s at 7f4cca3"),
-    Step(2, "host-profile", 130, 110, "host-profile.md",
+    Step(2, "grid-kernel", 40, 12, "grid-kernel.log",
+         "not timed yet: pytest's start, one Triton compile, 11 small tests"),
+    Step(2, "host-profile", 130, 113, "host-profile.md",
          "killed at its 60 s budget at 7f4cca3 in the batch-64 rows' torch profiles (its "
-         "tables written); one more row since (the grid): not timed yet"),
+         "tables written); one more row since (the grid), and --launches' counting run of "
+         "each b64 row: not timed yet"),
 )
 
 # What the GPU owes that no call runs, and why (printed by `plan`)

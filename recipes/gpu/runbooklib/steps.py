@@ -342,12 +342,20 @@ def repeat_table(d: Path) -> str:
     return "\n".join(rows)
 
 
+@step("grid-kernel")
+def grid_kernel(c: Ctx) -> int:
+    """The grid step's verification kernel compiled for CUDA, against its tensor operations
+    (tests/test_grid_kernel.py: interpreted on a CPU, in the default suite)."""
+    return c.x(c.py, "-m", "pytest", "-q", "tests/test_grid_kernel.py", "-p",
+               "no:cacheprovider")
+
+
 @step("host-profile")
 def host_profile(c: Ctx) -> int:
     """The host's share of a step, ar and Self-Draft, at batch 1 and 8; then at batch 64 over
     128 prompts (a batch fills twice), with a drafting step every step (self-draft:light:fixed
     and the grid's, self-draft:grid:fixed: issue 52's bar is their host time against ar's)
-    and each row once under torch.profiler
+    and each row's launches a step counted (--launches), and each row once under torch.profiler
     (OUT/torch-profile.<method>.b64.txt: the kernels and host ops of its steps). (REHEARSE:
     --threads, since the step's wrapper gives the CPU thread tuner no work.)"""
     small = c.rehearse
@@ -362,5 +370,6 @@ def host_profile(c: Ctx) -> int:
                   "--batch-sizes", "4" if small else "64",
                   "--prompts", "8" if small else "128", "--max-tokens", "4" if small else "48",
                   *(["--threads", "2"] if small else []), "--schedule", "cuda",
-                  "--skip-set", c.art / "skip.json", "--torch-profile", c.out / "torch-profile")
+                  "--skip-set", c.art / "skip.json", "--launches",
+                  "--torch-profile", c.out / "torch-profile")
     return rc or rc64
