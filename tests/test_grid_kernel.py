@@ -1,6 +1,6 @@
 """The grid step's verification kernel (runtime/step/grid_kernel.py, CUDA's) under Triton's
 interpreter on the CPU: the same verdicts and KV moves as GridStep.device_step's tensor
-operations, in one launch and the moves' four."""
+operations, in one launch."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
         out = {}
         for kernel in (False, True):
             step = GridStep(ContextTable(50, most[0], most[1]), most[0], kernel=kernel)
-            kv = KVCache(2, 3 * B + 1 if paged else B, 48, 1, 2, device=DEV,
+            # (3 layers of 3 heads of 5: rows of 15 values, not a power of two)
+            kv = KVCache(3, 3 * B + 1 if paged else B, 48, 3, 5, device=DEV,
                          num_blocks=3 * B if paged else None)
             kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
             kv.v_all.copy_(-kv.k_all)
@@ -61,7 +62,7 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
         assert torch.equal(r0, r1), (B, r0, r1)
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
         accepted += int((r0[:, 0] > 0).sum())
-        assert n1 <= 5 < 30 <= n0, (n0, n1)   # (one launch and the moves' four)
+        assert n1 == 1 and n0 >= 30, (n0, n1)   # (one launch)
     assert accepted > 8   # (drafts accepted: the case is not vacuous)
 
 

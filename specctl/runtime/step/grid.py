@@ -190,12 +190,12 @@ class GridStep:
             return None
         return grid_kernel
 
-    def warm(self, device) -> None:
-        """Where verification is a kernel on `device`: compiled now, as a run starts, not in
-        its first drafting step."""
-        kernel = self._kernel(torch.device(device))
-        if kernel is not None:
-            kernel.warm(self.C, self.G, device)
+    def warm(self, kv) -> None:
+        """Where verification is a kernel on kv's device: compiled now, as a run starts, not
+        in its first drafting step."""
+        kernel = self._kernel(kv.k_all.device)
+        if kernel is not None and kernel.fits(kv):
+            kernel.warm(self.C, self.G, kv)
 
     def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(depth [n], ancestors [n, n], each chain's depth [C]) of C chains of G nodes: made
@@ -245,10 +245,8 @@ class GridStep:
         (tests/test_grid.py counts them)."""
         up, C, G = drafts.up, drafts.C, drafts.G
         kernel = self._kernel(up.device)
-        if kernel is not None:   # (one launch and the moves' four, not ~40 launches)
-            res, dst, src = kernel.verify(up, target.view(-1), C, G, kv.block, (self.C, self.G))
-            kv.copy_rows(dst, src)
-            return res
+        if kernel is not None and kernel.fits(kv):   # (one launch, not 41)
+            return kernel.verify(up, target.view(-1), C, G, kv, (self.C, self.G))
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
         allowed = up[:, 3 + n:3 + n + C]

@@ -1,14 +1,14 @@
-"""A grid step's verification in one Triton launch on CUDA (GridStep.device_step's, issue 52).
+"""A grid step's verification and KV moves in one Triton launch on CUDA (GridStep.device_step's,
+issue 52).
 
-The tensor operations of verify_chains and the storage rows of the KV moves are 37 eager
-launches a drafting step (engine/launches.py counts them as CUDA launches them). A GPU's host
-pays each one, ~5-10 us through PyTorch's dispatch, at any batch: with the KV moves' own four,
-~0.2-0.4 ms a drafting step, where an `ar` step's whole host at batch 64 was 0.4 ms on the H200
-(bench-results/2026-11-30-gpu-7f4cca3/host-profile-b64.md). Here they are one program a
-sequence, reading its row of GridDrafts.up and of the target's argmax and writing its row of
-the verdicts and its rows to move; the moves stay KVCache.copy_rows' (every layer's keys and
-values: four launches). The result equals the tensor operations' (tests/test_grid_kernel.py,
-under Triton's interpreter on a CPU).
+On the tensor path they are 41 eager launches a drafting step, at any batch: 37 for
+verify_chains and the moves' storage rows, 4 for the moves (engine/launches.py counts them as
+CUDA launches them). A GPU's host pays each one through PyTorch's dispatch (an eager demo-shape
+forward took the H200's host ~27 us a launch, bench-results/2026-11-30-grid-kernel), where an
+`ar` step's whole host at batch 64 was 0.4 ms. Here they are one program a sequence: it reads
+its row of GridDrafts.up and of the target's argmax, writes its row of the verdicts, and moves
+its best chain's rows below its root, every layer's keys and values. The result equals the
+tensor operations' (tests/test_grid_kernel.py, under Triton's interpreter on a CPU).
 
 C and G are arguments, not compile-time constants: one compile for the drafter's largest
 chains serves every step's (a step's budget picks fewer or shallower ones), made as the run
@@ -28,9 +28,9 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block"])
-def _verify_kernel(up, target, res, dst, src, sb, sk, C, G, block,
-                   BC: tl.constexpr, BG: tl.constexpr, BO: tl.constexpr):
+@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block", "L", "sL", "sR", "E"])
+def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, L, sL, sR, E,
+                   BC: tl.constexpr, BG: tl.constexpr, BO: tl.constexpr, BE: tl.constexpr):
     b = tl.program_id(0)
     n = C * G
     row = up + b * sb                # slot, committed rows, pending, cands [C G], allowed [C],
@@ -60,35 +60,52 @@ def _verify_kernel(up, target, res, dst, src, sb, sk, C, G, block,
     tl.store(r + 2, start)
     tl.store(r + 3, tl.sum(lim, axis=0))
     tl.store(r + 4 + o, out, mask=o < G + 1)
-    # the best chain's rows below the root: storage rows through the block table
+    # the best chain's rows moved below the root, every layer's keys and values (storage
+    # rows through the block table; a sequence's rows are its own, and the chain's lie past
+    # the rows they move to: no program reads a row another writes)
     g = tl.arange(0, BG)
     base = tl.load(row + sk) + 1
     table = row + (4 + n + C) * sk
     d, s = base + g, base + best * G + g
-    tl.store(dst + b * G + g, tl.load(table + d // block * sk, mask=g < G, other=0) * block
-             + d % block, mask=g < G)
-    tl.store(src + b * G + g, tl.load(table + s // block * sk, mask=g < G, other=0) * block
-             + s % block, mask=g < G)
+    d = tl.load(table + d // block * sk, mask=g < G, other=0) * block + d % block
+    s = tl.load(table + s // block * sk, mask=g < G, other=0) * block + s % block
+    e = tl.arange(0, BE)[None, :]
+    moved = (g < G)[:, None] & (e < E)
+    d, s = d[:, None] * sR + e, s[:, None] * sR + e
+    for _ in range(L):   # (pointers stepped a layer at a time: no layer x stride product)
+        tl.store(kc + d, tl.load(kc + s, mask=moved), mask=moved)
+        tl.store(vc + d, tl.load(vc + s, mask=moved), mask=moved)
+        kc += sL
+        vc += sL
 
 
-def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, block: int,
-           most: tuple[int, int] | None = None) -> tuple[torch.Tensor, ...]:
-    """(verdicts [B, G + 5], dst [B, G], src [B, G]) of GridStep.device_step, from up [B, W]
-    (GridDrafts.up, any strides: numpy may lay it out by columns) and target [B (1 + C G)]
-    (contiguous), int64 on one device; most: the largest (C, G) the kernel is compiled for
-    (default these)."""
+def fits(kv) -> bool:
+    """Whether the kernel moves kv's rows: each layer's keys and values rows of contiguous
+    values (KVCache's own)."""
+    return all(t.is_contiguous() for t in (kv.k_all, kv.v_all))
+
+
+def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
+           most: tuple[int, int] | None = None) -> torch.Tensor:
+    """GridStep.device_step's verdicts [B, G + 5], its KV moves made (kv: a KVCache, fits),
+    from up [B, W] (GridDrafts.up, any strides: numpy may lay it out by columns) and target
+    [B (1 + C G)] (contiguous), int64 on kv's device; most: the largest (C, G) the kernel is
+    compiled for (default these)."""
     B = up.shape[0]
     mc, mg = most or (C, G)
+    k = kv.k_all
+    E = k.shape[2] * k.shape[3]
     res = torch.empty(B, G + 5, dtype=torch.long, device=up.device)
-    dst = torch.empty(B, G, dtype=torch.long, device=up.device)
-    src = torch.empty_like(dst)
-    launch(_verify_kernel, (B,), up, target, res, dst, src, up.stride(0), up.stride(1), C, G,
-           block,
-           BC=_pow2(mc), BG=_pow2(mg), BO=_pow2(mg + 1))
-    return res, dst, src
+    launch(_verify_kernel, (B,), up, target, res, k, kv.v_all, up.stride(0), up.stride(1),
+           C, G, kv.block, k.shape[0], k.stride(0), k.stride(1), E,
+           BC=_pow2(mc), BG=_pow2(mg), BO=_pow2(mg + 1), BE=_pow2(E))
+    return res
 
 
-def warm(C: int, G: int, device) -> None:
-    """Compile the kernel for chains of at most C x G (a tiny launch), as a run starts."""
-    up = torch.zeros(1, 5 + C * G + C, dtype=torch.long, device=device)
-    verify(up, torch.zeros(1 + C * G, dtype=torch.long, device=device), C, G, 1 << 20)
+def warm(C: int, G: int, kv) -> None:
+    """Compile the kernel for chains of at most C x G and kv's rows, as a run starts: a launch
+    over one sequence whose moves are onto themselves (its best chain, the first, holds
+    nothing)."""
+    dev = kv.k_all.device
+    up = torch.zeros(1, 5 + C * G + C, dtype=torch.long, device=dev)
+    verify(up, torch.zeros(1 + C * G, dtype=torch.long, device=dev), C, G, kv)

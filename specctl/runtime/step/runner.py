@@ -381,7 +381,7 @@ class Runner:
         if table is None or not self.sp.greedy or self.logprobs is not None:
             return None
         grid = GridStep(table, self.drafter.grid_cands)
-        grid.warm(self.model.device)
+        grid.warm(self.kv)
         return grid
 
     def step(self, seqs: list[Sequence], drain: bool = False) -> float:
