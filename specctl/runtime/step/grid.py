@@ -14,8 +14,9 @@ accepted draft equals the target's own token whatever it came from. So the step 
 `ar`'s text, and what it does a sequence in Python is what `ar`'s step does: read its tokens
 and emit them.
 
-Verification and the KV moves are tensor operations on the step's device (device_step: under
-40 of them at any batch, none reading a value back), queued behind the forward on a GPU; the
+Verification and the KV moves are tensor operations on the step's device (device_step: 41
+launches at any batch, none reading a value back; on CUDA one Triton kernel, grid_kernel.py,
+as each launch costs a GPU's host), queued behind the forward on a GPU; the
 host then reads one [B, G + 5] result, as `ar` reads its [B] tokens. The drafter's learning
 from the step (its text into the table) reads no slot: it waits for the next forward even
 where a sequence ended (Runner.step).
@@ -168,7 +169,7 @@ class GridStep:
     behind the forward: nothing read back), then one read of [B, G + 5] (verify); its commit
     (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
-    kernel: bool | None = None   # verify in one Triton launch (grid_kernel.py; None: on
+    kernel: bool | None = None   # verify and move in one Triton launch (grid_kernel.py; None: on
     # CUDA, where Triton is there)
 
     def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None):
@@ -242,7 +243,7 @@ class GridStep:
         sequence's best chain's rows moved below its root (all G of them, whatever was
         accepted: rows past what commit keeps are garbage the next forward overwrites; the
         first chain's move onto itself). A fixed number of tensor operations at any batch
-        (tests/test_grid.py counts them)."""
+        (tests/test_grid.py counts them); on CUDA one Triton launch (grid_kernel.py)."""
         up, C, G = drafts.up, drafts.C, drafts.G
         kernel = self._kernel(up.device)
         if kernel is not None and kernel.fits(kv):   # (one launch, not 41)
