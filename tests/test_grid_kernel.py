@@ -85,3 +85,26 @@ def test_a_grid_run_on_the_kernel_is_a_grid_run(model, monkeypatch):
         assert got == ref
         hist[kernel] = stats.accept_hist
     assert hist[True] == hist[False] and sum(k * n for k, n in hist[True].items()) > 0
+
+
+def test_a_run_checks_the_kernel_as_it_starts_and_falls_back_where_it_fails(monkeypatch):
+    """GridStep.warm (a run's start) compiles the kernel and checks it against the tensor
+    operations: where it agrees the steps use it; where it differs, or cannot run, a warning
+    says so and the tensor operations verify."""
+    kv = KVCache(2, 4, 64, 3, 5, device=DEV)
+    step = GridStep(ContextTable(50, 4, 4), 4, kernel=True)
+    step.warm(kv)
+    assert step.kernel is True
+    verify = grid_kernel.verify
+
+    def off_by_one(*a):
+        return verify(*a) + 1
+
+    def broken(*a):
+        raise RuntimeError("no kernel image for this device")
+    for bad, says in ((off_by_one, "differs"), (broken, "no kernel image")):
+        monkeypatch.setattr(grid_kernel, "verify", bad)
+        step = GridStep(ContextTable(50, 4, 4), 4, kernel=True)
+        with pytest.warns(UserWarning, match=says):
+            step.warm(kv)
+        assert step.kernel is False and step._kernel(kv.k_all.device) is None

@@ -33,10 +33,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import warnings
+
 import numpy as np
 import torch
 
 from specctl.engine.batch import ForwardBatch
+from specctl.engine.kv import KVCache
 from specctl.speculative.context_table import ContextTable
 from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
@@ -192,11 +195,43 @@ class GridStep:
         return grid_kernel
 
     def warm(self, kv) -> None:
-        """Where verification is a kernel on kv's device: compiled now, as a run starts, not
-        in its first drafting step."""
+        """Where verification is a kernel on kv's device: compiled now, as a run starts (not
+        in its first drafting step), and checked against the tensor operations on a few
+        random sequences in a scratch cache of kv's rows; where it fails or differs, the
+        tensor operations verify, and a warning says so."""
         kernel = self._kernel(kv.k_all.device)
-        if kernel is not None and kernel.fits(kv):
-            kernel.warm(self.C, self.G, kv)
+        if kernel is None or not kernel.fits(kv):
+            return
+        try:
+            why = None if self._agrees(kernel, kv) else "differs from its tensor operations"
+        except Exception as e:   # (a compiler or driver that cannot run it)
+            why = f"failed ({type(e).__name__}: {e})"
+        if why is not None:
+            warnings.warn(f"self-draft grid: its CUDA kernel {why}; verifying with those")
+            self.kernel = False
+
+    def _agrees(self, kernel, kv) -> bool:
+        """The kernel's verdicts and moves equal the tensor operations' on random drafts that
+        often agree with their target (tests/test_grid_kernel.py tries many more)."""
+        rng, B, C, G = np.random.default_rng(0), 4, self.C, self.G
+        dev, (L, _, heads, dim) = kv.k_all.device, kv.k_all.shape
+        cands = rng.integers(0, 2, (B, C, G))
+        seq = np.array([np.arange(B), rng.integers(0, 4, B), rng.integers(0, 2, B)])
+        drafts = (seq, cands, rng.integers(0, G + 1, (B, C)), rng.integers(0, C + 1, B),
+                  np.arange(B)[:, None])
+        target = torch.from_numpy(rng.integers(0, 2, B * (1 + C * G))).to(dev)
+        keys = torch.randn(min(L, 2), B * (8 + C * G), heads, dim,
+                           generator=torch.Generator().manual_seed(0)).to(kv.k_all)
+        got = []
+        for k in (kernel, None):
+            scratch = KVCache(len(keys), B, 8 + C * G, heads, dim, kv.k_all.dtype, dev)
+            scratch.k_all.copy_(keys)
+            scratch.v_all.copy_(-keys)
+            up = GridDrafts.make(*drafts, dev)
+            res = k.verify(up.up, target, C, G, scratch, (C, G)) if k else \
+                self._tensors(up, target, scratch)
+            got.append((res, scratch.k_all, scratch.v_all))
+        return all(torch.equal(a, b) for a, b in zip(*got))
 
     def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(depth [n], ancestors [n, n], each chain's depth [C]) of C chains of G nodes: made
@@ -244,10 +279,15 @@ class GridStep:
         accepted: rows past what commit keeps are garbage the next forward overwrites; the
         first chain's move onto itself). A fixed number of tensor operations at any batch
         (tests/test_grid.py counts them); on CUDA one Triton launch (grid_kernel.py)."""
-        up, C, G = drafts.up, drafts.C, drafts.G
-        kernel = self._kernel(up.device)
+        kernel = self._kernel(drafts.up.device)
         if kernel is not None and kernel.fits(kv):   # (one launch, not 41)
-            return kernel.verify(up, target.view(-1), C, G, kv, (self.C, self.G))
+            return kernel.verify(drafts.up, target.view(-1), drafts.C, drafts.G, kv,
+                                 (self.C, self.G))
+        return self._tensors(drafts, target, kv)
+
+    def _tensors(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
+        """device_step as tensor operations."""
+        up, C, G = drafts.up, drafts.C, drafts.G
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
         allowed = up[:, 3 + n:3 + n + C]

@@ -12,7 +12,7 @@ tensor operations' (tests/test_grid_kernel.py, under Triton's interpreter on a C
 
 C and G are arguments, not compile-time constants: one compile for the drafter's largest
 chains serves every step's (a step's budget picks fewer or shallower ones), made as the run
-starts (warm), not in its first drafting step.
+starts, where GridStep.warm checks the kernel against the tensor operations.
 """
 
 from __future__ import annotations
@@ -100,12 +100,3 @@ def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
            C, G, kv.block, k.shape[0], k.stride(0), k.stride(1), E,
            BC=_pow2(mc), BG=_pow2(mg), BO=_pow2(mg + 1), BE=_pow2(E))
     return res
-
-
-def warm(C: int, G: int, kv) -> None:
-    """Compile the kernel for chains of at most C x G and kv's rows, as a run starts: a launch
-    over one sequence whose moves are onto themselves (its best chain, the first, holds
-    nothing)."""
-    dev = kv.k_all.device
-    up = torch.zeros(1, 5 + C * G + C, dtype=torch.long, device=dev)
-    verify(up, torch.zeros(1 + C * G, dtype=torch.long, device=dev), C, G, kv)
