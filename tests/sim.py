@@ -45,7 +45,7 @@ from specctl.runtime.step.sequence import Request
 from specctl.runtime.control.stepcost import StepCost
 from specctl.speculative.drafter import (NO_DRAFT, DraftLimits, DraftPrice, Drafter, NoDraft,
                                          Proposal)
-from specctl.speculative.kangaroo import AdapterRows
+from specctl.speculative.kangaroo_heads import AdapterRows
 from specctl.speculative.sampling import SamplingParams
 from specctl.speculative.verify import DraftTree
 

@@ -10,7 +10,8 @@ import torch
 
 from helpers import check_three_token_sampling, kv_budget, random_prompts, run_ids
 from specctl.engine.batch import ForwardBatch, LayerPlan, SeqInput
-from specctl.speculative.kangaroo import Adapter, AdapterWhole, KangarooDrafter, KangarooParams
+from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
+from specctl.speculative.kangaroo_heads import AdapterHead, AdapterWhole
 from specctl.speculative.sampling import SamplingParams
 
 
@@ -133,7 +134,6 @@ def test_drafting_steps_leave_no_rows_to_catch_up(model, monkeypatch):
     """Where every step drafts, each step's draft forwards write its rows: a catch-up finds
     none to write again (a pass of its own at every drafting step would cost the kernels the
     lean step saves)."""
-    from specctl.speculative.kangaroo import AdapterHead
     caught, catch_up = [], AdapterHead.catch_up
 
     def spy(self, slots, ahead=0):
@@ -155,7 +155,6 @@ def test_a_catch_up_under_a_lean_forward_takes_its_row_too(model, monkeypatch):
     no pass of its own to run; and every row is still the adapter's over the whole text."""
     from specctl.runtime.step.runner import Runner
     from specctl.runtime.step.step import Planner
-    from specctl.speculative.kangaroo import AdapterHead
     wrote, catch_up, plan = [], AdapterHead.catch_up, Planner.plan
     where = ["plan"]
 
