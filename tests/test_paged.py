@@ -5,6 +5,7 @@ restarted with their work undone."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,6 +39,10 @@ def test_blocks_are_reserved_addressed_and_returned():
     assert kv.index([0, 0, 1, 2], [0, 17, 3, 31]) == [16, 2 * 16 + 1, 3 * 16 + 3, 5 * 16 + 15]
     with pytest.raises(ValueError, match="not reserved"):
         kv.index([1], [16])
+    got = kv.index_array(np.array([0, 0, 1, 2, 0]), np.array([0, 17, 3, 31, 16]))
+    assert got.tolist() == kv.index([0, 0, 1, 2, 0], [0, 17, 3, 31, 16])
+    with pytest.raises(ValueError, match="not reserved"):
+        kv.index_array(np.array([0, 1]), np.array([3, 16]))
     kv.reset(0)
     assert kv.tables[0] == [] and sorted(kv.free) == [1, 2]
     assert kv.reserve(1, 1000) and len(kv.tables[1]) == 3   # capped at max_len

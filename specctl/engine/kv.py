@@ -35,6 +35,7 @@ plus the current forward's own new rows.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 BLOCK = 16   # rows per block of a paged cache (vLLM's default)
@@ -116,6 +117,18 @@ class KVCache:
         except IndexError:
             self.check_reserved(slots, [r + 1 for r in rows])   # raises, naming the row
             raise
+
+    def index_array(self, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """index over arrays: the storage row of each (slot, row), slots and rows [T] int64
+        (whole-array numpy, for many rows at once: Kangaroo's catch-up of a lean stretch);
+        every row must be reserved (else ValueError, as index)."""
+        b = self.block
+        uniq, at = np.unique(slots, return_inverse=True)
+        ends = np.zeros(len(uniq), dtype=np.int64)
+        np.maximum.at(ends, at, rows + 1)
+        self.check_reserved(uniq.tolist(), ends.tolist())   # (as index raises)
+        tables = np.array(self.table_rows(uniq.tolist(), -(-int(ends.max()) // b)))
+        return tables[at, rows // b] * b + rows % b
 
     def reserved(self, slot: int) -> int:
         """Rows of slot that may be written (reserve: the blocks taken, at most max_len)."""

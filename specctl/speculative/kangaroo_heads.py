@@ -57,9 +57,7 @@ class AdapterHead:
         counts = end - start
         first = np.cumsum(counts) - counts
         rows = np.repeat(start - first, counts) + np.arange(int(counts.sum()))
-        b = akv.block   # (storage rows through the block tables: a contiguous cache's is
-        tables = np.array(akv.table_rows(slot.tolist(), -(-int(end.max()) // b)))   # its slot)
-        index = tables[np.repeat(np.arange(len(lag)), counts), rows // b] * b + rows % b
+        index = akv.index_array(np.repeat(slot, counts), rows)
         index, rows = self._upload(np.stack([index, rows]))
         for i in range(0, len(rows), PASS_ROWS):
             at = index[i:i + PASS_ROWS]
