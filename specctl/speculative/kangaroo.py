@@ -280,7 +280,6 @@ class KangarooDrafter(Drafter):
         head = self._head(kv)
         if all(r <= 0 for r in limits.room):
             return self.idle(seqs, kv)
-        head.catch_up([s.slot for s in seqs])   # (a caller's that left it: none in a run)
         hidden: list[list[torch.Tensor]] = [[] for _ in seqs]
 
         def forward(rows, inputs, depth, drafting):

@@ -30,10 +30,9 @@ drafting step at batch 64 ran 5 rows a sequence for budgets of 1-3, padded to 8 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import warnings
 
 import numpy as np
 import torch
