@@ -15,6 +15,7 @@ from specctl.runtime.step.grid import GridDrafts, GridStep
 from specctl.speculative.context_table import ContextTable
 
 grid_kernel = triton_module("specctl.runtime.step.grid_kernel")
+from specctl.engine.bi_matmul import LAUNCHES  # noqa: E402  (after: the interpreter, set there)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"   # (compiled there, else interpreted)
 
 
@@ -75,14 +76,13 @@ def test_a_grid_run_on_the_kernel_is_a_grid_run(model, monkeypatch):
     prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8, [20, 21, 22, 23] * 5, [3, 4] * 12]
     ref, _ = run_ids(model, prompts, max_tokens=32)
     hist = {}
-    init = GridStep.__init__
     for kernel in (False, True):
-        monkeypatch.setattr(GridStep, "__init__", lambda self, t, c, k=None, _k=kernel:
-                            init(self, t, c, _k))
+        monkeypatch.setattr(GridStep, "kernel", kernel)
         dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, prompt_grams=True,
                                               grid=True), None, vocab=model.cfg.vocab_size)
+        launched = LAUNCHES[0]
         got, stats = run_ids(model, prompts, batch_size=4, max_tokens=32, drafter=dr)
-        assert got == ref
+        assert got == ref and (LAUNCHES[0] > launched) == kernel   # (the kernel ran, or not)
         hist[kernel] = stats.accept_hist
     assert hist[True] == hist[False] and sum(k * n for k, n in hist[True].items()) > 0
 
