@@ -135,11 +135,12 @@ def test_every_method_under_exact_at_the_demo_models_shapes_is_ar_at_batch_1(dem
                                                                              demo):
     """The demo model in bf16 under --exact: ar at batch 8, Self-Draft (a corpus that knows the
     answers, so its trees are accepted), its grid step (runtime/step/grid.py: the context
-    table's chains) and draft-verify with the repo's skip set, fixed and auto, at batch 1 and
+    table's chains), draft-verify with the repo's skip set and Kangaroo, fixed and auto, at batch 1 and
     8 give ar's batch-1 tokens for every prompt (the issue-44 bar at the real shapes, where
     plain bf16 differs)."""
     from helpers import Oracle
     from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
+    from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
     from specctl.speculative.sampling import SamplingParams
     from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
     m = load_model(demo_model_dir, "cpu", "bf16")
@@ -159,6 +160,10 @@ def test_every_method_under_exact_at_the_demo_models_shapes_is_ar_at_batch_1(dem
                 "self-draft:grid": SelfDraftDrafter(
                     SelfDraftParams(branches=0, context_cands=4, prompt_grams=True, grid=True),
                     vocab=m.cfg.vocab_size),
+                # (its exit layer's own attention as the adapter: lean steps under auto keep
+                # their states, and the drafting steps catch their adapter rows up)
+                "kangaroo": KangarooDrafter(m, Adapter.init_from_model(m, 2), SamplingParams(),
+                                            KangarooParams(eta=0.0, gamma=4)),
             }
             for name, dr in drafters.items():
                 got, st = run_ids(m, ids, batch_size=b, max_tokens=16, max_len=320,
