@@ -203,8 +203,8 @@ def main() -> None:
         for r in rows:
             print(r.line(), flush=True)
         if a.launches:
-            print("\n| method | batch | steps | graph replays/step | eager launches/step |\n"
-                  "|---|---|---|---|---|")
+            print("\n| method | batch | steps | graph replays/step | eager launches/step | "
+                  "grid steps verify with |\n|---|---|---|---|---|---|")
             for r in rows:
                 print(launch_counts(r, reqs()), flush=True)
         if a.torch_profile:
@@ -226,37 +226,45 @@ def launch_counts(row: "Row", requests) -> str:
     from specctl.engine.launches import counting
     from specctl.runtime.step.grid import GridStep
     g, runner = row.runner.model.graphs, row.runner
-    n = {"steps": 0, "eager": 0, "replays": 0}
-    step, replay = runner.step, _EagerReplay.replay
+    n = {"steps": 0, "eager": 0, "replays": 0, "hidden": 0, "grid": 0}
+    step, replay, device_step = runner.step, _EagerReplay.replay, GridStep.device_step
     as_cuda = contextlib.nullcontext()
     if not row.cuda and "triton" not in sys.modules:   # (the interpreter is chosen at import)
         os.environ["TRITON_INTERPRET"] = "1"
-    if not row.cuda and os.environ.get("TRITON_INTERPRET") == "1":
+    kernel = row.cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    if not row.cuda and kernel:
         as_cuda = mock.patch.object(GridStep, "kernel", True)
     with counting(as_cuda=True) as ops, as_cuda:
-        def quiet_replay(self):
+        def quiet_replay(self):   # (its forward's launches, Triton's too, are the replay's)
             ops.quiet += 1
+            t = ops.live()
             try:
                 return replay(self)
             finally:
                 ops.quiet -= 1
+                n["hidden"] += ops.live() - t
 
         def counted(seqs, drain=False):
-            c, r = ops.count, g.replays if g else 0
-            try:
+            c, r = ops.live() - n["hidden"], g.replays if g else 0   # (live: with Triton's
+            try:                                                      # launches)
                 return step(seqs, drain)
             finally:
                 n["steps"] += 1
-                n["eager"] += ops.count - c
+                n["eager"] += ops.live() - n["hidden"] - c
                 n["replays"] += (g.replays if g else 0) - r
-        runner.step, _EagerReplay.replay = counted, quiet_replay
+
+        def grid_step(self, *a, **kw):
+            n["grid"] += 1
+            return device_step(self, *a, **kw)
+        runner.step, _EagerReplay.replay, GridStep.device_step = counted, quiet_replay, grid_step
         try:
             runner.run(requests, lambda r: None)
         finally:
-            runner.step, _EagerReplay.replay = step, replay
+            runner.step, _EagerReplay.replay, GridStep.device_step = step, replay, device_step
     k = max(n["steps"], 1)
+    grid = "-" if not n["grid"] else "its kernel" if kernel else "tensor operations"
     return (f"| {row.method} | {row.b} | {n['steps']} | {n['replays'] / k:.2f} | "
-            f"{n['eager'] / k:.1f} |")
+            f"{n['eager'] / k:.1f} | {grid} |")
 
 
 def torch_profile(row: "Row", requests, path: str) -> None:

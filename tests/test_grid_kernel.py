@@ -67,6 +67,21 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(paged, C, G):
     assert accepted > 8   # (drafts accepted: the case is not vacuous)
 
 
+def test_a_launch_inside_a_counting_block_is_counted_as_it_happens():
+    """counting()'s live count includes Triton's launches while the block is open (its count
+    adds them only as it ends): host_profile --launches reads a step's launches inside one
+    block around the whole run."""
+    kv = KVCache(2, 4, 64, 3, 5, device=DEV)
+    seq, cands, allowed, held, tables, target = _case(np.random.default_rng(0), 4, 2, 2, False)
+    drafts = GridDrafts.make(seq, cands, allowed, held, tables, DEV)
+    step = GridStep(ContextTable(50, 2, 2), 2, kernel=True)
+    with counting(as_cuda=True) as c:
+        before = c.live()
+        step.device_step(drafts, target.to(DEV), kv)
+        inside = c.live() - before
+    assert inside == 1 and c.count == 1 and c.live() == 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the tests' model runs on the CPU")
 def test_a_grid_run_on_the_kernel_is_a_grid_run(model, monkeypatch):
     """A whole Self-Draft run on the grid, verifying with the kernel: ar's output and the

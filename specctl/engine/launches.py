@@ -36,6 +36,11 @@ class _Ops(TorchDispatchMode):
         self.count = 0
         self.quiet = 0       # inside one of _ONE: its ops are one kernel, already counted
         self.names: list[str] = []
+        self.triton0: int | None = None   # Triton's launches as the block began (None: ended)
+
+    def live(self) -> int:
+        """The launches so far, inside the block too (count adds Triton's only as it ends)."""
+        return self.count + (_triton() - self.triton0 if self.triton0 is not None else 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -76,7 +81,7 @@ def _in_triton() -> bool:
 def counting(as_cuda: bool = False):
     """with counting() as c: ... ; then c.count, c.names: the launches made inside."""
     ops = _Ops()
-    before = _triton()
+    before = ops.triton0 = _triton()
     was = model_mod.CUDA_PATH[0]
     model_mod.CUDA_PATH[0] = as_cuda or was
     try:
@@ -85,7 +90,7 @@ def counting(as_cuda: bool = False):
     finally:
         model_mod.CUDA_PATH[0] = was
     made = _triton() - before
-    ops.count += made
+    ops.count, ops.triton0 = ops.count + made, None
     ops.names += ["triton"] * made   # (after the ops: a layer's names are in order but these)
 
 
