@@ -5,10 +5,13 @@ On the tensor path they are 41 eager launches a drafting step, at any batch: 37 
 verify_chains and the moves' storage rows, 4 for the moves (engine/launches.py counts them as
 CUDA launches them). A GPU's host pays each one through PyTorch's dispatch (an eager demo-shape
 forward took the H200's host ~27 us a launch, bench-results/2026-11-30-grid-kernel), where an
-`ar` step's whole host at batch 64 was 0.4 ms. Here they are one program a sequence: it reads
-its row of GridDrafts.up and of the target's argmax, writes its row of the verdicts, and moves
-its best chain's rows below its root, every layer's keys and values. The result equals the
-tensor operations' (tests/test_grid_kernel.py, under Triton's interpreter on a CPU).
+`ar` step's whole host at batch 64 was 0.4 ms. Here they are one program a sequence and layer:
+each reads its sequence's row of GridDrafts.up and of the target's argmax and verifies it (a
+few loads), and moves its best chain's rows below its root in its layer's keys and values
+(none where the first chain is the best: its rows are in place); layer 0's writes the
+sequence's verdicts. (One program a sequence, looping over the layers, copied a large model's
+every layer on one SM at batch 1.) The result equals the tensor operations'
+(tests/test_grid_kernel.py, under Triton's interpreter on a CPU).
 
 C and G are arguments, not compile-time constants: one compile for the drafter's largest
 chains serves every step's (a step's budget picks fewer or shallower ones), made as the run
@@ -28,11 +31,11 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
-@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block", "L", "sL", "sR", "E"])
-def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, L, sL, sR, E,
+@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block", "sL", "sR", "E"])
+def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, sL, sR, E,
                    BC: tl.constexpr, BG: tl.constexpr, BO: tl.constexpr, BE: tl.constexpr):
-    b = tl.program_id(0)
-    n = C * G
+    b, layer = tl.program_id(0), tl.program_id(1)   # (each program verifies its sequence's
+    n = C * G                                       # drafts, cheap, and moves one layer's rows)
     row = up + b * sb                # slot, committed rows, pending, cands [C G], allowed [C],
     tgt = target + b * (1 + n)       # held, block-table entries (column k at k sk); the
     ci = tl.arange(0, BC)            # target's argmax after each row
@@ -54,13 +57,14 @@ def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, L, sL, sR, E,
     out = tl.load(row + (3 + best * G + o) * sk, mask=o < G, other=0)   # token after the last
     out = tl.where(o == acc, tl.load(tgt + tl.where(acc > 0, best * G + acc, 0)), out)
     start = tl.sum(tl.where(ci < best, allowed, 0), axis=0)      # (GridVerdicts' numbering)
-    r = res + b * (G + 5)
-    tl.store(r, acc)
-    tl.store(r + 1, best)
-    tl.store(r + 2, start)
-    tl.store(r + 3, tl.sum(lim, axis=0))
-    tl.store(r + 4 + o, out, mask=o < G + 1)
-    # the best chain's rows moved below the root, every layer's keys and values (storage
+    if layer == 0:   # (the verdicts: layer 0's program writes them)
+        r = res + b * (G + 5)
+        tl.store(r, acc)
+        tl.store(r + 1, best)
+        tl.store(r + 2, start)
+        tl.store(r + 3, tl.sum(lim, axis=0))
+        tl.store(r + 4 + o, out, mask=o < G + 1)
+    # the best chain's rows moved below the root, this layer's keys and values (storage
     # rows through the block table; a sequence's rows are its own, and the chain's lie past
     # the rows they move to: no program reads a row another writes)
     g = tl.arange(0, BG)
@@ -70,13 +74,12 @@ def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, L, sL, sR, E,
     d = tl.load(table + d // block * sk, mask=g < G, other=0) * block + d % block
     s = tl.load(table + s // block * sk, mask=g < G, other=0) * block + s % block
     e = tl.arange(0, BE)[None, :]
-    moved = (g < G)[:, None] & (e < E)
+    moves = tl.where(best > 0, G, 0)   # (the first chain's rows: in place, none moved)
+    moved = (g < moves)[:, None] & (e < E)
     d, s = d[:, None] * sR + e, s[:, None] * sR + e
-    for _ in range(L):   # (pointers stepped a layer at a time: no layer x stride product)
-        tl.store(kc + d, tl.load(kc + s, mask=moved), mask=moved)
-        tl.store(vc + d, tl.load(vc + s, mask=moved), mask=moved)
-        kc += sL
-        vc += sL
+    at = layer.to(tl.int64) * sL   # (64-bit: a layer's offset may pass 2^31 values)
+    tl.store(kc + at + d, tl.load(kc + at + s, mask=moved), mask=moved)
+    tl.store(vc + at + d, tl.load(vc + at + s, mask=moved), mask=moved)
 
 
 def fits(kv) -> bool:
@@ -96,7 +99,7 @@ def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
     k = kv.k_all
     E = k.shape[2] * k.shape[3]
     res = torch.empty(B, G + 5, dtype=torch.long, device=up.device)
-    launch(_verify_kernel, (B,), up, target, res, k, kv.v_all, up.stride(0), up.stride(1),
-           C, G, kv.block, k.shape[0], k.stride(0), k.stride(1), E,
+    launch(_verify_kernel, (B, k.shape[0]), up, target, res, k, kv.v_all, up.stride(0),
+           up.stride(1), C, G, kv.block, k.stride(0), k.stride(1), E,
            BC=_pow2(mc), BG=_pow2(mg), BO=_pow2(mg + 1), BE=_pow2(E))
     return res
