@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -670,6 +671,42 @@ def test_a_table_measured_on_a_busy_cpu_is_not_kept(tmp_path, model, monkeypatch
     assert not th.is_alive() and [e.id for e in store.entries("profiles")] == \
         [C.step_table_id("fp", model, 2)]
     assert not again and not any("measured in" in m for m in said), said
+
+
+def test_a_table_no_machine_could_measure_is_measured_again_and_never_kept(tmp_path, model,
+                                                                           monkeypatch):
+    """A table pricing a step of more sequences below one of fewer (one measured beside another
+    process's work read batch 1 at 17x batch 64, and every later run on the machine claimed
+    2x against `ar` while it lost) is measured once more as it is made, kept only when the
+    second is plausible, and refused where the store holds one: measured again."""
+    from specctl.runtime.control import steptables as C
+    from specctl.store import Store
+    store = Store(tmp_path / "store")
+
+    def table(b1_scale):
+        return StepTable("cpu", "float32", "sdpa", 128, (1, 2), C.STEP_NS,
+                         tuple(tuple(s * (10.0 + b * n) for n in C.STEP_NS)
+                               for b, s in ((1, b1_scale), (2, 1.0))), tiles=False)
+    bad, good = table(15.0), table(1.0)
+    assert "batch 2 x 1 tokens" in bad.implausible() and good.implausible() is None
+    assert table(1.15).implausible() is None   # (within FLOOR: noise)
+    for got in ([bad, bad], [bad, good]):
+        monkeypatch.setattr(C, "_TABLES", {})
+        made, said = list(got), []
+        monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: made.pop(0))
+        assert C.step_table_for(model, 2, store=store, fingerprint="fp",
+                                log=said.append) is got[1]
+        assert not made and any("measuring it again" in m for m in said), said
+        kept = [e.id for e in store.entries("profiles")]
+        assert kept == ([] if got[1] is bad else [C.step_table_id("fp", model, 2)]), kept
+        assert (got[1] is bad) == any("measured wrong twice" in m for m in said), said
+    # a stored table that is implausible (an earlier version kept them) is measured again
+    C.step_table_path(store, "fp", model, 2).write_text(json.dumps(bad.to_json()))
+    monkeypatch.setattr(C, "_TABLES", {})
+    said.clear()
+    monkeypatch.setattr(C, "measure_step_table", lambda *a, **kw: good)
+    assert C.step_table_for(model, 2, store=store, fingerprint="fp", log=said.append) is good
+    assert any("measured wrong" in m and "measuring again" in m for m in said), said
 
 
 def test_a_batch_size_between_stored_ones_is_interpolated(tmp_path, model, monkeypatch):

@@ -30,6 +30,8 @@ from specctl.io.schema import SchemaError, boolean, fields, integer, list_of, nu
 # non-decreasing (nondecreasing) rather than raised, 5 = CPU matmul rows padded (gemm_rows),
 # 6 = the median of round-robin rounds, 7 = each round's first step timed warm.
 ENGINE_COSTS = 7
+FLOOR = 0.8   # the least a step of more sequences may cost against fewer (StepTable.implausible:
+# timing noise, not a table measured wrong)
 
 
 _SCHEMA = {"device": string(nonempty=True), "dtype": string(nonempty=True),
@@ -84,6 +86,20 @@ class StepTable:
                 ns = tile_rows(self.batches[i] * ns)
             got = rows[b] = (np.asarray(self.table[i], dtype=np.float64), ns.astype(np.float64))
         return got
+
+    def implausible(self) -> str | None:
+        """Why no machine could have measured this table, or None: a step of more sequences
+        priced below FLOOR times a step of fewer at the same tokens each (more rows through
+        the same weights never cost less; a table measured while another process had the
+        CPU's cores priced batch 1 at 17x batch 64, and every run that read it was told it
+        won 2x against `ar` while it lost)."""
+        rows = sorted(zip(self.batches, self.table))
+        for (a, low), (b, high) in zip(rows, rows[1:]):
+            for n, fewer, more in zip(self.ns, low, high):
+                if more < FLOOR * fewer:
+                    return (f"batch {b} x {n} tokens priced at {more:.3g} ms, below batch "
+                            f"{a}'s {fewer:.3g}")
+        return None
 
     def to_json(self) -> dict:
         return asdict(self)

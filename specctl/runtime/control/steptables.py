@@ -118,18 +118,24 @@ BUSY_WALL_S = 0.5   # (a shorter one is judged by nothing: CPU time ticks are co
 
 def _measure(model, batch_size, batches, ns, context, repeats, warmup, kv, store,
              fingerprint, log) -> StepTable:
-    """measure_step_table, kept in the store when one is given, unless a CPU was too busy to
-    measure on: the process ran less than BUSY of the time its threads could have (another
-    process had the cores; two
-    jobs measuring at once stored tables 3-8x slow, a 2-token step at 2.2x a 1-token one where
-    a quiet machine times 1.02x), so the table serves this run only and the next measures
-    again."""
+    """measure_step_table, kept in the store when one is given, unless
+    - it is implausible twice running (StepTable.implausible: measured again once, then it
+      serves this run only; spinning threads on a shared CPU pass the check below), or
+    - a CPU was too busy to measure on: the process ran less than BUSY of the time its
+      threads could have (another process had the cores; two jobs measuring at once stored
+      tables 3-8x slow, a 2-token step at 2.2x a 1-token one where a quiet machine times
+      1.02x), so the table serves this run only and the next measures again."""
     t0, c0 = time.perf_counter(), time.process_time()
     fits = kv is not None and kv.num_slots >= max(batches) and \
         kv.max_len >= context + max(ns) + 1 and \
         (not kv.paged or len(kv.free) >= max(batches) * -(-(context + max(ns) + 1) // kv.block))
-    t = measure_step_table(model, batches=batches, ns=ns, context=context,
-                           repeats=repeats, warmup=warmup, kv=kv if fits else None)
+    for again in (False, True):
+        t = measure_step_table(model, batches=batches, ns=ns, context=context,
+                               repeats=repeats, warmup=warmup, kv=kv if fits else None)
+        why = t.implausible()
+        if why is None or again:
+            break
+        log(f"the step-cost table measured wrong ({why}): measuring it again")
     wall = time.perf_counter() - t0
     # (the process's CPU time over what its threads could have had: torch's threads, at most
     # the CPUs it may run on; the calling thread's alone read 14% on an idle machine with 8
@@ -141,6 +147,10 @@ def _measure(model, batch_size, batches, ns, context, repeats, warmup, kv, store
         log(f"warning: the CPU was busy while the step-cost table was measured (this process "
             f"ran {ran:.0%} of the {wall:.1f} s): its prices serve this run only, and the next "
             "run measures again")
+        return t
+    if why is not None:   # (twice: the machine, not a moment of it)
+        log(f"warning: the step-cost table measured wrong twice ({why}); its prices serve this "
+            "run only, and the next run measures again")
         return t
     if store is None:
         return t
@@ -202,6 +212,10 @@ def _stored(store, fingerprint: str, model, batch_size: int, ns, context: int,
         return None
     if t.engine != ENGINE_COSTS:
         log(f"{path}: measured by an earlier engine; measuring again")
+        return None
+    why = t.implausible()
+    if why is not None:
+        log(f"{path}: measured wrong ({why}); measuring again")
         return None
     ok = t.batches == tuple(sorted({1, batch_size})) and t.ns == tuple(ns) and \
         t.context == context
