@@ -1,6 +1,6 @@
 """`python -m specctl ...`, also what `torchrun -m specctl generate ...` runs on every rank."""
 
-from specctl.cli import main
+from specctl.entry import main
 
 if __name__ == "__main__":
     main()

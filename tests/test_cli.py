@@ -607,6 +607,8 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     said = " ".join(r.output.split())
     assert "--skip-set only applies to --method draft-verify; ignored with --method ar" in said
     assert "--branches, --prompt-grams only apply to --method self-draft" in said
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--no-grid"))
+    assert "--no-grid only applies to --method self-draft" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))
     assert "no candidates" in " ".join(r.output.split())
@@ -662,8 +664,10 @@ def test_every_line_bad_fails(tmp_path, tiny_llama):
 
 def test_store_commands(tmp_path, tiny_llama):
     store = tmp_path / "store"
-    r = ok(invoke("store", "ls", "--store", store))
-    assert "empty" in r.output
+    r = ok(invoke("store", "ls", "--store", store))   # (a mistyped --store: said apart)
+    assert "no store at" in r.output and "empty" not in r.output
+    (store / "models").mkdir(parents=True)
+    assert "is empty" in ok(invoke("store", "ls", "--store", store)).output
     inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
     ok(generate(inp, tmp_path / "o.jsonl", store, tiny_llama))
     (run,) = run_dirs(store)
@@ -885,3 +889,22 @@ def test_a_ray_address_nothing_answers_at_fails_at_once(tiny_llama, tmp_path):
         assert r.exit_code == 2 and f"--ray {address}: {said}" in " ".join(r.output.split()), \
             r.output
     assert time.perf_counter() - t0 < 30
+
+
+def test_ctrl_c_while_the_command_line_loads_says_one_word(monkeypatch, capsys):
+    """An interrupt in the command line's imports (a second or more: torch) ends as one in a
+    command does, exit 130 and a word, not Python's traceback (a new user's Ctrl-C did)."""
+    import sys
+
+    from specctl import entry
+
+    class Interrupting:   # (the imports as a Ctrl-C meets them)
+        def find_spec(self, name, path=None, target=None):
+            if name == "specctl.cli":
+                raise KeyboardInterrupt
+            return None
+    monkeypatch.delitem(sys.modules, "specctl.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting()] + sys.meta_path)
+    with pytest.raises(SystemExit) as e:
+        entry.main()
+    assert e.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"

@@ -100,7 +100,8 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
     given = {n for n in ctx.params
              if getattr(ctx.get_parameter_source(n), "name", "") == "COMMANDLINE"}
     for method, names in METHOD_OPTIONS.items():
-        unused = [flag_of(n) for n in names if n in given and cfg.method not in (method, "auto")]
+        unused = [flag_of(n, ctx.params[n]) for n in names
+                  if n in given and cfg.method not in (method, "auto")]
         if unused:
             _warn(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to "
                   f"--method {method}; ignored with --method {cfg.method}")

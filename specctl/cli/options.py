@@ -39,10 +39,12 @@ NO_CORPUS = inspect.Parameter(
 METHOD_OPTIONS["self-draft"] += (NO_CORPUS.name,)
 
 
-def flag_of(name: str) -> str:
-    """The option's long flag as a user types it (--no-context-cache's field is context_cache)."""
+def flag_of(name: str, value=True) -> str:
+    """The option's long flag as a user types it (--no-context-cache's field is context_cache):
+    of an on/off pair, the one that gives `value` (False: --no-grid's)."""
     flag = _FIELDS[name].metadata["flag"] if name in _FIELDS else None
-    return (flag or "--" + name.replace("_", "-")).split(",")[0].split("/")[0]
+    pair = (flag or "--" + name.replace("_", "-")).split(",")[0].split("/")
+    return pair[1] if len(pair) > 1 and value is False else pair[0]
 
 
 def _parameter(name: str, hints: dict) -> inspect.Parameter:
