@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -54,6 +56,9 @@ from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.sizing import make_runner
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows
 from specctl.store import Store
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # (run by path or by runpy)
+from device_probes import device_elsewhere, launch_counts, torch_profile  # noqa: E402
 
 
 def main() -> None:
@@ -97,6 +102,10 @@ def main() -> None:
                          "host launches a step: graph replays, and eager kernels as CUDA "
                          "launches them (engine/launches.py)")
     a = ap.parse_args()
+    if a.launches and a.device_core is not None:   # (a dispatch mode is its thread's own: the
+        # device thread's launches would go uncounted)
+        raise SystemExit("--launches counts the launches of this thread: run it without "
+                         "--device-core")
     store = Store(a.store)
     from specctl.io.sharegpt import first_human_turns
     from specctl.models.checkpoint import resolve_model
@@ -124,7 +133,7 @@ def main() -> None:
         Planner.overlaps = property(lambda self, o=a.schedule == "cuda": o)
 
     if a.device_core is not None:
-        _device_elsewhere(model, a.device_core, a.graphs, a.threads)
+        device_elsewhere(model, a.device_core, a.graphs, a.threads)
     fwd = {"t": 0.0, "depth": 0}
 
     def timed(fn):
@@ -212,77 +221,6 @@ def main() -> None:
                 torch_profile(r, reqs(), f"{a.torch_profile}.{r.method.replace(':', '_')}.b{b}.txt")
 
 
-def launch_counts(row: "Row", requests) -> str:
-    """One untimed run of row's runner, its steps' launches counted (engine/launches.py, as
-    CUDA launches them): a graph replay is one (on a CPU the stand-in's forward inside it is
-    not counted), every other kernel one each. A GPU's host pays each eager launch, ~5-10 us,
-    where a replay's kernels cost it one. A grid step verifies as on CUDA, with its kernel
-    (runtime/step/grid_kernel.py: under Triton's interpreter on a CPU, where Triton is)."""
-    import contextlib
-    import os
-    import sys
-    from unittest import mock
-    from specctl.engine.graphs import _EagerReplay
-    from specctl.engine.launches import counting
-    from specctl.runtime.step.grid import GridStep
-    g, runner = row.runner.model.graphs, row.runner
-    n = {"steps": 0, "eager": 0, "replays": 0, "hidden": 0, "grid": 0}
-    step, replay, device_step = runner.step, _EagerReplay.replay, GridStep.device_step
-    as_cuda = contextlib.nullcontext()
-    if not row.cuda and "triton" not in sys.modules:   # (the interpreter is chosen at import)
-        os.environ["TRITON_INTERPRET"] = "1"
-    kernel = row.cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    if not row.cuda and kernel:
-        as_cuda = mock.patch.object(GridStep, "kernel", True)
-    with counting(as_cuda=True) as ops, as_cuda:
-        def quiet_replay(self):   # (its forward's launches, Triton's too, are the replay's)
-            ops.quiet += 1
-            t = ops.live()
-            try:
-                return replay(self)
-            finally:
-                ops.quiet -= 1
-                n["hidden"] += ops.live() - t
-
-        def counted(seqs, drain=False):
-            c, r = ops.live() - n["hidden"], g.replays if g else 0   # (live: with Triton's
-            try:                                                      # launches)
-                return step(seqs, drain)
-            finally:
-                n["steps"] += 1
-                n["eager"] += ops.live() - n["hidden"] - c
-                n["replays"] += (g.replays if g else 0) - r
-
-        def grid_step(self, *a, **kw):
-            n["grid"] += 1
-            return device_step(self, *a, **kw)
-        runner.step, _EagerReplay.replay, GridStep.device_step = counted, quiet_replay, grid_step
-        try:
-            runner.run(requests, lambda r: None)
-        finally:
-            runner.step, _EagerReplay.replay, GridStep.device_step = step, replay, device_step
-    k = max(n["steps"], 1)
-    grid = "-" if not n["grid"] else "its kernel" if kernel else "tensor operations"
-    return (f"| {row.method} | {row.b} | {n['steps']} | {n['replays'] / k:.2f} | "
-            f"{n['eager'] / k:.1f} | {grid} |")
-
-
-def torch_profile(row: "Row", requests, path: str) -> None:
-    """One untimed run of row's runner under torch.profiler, its ops by self time (the
-    device's on CUDA: which kernels a drafting step launches, and what the host does between
-    them) to path. Not in the timed rows: the profiler's own overhead is large."""
-    from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if row.cuda else [])
-    with profile(activities=acts) as prof:
-        row.runner.run(requests, lambda r: None)
-    key = "self_cuda_time_total" if row.cuda else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=40)
-    with open(path, "w") as f:
-        f.write(f"{row.method} at batch {row.b}: one run of {len(requests)} prompts, "
-                f"ops by {key}\n\n{table}\n")
-    print(f"torch profile: {path}", flush=True)
-
-
 class Row:
     """One method at one batch size: its runner, timed step by step (the host's time apart
     from the model's and from what runs under the forward), and its best run."""
@@ -363,55 +301,6 @@ class Row:
         return (f"| {self.method} | {self.b} | {st['n']} | {tot:.2f} | {f:.2f} | {host:.3f} | "
                 f"{per_seq:.1f} | {under:.3f} | {host / (f + host):.0%} | {graphs} | "
                 f"{rows:.1f} |")
-
-
-def _device_elsewhere(model, core: int, graphs: bool, threads: int | None) -> None:
-    """--device-core: the device's work of every step (graph replays, the argmax, a grid
-    step's device_step, Kangaroo's adapter) on a worker thread pinned to core, under
-    inference mode and with `threads` threads, this thread pinned to the other cores and
-    blocked (the GIL released) while the worker runs. Prefills and eager forwards stay on this
-    thread; the hand-off between threads is in the model's column."""
-    import os
-    import queue
-    import threading
-    cores = os.sched_getaffinity(0)
-    if not graphs or model.device.type != "cpu" or core not in cores or len(cores) < 2 \
-            or threads is None:
-        raise SystemExit(f"--device-core: needs --graphs and --threads on a CPU, and core {core}"
-                         f" among this process's {sorted(cores)}, with another beside it")
-    jobs, done = queue.Queue(), queue.Queue()
-
-    def worker():
-        os.sched_setaffinity(0, {core})
-        torch.set_num_threads(threads)   # (a thread's own setting: the runner's is this one's)
-        while True:
-            fn, args, kw = jobs.get()
-            try:
-                with torch.inference_mode():
-                    done.put((True, fn(*args, **kw)))
-            except BaseException as e:   # (raised again in the caller)
-                done.put((False, e))
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    os.sched_setaffinity(0, cores - {core})
-
-    def there(fn):
-        def wrapper(*args, **kw):
-            if threading.current_thread() is thread:   # (device work within device work)
-                return fn(*args, **kw)
-            jobs.put((fn, args, kw))
-            ok, out = done.get()
-            if not ok:
-                raise out
-            return out
-        return wrapper
-    from specctl.engine.graphs import _EagerReplay
-    from specctl.runtime.step.grid import GridStep
-    from specctl.speculative.kangaroo import Adapter
-    _EagerReplay.replay = there(_EagerReplay.replay)
-    GridStep.device_step = there(GridStep.device_step)
-    Adapter.decode, Adapter.write_rows = there(Adapter.decode), there(Adapter.write_rows)
-    model.argmax = there(model.argmax)
 
 
 def _zero() -> dict:
