@@ -833,10 +833,6 @@ def test_gain_vs_ar_takes_the_job_excess_off_the_run_time():
     assert gain_vs_ar(st, 50.0, 10.0, plain=True) == {"ar_tokens_per_s_est": 50.0,
                                                        "gain_vs_ar_est": 1.0}
     assert gain_vs_ar(RunStats(), 50.0, 10.0, plain=False)["gain_vs_ar_est"] is None
-    # never more than the tokens a sequence's step emitted: past it the prices were wrong
-    assert gain_vs_ar(st, 50.0, 10.0, plain=False, most=1.25)["gain_vs_ar_est"] == 1.25
-    assert gain_vs_ar(st, 50.0, 10.0, plain=False, most=1.6)["gain_vs_ar_est"] == 1.4
-    assert gain_vs_ar(st, 50.0, 10.0, plain=False, most=1.0)["gain_vs_ar_est"] == 1.0
 
 
 

@@ -63,8 +63,7 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
                       "exact_check": round(stats.exact_check_s if stats else 0.0, 3),
                       "total": round(one_off, 3)},
         "tokens_per_s": tps,
-        **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain,
-                     most=new / steps if steps else None),
+        **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain),
         "mean_accepted_tokens": round(new / steps, 4) if steps else 0.0,
         "acceptance_rate": round(sum(acc) / drafted, 4) if drafted else 0.0,
         "ctar": ctar, "zero_accept_share": zero,
@@ -81,17 +80,13 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
     }
 
 
-def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool,
-               most: float | None = None) -> dict:
+def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool) -> dict:
     """What speculation bought, estimated: `ar`'s tokens/s for the same work and the ratio.
     The run's busy time less its job excess (RunStats.job_excess_ms, the measured guard's job
     account: drafting steps against what their tokens cost as `ar` steps measured in this
     run, searches that found nothing, slots held for grouped admissions); the rest (prefill,
     output) is kept. A run that decoded as `ar` is its own estimate; a run without the
-    controller (--speculate fixed) has no table to price by: None. most: the tokens a
-    sequence's step emitted on average, which bounds the gain (no step costs less than `ar`'s
-    of the same sequences, and `ar` emits one token each): an estimate past it says the
-    prices were wrong, so it is held to it."""
+    controller (--speculate fixed) has no table to price by: None."""
     if plain:
         return {"ar_tokens_per_s_est": tps, "gain_vs_ar_est": 1.0 if tps else None}
     if stats is None or not stats.controlled_steps or busy <= 0 or not tps:
@@ -99,7 +94,7 @@ def gain_vs_ar(stats: RunStats | None, tps: float, busy: float, plain: bool,
     ar_busy = busy - stats.job_excess_ms / 1e3
     if ar_busy <= 0:   # (steps timed longer than the run: counts that do not add up)
         return {"ar_tokens_per_s_est": None, "gain_vs_ar_est": None}
-    gain = ar_busy / busy if most is None else min(ar_busy / busy, max(most, 1.0))
+    gain = ar_busy / busy
     return {"ar_tokens_per_s_est": round(tps / gain, 3), "gain_vs_ar_est": round(gain, 3)}
 
 
