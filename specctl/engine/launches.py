@@ -89,9 +89,10 @@ def counting(as_cuda: bool = False):
             yield ops
     finally:
         model_mod.CUDA_PATH[0] = was
-    made = _triton() - before
-    ops.count, ops.triton0 = ops.count + made, None
-    ops.names += ["triton"] * made   # (after the ops: a layer's names are in order but these)
+        made = _triton() - before
+        ops.count, ops.triton0 = ops.count + made, None
+        ops.names += ["triton"] * made   # (after the ops: a layer's names are in order but
+        # these)
 
 
 def per_step(model, batch, kv, as_cuda: bool = False) -> tuple[int, int, list[str]]:

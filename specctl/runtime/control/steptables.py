@@ -98,13 +98,13 @@ def step_table_for(model, batch_size: int, *, store=None, fingerprint: str | Non
     if t is not None:
         return t
     kept = store is not None and fingerprint is not None
-    if kept and not fresh:
+    if kept and not fresh:   # (a refused table said once: the calls after read it quietly)
         t = _stored(store, fingerprint, model, batch_size, ns, context, log) or \
             interpolated(store, fingerprint, model, batch_size, ns, context, log)
     if t is None:
         with _measuring(store if kept else None, fingerprint, model, batch_size, log):
             if kept and not fresh:   # (another process may have measured it meanwhile)
-                t = _stored(store, fingerprint, model, batch_size, ns, context, log)
+                t = _stored(store, fingerprint, model, batch_size, ns, context, _quiet)
             if t is None:
                 t = _measure(model, batch_size, batches, ns, context, repeats, warmup, kv,
                              store if kept else None, fingerprint, log)
@@ -198,6 +198,13 @@ def _measuring(store, fingerprint, model, batch_size: int, log):
         yield
 
 
+AGREE = 1.5   # how far apart stored tables' batch-1 rows may be, at most, to be read together
+
+
+def _quiet(msg: str) -> None:   # (a log that says nothing)
+    pass
+
+
 def _stored(store, fingerprint: str, model, batch_size: int, ns, context: int,
             log) -> StepTable | None:
     """The stored table of this batch size, if it is one the run can use (else None, and a
@@ -231,17 +238,27 @@ def interpolated(store, fingerprint: str, model, batch_size: int, ns, context: i
     there is not a line to extend)."""
     stem = step_table_id(fingerprint, model, 0)[:-1]   # "...-steps-b"
     rows: dict[int, tuple] = {}
+    ones = []   # each table's own batch-1 row
     base = None
     for e in store.entries("profiles"):
         size = e.id[len(stem):] if e.id.startswith(stem) else ""
-        t = _stored(store, fingerprint, model, int(size), ns, context, log) \
-            if re.fullmatch(r"[0-9]+", size) else None
+        t = _stored(store, fingerprint, model, int(size), ns, context, _quiet) \
+            if re.fullmatch(r"[0-9]+", size) else None   # (a refused one: not used here)
         if t is not None:
             base = base or t
             rows.update(zip(t.batches, t.table))
+            ones.append(t.table[t.batches.index(1)])
     lo = max((b for b in rows if b <= batch_size), default=None)
     hi = min((b for b in rows if b >= batch_size), default=None)
     if lo is None or hi is None:
+        return None
+    # (tables measured apart, each plausible, may not be together: a machine slower at one
+    # measurement than at another prices its batch sizes apart, so their batch-1 rows must
+    # agree)
+    off = max(max(c) / min(c) for c in zip(*ones))
+    if off > AGREE:
+        log(f"the stored step-cost tables of batches {sorted(rows)} disagree (their batch 1 "
+            f"rows up to {off:.2f}x apart): measuring batch {batch_size}'s")
         return None
     w = (batch_size - lo) / (hi - lo) if hi > lo else 0.0
     row = tuple((1 - w) * x + w * y for x, y in zip(rows[lo], rows[hi]))
