@@ -328,8 +328,9 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     """The graph path stages a step's batch in whole arrays (not a loop over its sequences,
     which at batch 64 cost a grid step ~300 us of host a step): what it stages equals the
     layout written out a sequence at a time, for ragged steps of chains and trees, some
-    sequences causal beside masked ones, for padded chains, and for a grid step (one template
-    for all, whose mask is staged once, and again after another step's)."""
+    sequences causal beside masked ones, for padded chains, for steps whose every sequence is
+    a tree (padded with tree_layout's own rows), and for a grid step (one template for all,
+    whose mask is staged once, and again after another step's)."""
     rng = random.Random(seed)
     m = graph_model(tiny_llama)
     B = rng.choice([3, 5, 7])
@@ -355,12 +356,16 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
                          [9] * b, None, kv, "cpu")[0]
     gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
     ragged = ForwardBatch(seqs, "cpu")
+    trees = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(k)], 5 + s,
+                                   parents=[rng.randrange(-1, j) for j in range(k - 1)])
+                          for s, k in enumerate(rng.choices(range(2, 13), k=B))], "cpu")
+    assert trees.tree_rows and not ragged.tree_rows   # (every sequence a tree: its own way)
     chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
                                      for s in range(B)], "cpu") for _ in range(2))
     # (a grid's mask, staged once for its shape and batch, is staged again after another
     # step's: another batch size's of the same template too)
     for batch in (ragged, gbatch, gbatch, other, gbatch, chains, chains, chains2, chains,
-                  gbatch, other, other, ragged):
+                  gbatch, other, other, ragged, trees, ragged, trees):
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(len(batch.num_new), kv.num_slots)

@@ -182,6 +182,9 @@ FULL = LayerPlan()
 class ForwardBatch:
     """Flat packed tensors for one forward (see module docstring)."""
 
+    tree_rows = False   # every sequence a tree: `local` is tree_layout's, each row past a
+    # sequence's tokens seeing itself only (what a replay's staging pads with)
+
     def __init__(self, seqs: list[SeqInput], device: torch.device | str = "cpu"):
         if not seqs:
             raise ValueError("empty batch")
@@ -230,7 +233,7 @@ class ForwardBatch:
                 for b, d in zip(trees, depth.tolist()):
                     pos[cu[b]:cu[b + 1]] = d[:counts[b]]
         if len(trees) == len(seqs):
-            self.local = anc
+            self.local, self.tree_rows = anc, True
         elif self.masked:   # (only the masked sequences' rows are read)
             n = max(counts)
             self.local = np.zeros((len(seqs), n, n), dtype=bool)

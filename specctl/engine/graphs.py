@@ -318,9 +318,16 @@ class CudaGraphs:
             None if batch.template is None else (batch.template, B)
         if n > 1 and not _holds(cap.mask, want):
             local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
-            local[:] = self._tril(n)
-            if masked:   # (a masked sequence's padding rows see (the prefix and) themselves
-                # only: its mask's rows past its nodes are not a chain's)
+            if batch.tree_rows:   # (every sequence a tree: tree_layout's rows past a tree's
+                # nodes see themselves only, as rows past its mask do; no walk over the padding)
+                m = batch.local.shape[1]
+                local[B:] = self._tril(n)
+                local[:B] = self._eye(n)
+                local[:B, :m, :m] = batch.local
+            else:
+                local[:] = self._tril(n)
+            if masked and not batch.tree_rows:   # (a masked sequence's padding rows see (the
+                # prefix and) themselves only: its mask's rows past its nodes are not a chain's)
                 m, rows = batch.local.shape[1], batch.masked
                 local[rows, :m, :m] = batch.local[rows]
                 if padded:
@@ -347,6 +354,15 @@ class CudaGraphs:
         if r is None:
             r = cls._reals[B, m, n] = (np.arange(B)[:, None] * n + np.arange(m)).ravel()
         return r
+
+    _eyes: dict[int, np.ndarray] = {}
+
+    @classmethod
+    def _eye(cls, n: int) -> np.ndarray:
+        t = cls._eyes.get(n)
+        if t is None:
+            t = cls._eyes[n] = np.eye(n, dtype=bool)
+        return t
 
     @classmethod
     def _tril(cls, n: int) -> np.ndarray:
