@@ -109,7 +109,10 @@ def test_generate_every_format(baseline, prompts_file):
     assert lines[3]["question_id"] == 81 and lines[3]["category"] == "writing"
     assert "custom_id" not in lines[0] and "question_id" not in lines[1]
     assert len(lines[3]["turns"]) == 2 and lines[3]["text"] == lines[3]["turns"][0]
-    assert all("turns" not in l for i, l in enumerate(lines) if i != 3)
+    assert len(lines[3]["finish_reasons"]) == 2 and \
+        lines[3]["finish_reasons"][-1] == lines[3]["finish_reason"]   # (each turn's)
+    assert all("turns" not in l and "finish_reasons" not in l
+               for i, l in enumerate(lines) if i != 3)
     assert 1 <= lines[2]["new_tokens"] <= 3                           # body.max_tokens
     for i, l in enumerate(lines):
         assert "error" not in l and isinstance(l["text"], str)

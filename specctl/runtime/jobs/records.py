@@ -72,7 +72,8 @@ def output_line(req: Request) -> dict:
         subs = [_answer(q) for q in req.samples]   # (req is the first)
         out = dict(subs[0])
         out["samples"] = [{k: a[k] for k in ("text", "turns", "token_ids", "finish_reason",
-                                             "logprobs") if k in a} for a in subs]
+                                             "finish_reasons", "logprobs") if k in a}
+                          for a in subs]
         out["new_tokens"] = sum(a["new_tokens"] for a in subs)
         out["steps"] = sum(a["steps"] for a in subs)
         out["accept_lengths"], out["draft_lengths"] = step_lengths(*req.samples)
@@ -85,8 +86,8 @@ def output_line(req: Request) -> dict:
 def _answer(req: Request) -> dict:
     out = dict(req.meta)
     out["text"] = req.answers[-1] if len(req.answers) == 1 else req.answers[0]
-    if len(req.answers) > 1:
-        out["turns"] = list(req.answers)
+    if len(req.answers) > 1:   # (finish_reason is the last turn's: each turn's beside it)
+        out["turns"], out["finish_reasons"] = list(req.answers), list(req.finish_reasons)
     new = sum(len(a) for a in req.answer_ids)
     accepted, drafted = step_lengths(req)
     out.update(new_tokens=new, steps=req.steps, prompt_tokens=req.prompt_tokens,
