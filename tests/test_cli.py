@@ -603,6 +603,22 @@ def test_a_stop_string_with_a_shells_backslash_n_is_named(tmp_path, tiny_llama):
     assert "backslash" not in r.output
 
 
+def test_lines_that_share_an_id_are_each_answered_and_said(tmp_path, tiny_llama):
+    """Two lines with one id: both answered, in order, told apart by index, and a note says
+    so (a join on the id would mix them up)."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "hello"},
+                                             {"id": "b", "prompt": "hi"},
+                                             {"id": "a", "prompt": "hey"}])
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama))
+    said = " ".join(r.output.split())
+    assert "1 line shares its id with an earlier line (id 'a' on lines 1, 3)" in said, said
+    lines = read_jsonl(tmp_path / "o.jsonl")
+    assert [(l["index"], l["id"]) for l in lines] == [(0, "a"), (1, "b"), (2, "a")]
+    r = ok(generate(write_jsonl(tmp_path / "q.jsonl", [{"id": "a", "prompt": "x"}]),
+                    tmp_path / "o2.jsonl", tmp_path / "store", tiny_llama))
+    assert "shares" not in r.output
+
+
 def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,

@@ -146,6 +146,7 @@ def _read(job: _Job, out: Path | None) -> None:
             if cfg.ray:   # (before a large input is read)
                 ray_pool.check_address(cfg.ray)
             _take_input(job, read_input(cfg, in_path, job.grp.env.world))
+            _say_shared_ids(job)
             skipped = not_read(in_path) if in_path.is_dir() else []
             if skipped:
                 job.say(f"note: {in_path}: {len(skipped)} file{'s' * (len(skipped) > 1)} not "
@@ -160,6 +161,23 @@ def _read(job: _Job, out: Path | None) -> None:
 
 def _take_input(job: _Job, got) -> None:
     job.records, job.input_sha, job.own_settings = got.records, got.sha256, got.own_settings
+
+
+def _say_shared_ids(job: _Job) -> None:
+    """A note where lines share an id: their answers are told apart by `index` only (each
+    line is answered, its id carried as given), which a join on the id would not."""
+    seen: dict = {}
+    for r in job.records:
+        if r.id is not None:
+            seen.setdefault((r.id_field, r.id), []).append(r.line_no)
+    shared = [(k, v) for k, v in seen.items() if len(v) > 1]
+    if shared:
+        (field, ident), lines = shared[0]
+        n = sum(len(v) - 1 for _, v in shared)
+        job.say(f"note: {n} line{' shares its' if n == 1 else 's share their'} {field} with an "
+                f"earlier line ({field} {ident!r} on lines {', '.join(map(str, lines[:4]))}"
+                f"{', ...' if len(lines) > 4 else ''}): each is answered, told apart by its "
+                "`index` in the output")
 
 
 def _keys(job: _Job, cfg: GenerateConfig, drafter) -> tuple[str, str]:
