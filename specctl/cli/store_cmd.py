@@ -55,13 +55,13 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
     st = Store(store)
     if st.root.exists() and not st.root.is_dir():
         raise SpecctlError(f"the store {st.root} is a file, not a folder: pass --store a folder")
+    from specctl.store import KINDS
+    if kind and kind not in KINDS + ("work",):   # (work: the rows ls shows as such)
+        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)} or work)")
     if not st.root.exists():   # (not "empty": a mistyped --store reads as one)
         console.print(f"there is no store at {st.root}: no command has made one there",
                       highlight=False, markup=False)
         return
-    from specctl.store import KINDS
-    if kind and kind not in KINDS + ("work",):   # (work: the rows ls shows as such)
-        raise SpecctlError(f"unknown kind {kind!r} (one of {', '.join(KINDS)} or work)")
     entries = [] if kind == "work" else st.entries(kind)
     stale = [] if kind not in (None, "work") else st.stale_work()
     kept = [] if kind not in (None, "work") else st.kept_work()

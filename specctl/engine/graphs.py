@@ -326,17 +326,17 @@ class CudaGraphs:
                 local[:B, :m, :m] = batch.local
             else:
                 local[:] = self._tril(n)
-            if masked and not batch.tree_rows:   # (a masked sequence's padding rows see (the
-                # prefix and) themselves only: its mask's rows past its nodes are not a chain's)
-                m, rows = batch.local.shape[1], batch.masked
-                local[rows, :m, :m] = batch.local[rows]
-                if padded:
-                    k = np.asarray(counts)
-                    if len(rows) < B:   # (the others: no row past their own here)
-                        k = np.where(np.isin(np.arange(B), rows), k, n)
-                    b, j = np.nonzero(np.arange(n) >= k[:, None])
-                    local[b, j] = False
-                    local[b, j, j] = True
+                if masked:   # (a masked sequence's padding rows see (the prefix and) themselves
+                    # only: its mask's rows past its nodes are not a chain's)
+                    m, rows = batch.local.shape[1], batch.masked
+                    local[rows, :m, :m] = batch.local[rows]
+                    if padded:
+                        k = np.asarray(counts)
+                        if len(rows) < B:   # (the others: no row past their own here)
+                            k = np.where(np.isin(np.arange(B), rows), k, n)
+                        b, j = np.nonzero(np.arange(n) >= k[:, None])
+                        local[b, j] = False
+                        local[b, j, j] = True
             cap.local.copy_(self._stage_local[:Bb * n * n].view(Bb, n, n), non_blocking=True)
             cap.mask = want
         if self.capture:
