@@ -5,7 +5,7 @@
 # Usage: bash ab.sh OLD_TREE NEW_TREE OUT_PREFIX   (from the repo root; the tiny model at /tmp/tiny)
 set -euo pipefail
 old=$1 new=$2 out=$3
-hp=$PWD/recipes/host_profile.py
+hp=${HP:-$PWD/recipes/host_profile.py}   # (HP: another host_profile.py to run)
 args=(--model /tmp/tiny --input $PWD/recipes/prompts/specbench128.jsonl --store /tmp/tiny-store
       --batch-sizes 64 --threads 1 --max-tokens 48 --prompts 128
       --methods ar,self-draft:grid:fixed --schedule cuda --repeats 3 --skip-set /tmp/tiny/skip.json --graphs)
