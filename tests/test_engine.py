@@ -175,6 +175,31 @@ def test_kv_commit_many_moves_every_layer_and_slot():
     assert kv.lens == [5, 5, 1, 4]                                 # nothing half-done
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_kv_advance_keeps_rows_in_place_and_checks_before_it_changes_a_length(paged):
+    """advance adds each slot's kept rows (1 by default); a slot twice, a count below 1 or a
+    kept row past the slot's blocks raises, naming the slot, and leaves every length as it
+    was (a paged slot holds what it reserved, a contiguous one its max_len rows)."""
+    from specctl.engine.kv import KVCache
+    kv = KVCache(1, 4, 48, 1, 2, num_blocks=12) if paged else KVCache(1, 4, 48, 1, 2)
+    if paged:
+        for slot in range(4):
+            assert kv.reserve(slot, 32)                 # 2 blocks of 16 rows: 32 rows each
+    top = 32 if paged else 48
+    kv.lens[:] = [0, 5, top - 3, 7]
+    kv.advance([0, 2])
+    assert kv.lens == [1, 5, top - 2, 7]
+    kv.advance([3, 1, 2], [4, 1, 2])
+    assert kv.lens == [1, 6, top, 11]                   # slot 2's last row: top - 1, its last
+    for bad, match in ((([1, 1], [1, 1]), "twice"), (([0, 1], [1, 0]), "slot 1 keeps 0"),
+                       (([0, 2], None), f"slot 2: kept row {top} is past"),
+                       (([3, 0], [top - 10, 1]), f"slot 3: kept row {top} is past"),
+                       (([0, 1], [1]), "2 slots, 1 counts")):
+        with pytest.raises(ValueError, match=match):
+            kv.advance(*bad)
+        assert kv.lens == [1, 6, top, 11]               # nothing half-done
+
+
 def test_argmax_equals_the_logits_argmax(tiny_llama):
     """Model.argmax (the greedy head, no fp32 [T, V] tensor) picks what the fp32 logits do."""
     model = load_model(tiny_llama, "cpu", "fp32")

@@ -301,8 +301,8 @@ def _calls(fn) -> Counter:
 
 def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
     """The host's work in a grid step (candidates, layout, verification, commit) does not
-    grow in Python with the batch: the same calls at 2 and at 12 sequences, but for the KV
-    cache's check of each kept row, which `ar`'s step makes too."""
+    grow in Python with the batch: the same calls at 2 and at 12 sequences (the KV cache's
+    check of the kept rows too: a call a step, not a sequence's)."""
     table = ContextTable(model.cfg.vocab_size, 10, 4)
     table.push_texts([list(range(3, 60))])
     grid = GridStep(table, 4)
@@ -320,7 +320,6 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
             kv.advance(slots, [a + 1 for a in v.acc])
         step()   # (the layout is made once, at the first step)
         made[B] = _calls(step)
-        assert made[B].pop("kv.py:_check_kept") == B
     assert made[2] == made[12] and sum(made[2].values()) > 10
 
 

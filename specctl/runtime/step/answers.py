@@ -33,26 +33,34 @@ class Answers:
                                             for x in self.stop), default=0))
 
     def emit(self, s: Sequence, tokens: list[int]) -> None:
-        """Append a step's tokens to s, each checked (module docstring)."""
+        """Append a step's tokens to s, each checked (module docstring). (Locals and one
+        count, not attribute updates a token: every step emits so for every sequence.)"""
+        out, eos, stop = s.out_ids, self.eos_ids, self.stop
+        left, reason, n = s.req.max_tokens - len(out), None, 0
         for t in tokens:
-            if len(s.out_ids) >= s.req.max_tokens:
-                s.finish_reason = "length"
+            if left <= 0:
+                reason = "length"
                 break
-            s.out_ids.append(t)
-            self.stats.generated += 1
-            if t in self.eos_ids:
-                s.finish_reason = "stop"
+            out.append(t)
+            left -= 1
+            n += 1
+            if t in eos:
+                reason = "stop"
                 break
-            if self.stop:
-                text = self.decode(s.out_ids[-self.stop_window:])
-                if any(x in text for x in self.stop):
-                    s.finish_reason = "stop_string"
+            if stop:
+                text = self.decode(out[-self.stop_window:])
+                if any(x in text for x in stop):
+                    reason = "stop_string"
                     break
-        if not s.finished and len(s.out_ids) >= s.req.max_tokens:
-            s.finish_reason = "length"
-        if not s.finished and self.kv.lens[s.slot] + 1 >= self.max_len:
-            s.finish_reason = "context"
-        s.pending = s.out_ids[-1] if s.out_ids else None
+        self.stats.generated += n
+        if reason is not None:
+            s.finish_reason = reason
+        elif s.finish_reason is None:
+            if left <= 0:
+                s.finish_reason = "length"
+            elif self.kv.lens[s.slot] + 1 >= self.max_len:
+                s.finish_reason = "context"
+        s.pending = out[-1] if out else None
 
     def finish(self, seq: Sequence) -> bool:
         """The finished stage's answer into its request (its text cut at a stop string, EOS

@@ -4,6 +4,7 @@ context), and the step's counts into the run's stats."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -56,14 +57,16 @@ def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunS
     # (each sequence keeps its root and its accepted rows, in place since the verify's
     # GridStep.device_step)
     kv.advance([s.slot for s in plan.seqs], [a + 1 for a in acc])
-    emit, hist = answers.emit, st.accept_hist
+    emit = answers.emit
     for s, a, d, toks in zip(plan.seqs, acc, verdicts.drafted, verdicts.emitted()):
         r = s.req
         r.steps += 1
         r.accept_lengths.append(a)
         r.draft_lengths.append(d)
-        hist[a] = hist.get(a, 0) + 1
         emit(s, toks[:a + 1])
+    hist = st.accept_hist
+    for a, k in Counter(acc).items():   # (one count over the batch, not a sequence's each)
+        hist[a] = hist.get(a, 0) + k
     n = plan.batch.num_tokens
     st.steps += 1
     st.step_tokens += n
