@@ -146,7 +146,7 @@ class Planner:
         (_room's), from one pass over the batch."""
         lens = self.kv.lens
         cols = np.array([(s.slot, lens[s.slot], s.pending, s.req.max_tokens - len(s.out_ids))
-                         for s in seqs], dtype=np.int64).T.copy()
+                         for s in seqs], dtype=np.int64).T
         # (_room: the budget's tokens left less the bonus, the context's rows left less two)
         np.minimum(cols[3] - 1, self.max_len - 2 - cols[1], out=cols[3])
         np.maximum(cols[3], 0, out=cols[3])
