@@ -165,8 +165,8 @@ class KVCache:
     def advance(self, slots: list[int], counts: list[int] | None = None) -> None:
         """commit(slot, [0 .. n - 1]) for each of distinct slots, n = counts[i] (default 1:
         an `ar` step's, each keeping its one new row): rows already in place. Everything is
-        checked before a length changes. (Whole-list operations, not a loop of checks: every
-        step commits so, ~35 -> ~10 us at batch 64 in a CPU run.)"""
+        checked before a length changes. (Whole-list operations, not a method call a slot:
+        every step commits so; bench-results/2026-12-01-commit-host counts it.)"""
         if len(set(slots)) != len(slots):
             raise ValueError("advance: a slot appears twice")
         lens = self.lens
