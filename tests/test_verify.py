@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from specctl.speculative.verify import DraftTree, Verdict, verify_greedy, verify_sampling
+from specctl.speculative.verify import (DraftTree, RowVerdicts, Verdict, verify_greedy,
+                                        verify_sampling)
 from specctl.speculative.sampling import SamplingParams, sample_rows, warp
 from helpers import chi_square_ok
 from specctl.engine.batch import tree_layout
@@ -245,3 +246,15 @@ def test_two_phase_sampling_equals_whole_row_walk(kind):
         want = _reference_sampling(tree, p, torch.Generator().manual_seed(seed))
         got = verify_sampling(tree, p, torch.Generator().manual_seed(seed))
         assert got == want, (case, tree, got, want)
+
+
+def test_an_ar_steps_verdicts_are_made_where_asked_for_and_equal_verdicts():
+    """RowVerdicts (an ar step's, greedy): each item, slice and iteration gives the Verdict a
+    row's argmax makes (nothing accepted, that token the bonus); commit reads `bonus` whole."""
+    v = RowVerdicts([7, 3, 9])
+    assert len(v) == 3 and v.bonus == [7, 3, 9]
+    assert list(v) == [Verdict([], 7), Verdict([], 3), Verdict([], 9)]
+    assert v[1] == Verdict([], 3) and v[-1] == Verdict([], 9) and v[1:] == list(v)[1:]
+    assert v[0].tokens(DraftTree([], [])) == [7] and not any(x.accepted for x in v)
+    with pytest.raises(IndexError):
+        v[3]

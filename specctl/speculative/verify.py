@@ -26,6 +26,7 @@ order is candidate priority.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -103,6 +104,24 @@ class Verdict:
     def tokens(self, tree: DraftTree) -> list[int]:
         """Emitted tokens: accepted drafts then the bonus."""
         return [tree.tokens[j] for j in self.accepted] + [self.bonus]
+
+
+class RowVerdicts(Sequence):
+    """An `ar` step's verdicts, greedy (a row a sequence): nothing accepted, each sequence's
+    bonus its row's argmax (`bonus`, what commit reads whole). A Verdict is made where one is
+    asked for: a Verdict a sequence was ~15% of an `ar` step's opcodes at batch 64
+    (bench-results/2026-12-01-commit-host), and every method's lean step is one."""
+
+    def __init__(self, bonus: list[int]):
+        self.bonus = bonus
+
+    def __len__(self) -> int:
+        return len(self.bonus)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Verdict([], self.bonus[i])
 
 
 def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from specctl.speculative.verify import RowVerdicts
+
 if TYPE_CHECKING:
     from specctl.runtime.step.answers import Answers
     from specctl.runtime.step.stats import RunStats
@@ -18,13 +20,15 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
     n = len(plan.seqs)
     if plan.batch.num_tokens == n:   # an ar step (a row each): its token, nothing moves
         kv.advance([s.slot for s in plan.seqs])
-        emit = answers.emit
-        for s, v in zip(plan.seqs, out.verdicts):
+        emit, v = answers.emit, out.verdicts
+        # (greedy: the tokens as read; sampling's verdicts are Verdicts)
+        bonus = v.bonus if isinstance(v, RowVerdicts) else [x.bonus for x in v]
+        for s, t in zip(plan.seqs, bonus):
             r = s.req
             r.steps += 1
             r.accept_lengths.append(0)
             r.draft_lengths.append(0)
-            emit(s, [v.bonus])
+            emit(s, [t])
         st.accept_hist[0] = st.accept_hist.get(0, 0) + n
         st.steps += 1
         st.step_tokens += n

@@ -30,7 +30,7 @@ from specctl.runtime.step.grid import GridDrafts, GridProposals, GridStep
 from specctl.runtime.step.sequence import Sequence
 from specctl.speculative.drafter import Drafter, DraftLimits, Proposal
 from specctl.speculative.sampling import SamplingParams, warp
-from specctl.speculative.verify import Verdict, verify_greedy, verify_sampling_batch
+from specctl.speculative.verify import RowVerdicts, Verdict, verify_greedy, verify_sampling_batch
 
 
 @dataclass(frozen=True)
@@ -253,11 +253,11 @@ def verify(plan: StepPlan, h: torch.Tensor, model, sp: SamplingParams,
     props = plan.proposals
     if target is None:
         target = read(plan, h, model, sp)   # one read-back for verification and probes
+    if sp.greedy and plan.batch.num_tokens == len(props):   # (an ar step: a row each, no probe)
+        return StepOutcome(RowVerdicts(target), (None,) * len(props))
     probe_out = tuple(target[cu[b] + real[b]:cu[b] + real[b] + probed[b]] if probed[b] else None
                       for b in range(len(props)))
-    if sp.greedy and plan.batch.num_tokens == len(props):   # (an ar step: a row each)
-        verdicts = [Verdict([], t) for t in target]
-    elif sp.greedy:   # probe rows (if any) are ignored
+    if sp.greedy:   # probe rows (if any) are ignored
         verdicts = [verify_greedy(p.draft, target[cu[b]:cu[b] + real[b]])
                     for b, p in enumerate(props)]
     else:   # fp32 logits of the verified rows only
