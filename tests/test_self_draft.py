@@ -3,6 +3,8 @@ for a worked example, KV commit of an accepted candidate, the context cache's gr
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 import torch
@@ -68,6 +70,44 @@ def test_trie_merges_shared_prefixes_and_respects_budget():
     t = build_trie([[1, 2, 3], [5, 6]], budget=4)
     assert t.tokens == [1, 2, 3, 5] and t.parents == [-1, 0, 1, -1]
     assert len(build_trie([[1, 2]], budget=0)) == 0
+
+
+def _trie_by_token(candidates, budget, sizes):
+    """build_trie's definition, a token at a time: walk while the child is there, else make
+    it (while the budget lasts)."""
+    tokens, parents, child = [], [], {}
+    for cand in candidates:
+        at = -1
+        for t in cand:
+            if (at, t) not in child:
+                if len(tokens) >= budget:
+                    break
+                child[at, t] = len(tokens)
+                tokens.append(t)
+                parents.append(at)
+            at = child[at, t]
+        sizes.append(len(tokens))
+    return tokens, parents
+
+
+def test_trie_and_extension_equal_their_definitions_on_random_candidates():
+    """build_trie (a walk, then the rest of a candidate added as one chain) equals the
+    token-at-a-time trie, sizes too, on random candidates that share prefixes, repeat and
+    get cut by the budget; DraftTree.extend equals moving every non-root parent."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        cands = [tuple(rng.randrange(3) for _ in range(rng.randrange(7)))
+                 for _ in range(rng.randrange(9))]
+        budget, got, want = rng.randrange(25), [], []
+        t = build_trie(cands, budget, got)
+        assert (list(t.tokens), t.parents) == _trie_by_token(cands, budget, want)
+        assert got == want
+        DraftTree(list(t.tokens), t.parents)   # (a valid tree)
+        probe = branch_probe([list(c) for c in cands[:3]])
+        nodes = t.extend(probe)
+        off = len(t)
+        assert nodes.tokens == list(t.tokens) + probe.tokens
+        assert nodes.parents == t.parents + [p if p < 0 else p + off for p in probe.parents]
 
 
 def test_step_mask_and_positions_worked_example(model):
