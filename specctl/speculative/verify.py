@@ -81,13 +81,9 @@ class DraftTree:
         children put back, one `index` a child: a probe has a few chains, so a few; a
         per-node expression was ~9% of a b8 Self-Draft step's Python.)"""
         off, ps = len(self.tokens), other.parents
-        moved = list(map(off.__add__, ps))
-        i = -1
-        while True:
-            try:
-                i = ps.index(-1, i + 1)
-            except ValueError:
-                break
+        moved, i = list(map(off.__add__, ps)), -1
+        for _ in range(ps.count(-1)):
+            i = ps.index(-1, i + 1)
             moved[i] = -1
         return DraftTree.trusted(self.tokens + other.tokens, self.parents + moved)
 
