@@ -91,9 +91,10 @@ def _trie_by_token(candidates, budget, sizes):
 
 
 def test_trie_and_extension_equal_their_definitions_on_random_candidates():
-    """build_trie (a walk, then the rest of a candidate added as one chain) equals the
-    token-at-a-time trie, sizes too, on random candidates that share prefixes, repeat and
-    get cut by the budget; DraftTree.extend equals moving every non-root parent."""
+    """build_trie equals the token-at-a-time trie, sizes too, on random candidates that
+    share prefixes, repeat and get cut by the budget; DraftTree.extend equals moving every
+    non-root parent (a rewrite of either is held to these: bench-results/
+    2026-12-01-commit-host tried one)."""
     rng = random.Random(0)
     for _ in range(3000):
         cands = [tuple(rng.randrange(3) for _ in range(rng.randrange(7)))
