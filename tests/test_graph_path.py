@@ -352,8 +352,8 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
         kv.lens[s] = 10 + s
 
     def grid_batch(b):
-        return grid.plan(np.array([list(range(b)), [10 + s for s in range(b)],
-                                   list(range(3, 3 + b)), [9] * b]), None, kv, "cpu")[0]
+        return grid.plan(list(range(b)), [10 + s for s in range(b)], list(range(3, 3 + b)),
+                         [9] * b, None, kv, "cpu")[0]
     gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
     ragged = ForwardBatch(seqs, "cpu")
     trees = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(k)], 5 + s,
@@ -407,8 +407,8 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
     for B in (2, 12):
         for s in range(B):
             kv.lens[s] = 10
-        batch, _ = grid.plan(np.array([list(range(B)), [10] * B, list(range(5, 5 + B)),
-                                       [9] * B]), None, kv, "cpu")
+        batch, _ = grid.plan(list(range(B)), [10] * B, list(range(5, 5 + B)), [9] * B, None,
+                             kv, "cpu")
         m.run(batch, kv)   # (captures, eagerly)
         Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
         assert n > batch.num_new[0]   # (17 rows padded to 32)

@@ -167,10 +167,10 @@ def grid_steps(monkeypatch):
     ran = Counter()
     real = GridStep.plan
 
-    def plan(self, cols, *a, **kw):
+    def plan(self, slots, *a, **kw):
         ran["steps"] += 1
-        ran["seqs"] += len(cols[0])
-        return real(self, cols, *a, **kw)
+        ran["seqs"] += len(slots)
+        return real(self, slots, *a, **kw)
     monkeypatch.setattr(GridStep, "plan", plan)
     return ran
 
@@ -314,8 +314,8 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
         def step():
             for s in slots:
                 kv.lens[s] = 10
-            batch, drafts = grid.plan(np.array([slots, [10] * B, list(range(5, 5 + B)),
-                                                [4] * B]), None, kv, "cpu")
+            batch, drafts = grid.plan(slots, [10] * B, list(range(5, 5 + B)), [4] * B, None,
+                                      kv, "cpu")
             v = grid.verify(drafts, model.argmax(model.run(batch, kv)), kv)
             kv.advance(slots, [a + 1 for a in v.acc])
         step()   # (the layout is made once, at the first step)
@@ -335,7 +335,7 @@ def test_one_chain_runs_no_deeper_than_a_sequence_may_accept():
                                         ([6, 1], [9, 9], 9, [6, 1]),
                                         (None, [2, 1], 17, [8, 4]),
                                         ([1, 1], [0, 0], 2, [0, 0])):
-        batch, drafts = grid.plan(np.array([[0, 1], [5, 5], [1, 2], room]), budget, kv, "cpu")
+        batch, drafts = grid.plan([0, 1], [5, 5], [1, 2], room, budget, kv, "cpu")
         assert batch.num_new == [rows, rows], budget
         assert drafts.allowed.reshape(2, -1).sum(axis=1).tolist() == allowed, budget
 
@@ -408,8 +408,7 @@ def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded, monkeypatch):
     for top in range(0, dr.price().max_draft + 1):
         for drafting in (1, 4, b):
             ks = [top] * drafting + [0] * (b - drafting)
-            batch, _ = grid.plan(np.array([list(range(b)), [10] * b, [5] * b, [40] * b]), ks,
-                                 kv, "cpu")
+            batch, _ = grid.plan(list(range(b)), [10] * b, [5] * b, [40] * b, ks, kv, "cpu")
             n = batch.num_new[0] if top else 1   # (top 0: a lean step, ar's)
             n = grid_n(n) if padded else n
             ms = cost.table_prices(Shapes.of_counts(budget_counts(ks), False))[0][0]
@@ -422,30 +421,3 @@ def test_a_grid_step_is_priced_at_the_rows_it_runs(model, padded, monkeypatch):
     policy.search(np.zeros((b, 5)), np.full(b, 4), cost, False)
     assert len(seen) == 1 and cost.by_top
     assert StepCost.of(table, replace(dr.price(), chain=0), padded).by_top == padded
-
-
-def test_a_grid_steps_columns_give_each_sequence_the_room_the_per_sequence_plan_does():
-    """Planner._columns (a grid step's inputs in one pass) gives each sequence's slot, rows,
-    pending token and the room _room gives it: at the context's end, at the token budget's,
-    past either (0), and far from both."""
-    from specctl.runtime.step.sequence import Request, Sequence
-    from specctl.runtime.step.step import Planner
-    kv = KVCache(1, 6, 64, 1, 2)
-    planner = Planner.__new__(Planner)
-    planner.kv, planner.max_len = kv, 64
-    rng = random.Random(0)
-    seqs = []
-    for slot, (rows, budget, out) in enumerate([(61, 100, 3), (62, 100, 3), (10, 8, 7),
-                                                 (10, 8, 8), (10, 50, 1), (63, 5, 5)]):
-        s = Sequence(Request(slot, [[{"role": "user", "content": "x"}]], max_tokens=budget),
-                     [1], slot, out_ids=[rng.randrange(50) for _ in range(out)])
-        s.pending = 40 + slot
-        kv.lens[slot] = rows
-        seqs.append(s)
-    order = [3, 0, 5, 1, 4, 2]
-    batch = [seqs[i] for i in order]
-    cols = planner._columns(batch)
-    assert cols.dtype == np.int64 and cols.shape == (4, 6)
-    assert cols[0].tolist() == order and cols[1].tolist() == [kv.lens[i] for i in order]
-    assert cols[2].tolist() == [40 + i for i in order]
-    assert cols[3].tolist() == planner._room(batch) == [0, 1, 0, 0, 48, 0]

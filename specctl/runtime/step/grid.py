@@ -242,24 +242,22 @@ class GridStep:
                 a.flags.writeable = False
         return got
 
-    def plan(self, cols, budget: list[int] | None, kv, device) -> tuple[ForwardBatch, GridDrafts]:
-        """The step's batch and drafts: cols [4, B], each sequence's slot, committed rows,
-        pending token and room (Planner._columns); each sequence's C newest candidates (C:
-        enough chains for the largest budget, at most the drafter's), accepted no deeper than
-        its room and, chain after chain, within its budget of nodes (None: every node). (Few
-        numpy calls, each over the whole batch: in a run, between two CPU forwards, each costs
-        ~5x what it costs warm, bench-results/2026-11-30-grid-host.)"""
+    def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
+             budget: list[int] | None, kv, device) -> tuple[ForwardBatch, GridDrafts]:
+        """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
+        for the largest budget, at most the drafter's), accepted no deeper than its room and,
+        chain after chain, within its budget of nodes (None: every node). (Few numpy calls,
+        each over the whole batch: in a run, between two CPU forwards, each costs ~5x what it
+        costs warm, bench-results/2026-11-30-grid-host.)"""
         G = self.G
-        seq = np.asarray(cols, dtype=np.int64)
         C = self.C if budget is None else max(1, min(self.C, -(-max(budget) // G)))
         if C == 1:   # (one chain: as deep as some sequence may accept, no deeper; a budget of
             # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
-            reach = seq[3].max() if budget is None else np.minimum(seq[3], budget).max()
-            G = max(1, min(G, int(reach)))
+            reach = max(room) if budget is None else max(map(min, budget, room))
+            G = max(1, min(G, reach))
         depth, anc, deep = self.layout(C, G)
-        if budget is not None:
-            seq = np.concatenate([seq, np.asarray(budget, dtype=np.int64)[None]])
-        slots, lens = seq[0].tolist(), seq[1].tolist()
+        seq = np.array((slots, lens, pending, room) if budget is None else
+                       (slots, lens, pending, room, budget), dtype=np.int64)
         cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
         # each chain's allowed slots: its nodes within the room and the budget (node c G + j)
         allowed = np.minimum(seq[3, :, None], deep)

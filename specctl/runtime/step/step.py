@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
@@ -90,11 +89,7 @@ class Planner:
             if budgets is not None:   # ar's step: no room, limits nor checks to work out
                 return self._lean(seqs, budgets)
         kv, now = self.kv, clock or _no_clock
-        # (a grid step's inputs as one array, its room worked out there: a pass over the
-        # batch, not _room's and three more)
-        cols = self._columns(seqs) if self.grid is not None else None
-        room = self._room(seqs) if cols is None else cols[3].tolist() if ctl is not None \
-            else None
+        room = self._room(seqs)
         budgets, search_ms = None, 0.0
         if ctl is not None:
             t = now()
@@ -102,8 +97,8 @@ class Planner:
             search_ms = (now() - t) * 1e3
             if budgets.lean:
                 return self._lean(seqs, budgets, search_ms)
-        if cols is not None:
-            return self._grid(seqs, budgets, cols, search_ms, now)
+        if self.grid is not None:
+            return self._grid(seqs, budgets, room, search_ms, now)
         if budgets is not None:
             room = [min(r, k) for r, k in zip(room, budgets.ks)]
         # for draft and probe nodes: the rows reserved past the sequence's (a drafter past
@@ -127,30 +122,21 @@ class Planner:
                                    f"({len(p.draft)} + {len(p.probe)} nodes, room {r}, rows {n})")
         return self._planned(seqs, budgets, props, search_ms, apart_ms)
 
-    def _grid(self, seqs: list[Sequence], budgets: Budgets | None, cols: np.ndarray,
+    def _grid(self, seqs: list[Sequence], budgets: Budgets | None, room: list[int],
               search_ms: float, now) -> StepPlan:
         """A grid step's plan: the drafts of every sequence at once (GridStep.plan), within
-        its room and budget (cols: _columns'; the drafter's catch-up learning first, timed
-        apart as in plan)."""
+        its room and budget (the drafter's catch-up learning first, timed apart as in plan)."""
         t = now()
-        if cols[3].any():
+        if any(room):
             self.drafter.catch_up(seqs)
         apart_ms = (now() - t) * 1e3
-        batch, drafts = self.grid.plan(cols, None if budgets is None else list(budgets.ks),
+        lens = self.kv.lens
+        batch, drafts = self.grid.plan([s.slot for s in seqs], [lens[s.slot] for s in seqs],
+                                       [s.pending for s in seqs], room,
+                                       None if budgets is None else list(budgets.ks),
                                        self.kv, self.model.device)
         return StepPlan(tuple(seqs), budgets, GridProposals(drafts), batch, (), (), search_ms,
                         apart_ms=apart_ms, grid=drafts)
-
-    def _columns(self, seqs: list[Sequence]) -> np.ndarray:
-        """[4, B] int64: each sequence's slot, committed rows, pending token and room
-        (_room's), from one pass over the batch."""
-        lens = self.kv.lens
-        cols = np.array([(s.slot, lens[s.slot], s.pending, s.req.max_tokens - len(s.out_ids))
-                         for s in seqs], dtype=np.int64).T
-        # (_room: the budget's tokens left less the bonus, the context's rows left less two)
-        np.minimum(cols[3] - 1, self.max_len - 2 - cols[1], out=cols[3])
-        np.maximum(cols[3], 0, out=cols[3])
-        return cols
 
     def _room(self, seqs: list[Sequence]) -> list[int]:
         """The drafts each sequence may accept: with the bonus token after them, a step emits
