@@ -109,3 +109,21 @@ def new_verdicts():
     return RowVerdicts(target), (None,) * B
 for name, f in (("old verdicts", old_verdicts), ("new RowVerdicts", new_verdicts)):
     print(name, "warm %.1f cold %.1f us" % bench(f, lambda: ()))
+
+# the step loop's passes over the running sequences a step (Runner._loop): a lambda key and
+# the `finished` property a sequence (26f3925) against attrgetter and finish_reason
+from operator import attrgetter
+running = [Sequence(Request(i, [[]], max_tokens=64), [1], i) for i in range(B)]
+def old_loop():
+    running.sort(key=lambda s: s.slot)
+    live = [s for s in running if not s.finished]
+    n = sum(s.finished for s in live)
+    return live, n, [s for s in running if s.finished]
+SLOT = attrgetter("slot")
+def new_loop():
+    running.sort(key=SLOT)
+    live = [s for s in running if s.finish_reason is None]
+    done = [s for s in running if s.finish_reason is not None]
+    return live, len(done) - len(running) + len(live), done
+for name, f in (("old loop passes", old_loop), ("new loop passes", new_loop)):
+    print(name, "warm %.1f cold %.1f us" % bench(f, lambda: ()))
