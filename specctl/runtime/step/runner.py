@@ -60,6 +60,7 @@ from specctl.speculative.drafter import Drafter
 from specctl.speculative.sampling import SamplingParams, position_uniforms, sample_rows, warp
 
 _SLOT = attrgetter("slot")   # (a running sequence's sort key)
+_ADMITTED = attrgetter("admitted")   # (and its admission's, newest preempted first)
 
 
 class Runner:
@@ -308,10 +309,16 @@ class Runner:
         kv = self.kv
         if not kv.paged:
             return
-        rows = self.drafter.step_rows
-        for s in sorted(running, key=lambda s: s.admitted):
-            while s in running and not kv.reserve(s.slot, kv.lens[s.slot] + rows):
-                self._preempt(max(running, key=lambda r: r.admitted), running, free, waiting)
+        rows, lens, reserve = self.drafter.step_rows, kv.lens, kv.reserve
+        cut = False   # (a preemption so far: a later sequence may be gone, its slot freed)
+        for s in sorted(running, key=_ADMITTED):
+            if cut and s not in running:
+                continue
+            if reserve(s.slot, lens[s.slot] + rows):   # (most steps: every sequence, with
+                continue                                # no scan of `running` a sequence)
+            while s in running and not reserve(s.slot, lens[s.slot] + rows):
+                self._preempt(max(running, key=_ADMITTED), running, free, waiting)
+                cut = True
 
     def _preempt(self, seq: Sequence, running: list[Sequence], free: list[int],
                  waiting: deque) -> None:
