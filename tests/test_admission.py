@@ -84,6 +84,29 @@ def test_free_slots_wait_for_a_sequence_whose_budget_ends_it_soon():
     assert asked == [1]
 
 
+def test_the_fewest_steps_left_are_either_limits_least_over_the_running_sequences():
+    """Runner._soon: the least, over the unfinished running sequences, of each one's token
+    budget left and its context rows left (less the row a step writes); max_len with none."""
+    from types import SimpleNamespace
+
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request, Sequence
+    rng = random.Random(0)
+    for _ in range(300):
+        m, n = rng.randrange(20, 200), rng.randrange(6)
+        runner = SimpleNamespace(kv=SimpleNamespace(lens=[rng.randrange(m) for _ in range(n)]),
+                                 max_len=m)
+        running = []
+        for slot in range(n):
+            s = Sequence(Request(slot, [[]], max_tokens=rng.randrange(1, 60)), [1], slot)
+            s.out_ids = [1] * rng.randrange(s.req.max_tokens + 1)
+            s.finish_reason = rng.choice([None, None, "stop"])
+            running.append(s)
+        want = min((min(s.req.max_tokens - len(s.out_ids), m - runner.kv.lens[s.slot] - 1)
+                    for s in running if not s.finished), default=m)
+        assert Runner._soon(runner, running) == want
+
+
 def _prompts(n, seed):
     rng = random.Random(seed)
     return [[rng.randrange(30) for _ in range(rng.randint(3, 12))] for _ in range(n)]

@@ -275,8 +275,12 @@ class Runner:
         """The fewest steps a running sequence may have left: its token budget, or the
         context's end (a step emits at least a token)."""
         lens, m = self.kv.lens, self.max_len
-        return min((min(s.req.max_tokens - len(s.out_ids), m - lens[s.slot] - 1)
-                    for s in running if not s.finished), default=m)
+        live = [s for s in running if s.finish_reason is None]
+        if not live:
+            return m
+        # (the least of either limit over the batch: two list passes, not a min a sequence)
+        return min(min([s.req.max_tokens - len(s.out_ids) for s in live]),
+                   m - 1 - max([lens[s.slot] for s in live]))
 
     def _admit(self, req: Request, slot: int) -> Sequence | None:
         """The request's next stage in `slot`, or None when the KV cache has too few free
