@@ -194,7 +194,10 @@ def test_kv_advance_keeps_rows_in_place_and_checks_before_it_changes_a_length(pa
     for bad, match in ((([1, 1], [1, 1]), "twice"), (([0, 1], [1, 0]), "slot 1 keeps 0"),
                        (([0, 2], None), f"slot 2: kept row {top} is past"),
                        (([3, 0], [top - 10, 1]), f"slot 3: kept row {top} is past"),
-                       (([0, 1], [1]), "2 slots, 1 counts")):
+                       (([0, 1], [1]), "2 slots, 1 counts"),
+                       (([0, 1], [0, -1]), "slot 0 keeps 0 rows"),         # (the first's, in
+                       (([2, 1], [5, 0]), f"slot 2: kept row {top + 4}"),   # slot order)
+                       (([1, 2], [0, 5]), "slot 1 keeps 0 rows")):
         with pytest.raises(ValueError, match=match):
             kv.advance(*bad)
         assert kv.lens == [1, 6, top, 11]               # nothing half-done

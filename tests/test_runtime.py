@@ -232,3 +232,82 @@ def test_decoding_is_the_tokenizers(tiny_llama, tmp_path, cleanup):
         assert tk.decode(ids) == tk.tok.decode(ids, skip_special_tokens=True)
     assert tk.decode(tk.tok.encode("Hi there. Bye.", add_special_tokens=False)
                      + [tk.tok.eos_token_id]) == "Hi there. Bye."
+
+
+def _emit_by_definition(s, tokens, eos, stop, decode, window, lens, max_len):
+    """Answers.emit's definition, a token at a time: (s's tokens, finish_reason, pending,
+    tokens counted as generated)."""
+    out, reason, n = list(s.out_ids), s.finish_reason, 0
+    for t in tokens:
+        if len(out) >= s.req.max_tokens:
+            reason = "length"
+            break
+        out.append(t)
+        n += 1
+        if t in eos:
+            reason = "stop"
+            break
+        if stop and any(x in decode(out[-window:]) for x in stop):
+            reason = "stop_string"
+            break
+    if reason is None and len(out) >= s.req.max_tokens:
+        reason = "length"
+    if reason is None and lens[s.slot] + 1 >= max_len:
+        reason = "context"
+    return out, reason, out[-1] if out else None, n
+
+
+def test_emit_checks_each_token_as_its_definition_does():
+    """Answers.emit (locals, one count) equals the token-at-a-time definition on random
+    sequences: a finish reason set before, no tokens, the budget spent before or reached
+    mid-list, EOS on the budget's last token, stop strings, the context's end."""
+    import random
+
+    from specctl.runtime.step.answers import Answers
+    from specctl.runtime.step.sequence import Request, Sequence
+    from specctl.runtime.step.stats import RunStats
+    rng = random.Random(0)
+
+    def decode(ids):
+        return "".join(chr(97 + t % 5) for t in ids)
+    for _ in range(3000):
+        stop = rng.choice([(), ("cd",), ("e", "aab")])
+        lens, max_len = [rng.randrange(30)], 30
+        kv = type("KV", (), {"lens": lens})()
+        st = RunStats()
+        answers = Answers({4, 9}, stop, decode, kv, max_len, st)
+        s = Sequence(Request(0, [[]], max_tokens=rng.randrange(1, 8)), [1], 0)
+        s.out_ids = [rng.randrange(12) for _ in range(rng.randrange(s.req.max_tokens + 1))]
+        s.finish_reason = rng.choice([None] * 4 + ["stop", "context"])
+        tokens = [rng.randrange(12) for _ in range(rng.randrange(5))]
+        want = _emit_by_definition(s, tokens, {4, 9}, answers.stop, decode,
+                                   answers.stop_window, lens, max_len)
+        answers.emit(s, tokens)
+        assert (s.out_ids, s.finish_reason, s.pending, st.generated) == want
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_an_ar_steps_verdicts_are_its_rows_tokens_and_commit_emits_them(model, monkeypatch,
+                                                                          greedy):
+    """A greedy step of a row a sequence verifies into RowVerdicts (the row tokens, no
+    probe output), sampling into a Verdict a sequence; commit emits each one's bonus (every
+    token after the prefill's is a step's bonus; greedy: the run equals batch 1's)."""
+    from specctl.runtime.step import runner as R
+    from specctl.speculative.verify import RowVerdicts, Verdict
+    seen, real = [], R.commit
+
+    def commit(plan, out, *a):
+        seen.append((type(out.verdicts), out.probe_out, [v.bonus for v in out.verdicts]))
+        return real(plan, out, *a)
+    monkeypatch.setattr(R, "commit", commit)
+    prompts = random_prompts(5, seed=3)
+    sp = SamplingParams() if greedy else SamplingParams(temperature=0.8, seed=1)
+    got, _ = run_ids(model, prompts, batch_size=3, max_tokens=6, sampling=sp)
+    assert seen and all(t is (RowVerdicts if greedy else tuple) for t, _, _ in seen)
+    assert all(p == (None,) * len(b) for _, p, b in seen)
+    # (what a step emitted is what its verdicts hold: each answer's tokens after its first,
+    # the prefill's, are the bonuses in step order)
+    assert sum(len(b) for _, _, b in seen) == sum(len(g) - 1 for g in got)
+    assert all(type(v) is Verdict for v in RowVerdicts([1, 2]))
+    if greedy:
+        assert got == run_ids(model, prompts, batch_size=1, max_tokens=6)[0]

@@ -171,25 +171,24 @@ class KVCache:
             raise ValueError("advance: a slot appears twice")
         lens = self.lens
         if counts is None:
+            counts = [1] * len(slots)
             new = [lens[s] + 1 for s in slots]
         else:
             if len(counts) != len(slots):
                 raise ValueError(f"advance: {len(slots)} slots, {len(counts)} counts")
-            if counts and min(counts) < 1:
-                slot, n = min(zip(slots, counts), key=lambda x: x[1])
-                raise ValueError(f"advance: slot {slot} keeps {n} rows")
             new = [lens[s] + n for s, n in zip(slots, counts)]
         # each slot's last kept row (new - 1) lies within its blocks: a contiguous cache's
         # slot is one block of `block` rows
         if self.paged:
             tables, b = self.tables, self.block
-            over = [s for s, e in zip(slots, new) if e > len(tables[s]) * b]
+            bad = any(e > len(tables[s]) * b for s, e in zip(slots, new))
         else:
-            over = [s for s, e in zip(slots, new) if e > self.block] \
-                if new and max(new) > self.block else []
-        if over:
-            slot = over[0]
-            self._check_kept(slot, new[slots.index(slot)] - 1)   # (raises, naming the row)
+            bad = bool(new) and max(new) > self.block
+        if bad or counts and min(counts) < 1:
+            for slot, n in zip(slots, counts):   # (the first slot's error, in slot order)
+                if n < 1:
+                    raise ValueError(f"advance: slot {slot} keeps {n} rows")
+                self._check_kept(slot, lens[slot] + n - 1)
         for s, e in zip(slots, new):
             lens[s] = e
 

@@ -25,7 +25,7 @@ import torch
 
 from specctl.engine.batch import ForwardBatch, SeqInput
 from specctl.runtime.control.controller import Budgets, Controller
-from specctl.runtime.step.grid import GridDrafts, GridProposals, GridStep
+from specctl.runtime.step.grid import GridDrafts, GridProposals, GridStep, GridVerdicts
 from specctl.runtime.step.sequence import Sequence
 from specctl.speculative.drafter import Drafter, DraftLimits, Proposal
 from specctl.speculative.sampling import SamplingParams, warp
@@ -53,7 +53,9 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    verdicts: tuple[Verdict, ...]
+    # (each sequence's, in order: read by iterating, indexing or len, never as a tuple; an ar
+    # step's RowVerdicts and a grid step's GridVerdicts make each where it is asked for)
+    verdicts: tuple[Verdict, ...] | RowVerdicts | GridVerdicts
     probe_out: tuple[list[int] | None, ...]   # the target's argmax after each probe node
 
 
