@@ -171,7 +171,6 @@ class KVCache:
             raise ValueError("advance: a slot appears twice")
         lens = self.lens
         if counts is None:
-            counts = [1] * len(slots)
             new = [lens[s] + 1 for s in slots]
         else:
             if len(counts) != len(slots):
@@ -184,8 +183,8 @@ class KVCache:
             bad = any(e > len(tables[s]) * b for s, e in zip(slots, new))
         else:
             bad = bool(new) and max(new) > self.block
-        if bad or counts and min(counts) < 1:
-            for slot, n in zip(slots, counts):   # (the first slot's error, in slot order)
+        if bad or counts and min(counts) < 1:   # (the first slot's error, in slot order)
+            for slot, n in zip(slots, counts or [1] * len(slots)):
                 if n < 1:
                     raise ValueError(f"advance: slot {slot} keeps {n} rows")
                 self._check_kept(slot, lens[slot] + n - 1)
