@@ -32,8 +32,9 @@ host's own caches as they were, which on a CPU it does not (a plan cost ~5x in a
 cost warm, bench-results/2026-11-30-grid-host). The methods' runs alternate, and
 each row shows its run of least host time. (Host ms/step holds the learning caught up between
 steps, which ms/step, the steps' own wall, does not; a prefill's time, and the search run under
-it, are in neither.) Prints one markdown table; host us/seq-step is the host's share per
-step divided by the sequences in it, rows/seq-step the verify forward's packed
+it, are in neither; loop ms/step is the step loop's own host a step outside them: its
+scheduling, admissions and retirements.) Prints one markdown table; host us/seq-step is the
+host's share per step divided by the sequences in it, rows/seq-step the verify forward's packed
 rows (tokens) per sequence a step: what the model computes for it (a GPU's step time at that
 many rows per sequence, recipes/step_table.py, is the scale to hold the host's against).
 """
@@ -180,11 +181,14 @@ def main() -> None:
               f"batch 1, {launches['layer']} a layer (engine/launches.py)\n")
     print("| method | batch | steps | ms/step | model ms/step | host ms/step "
           "| host us/seq-step | under fwd ms/step | host share "
-          "| graph replays per step (shapes captured) | rows/seq-step |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| graph replays per step (shapes captured) | rows/seq-step | loop ms/step |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     def reqs():
-        return [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
-                for i, t in enumerate(texts)]
+        out = [Request(i, [[{"role": "user", "content": t}]], a.max_tokens)
+               for i, t in enumerate(texts)]
+        for r in out:   # (rendered before the run, as a job's sizing renders every first
+            tk.render(r)   # prompt, kv_rows: the runner's admission then reads them)
+        return out
     for b in [int(x) for x in a.batch_sizes.split(",")]:
         rows = []
         for m in a.methods.split(","):
@@ -278,7 +282,10 @@ class Row:
         self.t = _zero()
         if self.prof:
             self.prof.enable()
+        t, p = time.perf_counter(), runner.stats.prefill_s
         runner.run(requests, lambda r: None)
+        self.t["run"] = time.perf_counter() - t
+        self.t["prefill"] = runner.stats.prefill_s - p
         if self.prof:
             self.prof.disable()
         if g:
@@ -298,13 +305,18 @@ class Row:
         graphs = f"{self.replays / self.runs / n:.0%} ({self.shapes} new)" if g else "-"
         per_seq = host * 1e3 * st["n"] / max(st["seqs"], 1)
         rows = (self.runner.stats.step_tokens - self.rows0) / self.runs / max(st["seqs"], 1)
+        # (the step loop's own host a step, outside Runner.step: scheduling, admissions
+        # and retirements; the prefills' time and the learning caught up between steps,
+        # already in host ms/step, left out)
+        loop = (st["run"] - st["t"] - st["prefill"] - st["off"]) / n * 1e3
         return (f"| {self.method} | {self.b} | {st['n']} | {tot:.2f} | {f:.2f} | {host:.3f} | "
                 f"{per_seq:.1f} | {under:.3f} | {host / (f + host):.0%} | {graphs} | "
-                f"{rows:.1f} |")
+                f"{rows:.1f} | {loop:.3f} |")
 
 
 def _zero() -> dict:
-    return {"t": 0.0, "n": 0, "fwd": 0.0, "seqs": 0, "under": 0.0, "off": 0.0}
+    return {"t": 0.0, "n": 0, "fwd": 0.0, "seqs": 0, "under": 0.0, "off": 0.0, "run": 0.0,
+            "prefill": 0.0}
 
 
 def _host(t: dict) -> float:

@@ -254,6 +254,8 @@ def test_host_profile_runs_on_a_tiny_model(tmp_path, tiny_llama):
     under = {k: float(v["under fwd ms/step"]) for k, v in got.items()}
     assert under[("self-draft:light:fixed", "1")] > 0.0 and under[("ar", "1")] < \
         under[("self-draft:light:fixed", "1")]
+    # the step loop's own host (admissions, retirements, scheduling), outside the steps
+    assert all(float(v["loop ms/step"]) > 0.0 for v in got.values())
 
 
 def test_learnt_kinds_kept_up_to_date_equal_a_rebuild():
