@@ -254,7 +254,8 @@ def test_an_ar_steps_verdicts_are_made_where_asked_for_and_equal_verdicts():
     v = RowVerdicts([7, 3, 9])
     assert len(v) == 3 and v.bonus == [7, 3, 9]
     assert list(v) == [Verdict([], 7), Verdict([], 3), Verdict([], 9)]
-    assert v[1] == Verdict([], 3) and v[-1] == Verdict([], 9) and v[1:] == list(v)[1:]
+    assert v[1] == Verdict([], 3) and v[-1] == Verdict([], 9) and list(v[1:]) == list(v)[1:]
+    assert v[0] is v[0]   # (made once: read again, the same Verdict)
     assert v[0].tokens(DraftTree([], [])) == [7] and not any(x.accepted for x in v)
     with pytest.raises(IndexError):
         v[3]

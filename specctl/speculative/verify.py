@@ -108,20 +108,30 @@ class Verdict:
 
 class RowVerdicts(Sequence):
     """An `ar` step's verdicts, greedy (a row a sequence): nothing accepted, each sequence's
-    bonus its row's argmax (`bonus`, what commit reads whole). A Verdict is made where one is
-    asked for: a Verdict a sequence was ~15% of an `ar` step's opcodes at batch 64
-    (bench-results/2026-12-01-commit-host), and every method's lean step is one."""
+    bonus its row's argmax (`bonus`, what commit reads whole). Their Verdicts are made the
+    first time anything else reads them, all at once, as verify made them before: a lean
+    step's commit never does (a Verdict a sequence was ~15% of an `ar` step's opcodes at
+    batch 64, bench-results/2026-12-01-commit-host), a step that drafted nothing but is not
+    lean has its controller and drafter read them (made one at a time there, through
+    Sequence's own iteration, they cost Self-Draft ~3% of a b32 drain on the tests' clock)."""
 
     def __init__(self, bonus: list[int]):
         self.bonus = bonus
+        self._made: tuple[Verdict, ...] | None = None
+
+    def _all(self) -> tuple[Verdict, ...]:
+        if self._made is None:
+            self._made = tuple([Verdict([], t) for t in self.bonus])
+        return self._made
 
     def __len__(self) -> int:
         return len(self.bonus)
 
+    def __iter__(self):
+        return iter(self._all())
+
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return Verdict([], self.bonus[i])
+        return self._all()[i]
 
 
 def verify_greedy(tree: DraftTree, target: list[int]) -> Verdict:

@@ -470,13 +470,16 @@ def moved(counts: tuple, k: int, j: int) -> tuple:
 
 SCALE_PRIOR = 2      # steps of no difference a class's or kind's own ratio is shrunk with
 SCALE_MEMORY = 16    # steps the drift averages over (a class's or kind's ratio: 4x as many)
-DRAIN_HOST = 8.0     # lean steps of host a drain's first drafting step is priced to add
+DRAIN_HOST = 10.0    # lean steps of host a drain's first drafting step is priced to add
 # (untimed_host), as measured: on the host-charged clock at batch 32-64 the trace's first
 # drafting steps took 6.9-7.6 more, Self-Draft's grid 6.7 and 3.4 more in the step after it; on
 # the H200 at 7f4cca3 Self-Draft's drafting steps took 3.4 / 2.9 ms more than a lean step at
 # batch 32 / 64, ~7-10 lean steps' host with their extra rows in it; at batch 1 and 8 here 2.7
 # and 4.6-5.4, where a drafting step gains more and the higher price changed no drain
-# (bench-results/2026-11-30-drain-prior)
+# (bench-results/2026-11-30-drain-prior). 8 until a lean step's host fell (its verdicts made
+# lazily, 2026-12-01): Self-Draft's first grid step at batch 32 then took 8.9 lean steps more,
+# was priced below it and drafted a drain at 0.97x (bench-results/2026-12-01-commit-host). A
+# price in lean steps moves with a lean step's host: re-measure it when that changes.
 FIRST_OFF = 4        # how far off its expected cost a class's first timed step counts, at most
 
 
