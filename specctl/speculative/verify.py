@@ -111,9 +111,8 @@ class RowVerdicts(Sequence):
     bonus its row's argmax (`bonus`, what commit reads whole). Their Verdicts are made the
     first time anything else reads them, all at once, as verify made them before: a lean
     step's commit never does (a Verdict a sequence was ~15% of an `ar` step's opcodes at
-    batch 64, bench-results/2026-12-01-commit-host), a step that drafted nothing but is not
-    lean has its controller and drafter read them (made one at a time there, through
-    Sequence's own iteration, they cost Self-Draft ~3% of a b32 drain on the tests' clock)."""
+    batch 64, bench-results/2026-12-01-commit-host); a step that drafted nothing but is not
+    lean has its controller and drafter read them, and a second read gets the same ones."""
 
     def __init__(self, bonus: list[int]):
         self.bonus = bonus
