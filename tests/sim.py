@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from specctl.engine.batch import FULL
-from specctl.engine.graphs import CAUSAL, CudaGraphs, grid_n
+from specctl.engine.graphs import CudaGraphs, grid_n
 from specctl.engine.launches import counting
 from specctl.engine.steptable import StepTable
 from specctl.runtime.control.controller import Controller
@@ -188,9 +188,10 @@ class Staging:
         Bb = CudaGraphs.bucket(B, slots)
         cap = self.caps.get((Bb, n))
         if cap is None:
+            par = Bb * n if n > 1 else 0   # (each row's parent: CudaGraphs._capture_one)
             cap = self.caps[Bb, n] = types.SimpleNamespace(
-                ints=torch.empty(3 * Bb * n + 2 * Bb, dtype=torch.long), table=None,
-                local=torch.empty(Bb, n, n, dtype=torch.bool), mask=CAUSAL)
+                ints=torch.empty(2 * Bb * n + 2 * Bb + par, dtype=torch.long), table=None,
+                parents=torch.empty(par, dtype=torch.long) if par else None)
         self.graphs._stage_inputs(cap, batch, self.kv, Bb, n)
 
 

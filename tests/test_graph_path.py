@@ -17,7 +17,7 @@ import torch
 from helpers import (HostReads, method_drafters, prefill_slots, random_prompts, run_ids,
                      tree_input)
 from specctl.engine.attention import flex_attention, sdpa_attention, sdpa_meta
-from specctl.engine.batch import ForwardBatch, SeqInput
+from specctl.engine.batch import ForwardBatch, SeqInput, tree_closure
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
 from specctl.engine.loader import load_model
@@ -299,38 +299,35 @@ def test_kangaroo_step_without_drafts_is_one_replay(tiny_llama, eager, reference
 
 def _staged(batch, Bb: int, n: int, scratch: int):
     """What a padded step stages, a sequence at a time (the layout the module docstring
-    states): tokens and positions [Bb * n] (a sequence's real rows first, then its last token
-    again at the positions after its prefix; batch rows past it the scratch slot's), the padded
-    row of each real one, and the masks [Bb, n, n] (a masked sequence's padding row sees
-    itself only, a chain's the rows before it)."""
+    states): tokens [Bb * n] (a sequence's real rows first, then its last token again; batch
+    rows past it the scratch slot's), slots and prefixes [Bb], the padded row of each real one,
+    and (n > 1) each row's parent row [Bb * n]: a tree's node's its parent's (the root: row
+    0), every other row's the row before it (row 0: itself)."""
     cu, counts = batch.cu_seqlens, batch.num_new
-    toks, posl = list(batch.token_list), list(batch.position_list)
-    tok, pos, real = [0] * (Bb * n), list(range(n)) * Bb, []
-    local = np.tile(np.tril(np.ones((n, n), dtype=bool)), (Bb, 1, 1))
+    toks = list(batch.token_list)
+    tok, real = [0] * (Bb * n), []
+    par = [max(j - 1, 0) for _ in range(Bb) for j in range(n)]
     for b, k in enumerate(counts):
-        o, p = b * n, batch.prefix_lens[b]
+        o = b * n
         tok[o:o + n] = toks[cu[b]:cu[b + 1]] + [toks[cu[b + 1] - 1]] * (n - k)
-        pos[o:o + n] = posl[cu[b]:cu[b + 1]] + [p + j for j in range(k, n)]
         real += range(o, o + k)
-        if b in batch.masked:
-            m = batch.local.shape[1]
-            local[b, :m, :m] = batch.local[b]
-            for j in range(k, n):
-                local[b, j] = False
-                local[b, j, j] = True
+        if batch.template is not None:
+            par[o:o + k] = batch.template_parents.tolist()
+        elif batch.seqs[b].parents is not None:
+            par[o + 1:o + k] = [p + 1 for p in batch.seqs[b].parents]
     slots = list(batch.seq_slots) + [scratch] * (Bb - len(counts))
     prefix = list(batch.prefix_lens) + [0] * (Bb - len(counts))
-    return tok + pos + slots + prefix + real, local
+    return tok + slots + prefix, real, par if n > 1 else []
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed):
     """The graph path stages a step's batch in whole arrays (not a loop over its sequences,
     which at batch 64 cost a grid step ~300 us of host a step): what it stages equals the
-    layout written out a sequence at a time, for ragged steps of chains and trees, some
-    sequences causal beside masked ones, for padded chains, for steps whose every sequence is
-    a tree (padded with tree_layout's own rows), and for a grid step (one template for all,
-    whose mask is staged once, and again after another step's)."""
+    layout written out a sequence at a time, and the masks and positions the graph lays out
+    from it (tree_closure) are the batch's own, for ragged steps of chains and trees, for
+    padded chains, for steps whose every sequence is a tree, and for grid steps (one template
+    for all) between other steps."""
     rng = random.Random(seed)
     m = graph_model(tiny_llama)
     B = rng.choice([3, 5, 7])
@@ -373,18 +370,28 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
         with torch.inference_mode():
             padded = m.graphs._stage_inputs(cap, batch, kv, Bb, n)
         assert padded == any(k != n for k in batch.num_new)
-        want, local = _staged(batch, Bb, n, kv.scratch)
-        T = batch.num_tokens
-        assert cap.ints[:len(want)].tolist() == want
-        assert cap.ints.numel() == len(want) - T + Bb * n   # (the rest of `real`: unread)
-        assert torch.equal(cap.local, torch.from_numpy(local))
+        head, real, par = _staged(batch, Bb, n, kv.scratch)
+        ints, T = cap.ints.tolist(), batch.num_tokens
+        assert ints[:len(head)] == head
+        assert ints[len(head):len(head) + T] == real   # (the rest of `real`: unread)
+        assert ints[len(head) + Bb * n:] == par
+        # what the graph lays out from them, each real row's mask and position, is what an
+        # eager forward reads (the batch's own layout)
+        if n > 1:
+            local, depth = tree_closure(cap.parents.view(Bb, n))
+        else:
+            local, depth = torch.ones(Bb, 1, 1, dtype=torch.bool), torch.zeros(Bb, 1)
+        for b, k in enumerate(batch.num_new):
+            want = batch.local[b] if b in batch.masked else np.tri(k, dtype=bool)
+            assert torch.equal(local[b, :k, :k], torch.from_numpy(np.array(want[:k, :k])))
+            pos = (batch.prefix_lens[b] + depth[b, :k]).tolist()
+            assert pos == list(batch.position_list[batch.cu_seqlens[b]:][:k])
 
 
 def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llama):
-    """Staging a grid step's padded batch for its replay, its mask included (after another
-    step's), calls the same Python and C functions at 2 sequences as at 12: nothing is done a
-    sequence at a time. Staged again, its mask is not (one template for every step), nor is
-    a step of padded chains' after another step of chains (the causal mask)."""
+    """Staging a grid step's padded batch for its replay, or a step of padded chains', calls
+    the same Python and C functions at 2 sequences as at 12: nothing is done a sequence at a
+    time (nor is a mask staged: the graph lays it out from each row's parent)."""
     m = graph_model(tiny_llama)
     kv = m.new_kv_cache(16, 128)
     grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 4)
@@ -416,9 +423,6 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
         chains = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu")
         m.run(chains, kv)
         made[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
-        again[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
-        assert calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))["_tril"] == 1
-        assert calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))["_tril"] == 0
+        again[B] = calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))
     assert made[2] == made[12] and again[2] == again[12] and sum(made[2].values()) > 10
-    assert made[2]["_tril"] == 1 and again[2]["_tril"] == 0   # (the mask: staged once)
     # (and padded chains', causal, once after another step's: none for the next chains)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import kv_budget, random_prompts, run_ids, step_table
+from specctl.engine.batch import tree_closure
 from specctl.engine.graphs import CudaGraphs
 from specctl.engine.kv import KVCache
 from specctl.engine.loader import load_model
@@ -105,11 +106,15 @@ def test_push_texts_makes_every_window():
 
 
 def test_chain_layout():
-    depth, anc = chain_layout(2, 3)
+    depth, anc, parents = chain_layout(2, 3)
     assert depth.tolist() == [0, 1, 2, 3, 1, 2, 3]
     assert anc[6].tolist() == [True, False, False, False, True, True, True]
     assert anc[2].tolist() == [True, True, True, False, False, False, False]
     assert anc.diagonal().all() and anc[:, 0].all()
+    assert parents.tolist() == [0, 0, 1, 2, 0, 4, 5]
+    # (what a replay lays out from the parents: the same mask and depths)
+    a, d = tree_closure(torch.from_numpy(parents)[None])
+    assert np.array_equal(a[0].numpy(), anc) and d[0].tolist() == depth.tolist()
 
 
 @pytest.mark.parametrize("seed", range(4))

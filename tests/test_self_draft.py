@@ -345,7 +345,7 @@ def test_sampling_is_lossless(model):
 @pytest.mark.parametrize("num_slots, max_len", [(3, 64), (16, 300)])
 def test_graph_forward_math_on_cpu(model, num_slots, max_len):
     """The computation engine/graphs.py captures (static buffers, device-side masks from prefix
-    lengths and local masks, padded batch rows on a scratch slot, KV columns cut to a bucket,
+    lengths and each row's parent, padded batch rows on a scratch slot, KV columns cut to a bucket,
     attention over every slot as a view or over the batch's gathered slots) run eagerly on the
     CPU equals the eager packed forward for a masked tree + branches step and for chains."""
     from specctl.engine.batch import FULL
@@ -371,12 +371,13 @@ def test_graph_forward_math_on_cpu(model, num_slots, max_len):
         C = g.kv_columns(max(b.prefix_lens) + k, kv.max_len)
         assert C == min(max_len, 128)
         pad = lambda t, fill: torch.cat([t, torch.full((Bb * k - t.numel(),), fill)])
-        local = torch.ones(k, k, dtype=torch.bool).tril().expand(Bb, k, k).clone()
-        if b.local is not None:
-            local[:3] = torch.from_numpy(b.local)
-        out = g._forward(kv, Bb, k, C, FULL, pad(b.tokens, 0), pad(b.positions, 0),
+        par = torch.tensor([max(j - 1, 0) for j in range(k)] * Bb)   # (a chain's rows)
+        for i, si in enumerate(seqs):   # (a tree's nodes: their parents' rows)
+            if si.parents is not None:
+                par[i * k + 1:i * k + k] = torch.tensor(si.parents) + 1
+        out = g._forward(kv, Bb, k, C, FULL, pad(b.tokens, 0),
                          torch.tensor(b.seq_slots + [kv.scratch]),
-                         torch.tensor(b.prefix_lens + [0]), local, None)[0]
+                         torch.tensor(b.prefix_lens + [0]), par, None)[0]
         torch.testing.assert_close(model.logits(out[:3 * k]), ref, atol=1e-4, rtol=1e-4)
 
 

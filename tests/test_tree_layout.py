@@ -13,7 +13,7 @@ import torch
 
 from specctl.engine import batch
 from specctl.engine.attention import _place_local
-from specctl.engine.batch import ForwardBatch, SeqInput, tree_layout
+from specctl.engine.batch import FULL, ForwardBatch, SeqInput, tree_closure, tree_layout
 from specctl.speculative.verify import DraftTree
 
 
@@ -106,3 +106,42 @@ def test_a_step_of_trees_packs_each_trees_positions_slots_and_rows(count):
     assert fb.slots.tolist() == [s.slot for s in seqs for _ in s.tokens]
     assert fb.rows.tolist() == [s.prefix_len + i for s in seqs for i in range(len(s.tokens))]
     assert fb.masked == list(range(count)) and fb.local.shape[0] == count
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_devices_layout_equals_the_hosts(seed):
+    """tree_closure (what a replay lays out from each row's parent, engine/graphs.py) equals
+    tree_layout for trees, chains, deep chains and padding rows (their own parent: themselves
+    only), at every n a graph has."""
+    rng = random.Random(seed)
+    for n in (2, 3, 4, 8, 16, 32, 64, 128):
+        trees = []
+        for _ in range(rng.randint(1, 5)):
+            k = rng.randrange(n)
+            trees.append(list(range(-1, k - 1)) if rng.random() < 0.3 else
+                         [rng.randrange(-1, j) for j in range(k)])
+        anc, depth = tree_layout(trees, n)
+        par = np.tile(np.arange(n), (len(trees), 1))
+        for b, ps in enumerate(trees):
+            par[b, 0] = 0
+            par[b, 1:1 + len(ps)] = np.asarray(ps, dtype=np.int64) + 1
+        a, d = tree_closure(torch.from_numpy(par))
+        assert np.array_equal(a.numpy(), anc) and np.array_equal(d.numpy(), depth)
+
+
+def test_a_mask_or_positions_by_hand_run_eagerly(model):
+    """A graph lays masks and positions out from parents: a batch whose mask or positions are
+    set by hand has none, and runs eagerly (the same states as without graphs)."""
+    from helpers import prefill_slots
+    from specctl.engine.graphs import CudaGraphs
+    from specctl.engine.kv import KVCache
+    c = model.cfg
+    kv = KVCache(c.num_layers, 2, 64, c.num_kv_heads, c.head_dim, spare=True)
+    kv = prefill_slots(model, kv, [[5, 6, 7], [8, 9]])
+    hand = [SeqInput(0, [3, 4, 5], 3, mask=torch.eye(3, dtype=torch.bool)),
+            SeqInput(1, [3, 4], 2, positions=[2, 2])]
+    g = CudaGraphs(model, capture=False)
+    for seqs in (hand[:1], hand[1:]):
+        batch = ForwardBatch(seqs)
+        assert batch.by_hand and g.run(batch, kv, FULL) is None and g.replays == 0
+    assert not ForwardBatch([SeqInput(0, [3, 4], 3, parents=[-1])]).by_hand

@@ -19,9 +19,11 @@ Worked example, two sequences in one step:
     cu_seqlens = [0, 1, 4]
 
 A token attends to all committed rows of its slot and to the new tokens of its own sequence that
-its mask allows (default: causal among the new tokens). A step's trees are laid out together
-(tree_layout: every tree's ancestors and depths as array operations over the batch), so the host
-does a few array operations per tree level for the whole batch, not a loop per node per tree.
+its mask allows (default: causal among the new tokens). A step's trees are laid out together,
+where an eager forward reads them (tree_layout: every tree's ancestors and depths as array
+operations over the batch), or by a captured graph on the device from each row's parent
+(tree_closure, engine/graphs.py): then the host only checks that every parent precedes its node
+(tree_nodes).
 """
 
 from __future__ import annotations
@@ -144,6 +146,41 @@ def _layout_rows(parents: list[list[int]], n: int) -> tuple[np.ndarray, np.ndarr
     return np.unpackbits(rows, axis=2, count=n, bitorder="little").view(bool), depth
 
 
+def tree_nodes(parents: list[list[int]], which: list[int]) -> tuple[np.ndarray, ...]:
+    """Every node of some trees (tree t: the batch's sequence which[t], parents[t] its nodes'
+    parents) as arrays: (its sequence, its index j among the nodes, token j + 1, its parent,
+    -1 the root). Raises BadTree (naming the sequence) unless every parent precedes its node,
+    so what a replay lays out on the device (tree_closure) is a tree."""
+    lens = np.fromiter(map(len, parents), np.int64, len(parents))
+    N = int(lens.sum())
+    p = np.fromiter(chain.from_iterable(parents), np.int64, N)
+    b = np.repeat(np.asarray(which, np.int64), lens)
+    j = np.arange(N) - np.repeat(np.cumsum(lens) - lens, lens)
+    bad = np.flatnonzero((p < -1) | (p >= j))
+    if len(bad):
+        i = int(bad[0])
+        raise BadTree(int(b[i]), int(j[i]), int(p[i]))
+    return b, j, p
+
+
+def tree_closure(par: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """tree_layout on the device, for a captured graph (CudaGraphs): par [B, n] each row's
+    parent row (a row of its own: a root, seeing only itself) -> (ancestors [B, n, n] bool,
+    each row seeing itself and its ancestors; depth [B, n]). Each doubling adds the ancestors
+    of a row's 2^k-th ancestor (then ancestors as far as 2^(k + 1) are known): ceil(log2(n - 1))
+    of them reach the deepest a row of n can be, a fixed number of tensor operations, nothing
+    read back."""
+    B, n = par.shape
+    anc = torch.eye(n, dtype=torch.bool, device=par.device).expand(B, n, n).clone()
+    anc.scatter_(2, par[:, :, None], True)
+    up, k = par, 1
+    while k < n - 1:
+        anc |= anc.gather(1, up[:, :, None].expand(B, n, n))
+        up = up.gather(1, up)
+        k *= 2
+    return anc, anc.sum(2) - 1
+
+
 @dataclass(frozen=True)
 class LayerPlan:
     """Which blocks a forward runs.
@@ -182,32 +219,28 @@ FULL = LayerPlan()
 class ForwardBatch:
     """Flat packed tensors for one forward (see module docstring)."""
 
-    tree_rows = False   # every sequence a tree: `local` is tree_layout's, each row past a
-    # sequence's tokens seeing itself only (what a replay's staging pads with)
+    tree_rows = False   # every sequence a tree (`local` is then tree_layout's)
+    by_hand = False     # a sequence's mask or positions set by hand (SeqInput), not by parents
 
     def __init__(self, seqs: list[SeqInput], device: torch.device | str = "cpu"):
         if not seqs:
             raise ValueError("empty batch")
         self._seqs = seqs
         self.device = torch.device(device)
-        trees = [b for b, s in enumerate(seqs) if s.parents is not None]
-        every = len(trees) == len(seqs)   # (Self-Draft's steps: positions come from depths)
-        toks, pos, counts, hand = [], [], [], []
+        toks, counts, trees, hand, by_hand = [], [], [], [], False
         for b, s in enumerate(seqs):   # (lists: for one decode token numpy's calls cost more)
-            n = len(s.tokens)
             toks += s.tokens
-            counts.append(n)
-            if every:
-                continue
-            if s.mask is not None and s.parents is None:
+            counts.append(len(s.tokens))
+            if s.parents is not None:
+                trees.append(b)
+            elif s.mask is not None:
                 hand.append(b)
-            pos += (s.positions if s.positions is not None
-                    else range(s.prefix_len, s.prefix_len + n))
+            by_hand = by_hand or s.positions is not None
         self.num_new = counts
         self.num_tokens = len(toks)  # T: the sum of real tokens, nothing padded
         # host lists; the device tensors are made on first use (a CUDA-graph replay copies the
         # lists into its static buffers in one transfer and never needs them)
-        self.token_list, self.position_list = toks, pos
+        self.token_list = toks
         self.seq_slots = [s.slot for s in seqs]
         self.prefix_lens = [s.prefix_len for s in seqs]
         cu = [0]
@@ -215,35 +248,76 @@ class ForwardBatch:
             cu.append(cu[-1] + n)
         self.cu_seqlens = cu
         self.max_kv_len = max(p + n for p, n in zip(self.prefix_lens, counts))
-        # [B, n, n] bool among each sequence's new tokens, for the sequences in `masked` (the
-        # others: causal, their rows unset); None when every sequence is causal
-        self.local, self.template = None, None   # (template: a grid's, ForwardBatch.grid)
+        # the sequences whose `local` rows are read (the others: causal); positions and local
+        # masks are laid out where first read (_lay: an eager forward's), as a replay lays its
+        # out on the device from `tree_nodes` (CudaGraphs: the host then walks no tree)
         self.masked = sorted(trees + hand)
+        self.by_hand = by_hand or bool(hand)   # (a mask or positions not from parents: no
+        # replay can lay them out)
+        self.tree_rows = len(trees) == len(seqs)
+        self.template = None   # (a grid's, ForwardBatch.grid)
+        self._position_list = self._local = None
+        self.tree_nodes = None
+        if trees:
+            try:
+                self.tree_nodes = tree_nodes([seqs[b].parents for b in trees], trees)
+            except BadTree as e:
+                raise ValueError(f"slot {seqs[e.tree].slot}: {e}") from None
+        self._attn_meta = None
+
+    @property
+    def position_list(self) -> list[int] | np.ndarray:
+        """[T] each token's position (a tree's: prefix + depth)."""
+        if self._position_list is None:
+            self._lay()
+        return self._position_list
+
+    @property
+    def local(self) -> np.ndarray | None:
+        """[B, n, n] bool among each sequence's new tokens, for the sequences in `masked` (the
+        others': causal, their rows unset); None when every sequence is causal."""
+        if self._local is None and (self.masked or self.template is not None):
+            self._lay()
+        return self._local
+
+    def _lay(self) -> None:
+        """Positions and local masks from the sequences (tree_layout for the trees), where an
+        eager forward reads them."""
+        if self.template is not None:   # (a grid's: its template for every sequence)
+            self._local = np.broadcast_to(self.template, (len(self.num_new),) +
+                                          self.template.shape)
+            self._position_list = (np.asarray(self.prefix_lens)[:, None] +
+                                   self._depth).ravel()
+            return
+        seqs, counts, cu, pos = self._seqs, self.num_new, self.cu_seqlens, []
+        trees = [b for b in self.masked if seqs[b].parents is not None]
+        if not self.tree_rows:
+            for s in seqs:
+                pos += (s.positions if s.positions is not None
+                        else range(s.prefix_len, s.prefix_len + len(s.tokens)))
         if trees:
             n = max(counts)
-            try:
-                anc, depth = tree_layout([seqs[b].parents for b in trees], n)
-            except BadTree as e:
-                raise ValueError(f"slot {seqs[trees[e.tree]].slot}: {e}") from None
+            anc, depth = tree_layout([seqs[b].parents for b in trees], n)
             depth += np.asarray([self.prefix_lens[b] for b in trees])[:, None]
-            if every:   # positions at prefix + depth: each tree's first counts[b] columns
+            if self.tree_rows:   # positions at prefix + depth: each tree's first counts[b]
                 real = np.arange(n)[None, :] < np.asarray(counts)[:, None]
                 pos += depth[real].tolist()
             else:
                 for b, d in zip(trees, depth.tolist()):
                     pos[cu[b]:cu[b + 1]] = d[:counts[b]]
-        if len(trees) == len(seqs):
-            self.local, self.tree_rows = anc, True
+        self._position_list = pos
+        if self.tree_rows:
+            self._local = anc
         elif self.masked:   # (only the masked sequences' rows are read)
             n = max(counts)
-            self.local = np.zeros((len(seqs), n, n), dtype=bool)
+            self._local = np.zeros((len(seqs), n, n), dtype=bool)
             if trees:
-                self.local[trees] = anc
-            for b in hand:
-                k = counts[b]
-                self.local[b] = np.tri(n, dtype=bool)
-                self.local[b, :k, :k] = seqs[b].mask.cpu().numpy()
-        self._attn_meta = None
+                self._local[trees] = anc
+            for b in self.masked:
+                if seqs[b].parents is None:
+                    k = counts[b]
+                    self._local[b] = np.tri(n, dtype=bool)
+                    self._local[b, :k, :k] = seqs[b].mask.cpu().numpy()
 
     @classmethod
     def decode(cls, slots: list[int], tokens: list[int], lens: list[int],
@@ -258,48 +332,37 @@ class ForwardBatch:
         n = len(slots)
         self._seqs, self.device = None, torch.device(device)
         self.num_new, self.num_tokens = [1] * n, n
-        self.token_list, self.position_list = list(tokens), list(lens)
+        self.token_list, self._position_list = list(tokens), list(lens)
         self.seq_slots, self.prefix_lens = list(slots), list(lens)
         self.cu_seqlens = list(range(n + 1))
         self.max_kv_len = max(lens) + 1
-        self.local, self.masked, self._attn_meta = None, [], None
-        self.template = None
+        self._local, self.masked, self._attn_meta = None, [], None
+        self.template = self.tree_nodes = None
         return self
 
     @classmethod
     def grid(cls, slots: list[int], lens: list[int], tokens: np.ndarray, depth: np.ndarray,
-             local: np.ndarray, device: torch.device | str = "cpu") -> "ForwardBatch":
+             local: np.ndarray, parents: np.ndarray,
+             device: torch.device | str = "cpu") -> "ForwardBatch":
         """Every sequence's new tokens in one tree shape, a template (a drafting step's,
         runtime/step/grid.py): tokens [B, n], depth [n] each token's depth below the first,
-        local [n, n] the mask among them (a token's row: itself and its ancestors). Nothing
-        is walked per sequence."""
+        local [n, n] the mask among them (a token's row: itself and its ancestors), parents
+        [n] each token's parent row (the first's: itself). Nothing is walked per sequence."""
         self = cls.__new__(cls)
         B, n = tokens.shape
         self._seqs, self.device = None, torch.device(device)
         self.num_new, self.num_tokens = [n] * B, B * n
         # (arrays, not lists: what the eager path's tensors and a replay's staging read)
         self.token_list = tokens.ravel()
-        self.position_list = (np.asarray(lens)[:, None] + depth).ravel()
         self.seq_slots, self.prefix_lens = slots, lens   # (the caller's, never edited)
         self.cu_seqlens = list(range(0, B * n + 1, n))
         self.max_kv_len = max(lens) + n
         self.masked, self._attn_meta, self._local = list(range(B)), None, None
-        self.template = local   # (every step of this shape has this mask: a replay stages
-        # it once, not each step, CudaGraphs._stage_inputs, and never reads self.local)
+        self._position_list, self._depth, self.tree_nodes = None, depth, None
+        # (every step of this shape has this mask: a replay stages the parents, and neither it
+        # nor its positions are laid out on the host unless an eager forward reads them)
+        self.template, self.template_parents = local, parents
         return self
-
-    @property
-    def local(self) -> np.ndarray | None:
-        """[B, n, n] (ForwardBatch.__init__'s comment; a grid's made from its template where
-        read: an eager forward's)."""
-        if self._local is None and self.template is not None:
-            self._local = np.broadcast_to(self.template, (len(self.num_new),) +
-                                          self.template.shape)
-        return self._local
-
-    @local.setter
-    def local(self, value: np.ndarray | None) -> None:
-        self._local = value
 
     @property
     def seqs(self) -> list[SeqInput]:

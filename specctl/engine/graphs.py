@@ -15,10 +15,9 @@ static buffers are this module's business:
   the same); `captures` and `capture_s` count what was captured, wherever it was. Every
   sequence is padded to one n: an `ar` step has n = 1, a draft forward n = 1 with a skip plan,
   a verify of chains, trees or Self-Draft's candidates + branches pads up to the grid. Padding
-  tokens sit past a sequence's real rows and no real token sees them; a chain's see its
-  prefix and the rows before them (the causal mask, so a step of chains stages no mask), a
-  masked sequence's only its prefix and themselves; their KV rows are never committed and
-  their outputs are dropped. Batch
+  tokens sit past a sequence's real rows and no real token sees them (each follows the row
+  before it, as a chain's rows do); their KV rows are never committed and their outputs are
+  dropped. Batch
   rows past the real batch point to a scratch slot (the KV cache has one spare slot), so
   padding never touches a real sequence. Prefill and anything past `max_n` tokens run eagerly.
 - attention reads C columns of the cache: the batch's longest prefix + n, rounded up onto the
@@ -28,10 +27,12 @@ static buffers are this module's business:
   dropped) rather than gathering the batch's slots first: a gather reads and writes every K/V
   row once more.
 - inputs are staged on the host with numpy into one (pinned, on CUDA) buffer and copied to the
-  graph's static buffers in one transfer: tokens and positions [B_b * n], slot and prefix length
-  per sequence [B_b], the index of each real row among the padded ones; masks among each
-  sequence's new tokens [B_b, n, n] in a second transfer, only when they change (a step not
-  all chains; a grid step's template is staged once for its shape).
+  graph's static buffers in one transfer: tokens [B_b * n], slot and prefix length per
+  sequence [B_b], the index of each real row among the padded ones, and (n > 1) each row's
+  parent row in its sequence [B_b * n]: a chain's the row before it, a draft tree's its
+  parent. The graph lays out each sequence's mask (a row sees itself and its ancestors) and
+  positions (prefix + depth) from them (batch.tree_closure), so the host walks no tree. A
+  batch with a mask or positions set by hand (SeqInput) runs eagerly.
 - the captured graph ends at the last layer's states [B_b * n, D]: the LM head runs on the rows
   the caller needs (argmax for greedy, fp32 logits only for sampled rows; Model.argmax/logits).
   Or with a caller's head (Model.run): Kangaroo's draft forward is layers [0, l) plus its
@@ -58,7 +59,7 @@ import numpy as np
 import torch
 
 from specctl.engine.attention import SdpaMeta
-from specctl.engine.batch import ForwardBatch, LayerPlan
+from specctl.engine.batch import ForwardBatch, LayerPlan, tree_closure
 
 KV_BLOCK = 128   # KV columns are read in KV_BLOCK x a power of KV_GROWTH (or the whole cache)
 KV_GROWTH = 4    # (coarse: every column count is captured when a run starts)
@@ -74,29 +75,16 @@ class _Captured:
     kv: object                # the cache the graph's pointers refer to (kept alive with it)
     head: object              # the head it was captured with (None: none, states out)
     graph: object             # torch.cuda.CUDAGraph (or _EagerReplay off CUDA)
-    ints: torch.Tensor        # [3 * Bb * n + 2 * Bb]: the five below, filled by one copy
+    ints: torch.Tensor        # the five below, filled by one copy
     tokens: torch.Tensor      # [Bb * n]
-    positions: torch.Tensor   # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
     real: torch.Tensor        # [Bb * n] index of each real row among the padded rows (a prefix)
+    parents: torch.Tensor | None  # [Bb * n] each row's parent row in its sequence (n > 1):
+                              # its mask and position (prefix + depth) are laid out from them
     table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
-    local: torch.Tensor       # [Bb, n, n] bool: the mask among each sequence's new tokens
-    mask: tuple | None        # what local holds: CAUSAL (every row's, as captured), a grid
-                              # step's (template, batch size) (ForwardBatch.grid), or None:
-                              # a mask made for one step alone
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
-
-
-CAUSAL = ("causal",)   # (_Captured.mask: every row's causal mask)
-
-
-def _holds(mask: tuple | None, want: tuple | None) -> bool:
-    """Whether a graph's staged mask is the one a step wants (None: one made for it alone):
-    the same kind (its first entry, the same object) with an equal rest (a batch size)."""
-    return mask is not None and want is not None and mask[0] is want[0] and \
-        mask[1:] == want[1:]
 
 
 def _dead() -> None:
@@ -132,7 +120,7 @@ class CudaGraphs:
         self.captures = 0        # shapes captured, at start-up or (never, by design) in a run
         self.capture_s = 0.0     # seconds they took
         self._stage = torch.empty(0, dtype=torch.long)       # host staging (pinned on CUDA)
-        self._stage_local = torch.empty(0, dtype=torch.bool)
+        self._ones_by: dict[int, torch.Tensor] = {}             # (_ones)
         self._staged = None                                  # event: the last copy is done
         self._kv = _dead                                     # the cache the graphs hold (_use)
 
@@ -230,8 +218,9 @@ class CudaGraphs:
             head=None):
         """The forward's outputs from a replay, one row per real token of the batch (see
         Model.run), or None where no graph fits (the caller runs it eagerly)."""
-        if (plan.start > 0) != (hidden is not None) or (head is not None and self.model.exact):
-            return None   # (a head under --exact: its attention is exact's, built on the host)
+        if (plan.start > 0) != (hidden is not None) or (head is not None and self.model.exact) \
+                or batch.by_hand:   # (a head under --exact: its attention is exact's, built on
+            return None   # the host; a mask or positions by hand: no parents to lay them out)
         n = self._shape(batch, kv)
         if n is None:
             return None
@@ -270,8 +259,9 @@ class CudaGraphs:
 
     def _stage_inputs(self, cap: _Captured, batch: ForwardBatch, kv, Bb: int, n: int) -> bool:
         """Write the batch, padded to Bb x n, into the graph's static inputs: numpy into one
-        host buffer, one copy (a second one for the masks where they change: trees or padding,
-        a grid's template once for its shape and batch size).
+        host buffer, one copy. No mask and no position is staged: the graph lays them out from
+        each row's parent (tree_closure), a chain's the row before it, a tree's its parent (the
+        host walks no tree: tree_layout took a b8 Self-Draft step ~80 us warm, ~130 in a run).
         Returns whether any sequence was padded."""
         if self._staged is not None:
             self._staged.synchronize()   # the host buffers' last copy has been read
@@ -280,72 +270,59 @@ class CudaGraphs:
         ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
         # (slices, not np.split: a lean step's staging is on every step's critical path)
         R = Bb * n
-        tok, pos, slots, prefix = ints[:R], ints[R:2 * R], ints[2 * R:2 * R + Bb], \
-            ints[2 * R + Bb:2 * R + 2 * Bb]
-        real, table = ints[2 * R + 2 * Bb:3 * R + 2 * Bb], ints[3 * R + 2 * Bb:]
+        tok, slots, prefix = ints[:R], ints[R:R + Bb], ints[R + Bb:R + 2 * Bb]
+        real = ints[R + 2 * Bb:2 * R + 2 * Bb]
+        at = 2 * R + 2 * Bb
+        par = None if cap.parents is None else ints[at:at + R].reshape(Bb, n)
+        table = ints[at + (0 if par is None else R):]
         tok[:] = 0   # padded batch rows: the scratch slot's
-        pos.reshape(Bb, n)[:] = np.arange(n)
         slots[:], prefix[:] = kv.scratch, 0
         slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
         if cap.table is not None:   # unallocated entries and padded batch rows: the null block
             table = table.reshape(Bb, -1)
             table[B:] = 0
             table[:B] = kv.table_rows(batch.seq_slots, table.shape[1])
-        toks, posl = np.asarray(batch.token_list), np.asarray(batch.position_list)
+        toks = np.asarray(batch.token_list)
         if not padded:
-            tok[:B * n], pos[:B * n] = toks, posl
+            tok[:B * n] = toks
         elif batch.template is not None:   # (a grid's: m rows every sequence, as below in
             m = counts[0]                   # fewer calls; a grid step is mostly padded)
-            t2, p2 = tok[:B * n].reshape(B, n), pos[:B * n].reshape(B, n)
+            t2 = tok[:B * n].reshape(B, n)
             t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
-            p2 += np.asarray(batch.prefix_lens)[:, None]
-            p2[:, :m] = posl.reshape(B, m)
             real[:B * m] = self._real(B, m, n)
         else:   # (whole arrays: a loop over the sequences took a grid step at batch 64 ~300
             # us of host on a CPU, 2.5x `ar`'s whole host step; tests/test_graph_path.py)
             cu, k = np.asarray(batch.cu_seqlens), np.asarray(counts)
-            # padding, a sequence's rows past its own: its last token again, at the positions
-            # after its prefix; then its real rows over the first k of its n
+            # padding, a sequence's rows past its own: its last token again; then its real
+            # rows over the first k of its n
             tok[:B * n] = np.repeat(toks[cu[1:] - 1], n)
-            pos[:B * n] = (np.asarray(batch.prefix_lens)[:, None] + np.arange(n)).ravel()
             at = np.repeat(np.arange(B) * n - cu[:-1], k) + np.arange(cu[-1])
-            tok[at], pos[at], real[:cu[-1]] = toks, posl, at
+            tok[at], real[:cu[-1]] = toks, at
+        if par is not None:
+            # every row's parent the row before it (a chain; padding rows follow their
+            # sequence's last, and no real row sees them), a tree's nodes their own
+            par[:] = self._chain(n)
+            if batch.template is not None:
+                par[:B, :counts[0]] = batch.template_parents
+            elif batch.tree_nodes is not None:
+                b, j, p = batch.tree_nodes
+                par[b, j + 1] = p + 1
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
-        masked = bool(batch.masked)
-        # (a grid's mask is one template for every step of its shape: staged once, not each
-        # step, which took ~40 us of host a grid step at batch 64 on a CPU)
-        want = CAUSAL if not masked else \
-            None if batch.template is None else (batch.template, B)
-        if n > 1 and not _holds(cap.mask, want):
-            local = self._host_buffer("_stage_local", Bb * n * n, torch.bool).reshape(Bb, n, n)
-            if batch.tree_rows:   # (every sequence a tree: tree_layout's rows past a tree's
-                # nodes see themselves only, as rows past its mask do; no walk over the padding)
-                m = batch.local.shape[1]
-                local[B:] = self._tril(n)
-                local[:B] = self._eye(n)
-                local[:B, :m, :m] = batch.local
-            else:
-                local[:] = self._tril(n)
-                if masked:   # (a masked sequence's padding rows see (the prefix and) themselves
-                    # only: its mask's rows past its nodes are not a chain's)
-                    m, rows = batch.local.shape[1], batch.masked
-                    local[rows, :m, :m] = batch.local[rows]
-                    if padded:
-                        k = np.asarray(counts)
-                        if len(rows) < B:   # (the others: no row past their own here)
-                            k = np.where(np.isin(np.arange(B), rows), k, n)
-                        b, j = np.nonzero(np.arange(n) >= k[:, None])
-                        local[b, j] = False
-                        local[b, j, j] = True
-            cap.local.copy_(self._stage_local[:Bb * n * n].view(Bb, n, n), non_blocking=True)
-            cap.mask = want
         if self.capture:
             self._staged = torch.cuda.Event()
             self._staged.record()
         return padded
 
-    _trils: dict[int, np.ndarray] = {}
+    _chains: dict[int, np.ndarray] = {}
     _reals: dict[tuple[int, int, int], np.ndarray] = {}
+
+    @classmethod
+    def _chain(cls, n: int) -> np.ndarray:
+        """[n] each row's parent in a chain: the row before it (the first row: itself)."""
+        c = cls._chains.get(n)
+        if c is None:
+            c = cls._chains[n] = np.maximum(np.arange(n) - 1, 0)
+        return c
 
     @classmethod
     def _real(cls, B: int, m: int, n: int) -> np.ndarray:
@@ -354,22 +331,6 @@ class CudaGraphs:
         if r is None:
             r = cls._reals[B, m, n] = (np.arange(B)[:, None] * n + np.arange(m)).ravel()
         return r
-
-    _eyes: dict[int, np.ndarray] = {}
-
-    @classmethod
-    def _eye(cls, n: int) -> np.ndarray:
-        t = cls._eyes.get(n)
-        if t is None:
-            t = cls._eyes[n] = np.eye(n, dtype=bool)
-        return t
-
-    @classmethod
-    def _tril(cls, n: int) -> np.ndarray:
-        t = cls._trils.get(n)
-        if t is None:
-            t = cls._trils[n] = np.tril(np.ones((n, n), dtype=bool))
-        return t
 
     def _meta(self, kv, Bb: int, n: int, C: int, slots, prefix, local, table) -> SdpaMeta:
         """Attention metadata of a captured forward, computed on the device. Column c of a
@@ -403,9 +364,14 @@ class CudaGraphs:
                         starts=torch.arange(0, Bb * n, n, device=dev) if fused else None,
                         counts=torch.full((Bb,), n, device=dev) if fused else None)
 
-    def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, positions, slots,
-                 prefix, local, table, hidden=None, head=None) -> tuple:
+    def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, slots, prefix,
+                 parents, table, hidden=None, head=None) -> tuple:
         m = self.model
+        if parents is None:   # (a row a sequence: at its prefix, seeing it and itself)
+            positions, local = prefix, self._ones(Bb)
+        else:   # (each sequence's mask and positions from its rows' parents)
+            local, depth = tree_closure(parents.view(Bb, n))
+            positions = (prefix[:, None] + depth).view(-1)
         meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
         x = m.embed_tokens(tokens) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
@@ -413,6 +379,15 @@ class CudaGraphs:
         if head is not None:
             return tuple(head(h, positions, meta))
         return h if plan.capture is not None else (h,)
+
+    def _ones(self, Bb: int) -> torch.Tensor:
+        """[Bb, 1, 1] True: the mask of a row a sequence (made once a bucket, before any
+        capture reads it)."""
+        t = self._ones_by.get(Bb)
+        if t is None:
+            t = self._ones_by[Bb] = torch.ones(Bb, 1, 1, dtype=torch.bool,
+                                               device=self.model.device)
+        return t
 
     @torch.inference_mode()
     def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:
@@ -426,15 +401,18 @@ class CudaGraphs:
     def _capture_one(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head) -> _Captured:
         dev = self.model.device
         nb = -(-C // kv.block) if kv.paged else 0
-        ints = torch.zeros(3 * Bb * n + 2 * Bb + Bb * nb, dtype=torch.long, device=dev)
-        tokens, positions, slots, prefix, real, table = ints.split(
-            [Bb * n, Bb * n, Bb, Bb, Bb * n, Bb * nb])
+        np_ = Bb * n if n > 1 else 0
+        ints = torch.zeros(2 * Bb * n + 2 * Bb + np_ + Bb * nb, dtype=torch.long, device=dev)
+        tokens, slots, prefix, real, parents, table = ints.split(
+            [Bb * n, Bb, Bb, Bb * n, np_, Bb * nb])
         table = table.view(Bb, nb) if kv.paged else None
+        parents = parents if n > 1 else None
         slots.fill_(kv.scratch)
-        local = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(Bb, n, n).clone()
+        if n == 1:
+            self._ones(Bb)
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
-        args = (kv, Bb, n, C, plan, tokens, positions, slots, prefix, local, table, hidden, head)
+        args = (kv, Bb, n, C, plan, tokens, slots, prefix, parents, table, hidden, head)
         if self.capture:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -450,5 +428,5 @@ class CudaGraphs:
         else:
             graph = _EagerReplay(lambda: self._forward(*args))
             outputs = graph.outputs
-        return _Captured(kv, head, graph, ints, tokens, positions, slots, prefix, real, table,
-                         local, CAUSAL, hidden, outputs)
+        return _Captured(kv, head, graph, ints, tokens, slots, prefix, real, parents, table,
+                         hidden, outputs)

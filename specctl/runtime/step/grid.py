@@ -5,9 +5,9 @@ one layout for every sequence.
 
     root, chain 0 (G nodes), chain 1, ... chain C-1:   n = 1 + C G rows a sequence
 
-Its positions and mask are a template made once; its tokens are one gather from the context
-table (speculative/context_table.py); greedy verification keeps, per chain, the prefix that
-agrees with the target's own argmax, and takes the longest chain (the first on a tie: tied
+Its positions, mask and parents are a template made once; its tokens are one gather from the
+context table (speculative/context_table.py); greedy verification keeps, per chain, the prefix
+that agrees with the target's own argmax, and takes the longest chain (the first on a tie: tied
 chains emit the same tokens, the target's). A candidate its key lacks, or a node deeper than
 the sequence's room, is never accepted; its slot still holds some token, which is safe: an
 accepted draft equals the target's own token whatever it came from. So the step emits exactly
@@ -44,10 +44,11 @@ from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
 
 
-def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
-    """(depth [n], ancestors [n, n] bool) of a root and C chains of G nodes below it, n = 1 +
-    C G: node j of chain c is row 1 + c G + j, at depth j + 1, and sees the root, the nodes
-    of its chain up to itself, and nothing else new."""
+def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(depth [n], ancestors [n, n] bool, parents [n]) of a root and C chains of G nodes below
+    it, n = 1 + C G: node j of chain c is row 1 + c G + j, at depth j + 1, its parent the row
+    before it (a chain's first node's: the root, row 0; the root's: itself), and it sees the
+    root, the nodes of its chain up to itself, and nothing else new."""
     n = 1 + C * G
     depth = np.concatenate([[0], np.tile(np.arange(1, G + 1), C)]).astype(np.int64)
     anc = np.zeros((n, n), dtype=bool)
@@ -56,7 +57,9 @@ def chain_layout(C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
         for j in range(G):
             r = 1 + c * G + j
             anc[r, 1 + c * G:r + 1] = True
-    return depth, anc
+    parents = np.maximum(np.arange(n) - 1, 0)
+    parents[1::G] = 0
+    return depth, anc, parents
 
 
 def verify_chains(cands: torch.Tensor, usable: torch.Tensor,
@@ -232,9 +235,9 @@ class GridStep:
             got.append((res, scratch.k_all, scratch.v_all))
         return all(torch.equal(a, b) for a, b in zip(*got))
 
-    def layout(self, C: int, G: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(depth [n], ancestors [n, n], each chain's depth [C]) of C chains of G nodes: made
-        once (the last too: a step's plan makes as few numpy calls as it can)."""
+    def layout(self, C: int, G: int) -> tuple[np.ndarray, ...]:
+        """(depth [n], ancestors [n, n], parents [n], each chain's depth [C]) of C chains of G
+        nodes: made once (the last too: a step's plan makes as few numpy calls as it can)."""
         got = self._layouts.get((C, G))
         if got is None:
             got = self._layouts[C, G] = (*chain_layout(C, G), np.full(C, G))
@@ -255,7 +258,7 @@ class GridStep:
             # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
             reach = max(room) if budget is None else max(map(min, budget, room))
             G = max(1, min(G, reach))
-        depth, anc, deep = self.layout(C, G)
+        depth, anc, parents, deep = self.layout(C, G)
         seq = np.array((slots, lens, pending, room) if budget is None else
                        (slots, lens, pending, room, budget), dtype=np.int64)
         cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
@@ -268,7 +271,8 @@ class GridStep:
         tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
             else seq[:1].T
         drafts = GridDrafts.make(seq, cands, allowed, held, tables, device)
-        return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, device), drafts
+        return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, parents, device), \
+            drafts
 
     def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
         """On the step's device, issued behind the forward and read back by nobody here: the
