@@ -31,8 +31,10 @@ static buffers are this module's business:
   sequence [B_b], the index of each real row among the padded ones, and (n > 1) each row's
   parent row in its sequence [B_b * n]: a chain's the row before it, a draft tree's its
   parent. The graph lays out each sequence's mask (a row sees itself and its ancestors) and
-  positions (prefix + depth) from them (batch.tree_closure), so the host walks no tree. A
-  batch with a mask or positions set by hand (SeqInput) runs eagerly.
+  positions (prefix + depth) from them, so the host walks no tree: on CUDA in one Triton
+  kernel (engine/layout_kernel.py, checked against tree_closure when the graphs are made),
+  elsewhere by batch.tree_closure's ~20 tensor operations. A batch with a mask or positions
+  set by hand (SeqInput) runs eagerly.
 - the captured graph ends at the last layer's states [B_b * n, D]: the LM head runs on the rows
   the caller needs (argmax for greedy, fp32 logits only for sampled rows; Model.argmax/logits).
   Or with a caller's head (Model.run): Kangaroo's draft forward is layers [0, l) plus its
@@ -52,6 +54,7 @@ path does to decoding is tested without a GPU.
 from __future__ import annotations
 
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -85,6 +88,35 @@ class _Captured:
     table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
+
+
+def checked_kernel(device: torch.device, most: int):
+    """engine/layout_kernel.py, where `device` runs it (Triton) and it agrees with
+    tree_closure there on random trees at every n of the grid up to `most`; else None, with a
+    warning where it failed or differed (CudaGraphs then lays masks out with tensor
+    operations)."""
+    try:
+        from specctl.engine import layout_kernel
+    except ImportError:   # (no Triton)
+        return None
+    gen = torch.Generator().manual_seed(0)
+    try:
+        for n in (1 << i for i in range(1, most.bit_length())):
+            ar = torch.arange(n)
+            cut = torch.randint(1, n + 1, (3, 1), generator=gen)
+            rand = (torch.rand(3, n, generator=gen) * ar).long()   # (a parent before each row)
+            par = torch.where(ar < cut, rand, (ar - 1).clamp(min=0)).to(device)
+            prefix = torch.randint(0, 100, (3,), generator=gen).to(device)
+            local, depth = tree_closure(par)
+            anc, pos = layout_kernel.layout(par, prefix, most)
+            if not (torch.equal(anc, local) and
+                    torch.equal(pos, (prefix[:, None] + depth).view(-1))):
+                raise ValueError(f"differs from tree_closure at n = {n}")
+    except Exception as e:   # (a compiler or driver that cannot run it)
+        warnings.warn(f"graphs: the layout kernel failed ({type(e).__name__}: {e}); laying "
+                      "out masks with tensor operations")
+        return None
+    return layout_kernel
 
 
 def _dead() -> None:
@@ -121,6 +153,7 @@ class CudaGraphs:
         self.capture_s = 0.0     # seconds they took
         self._stage = torch.empty(0, dtype=torch.long)       # host staging (pinned on CUDA)
         self._ones_by: dict[int, torch.Tensor] = {}             # (_ones)
+        self._kernel = checked_kernel(model.device, max_n) if self.capture else None   # (_layout)
         self._staged = None                                  # event: the last copy is done
         self._kv = _dead                                     # the cache the graphs hold (_use)
 
@@ -370,8 +403,7 @@ class CudaGraphs:
         if parents is None:   # (a row a sequence: at its prefix, seeing it and itself)
             positions, local = prefix, self._ones(Bb)
         else:   # (each sequence's mask and positions from its rows' parents)
-            local, depth = tree_closure(parents.view(Bb, n))
-            positions = (prefix[:, None] + depth).view(-1)
+            local, positions = self._layout(parents.view(Bb, n), prefix)
         meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
         x = m.embed_tokens(tokens) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
@@ -379,6 +411,15 @@ class CudaGraphs:
         if head is not None:
             return tuple(head(h, positions, meta))
         return h if plan.capture is not None else (h,)
+
+    def _layout(self, parents: torch.Tensor, prefix: torch.Tensor) -> tuple:
+        """(masks [Bb, n, n], positions [Bb n]) from each row's parent and each sequence's
+        prefix: on CUDA one Triton launch (engine/layout_kernel.py) where it agrees with
+        tree_closure on this device, else tree_closure's tensor operations."""
+        if self._kernel:
+            return self._kernel.layout(parents, prefix, self.max_n)
+        local, depth = tree_closure(parents)
+        return local, (prefix[:, None] + depth).view(-1)
 
     def _ones(self, Bb: int) -> torch.Tensor:
         """[Bb, 1, 1] True: the mask of a row a sequence (made once a bucket, before any
