@@ -169,14 +169,14 @@ class SimClock:
 class Staging:
     """What a GPU's host does for a forward before its graph's launch: the step's inputs
     staged into the graph's buffers (CudaGraphs._stage_inputs: numpy, padded onto the graph
-    grid; a grid step's mask once for its shape), here into buffers of its own, so the
+    grid, each row's parent; no mask nor position), here into buffers of its own, so the
     forward itself stays the eager one the clock prices (the graph path's eager stand-in
     computes every padded row on this CPU, and its larger forwards leave the host's caches
     colder than a GPU's replay does: the host-charged `ar` at b64 read 143.6-184.2 ms of host
     in 8 runs on it, against 118.4-134.6 in 5 without, bench-results/2026-11-30-graph-staging).
     Near enough: it stages every forward, ones a GPU runs eagerly too (past the graphs' max
-    tokens, a paged cache), and keeps one mask per (bucket, tokens), where a GPU's graphs
-    keep one per KV-column bucket and plan as well."""
+    tokens, a paged cache), into one buffer per (bucket, tokens), where a GPU's graphs have
+    one per KV-column bucket and plan as well."""
 
     def __init__(self):
         self.graphs = CudaGraphs(None, capture=False)

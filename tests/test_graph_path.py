@@ -356,11 +356,11 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     trees = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(k)], 5 + s,
                                    parents=[rng.randrange(-1, j) for j in range(k - 1)])
                           for s, k in enumerate(rng.choices(range(2, 13), k=B))], "cpu")
-    assert trees.tree_rows and not ragged.tree_rows   # (every sequence a tree: its own way)
+    assert trees.tree_rows and not ragged.tree_rows
     chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
                                      for s in range(B)], "cpu") for _ in range(2))
-    # (a grid's mask, staged once for its shape and batch, is staged again after another
-    # step's: another batch size's of the same template too)
+    # (each staging writes every row's parent, whatever the step before it staged: a grid's
+    # after another batch size's of the same template, after chains, after trees)
     for batch in (ragged, gbatch, gbatch, other, gbatch, chains, chains, chains2, chains,
                   gbatch, other, other, ragged, trees, ragged, trees):
         m.run(batch, kv)

@@ -68,7 +68,8 @@ def _variant(model, name: str, B: int, n: int, slots: int, a) -> dict:
     build = time.perf_counter() - t0
     g = torch.Generator().manual_seed(0)   # the same inputs for every variant
     cap.tokens.copy_(torch.randint(0, model.cfg.vocab_size, cap.tokens.shape, generator=g))
-    cap.positions.copy_(torch.arange(n).repeat(B) + 5)
+    if cap.parents is not None:   # (each sequence a chain: its row before it; the graph
+        cap.parents.copy_((torch.arange(n) - 1).clamp(min=0).repeat(B))   # lays out positions)
     cap.prefix.fill_(5)
     cap.slots.copy_(torch.arange(B) % slots)
     ms = time_replays(cap.graph, a.replays, cuda)

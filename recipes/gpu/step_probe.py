@@ -70,7 +70,8 @@ def fill(cap, B: int, n: int, context: int, vocab: int, slots: int) -> None:
     Bb = cap.slots.shape[0]
     pre = torch.full((Bb,), context)
     cap.prefix.copy_(pre)
-    cap.positions.copy_((pre[:, None] + torch.arange(n)[None, :]).reshape(-1))
+    if cap.parents is not None:   # (each sequence a chain: its row before it; the graph lays
+        cap.parents.copy_((torch.arange(n) - 1).clamp(min=0).repeat(Bb))   # out positions)
     cap.slots.copy_(torch.arange(Bb) % slots)
 
 
@@ -118,8 +119,8 @@ def steps(model, shapes, context: int, cache: int, backends, profile: bool) -> N
                 continue
             say(f"| {backend} | {B} x {n} | {ms:.3f} | {ms / (B * n):.4f} |")
             if profile:
-                args = (kv, B, n, C, FULL, cap.tokens, cap.positions, cap.slots, cap.prefix,
-                        cap.local)
+                args = (kv, B, n, C, FULL, cap.tokens, cap.slots, cap.prefix, cap.parents,
+                        cap.table)
                 details.append(f"\n{backend} {B} x {n} (eager forward of the same shape):")
                 details.extend(top_kernels(lambda: model.graphs._forward(*args)))
         model.graphs = None

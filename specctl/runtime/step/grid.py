@@ -241,7 +241,7 @@ class GridStep:
         got = self._layouts.get((C, G))
         if got is None:
             got = self._layouts[C, G] = (*chain_layout(C, G), np.full(C, G))
-            for a in got:   # (read-only: a replay keeps the mask it staged from one)
+            for a in got:   # (read-only: shared by every step of this shape)
                 a.flags.writeable = False
         return got
 
