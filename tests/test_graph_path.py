@@ -395,7 +395,7 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
     m = graph_model(tiny_llama)
     kv = m.new_kv_cache(16, 128)
     grid = GridStep(ContextTable(m.cfg.vocab_size, 10, 4), 4)
-    made, again = {}, {}
+    made, again, tree = {}, {}, {}
 
     def calls(fn) -> Counter:
         counts = Counter()
@@ -422,7 +422,34 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
         cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
         chains = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu")
         m.run(chains, kv)
+        trees = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10,
+                                       parents=[-1] + [j // 2 for j in range(15 + s % 9)])
+                              for s in range(B)], "cpu")
+        m.run(trees, kv)
         made[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
         again[B] = calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))
-    assert made[2] == made[12] and again[2] == again[12] and sum(made[2].values()) > 10
-    # (and padded chains', causal, once after another step's: none for the next chains)
+        tree[B] = calls(lambda: m.graphs._stage_inputs(cap, trees, kv, Bb, n))
+    assert made[2] == made[12] and again[2] == again[12] and tree[2] == tree[12]
+    assert sum(made[2].values()) > 10
+
+
+def test_a_tree_step_through_the_graph_path_is_never_laid_out_on_the_host(tiny_llama,
+                                                                           monkeypatch):
+    """A replay lays out a step's trees on the device from their parents: the host makes the
+    batch, checks its trees and stages it, and never runs tree_layout (a b8 Self-Draft step's
+    took ~80 us of its host warm); an eager forward does (its positions and masks)."""
+    from specctl.engine import batch as batch_mod
+    m = graph_model(tiny_llama)
+    kv = m.new_kv_cache(4, 128)
+    nodes = build_trie([[5, 6, 7], [5, 8]], 10).extend(branch_probe([[9, 10], [11]]))
+    seqs = [SeqInput(s, [3] + nodes.tokens, 10, parents=nodes.parents) for s in range(3)]
+    for s in range(3):
+        kv.lens[s] = 10
+    laid = []
+    real = batch_mod.tree_layout
+    monkeypatch.setattr(batch_mod, "tree_layout", lambda *a: laid.append(1) or real(*a))
+    m.run(ForwardBatch(seqs, "cpu"), kv)
+    assert m.graphs.replays == 1 and not laid
+    m.graphs = None
+    m.run(ForwardBatch(seqs, "cpu"), kv)
+    assert laid
