@@ -338,8 +338,8 @@ class CudaGraphs:
             if batch.template is not None:
                 par[:B, :counts[0]] = batch.template_parents
             elif batch.tree_nodes is not None:
-                b, j, p = batch.tree_nodes
-                par[b, j + 1] = p + 1
+                b, rows, up = batch.tree_nodes
+                par[b, rows] = up
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
         if self.capture:
             self._staged = torch.cuda.Event()
