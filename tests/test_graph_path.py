@@ -360,12 +360,17 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     big = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(41)], 5 + s,
                                  parents=[rng.randrange(-1, j) for j in range(40)])
                         for s in range(8)], "cpu")   # (past ROWS_NODES: tree_nodes' arrays)
+    one = ForwardBatch([SeqInput(2, [rng.randrange(3, 300) for _ in range(9)], 7,
+                                 parents=[rng.randrange(-1, j) for j in range(8)])], "cpu")
+    same = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(5)], 9 + s)
+                         for s in range(B)], "cpu")   # (every sequence as many rows)
     chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
                                      for s in range(B)], "cpu") for _ in range(2))
     # (each staging writes every row's parent, whatever the step before it staged: a grid's
     # after another batch size's of the same template, after chains, after trees)
     for batch in (ragged, gbatch, gbatch, other, gbatch, chains, chains, chains2, chains,
-                  gbatch, other, other, ragged, trees, ragged, trees, big, trees, big):
+                  gbatch, other, other, ragged, trees, ragged, trees, big, trees, big,
+                  one, chains, one, same):
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(len(batch.num_new), kv.num_slots)
