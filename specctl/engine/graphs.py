@@ -78,7 +78,7 @@ class _Captured:
     kv: object                # the cache the graph's pointers refer to (kept alive with it)
     head: object              # the head it was captured with (None: none, states out)
     graph: object             # torch.cuda.CUDAGraph (or _EagerReplay off CUDA)
-    ints: torch.Tensor        # the five below, filled by one copy
+    ints: torch.Tensor        # the segments below (tokens .. table), filled by one copy
     tokens: torch.Tensor      # [Bb * n]
     slots: torch.Tensor       # [Bb]
     prefix: torch.Tensor      # [Bb]
