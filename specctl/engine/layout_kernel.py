@@ -24,7 +24,8 @@ def _layout_kernel(par, prefix, anc, pos, n, BN: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     rows = tl.arange(0, BN)
     inside = rows < n
-    cur = rows
+    cur = rows.to(tl.int64)   # (int64 from the start: a loop-carried value keeps its type,
+    # and the parents it takes are int64; the interpreter would not say so, a compile does)
     seen = rows[:, None] == rows[None, :]   # (each row sees itself)
     depth = tl.zeros([BN], dtype=tl.int64)
     for _ in range(n):
