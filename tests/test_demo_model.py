@@ -57,6 +57,32 @@ def hf_reference(demo):
                             pad_token_id=0)[0, len(p):].tolist() for p in ids]
 
 
+def test_demo_through_the_graph_path_drafts_ar_s_tokens(demo):
+    """The demo model in fp32 through the graph path's eager stand-in (padded steps, each
+    sequence's mask and positions laid out in the captured function from its rows' parents):
+    Self-Draft's tries at batch 1 and 8 and its grid at batch 8 give ar's eager tokens."""
+    from helpers import Oracle
+    from specctl.engine.graphs import CudaGraphs
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+    m, _, ids = demo
+    ref, _ = run_ids(m, ids, max_tokens=16, max_len=320)
+    m.graphs = CudaGraphs(m, capture=False)
+    try:
+        for name, b in (("tries", 1), ("tries", 8), ("grid", 8)):
+            dr = SelfDraftDrafter(SelfDraftParams(job_cache=True),
+                                  Oracle([p + r for p, r in zip(ids, ref)])) \
+                if name == "tries" else SelfDraftDrafter(
+                    SelfDraftParams(branches=0, context_cands=4, prompt_grams=True, grid=True),
+                    vocab=m.cfg.vocab_size)
+            replays = m.graphs.replays
+            got, st = run_ids(m, ids, batch_size=b, max_tokens=16, max_len=320, drafter=dr)
+            assert got == ref, (name, b)
+            assert m.graphs.replays > replays and st.step_tokens > st.steps, (name, b)
+            assert sum(k * n for k, n in st.accept_hist.items()) > 0, (name, b)
+    finally:
+        m.graphs = None
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_demo_greedy_equals_hf_generate(demo, hf_reference, batch_size):
     ours, hf, ids = demo
