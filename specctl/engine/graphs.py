@@ -318,8 +318,8 @@ class CudaGraphs:
         toks = np.asarray(batch.token_list)
         if not padded:
             tok[:B * n] = toks
-        elif batch.template is not None or counts.count(counts[0]) == B:   # (m rows every
-            m = counts[0]   # sequence, a grid's or one sequence's: as below in fewer calls)
+        elif counts.count(counts[0]) == B:   # (m rows every sequence, a grid's or one
+            m = counts[0]                     # sequence's: as below in fewer calls)
             t2 = tok[:B * n].reshape(B, n)
             t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
             real[:B * m] = self._real(B, m, n)
