@@ -4,7 +4,6 @@ context), and the step's counts into the run's stats."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from specctl.speculative.verify import RowVerdicts
@@ -54,25 +53,28 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
 
 
 def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats) -> int:
-    """A grid step's commit (runtime/step/grid.py), commit's from its verdicts' arrays: each
+    """A grid step's commit (runtime/step/grid.py), commit's from its verdicts' rows: each
     sequence's kept rows and emitted tokens; returns the drafts accepted."""
-    verdicts = out.verdicts
-    acc = verdicts.acc
+    rows, seqs = out.verdicts.rows, plan.seqs
     # (each sequence keeps its root and its accepted rows, in place since the verify's
     # GridStep.device_step)
-    kv.advance([s.slot for s in plan.seqs], [a + 1 for a in acc])
-    emit = answers.emit
-    for s, a, d, toks in zip(plan.seqs, acc, verdicts.drafted, verdicts.emitted()):
-        r = s.req
-        r.steps += 1
-        r.accept_lengths.append(a)
-        r.draft_lengths.append(d)
-        emit(s, toks[:a + 1])
-    hist = st.accept_hist
-    for a, k in Counter(acc).items():   # (one count over the batch, not a sequence's each)
-        hist[a] = hist.get(a, 0) + k
+    kv.advance([s.slot for s in seqs], [r[0] + 1 for r in rows])
+    emit, hist, accepted, accepting = answers.emit, st.accept_hist, 0, 0
+    for s, r in zip(seqs, rows):
+        a = r[0]
+        q = s.req
+        q.steps += 1
+        q.accept_lengths.append(a)
+        q.draft_lengths.append(r[3])
+        emit(s, r[4:5 + a])
+        if a:   # (the histogram's rare entries here; a step's zeros counted once, below)
+            hist[a] = hist.get(a, 0) + 1
+            accepted += a
+            accepting += 1
+    if accepting < len(rows):
+        hist[0] = hist.get(0, 0) + len(rows) - accepting
     n = plan.batch.num_tokens
     st.steps += 1
     st.step_tokens += n
     st.padded_tokens += n
-    return sum(acc)
+    return accepted

@@ -145,27 +145,34 @@ class GridVerdicts(Sequence):
     chain (GridProposals' sizes), so its chain's first node is the slots before it (`start`:
     c G where room lets every chain be whole)."""
 
-    def __init__(self, cols: list[list[int]]):
-        """cols: device_step's result by column (one read-back, one tolist): each sequence's
-        accepted drafts, best chain, start, drafts it could accept (`drafted`), then the
-        emitted tokens, `out[j][i]` the j-th of sequence i (the accepted drafts, then the
-        target's token after the last)."""
-        self.acc, self.best, self.start, self.drafted = cols[:4]
-        self.out = cols[4:]
+    def __init__(self, rows: list[list[int]]):
+        """rows: device_step's result a sequence (one read-back, one tolist of its rows as
+        they lie: no transpose): its accepted drafts a, best chain, start, drafts it could
+        accept (`drafted`), then its emitted tokens from column 4 (its first a + 1: the
+        accepted drafts, then the target's token after the last)."""
+        self.rows = rows
 
-    def emitted(self):
-        """Each sequence's emitted tokens as a tuple (out's rows: a's first a + 1 are
-        emitted)."""
-        return zip(*self.out)
+    def _col(self, k: int) -> list[int]:
+        return [r[k] for r in self.rows]
+
+    acc = property(lambda self: self._col(0))
+    best = property(lambda self: self._col(1))
+    start = property(lambda self: self._col(2))
+    drafted = property(lambda self: self._col(3))
+
+    @property
+    def out(self) -> list[list[int]]:
+        """The emitted tokens by column, out[j][i] the j-th of sequence i."""
+        return [list(c) for c in zip(*self.rows)][4:]
 
     def __len__(self) -> int:
-        return len(self.acc)
+        return len(self.rows)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        a, c = self.acc[i], self.start[i]
-        return Verdict(list(range(c, c + a)), self.out[a][i])
+        a, _, c = self.rows[i][:3]
+        return Verdict(list(range(c, c + a)), self.rows[i][4 + a])
 
 
 class GridStep:
@@ -308,4 +315,4 @@ class GridStep:
     def verify(self, drafts: GridDrafts, target: torch.Tensor, kv) -> GridVerdicts:
         """The step's verdicts from the target's argmax over its rows (a tensor: device_step,
         then the step's one read-back)."""
-        return GridVerdicts(self.device_step(drafts, target, kv).cpu().T.tolist())
+        return GridVerdicts(self.device_step(drafts, target, kv).cpu().tolist())
