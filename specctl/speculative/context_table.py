@@ -51,7 +51,12 @@ class ContextTable:
         # grams scattered over the keys, paid ~26 ms of page faults inside a step)
         self.conts = np.empty((vocab + 1, lru, gram), dtype=np.int32)
         self.hash = np.empty((vocab + 1, lru), dtype=np.uint64)   # each held gram's _hash
-        for a in (self.conts, self.hash):
+        # each key's fill, then its continuations newest first, in one row (kept by push): a
+        # step's candidates are one gather of a row a sequence, not a gather of its rows of
+        # conts by `newest` and one of `fill` (in a run at b64, ~6 cache lines a sequence,
+        # each cold after the forward, against 2)
+        self.ready = np.empty((vocab + 1, 1 + lru * gram), dtype=np.int32)
+        for a in (self.conts, self.hash, self.ready):
             a.fill(0)
         self.ptr = np.zeros(vocab + 1, dtype=np.int64)
         self.fill = np.zeros(vocab + 1, dtype=np.int64)
@@ -67,9 +72,9 @@ class ContextTable:
         """The `limit` newest continuations of each key [B] (newest first), their first
         `depth` tokens (None: all G): ([B, C, depth] tokens, [B] how many each key holds: its
         first that many of the C are held), C = min(limit, lru)."""
-        rows = self.conts.reshape(-1, self.G)[self.newest[keys, :min(limit, self.R)]]
-        return (rows if depth is None or depth == self.G else rows[:, :, :depth]), \
-            self.fill[keys]
+        rows, C, G = self.ready[keys], min(limit, self.R), self.G
+        cands = rows[:, 1:1 + C * G].reshape(len(rows), C, G)
+        return (cands if depth is None or depth == G else cands[:, :, :depth]), rows[:, 0]
 
     def _rows(self, keys: np.ndarray) -> np.ndarray:
         """[K, R] each key's rows of conts, newest first."""
@@ -111,6 +116,13 @@ class ContextTable:
         self.hash[land, at] = h[order]
         self.fill[ks] = np.minimum(self.fill[ks] + n, R)
         self.newest[touched] = self._rows(touched)
+        self._ready(touched)
+
+    def _ready(self, keys: np.ndarray) -> None:
+        """keys' rows of `ready` from their fill and conts."""
+        self.ready[keys, 0] = self.fill[keys]
+        self.ready[keys, 1:] = self.conts.reshape(-1, self.G)[self.newest[keys]].reshape(
+            len(keys), -1)
 
     def push_many(self, grams) -> None:
         """push of (key, continuation) pairs, in order (ContextCache's call)."""
@@ -142,6 +154,7 @@ class ContextTable:
     def trim(self, keep: int) -> None:
         """Every key keeps only its `keep` newest continuations."""
         np.minimum(self.fill, keep, out=self.fill)
+        self.ready[:, 0] = self.fill
 
     def __len__(self) -> int:
         return int(self.fill[:self.V].sum())
