@@ -18,7 +18,7 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
     """Commit a verified step (Runner.step, after verify)."""
     n = len(plan.seqs)
     if plan.batch.num_tokens == n:   # an ar step (a row each): its token, nothing moves
-        kv.advance([s.slot for s in plan.seqs])
+        kv.advance(plan.batch.seq_slots)   # (the sequences' slots, in their order)
         emit, v = answers.emit, out.verdicts
         # (greedy: the tokens as read; sampling's verdicts are Verdicts)
         bonus = v.bonus if isinstance(v, RowVerdicts) else [x.bonus for x in v]
@@ -58,7 +58,7 @@ def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunS
     rows, seqs = out.verdicts.rows, plan.seqs
     # (each sequence keeps its root and its accepted rows, in place since the verify's
     # GridStep.device_step)
-    kv.advance([s.slot for s in seqs], [r[0] + 1 for r in rows])
+    kv.advance(plan.batch.seq_slots, [r[0] + 1 for r in rows])
     emit, hist, accepted, accepting = answers.emit, st.accept_hist, 0, 0
     for s, r in zip(seqs, rows):
         a = r[0]
