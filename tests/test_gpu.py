@@ -48,7 +48,9 @@ def test_graphs_keep_decoding_lossless(tiny_llama, batch_size):
 
 
 def test_graph_tree_logits_equal_eager(tiny_llama):
-    """A masked (tree + branches) step replayed from a graph equals the eager forward."""
+    """A masked (tree + branches) step replayed from a graph equals the eager forward, its
+    masks and positions laid out by the layout kernel (engine/layout_kernel.py: it passed its
+    check against tree_closure on this device, or the graphs would have fallen back)."""
     from specctl.speculative.self_draft import branch_probe, build_trie
     g = load_model(tiny_llama, "cuda", "fp32")
     e = load_model(tiny_llama, "cuda", "fp32", cuda_graphs=False)
@@ -62,7 +64,7 @@ def test_graph_tree_logits_equal_eager(tiny_llama):
         assert b.num_new == [n] * 3
         outs.append(m.logits(m.run(b, kv)).clone())
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
-    assert g.graphs.replays > 0
+    assert g.graphs.replays > 0 and g.graphs._kernel is not None
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])

@@ -1,6 +1,6 @@
-"""A replay's layout kernel (engine/layout_kernel.py, CUDA's) under Triton's interpreter on the
-CPU: the masks and positions batch.tree_closure lays out, in one launch; and the check that
-keeps it off a device where it differs."""
+"""A replay's layout kernel (engine/layout_kernel.py, CUDA's), compiled on a GPU, else under
+Triton's interpreter on the CPU: the masks and positions batch.tree_closure lays out, in one
+launch; and the check that keeps it off a device where it differs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from specctl.engine.graphs import checked_kernel
 
 layout_kernel = triton_module("specctl.engine.layout_kernel")
 from specctl.engine.bi_matmul import LAUNCHES  # noqa: E402  (after: the interpreter, set there)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"   # (compiled there, else interpreted)
 
 
 def _parents(rng: random.Random, B: int, n: int) -> torch.Tensor:
@@ -34,7 +35,7 @@ def _parents(rng: random.Random, B: int, n: int) -> torch.Tensor:
 def test_the_kernel_lays_out_what_tree_closure_does(n):
     rng = random.Random(n)
     for most in (n, 128):   # (compiled for this n, or for the grid's largest)
-        par, prefix = _parents(rng, 5, n), torch.tensor([0, 7, 300, 1, 42])
+        par, prefix = _parents(rng, 5, n).to(DEV), torch.tensor([0, 7, 300, 1, 42]).to(DEV)
         before = LAUNCHES[0]
         anc, pos = layout_kernel.layout(par, prefix, most)
         assert LAUNCHES[0] == before + 1
@@ -44,7 +45,7 @@ def test_the_kernel_lays_out_what_tree_closure_does(n):
 
 
 def test_a_kernel_that_differs_is_not_used(monkeypatch):
-    assert checked_kernel(torch.device("cpu"), 16) is layout_kernel
+    assert checked_kernel(torch.device(DEV), 16) is layout_kernel
     good = layout_kernel.layout
 
     def off_by_one(par, prefix, most=None):
@@ -52,9 +53,11 @@ def test_a_kernel_that_differs_is_not_used(monkeypatch):
         return anc, pos + (par.shape[1] == 8)
     monkeypatch.setattr(layout_kernel, "layout", off_by_one)
     with pytest.warns(UserWarning, match="differs from tree_closure at n = 8"):
-        assert checked_kernel(torch.device("cpu"), 16) is None
+        assert checked_kernel(torch.device(DEV), 16) is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the tests' model runs on the CPU (on "
+                    "CUDA, tests/test_gpu.py replays trees through the kernel in real graphs)")
 def test_a_replay_through_the_kernel_decodes_as_eagerly(tiny_llama):
     """Self-Draft's tries and branches, chains and a padded batch row through the graph path
     with the kernel laying out their masks and positions: the states the eager forward
