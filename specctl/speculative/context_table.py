@@ -54,7 +54,8 @@ class ContextTable:
         # each key's fill, then its continuations newest first, in one row (kept by push): a
         # step's candidates are one gather of a row a sequence, not a gather of its rows of
         # conts by `newest` and one of `fill` (in a run at b64, ~6 cache lines a sequence,
-        # each cold after the forward, against 2)
+        # each cold after the forward, against 2); row V, the dump's, may go stale: no key
+        # reads it
         self.ready = np.empty((vocab + 1, 1 + lru * gram), dtype=np.int32)
         for a in (self.conts, self.hash, self.ready):
             a.fill(0)
