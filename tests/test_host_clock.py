@@ -31,13 +31,13 @@ MAX_TOKENS = 64   # (the traces' answers cut there: time)
 # run's host time by ~5% even at the least of several rounds, so these leave room for that;
 # they catch a gross regression (a search of ~1 ms on each step's critical path read 0.80-0.84x
 # before), and smaller ones need the results folder's script, run on a quiet machine
-# The trace at batch 1 with requests waiting has three modes on every tree: the guard trips on
-# the first request's early misses and holds the short run (4 requests) to ar for 128 of its
-# ~210 steps (1.09-1.13x) or 227 of 252 (0.99-1.00x), or never trips (1.30x); which one a round
-# lands in follows the host's timings, and in a busy window most rounds held 227 steps
-# (bench-results/2026-11-29-host-clock-4/trips.py 1 waiting trace 6; the guard's events:
-# bench-results/2026-11-29-drains/guard_events.py): so that row keeps up with ar, as the rest
-FLOOR, TRACE_FLOOR = 0.85, {1: 0.97, 8: 0.90}
+# The trace at batch 1 with requests waiting had three modes: the guard tripped on the first
+# request's early misses and held the short run (4 requests) to ar for 128 of its ~210 steps
+# (1.09-1.13x) or 227 of 252 (0.99-1.00x), or never tripped (1.30x), as the host's timings
+# fell (bench-results/2026-11-29-host-clock-4/trips.py 1 waiting trace 6); since the run's
+# first balance is a drafting step's time (Guard.start), ~30 rounds in a noisy window read
+# 1.26-1.31x (bench-results/2026-12-01-guard-hold)
+FLOOR, TRACE_FLOOR = 0.85, {1: 1.15, 8: 0.90}
 
 
 def _prompts(n, seed=0, vocab=30):

@@ -49,6 +49,27 @@ def test_the_job_balance_trips_on_a_loss_and_doubles_its_hold():
     assert off.hold == 0 and off.excess == 500.0
 
 
+def test_the_runs_first_balance_is_a_drafting_steps_time():
+    """A run's first drafting steps (on a prior: acceptance not learnt yet) may lose one
+    drafting step's time more than later ones before the run is held to ar: 10 ms steps that
+    lose 3 ms each trip at the 7th (2 steps' time), not the 4th; after a trip, and at start 0,
+    one step's time."""
+    for start, first in ((1.0, 7), (0.0, 4)):
+        g = Guard(start=start)
+        n = 0
+        while not g.trips:
+            g.drafted(10.0, 7.0 / 1.02)
+            n += 1
+        assert n == first and g.hold == 64, (start, n)
+        while g.holding():
+            pass
+        n = 0
+        while g.trips < 2:
+            g.drafted(10.0, 7.0 / 1.02)
+            n += 1
+        assert n == 4 and g.hold == 128, (start, n)
+
+
 def test_a_prefill_moves_the_balance_not_the_step_mean():
     g = Guard()
     g.job(0.0, 10.0)

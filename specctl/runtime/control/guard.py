@@ -23,8 +23,13 @@ the H100's table were held to `ar` for 1,021 of 1,271 steps and ran 1.14x `ar` a
 without the guard; Self-Draft on the H100 itself, 320 of 546). A drafter that never pays
 loses one step's time and stops: ~4 steps at 30% a step, 2 while a batch of 32 drains on a
 sequence that accepts nothing (~70% a step); one that paid and stops paying, at most its
-credit more. Behind, the run holds to `ar` steps for `hold` steps, then tries again from a
-balance of 0; each trip before the balance has won a step's time back doubles the hold (up
+credit more. The run's first balance is one drafting step's time (`start`), not 0: a
+drafter's first steps draft on a prior, before the run has learnt its acceptance, and at 0
+real text's chains at batch 1 tripped on the first request's early misses in noisy rounds and
+were held to `ar` for most of a short job (0.99-1.13x, against 1.29x in the rounds that did
+not trip; bench-results/2026-12-01-guard-hold); a drafter that never pays loses one step's
+time more, once a run. Behind, the run holds to `ar` steps for `hold` steps, then tries again
+from a balance of 0; each trip before the balance has won a step's time back doubles the hold (up
 to `max_hold`). So a method that loses pays about one step in each doubling of the run's
 length.
 
@@ -51,6 +56,7 @@ import math
 GUARD_CREDIT = 16      # drafting steps' time that savings may bank against later losses
 GUARD_EPS = 0.02       # how far behind ar a step may be (timing noise; no real loss)
 GUARD_HOLD = 64        # ar steps held to after a first trip (doubling)
+GUARD_START = 1.0      # drafting steps' time the run's balance starts with (module docstring)
 GUARD_MAX_HOLD = 4096
 AR_MEMORY = 16         # lean steps the ar ratio averages over
 AR_OFF = 4             # how far off the ratio so far a lean step counts, at most (lean)
@@ -59,13 +65,16 @@ JOB_SLACK = 2.0        # steps' time the job's balance may be behind ar
 
 class Guard:
     def __init__(self, credit: float = GUARD_CREDIT, eps: float = GUARD_EPS,
-                 hold: int = GUARD_HOLD, max_hold: int = GUARD_MAX_HOLD, active: bool = True):
+                 hold: int = GUARD_HOLD, max_hold: int = GUARD_MAX_HOLD, active: bool = True,
+                 start: float = GUARD_START):
         self.credit, self.eps, self.base, self.max_hold = credit, eps, hold, max_hold
+        self.start = start
         self.active = active   # (off: it still measures ar's step, and never holds a run)
         self.ar_log: float | None = None   # log(measured / table ms) of the lean steps
         self.ar_steps = 0
         self.ar_cut: float | None = None   # the last lean sample's log ratio, if AR_OFF cut it
         self.balance = 0.0                 # ms saved against ar since the last trip
+        self.fresh = True                  # no drafting step judged yet
         self.next_hold = hold
         self.hold = 0                      # ar steps still to hold to
         self.trips = 0                     # times the balance fell behind
@@ -106,6 +115,8 @@ class Guard:
         """A drafting step took ms where `ar` would have taken ar_ms for its progress."""
         if ar_ms is None or not ms > 0 or not self.active:
             return
+        if self.fresh:   # (the run's first drafting step judged)
+            self.fresh, self.balance = False, self.start * ms
         self.balance = min(self.balance + (1 + self.eps) * ar_ms - ms, self.credit * ms)
         if self.balance >= ms:        # won a step's time back: a later trip starts over
             self.next_hold = self.base
