@@ -54,13 +54,13 @@ class ContextTable:
         # each key's fill, then its continuations newest first, in one row (kept by push): a
         # step's candidates are one gather of a row a sequence, not a gather of its rows of
         # conts by `newest` and one of `fill` (in a run at b64, ~6 cache lines a sequence,
-        # each cold after the forward, against 2); row V, the dump's, may go stale: no key
-        # reads it
+        # each cold after the forward, against 2); row V's continuations, the dump's, may go
+        # stale: no key reads them
         self.ready = np.empty((vocab + 1, 1 + lru * gram), dtype=np.int32)
         for a in (self.conts, self.hash, self.ready):
             a.fill(0)
         self.ptr = np.zeros(vocab + 1, dtype=np.int64)
-        self.fill = np.zeros(vocab + 1, dtype=np.int64)
+        self.fill = self.ready[:, 0]   # (a view: how many each key holds, kept in its row)
         self._ring = np.arange(lru)
         # each key's rows of conts newest first (key R + (ptr - 1 - i) % R for the i-th
         # newest), kept by push: a step's candidates are then two gathers, not the ring's
@@ -120,8 +120,7 @@ class ContextTable:
         self._ready(touched)
 
     def _ready(self, keys: np.ndarray) -> None:
-        """keys' rows of `ready` from their fill and conts."""
-        self.ready[keys, 0] = self.fill[keys]
+        """keys' continuations in `ready`, newest first, from conts."""
         self.ready[keys, 1:] = self.conts.reshape(-1, self.G)[self.newest[keys]].reshape(
             len(keys), -1)
 
@@ -155,7 +154,6 @@ class ContextTable:
     def trim(self, keep: int) -> None:
         """Every key keeps only its `keep` newest continuations."""
         np.minimum(self.fill, keep, out=self.fill)
-        self.ready[:, 0] = self.fill
 
     def __len__(self) -> int:
         return int(self.fill[:self.V].sum())
