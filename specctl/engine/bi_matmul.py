@@ -56,6 +56,11 @@ def _kernel(a, w, c, M, N, K, s_ab, s_am, s_ak, s_wb, s_wn, s_wk, s_cb, s_cm, s_
     tl.store(out, acc.to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
+def pow2(n: int) -> int:
+    """The least power of two >= n (>= 1): a Triton block's size for n values."""
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
 LAUNCHES = [0]   # Triton launches made here and in engine/fused.py (engine/launches.py counts)
 IN_LAUNCH = [False]   # (the interpreter's own tensor ops during a launch are not launches)
 

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specctl.engine.bi_matmul import IN_LAUNCH, LAUNCHES, launch as _launch  # noqa: F401
+from specctl.engine.bi_matmul import IN_LAUNCH, LAUNCHES, launch as _launch, pow2  # noqa: F401
 
 FUSED_N = 128    # most tokens a sequence a fused forward takes (graphs' max_n); past it, unfused
 ROWS = 8         # tokens a program of the row-wise kernels takes (a decoding step's few rows
@@ -52,10 +52,6 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # (Triton compiles a kernel anew for an int argument that is 1, or a multiple of 16, where it
 # was not: the row counts and mask widths that change from forward to forward are exempt, so
 # the kernels compile once a dtype and tile shape, when a runner's graphs are captured)
-
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
 
 @triton.jit
 def _cast(v, ty: tl.constexpr, FIX: tl.constexpr):
@@ -96,7 +92,7 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float = 0.0) 
     out = torch.empty_like(x)
     if T:
         _launch(_rms_kernel, (triton.cdiv(T, ROWS),), x, w, out, T, D, x.stride(0),
-                out.stride(0), eps, offset, ROWS=ROWS, BD=_pow2(D), FIX=_INTERPRET)
+                out.stride(0), eps, offset, ROWS=ROWS, BD=pow2(D), FIX=_INTERPRET)
     return out
 
 
@@ -149,7 +145,7 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: torc
         _launch(_rope_kv_kernel, (triton.cdiv(T, ROWS),), qkv, cos, sin, index, q, k_cache,
                 v_cache, q_norm if qkn else qkv, k_norm if qkn else qkv, T, qkv.stride(0),
                 cos.stride(0), q.stride(0), k_cache.stride(0), v_cache.stride(0), H, KV, eps,
-                offset, ROWS=ROWS, HD=hd, HP=_pow2(H + 2 * KV), DP=_pow2(hd), QKN=qkn,
+                offset, ROWS=ROWS, HD=hd, HP=pow2(H + 2 * KV), DP=pow2(hd), QKN=qkn,
                 FIX=_INTERPRET)
     return q
 
@@ -256,7 +252,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         q.stride(0), k_cache.stride(0), v_cache.stride(0), o.stride(0), meta.blocks.stride(0),
         mask.stride(0), mask.stride(2), meta.block, mask.shape[-1],
         1.0 / math.sqrt(hd) if scale is None else scale, 1.0 if softcap is None else softcap,
-        window or 0, G=G, HD=hd, DP=max(16, _pow2(hd)), BM=BM, BN=64,
+        window or 0, G=G, HD=hd, DP=max(16, pow2(hd)), BM=BM, BN=64,
         IEEE=q.dtype == torch.float32, UPCAST=_INTERPRET, CAP=softcap is not None,
         WIN=window is not None, num_warps=8 if BM == 64 else 4)   # (BM 64 spills at 4 warps)
     return o

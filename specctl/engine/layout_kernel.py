@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specctl.engine.bi_matmul import launch
+from specctl.engine.bi_matmul import launch, pow2
 
 
 @triton.jit(do_not_specialize=["n"])
@@ -49,5 +49,5 @@ def layout(par: torch.Tensor, prefix: torch.Tensor,
     anc = torch.empty(B, n, n, dtype=torch.bool, device=par.device)
     pos = torch.empty(B * n, dtype=torch.long, device=par.device)
     launch(_layout_kernel, (B,), par, prefix, anc, pos, n,
-           BN=1 << (max(most or n, n) - 1).bit_length())
+           BN=pow2(max(most or n, n)))
     return anc, pos

@@ -24,11 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specctl.engine.bi_matmul import launch
-
-
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
+from specctl.engine.bi_matmul import launch, pow2
 
 
 @triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block", "sL", "sR", "E"])
@@ -101,5 +97,5 @@ def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
     res = torch.empty(B, G + 5, dtype=torch.long, device=up.device)
     launch(_verify_kernel, (B, k.shape[0]), up, target, res, k, kv.v_all, up.stride(0),
            up.stride(1), C, G, kv.block, k.stride(0), k.stride(1), E,
-           BC=_pow2(mc), BG=_pow2(mg), BO=_pow2(mg + 1), BE=_pow2(E))
+           BC=pow2(mc), BG=pow2(mg), BO=pow2(mg + 1), BE=pow2(E))
     return res
