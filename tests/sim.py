@@ -33,7 +33,6 @@ import time
 import types
 from pathlib import Path
 
-import torch
 
 from specctl.engine.batch import FULL
 from specctl.engine.graphs import CudaGraphs, grid_n
@@ -187,11 +186,10 @@ class Staging:
         B, n = len(batch.num_new), grid_n(max(batch.num_new))
         Bb = CudaGraphs.bucket(B, slots)
         cap = self.caps.get((Bb, n))
-        if cap is None:
-            par = Bb * n if n > 1 else 0   # (each row's parent: CudaGraphs._capture_one)
-            cap = self.caps[Bb, n] = types.SimpleNamespace(
-                ints=torch.empty(2 * Bb * n + 2 * Bb + par, dtype=torch.long), table=None,
-                parents=torch.empty(par, dtype=torch.long) if par else None)
+        if cap is None:   # (a graph's inputs, as CudaGraphs._capture_one makes them)
+            ints, *_, parents, table = CudaGraphs.inputs(Bb, n, 0, "cpu")
+            cap = self.caps[Bb, n] = types.SimpleNamespace(ints=ints, table=table,
+                                                           parents=parents)
         self.graphs._stage_inputs(cap, batch, self.kv, Bb, n)
 
 

@@ -439,15 +439,22 @@ class CudaGraphs:
             self.captures += 1
             self.capture_s += time.perf_counter() - t0
 
+    @staticmethod
+    def inputs(Bb: int, n: int, nb: int, device) -> tuple:
+        """A graph's static inputs, one tensor and its segments, in the order _stage_inputs
+        fills them: (ints, tokens [Bb n], slots [Bb], prefix [Bb], real [Bb n], parents [Bb n]
+        (n > 1, else None), table [Bb, nb] (nb block-table entries a sequence, else None))."""
+        par = Bb * n if n > 1 else 0
+        ints = torch.zeros(2 * Bb * n + 2 * Bb + par + Bb * nb, dtype=torch.long, device=device)
+        tokens, slots, prefix, real, parents, table = ints.split(
+            [Bb * n, Bb, Bb, Bb * n, par, Bb * nb])
+        return (ints, tokens, slots, prefix, real, parents if par else None,
+                table.view(Bb, nb) if nb else None)
+
     def _capture_one(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head) -> _Captured:
         dev = self.model.device
         nb = -(-C // kv.block) if kv.paged else 0
-        np_ = Bb * n if n > 1 else 0
-        ints = torch.zeros(2 * Bb * n + 2 * Bb + np_ + Bb * nb, dtype=torch.long, device=dev)
-        tokens, slots, prefix, real, parents, table = ints.split(
-            [Bb * n, Bb, Bb, Bb * n, np_, Bb * nb])
-        table = table.view(Bb, nb) if kv.paged else None
-        parents = parents if n > 1 else None
+        ints, tokens, slots, prefix, real, parents, table = self.inputs(Bb, n, nb, dev)
         slots.fill_(kv.scratch)
         if n == 1:
             self._ones(Bb)
