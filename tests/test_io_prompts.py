@@ -1,4 +1,6 @@
 import json
+import os
+import threading
 
 import pytest
 
@@ -126,6 +128,24 @@ def test_overlong_line(tmp_path, monkeypatch):
         read_prompts(p)
     rs = read_prompts(p, skip_bad=True)
     assert rs[0].error and rs[1].line_no == 2 and rs[1].raw_prompt == "short"
+
+
+def test_an_endless_device_is_refused_at_the_piped_bound(tmp_path, monkeypatch):
+    """A pipe or device is held in memory to be read once: /dev/zero (no line ends, no end)
+    is refused past MAX_PIPED_BYTES, not read until the kernel kills the run; a FIFO within
+    the bound reads as its file would."""
+    monkeypatch.setattr(lines, "MAX_PIPED_BYTES", 3 << 20)
+    with pytest.raises(SpecctlError, match=r"/dev/zero: a prompt file that is not a regular "
+                                           r"file gave more than"):
+        read_prompts("/dev/zero")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    body = b'{"prompt": "' + b"y" * (2 << 20) + b'"}\n{"prompt": "b"}\n'
+    writer = threading.Thread(target=lambda: fifo.write_bytes(body))
+    writer.start()
+    rs = read_prompts(fifo)
+    writer.join()
+    assert [len(r.raw_prompt) for r in rs] == [2 << 20, 1]
 
 
 def test_skip_bad_keeps_good_lines(tmp_path):

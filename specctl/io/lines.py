@@ -5,9 +5,10 @@ the bytes that read saw, not by opening the path again: a pipe (`<(cat a.jsonl)`
 /dev/stdin, a FIFO) is empty by a second open, so every piped input used to hash alike and a
 resumed run took one input's answers for another's; a regular file edited between two reads
 would do the same. A regular file is streamed through a hash (`open_once`); anything else
-that can be read (a pipe, a character device) is read whole into memory first, then the
-same way. Past a --limit the file is still read to its end: for its hash, and for whether
-any line carries settings of its own (runtime/jobs/records.py per_line).
+that can be read (a pipe, a character device) is read whole into memory first, up to
+MAX_PIPED_BYTES (more is refused: write it to a file), then the same way. Past a --limit the
+file is still read to its end: for its hash, and for whether any line carries settings of its
+own (runtime/jobs/records.py per_line).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, line_record
 
 MAX_LINE_BYTES = 10 * 1024 * 1024   # (a longer line is refused: see io/prompts.py)
+MAX_PIPED_BYTES = 1 << 30   # what a pipe or device may give, held in memory (open_once): an
+# endless one (/dev/zero, `yes |`) filled 24 GB and was killed by the kernel, deaf to TERM
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,26 @@ def open_once(path: Path, what: str = "prompt file") -> Hashed:
         regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
         if not regular:   # (a pipe: read now, whole; nothing can read it again)
             with f:
-                f = io.BufferedReader(io.BytesIO(f.read()))
+                f = io.BufferedReader(_piped(f, path, what))
     except OSError as e:
         f.close()
         raise SpecctlError(f"{path}: cannot read {what}: {e.strerror or e}") from None
     return Hashed(f, regular)
+
+
+def _piped(f, path: Path, what: str) -> io.BytesIO:
+    """All a pipe or device gives, up to MAX_PIPED_BYTES, in memory (read in pieces: a
+    signal's handler runs between them)."""
+    got = io.BytesIO()
+    while got.tell() <= MAX_PIPED_BYTES:
+        b = f.read(1 << 20)
+        if not b:
+            got.seek(0)
+            return got
+        got.write(b)
+    raise SpecctlError(f"{path}: a {what} that is not a regular file gave more than "
+                       f"{MAX_PIPED_BYTES >> 30} GB (held in memory to be read once); write it "
+                       f"to a file and pass that")
 
 
 def _lines(f):
