@@ -156,6 +156,11 @@ def test_no_chat(tmp_path, tiny_llama, baseline, monkeypatch):
     fails(generate(bad, tmp_path / "x.jsonl", tmp_path / "store", tiny_llama, "--no-chat"),
           "msgs.jsonl:2", "--no-chat")
     assert not (tmp_path / "x.jsonl").exists()
+    # (--skip-bad: such a line is a bad line like any other, the 'prompt' lines answered)
+    ok(generate(bad, tmp_path / "x.jsonl", tmp_path / "store", tiny_llama, "--no-chat",
+                "--skip-bad", "--max-tokens", 4))
+    got = read_jsonl(tmp_path / "x.jsonl")
+    assert "text" in got[0] and "msgs.jsonl:2: --no-chat needs" in got[1]["error"], got
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,12 +10,13 @@ works with any number of processes.
 
 from __future__ import annotations
 
+
 import json
 import os
 import re
 import stat
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 import shutil
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def read_input(cfg: GenerateConfig, in_path: Path, processes: int = 1) -> Prompt
                                "be read once: save it to a file and pass that")
     got = read_prompt_input(in_path, skip_bad=cfg.skip_bad, limit=cfg.limit)
     if not cfg.chat:
-        require_raw_prompts(got.records, in_path)
+        got = replace(got, records=require_raw_prompts(got.records, in_path, cfg.skip_bad))
     return got
 
 

@@ -3,6 +3,8 @@ prompt file's record becomes a `Request`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 
@@ -91,12 +93,19 @@ def to_request(rec: PromptRecord, max_tokens: int) -> Request:
                    rec.raw_prompt, record_meta(rec), sampling=rec.sampling)
 
 
-def require_raw_prompts(records: list[PromptRecord], path: str | None) -> None:
-    """--no-chat feeds prompts verbatim: every usable line must be a 'prompt' line. path:
-    the file the records came from (None: the API's list, whose prompts are named by index,
-    as its other messages name them)."""
+def require_raw_prompts(records: list[PromptRecord], path: str | None,
+                        skip_bad: bool = False) -> list[PromptRecord]:
+    """--no-chat feeds prompts verbatim: every usable line must be a 'prompt' line; the
+    records, each other one a bad line under skip_bad (its error, as any bad line's), else
+    SpecctlError naming the first. path: the file the records came from (None: the API's
+    list, whose prompts are named by index, as its other messages name them)."""
+    out = []
     for r in records:
         if r.error is None and r.raw_prompt is None:
-            raise SpecctlError(f"{r.where(path) if path is not None else f'prompt {r.index}'}: "
-                               "--no-chat needs a 'prompt' line (messages and turns need the "
-                               "chat template)")
+            why = (f"{r.where(path) if path is not None else f'prompt {r.index}'}: --no-chat "
+                   "needs a 'prompt' line (messages and turns need the chat template)")
+            if not skip_bad:
+                raise SpecctlError(why)
+            r = dataclasses.replace(r, error=why, turns=None)
+        out.append(r)
+    return out
