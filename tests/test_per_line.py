@@ -61,6 +61,12 @@ def test_settings_are_read_and_checked():
          "body.frequency_penalty: not supported (specctl samples without penalties, biases, "
          "min_p or best_of): set it to 0 or leave it out"),
         ({"body": {**body, "logit_bias": {"5": 1}}}, "body.logit_bias"),
+        # (a JSON mode or tools change the answer too: a helper's probe ran them as plain chat)
+        ({"body": {**body, "response_format": {"type": "json_object"}}},
+         "body.response_format: not supported (specctl answers in plain text: no response "
+         "format, no tools): leave it out"),
+        ({"body": {**body, "tools": [{"type": "function", "function": {"name": "f"}}]}},
+         "body.tools: not supported"),
         # (at a line's top level they were read by nobody: its temperature ran greedy)
         ({"prompt": "x", "temperature": 0.9}, 'temperature: a line\'s sampling settings go in '
                                                '"sampling": {...}, not at its top level'),

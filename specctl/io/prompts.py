@@ -137,6 +137,9 @@ MAX_N = 16          # answers sampled per line
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop", "n", "logprobs")
 UNSUPPORTED = {"frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1,
                "logit_bias": {}, "min_p": 0, "best_of": 1}   # (their "off")
+# an OpenAI body's fields that shape the answer (a JSON mode, tools the chat template would
+# render into the prompt), and their "off"
+BODY_UNSUPPORTED = {"response_format": {"type": "text"}, "tools": [], "functions": []}
 
 
 def _number(v, key: str, lo: float, hi: float, lo_open: bool = False):
@@ -329,6 +332,10 @@ def _parse(obj) -> dict:
             if body.get(key) is not None and body[key] != off:
                 raise _Bad(f"body.{key}: not supported (specctl samples without penalties, "
                            f"biases, min_p or best_of): set it to {off!r} or leave it out")
+        for key, off in BODY_UNSUPPORTED.items():
+            if body.get(key) is not None and body[key] != off:
+                raise _Bad(f"body.{key}: not supported (specctl answers in plain text: no "
+                           "response format, no tools): leave it out")
     else:
         qs = obj["turns"]
         if not isinstance(qs, list) or not qs:
