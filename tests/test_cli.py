@@ -633,6 +633,11 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     assert "--branches, --prompt-grams only apply to --method self-draft" in said
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--no-grid"))
     assert "--no-grid only applies to --method self-draft" in " ".join(r.output.split())
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--actors", 3,
+                    "--gpu-memory", 0.5, "--device", "cpu"))
+    said = " ".join(r.output.split())
+    assert "--actors only applies with --ray; ignored" in said
+    assert "--gpu-memory only applies on CUDA; ignored on the CPU" in said
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))
     assert "no candidates" in " ".join(r.output.split())

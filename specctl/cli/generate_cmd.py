@@ -105,6 +105,10 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
         if unused:
             _warn(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to "
                   f"--method {method}; ignored with --method {cfg.method}")
+    if "actors" in given and cfg.ray is None:
+        _warn("--actors only applies with --ray; ignored")
+    if "gpu_memory" in given and cfg.ray is None and not _cuda(cfg.device):
+        _warn("--gpu-memory only applies on CUDA; ignored on the CPU")
     for stop in cfg.stop:   # (a shell's "\n" is a backslash and an n, not a newline)
         if "\\n" in stop or "\\t" in stop:
             _warn(f"stop string {stop!r} holds a backslash: it stops at those characters as "
@@ -118,6 +122,14 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
         if cfg.grid and (not cfg.context_cache or cfg.context_cands <= 0):
             _warn("--grid drafts the context cache's candidates only: with none (--context-cands "
                   "0 or --no-context-cache) its steps are the per-sequence path's")
+
+
+def _cuda(device: str) -> bool:
+    """Whether the run's --device is a CUDA one (auto: where CUDA is there)."""
+    if device == "auto":
+        import torch
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def _say_gain(m: dict) -> None:
