@@ -121,7 +121,7 @@ def test_files_that_are_not_inputs(tmp_path):
                        r"it starts as JSON text: a JSONL file is named \.jsonl"):
         read_prompts(tmp_path / "fake.parquet")
     (tmp_path / "arr.json").write_text('[{"prompt": "a"}, {"prompt": "b"}]\n')
-    with pytest.raises(SpecctlError, match=r"arr\.json:1: expected a JSON object, got list "
+    with pytest.raises(SpecctlError, match=r"arr\.json:1: expected a JSON object, got a list "
                        r"\(a prompt file is JSON lines"):
         read_prompts(tmp_path / "arr.json")
     with pytest.raises(SpecctlError, match="not found"):
