@@ -266,6 +266,9 @@ def test_unwritable_paths(tmp_path, prompts_file, tiny_llama):
     (["--dtype", "fp8"], "fp8"),
     (["--device", "tpu9"], "tpu9"),
     (["--attention", "xformers"], "--attention"),
+    (["--method", "draft-verify", "--max-draft", "0"], "--max-draft must be at least 1"),
+    (["--method", "kangaroo", "--eta", "2"], "--eta must be in [0, 1]"),
+    (["--method", "kangaroo", "--kangaroo-gamma", "0"], "--kangaroo-gamma must be at least 1"),
 ])
 def test_invalid_options(tmp_path, prompts_file, tiny_llama, opts, needle):
     # generate() passes --max-tokens itself; a later repeat of the option wins in click

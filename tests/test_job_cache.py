@@ -218,6 +218,12 @@ def test_job_cache_file_starts_the_next_job_warm_and_is_refused_for_another_mode
     path.write_bytes(path.read_bytes()[:40])   # a torn file
     with pytest.raises(SpecctlError):
         load_job_cache(str(path), warm, tiny_llama, said.append)
+    notes = tmp_path / "notes.jsonl"   # (some other file: named as not a job cache, kept)
+    notes.write_text('{"prompt": "mine"}\n')
+    with pytest.raises(SpecctlError, match=r"^--job-cache-file .*notes\.jsonl: not a "
+                                           r"safetensors file .*: not a job cache"):
+        load_job_cache(str(notes), warm, tiny_llama, said.append)
+    assert notes.read_text() == '{"prompt": "mine"}\n'
     from specctl.runtime.jobs.config import GenerateConfig
     for bad in ("/dev/null", str(tmp_path)):   # a device, a folder: refused as the job starts
         with pytest.raises(SpecctlError, match="--job-cache-file .* not a regular file"):

@@ -39,7 +39,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="
                   "self-draft\n\n"
                   "  specctl bench prompts.jsonl --methods ar,self-draft --batch-sizes 1,8\n\n"
                   "  specctl store ls")
-models_app = typer.Typer(no_args_is_help=True, help="Obtain and inspect models.",
+models_app = typer.Typer(no_args_is_help=True, help="Get the demo model into the store.",
                          epilog="Examples:\n\n  specctl models pull\n\n"
                          "  specctl models pull --from ./SmolLM2-135M-Instruct.Q4_1.gguf")
 store_app = typer.Typer(no_args_is_help=True, help="List, show and remove stored artifacts.",

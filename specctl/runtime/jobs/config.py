@@ -296,6 +296,13 @@ class GenerateConfig:
         if self.job_cache_file is not None:   # (a device, FIFO or folder there: said now,
             from specctl.store import writable_file   # before the model loads)
             writable_file(Path(self.job_cache_file).expanduser(), "--job-cache-file")
+        # (named by their options here: the parameters' own checks name the papers' symbols)
+        if self.max_draft < 1:
+            raise SpecctlError(f"--max-draft must be at least 1, got {self.max_draft}")
+        if not 0.0 <= self.eta <= 1.0:
+            raise SpecctlError(f"--eta must be in [0, 1], got {self.eta}")
+        if self.kangaroo_gamma < 1:
+            raise SpecctlError(f"--kangaroo-gamma must be at least 1, got {self.kangaroo_gamma}")
         self.exit_params()
         self.self_draft_params()
         try:

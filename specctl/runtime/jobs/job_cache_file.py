@@ -42,7 +42,11 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
     if not p.exists():
         log(f"self-draft: {p} does not exist yet: the job cache starts empty and is saved there")
         return
-    arrays, meta = read_safetensors_mmap(p)
+    try:
+        arrays, meta = read_safetensors_mmap(p)
+    except SpecctlError as e:   # (some other file there: say what it was taken for)
+        raise SpecctlError(f"--job-cache-file {e}: not a job cache; give another path, or "
+                           "remove it to start one there") from None
     want = _identity(cache, model_dir)
     bad = [k for k in want if meta.get(k) != want[k]]
     if bad:
