@@ -124,6 +124,21 @@ def test_invalid_utf8(tmp_path):
         read_prompts(p)
 
 
+def test_a_utf16_or_cr_file_is_named_as_such(tmp_path):
+    """Two files a text editor may make: UTF-16 (a byte order mark, then two bytes a
+    character) and old Mac line ends (CR alone: the whole file one line)."""
+    u = tmp_path / "u16.jsonl"
+    u.write_bytes('{"prompt": "a"}\n'.encode("utf-16"))
+    with pytest.raises(SpecctlError, match=r"u16\.jsonl:1: not valid UTF-8 .*the file is "
+                                           r"UTF-16: convert it to UTF-8"):
+        read_prompts(u)
+    cr = tmp_path / "cr.jsonl"
+    cr.write_bytes(b'{"prompt": "a"}\r{"prompt": "b"}\r')
+    with pytest.raises(SpecctlError, match=r"cr\.jsonl:1: malformed JSON: Extra data .*end "
+                                           r"in a carriage return alone"):
+        read_prompts(cr)
+
+
 def test_overlong_line(tmp_path, monkeypatch):
     monkeypatch.setattr(lines, "MAX_LINE_BYTES", 50)
     p = write(tmp_path, {"prompt": "x" * 200}, {"prompt": "short"})

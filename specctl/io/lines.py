@@ -179,8 +179,14 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return None, f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+        utf16 = raw.startswith((b"\xff\xfe", b"\xfe\xff"))   # (its byte order mark)
+        return None, (f"not valid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1})"
+                      + ("; the file is UTF-16: convert it to UTF-8 (iconv -f UTF-16 -t "
+                         "UTF-8)" if utf16 else ""))
+    text = text.rstrip("\r\n")
     try:
-        return json.loads(text.rstrip("\r\n")), None
+        return json.loads(text), None
     except json.JSONDecodeError as e:
-        return None, f"malformed JSON: {e.msg} (column {e.colno})"
+        return None, (f"malformed JSON: {e.msg} (column {e.colno})"
+                      + ("; its lines end in a carriage return alone (CR): JSON lines end in "
+                         "a newline (tr '\\r' '\\n')" if "\r" in text else ""))
