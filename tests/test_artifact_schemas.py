@@ -23,7 +23,7 @@ GOOD = {"num_layers": 4, "attn": [1, 2], "mlp": [3]}
 
 @pytest.mark.parametrize("data, needle", [
     ({**GOOD, "attn": "12"}, "attn: must be a list, got a string"),
-    ({**GOOD, "attn": [1.9, True]}, "attn[0]: must be an integer, got a number"),
+    ({**GOOD, "attn": [1.9, True]}, "attn[0]: must be an integer, got a non-integer number"),
     ({**GOOD, "attn": [1, True]}, "attn[1]: must be an integer, got a boolean"),
     ({**GOOD, "mlp": ["3"]}, "mlp[0]: must be an integer, got a string"),
     ([99, -1], "expected a JSON skip set"),

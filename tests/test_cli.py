@@ -160,7 +160,8 @@ def test_no_chat(tmp_path, tiny_llama, baseline, monkeypatch):
     ok(generate(bad, tmp_path / "x.jsonl", tmp_path / "store", tiny_llama, "--no-chat",
                 "--skip-bad", "--max-tokens", 4))
     got = read_jsonl(tmp_path / "x.jsonl")
-    assert "text" in got[0] and "msgs.jsonl:2: --no-chat needs" in got[1]["error"], got
+    assert "text" in got[0] and "msgs.jsonl:2: a run without the chat template needs a 'prompt' line" in \
+        got[1]["error"], got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -641,6 +642,11 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     said = " ".join(r.output.split())
     assert "--actors only applies with --ray; ignored" in said
     assert "--gpu-memory only applies on CUDA; ignored on the CPU" in said
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--eta", 2))
+    assert "--eta only applies to --method kangaroo" in " ".join(r.output.split())
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--gpu-memory", 0.5, "--kv-memory", "64MB"))
+    assert "--gpu-memory is ignored with --kv-memory" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--no-corpus-cache", "--no-context-cache"))
     assert "no candidates" in " ".join(r.output.split())

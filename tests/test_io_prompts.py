@@ -81,10 +81,10 @@ BAD = [
     ('[1, 2]', "expected a JSON object"),
     ('{"question": "a"}', "unknown prompt format: expected one of prompt, messages, turns, body.messages"),
     ('{"prompt": "  "}', "prompt: must be a string with some text (not empty, nor only whitespace)"),
-    ('{"prompt": 3}', "prompt: must be a string, got a number"),
+    ('{"prompt": 3}', "prompt: must be a string, got an integer"),
     ('{"prompt": "   "}', "prompt: must be a string with some text"),
     ('null', "expected a JSON object, got null"),
-    ('{"prompt": "a", "category": true}', "category: must be a string, got true"),
+    ('{"prompt": "a", "category": true}', "category: must be a string, got a boolean"),
     ('{"turns": []}', "turns: must be a non-empty list"),
     ('{"turns": ["ok", 5]}', "turns[1]: must be a string with some text"),
     ('{"turns": ["ok", ""]}', "turns[1]: must be a string with some text"),
@@ -137,6 +137,11 @@ def test_a_utf16_or_cr_file_is_named_as_such(tmp_path):
     with pytest.raises(SpecctlError, match=r"cr\.jsonl:1: malformed JSON: Extra data .*end "
                                            r"in a carriage return alone"):
         read_prompts(cr)
+    inside = tmp_path / "inside.jsonl"   # (a raw CR inside a string: no such hint)
+    inside.write_bytes(b'{"prompt": "a\rb"}\n')
+    with pytest.raises(SpecctlError) as e:
+        read_prompts(inside)
+    assert "Invalid control character" in str(e.value) and "carriage" not in str(e.value)
 
 
 def test_overlong_line(tmp_path, monkeypatch):

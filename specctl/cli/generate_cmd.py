@@ -107,7 +107,10 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
                   f"--method {method}; ignored with --method {cfg.method}")
     if "actors" in given and cfg.ray is None:
         _warn("--actors only applies with --ray; ignored")
-    if "gpu_memory" in given and cfg.ray is None and not _cuda(cfg.device):
+    if "gpu_memory" in given and cfg.kv_memory is not None:
+        _warn("--gpu-memory is ignored with --kv-memory (the KV cache's own size)")
+    elif "gpu_memory" in given and (cfg.device == "cpu" or
+                                    cfg.ray is None and not _cuda(cfg.device)):
         _warn("--gpu-memory only applies on CUDA; ignored on the CPU")
     for stop in cfg.stop:   # (a shell's "\n" is a backslash and an n, not a newline)
         if "\\n" in stop or "\\t" in stop:

@@ -189,4 +189,5 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
     except json.JSONDecodeError as e:
         return None, (f"malformed JSON: {e.msg} (column {e.colno})"
                       + ("; its lines end in a carriage return alone (CR): JSON lines end in "
-                         "a newline (tr '\\r' '\\n')" if "\r" in text else ""))
+                         "a newline (tr '\\r' '\\n')"
+                         if e.msg == "Extra data" and "\r" in text[:e.pos] else ""))

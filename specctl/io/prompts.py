@@ -32,11 +32,11 @@ compressed file (gzip, bzip2, xz, zstd, zip) is named as such.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specctl.errors import SpecctlError
+from specctl.io.schema import json_type
 
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _FORMAT_KEYS = ("prompt", "messages", "turns", "body")
@@ -77,14 +77,6 @@ def unencodable(text: str) -> str | None:
     return None
 
 
-def _kind(value) -> str:
-    """A value's JSON type as a message names it (null, not NoneType; true, not bool)."""
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    return {str: "a string", int: "a number", float: "a number", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
-
-
 def _show(value, limit: int = 40) -> str:
     """A value as a message shows it: its repr (escapes, never a raw control character or
     surrogate), cut short."""
@@ -111,7 +103,7 @@ def _content(value, where: str) -> str:
             texts.append(part["text"])
         value = "".join(texts)
     if not isinstance(value, str):
-        raise _Bad(f"{where}: must be a string, got {_kind(value)}")
+        raise _Bad(f"{where}: must be a string, got {json_type(value)}")
     return _text(value, where)
 
 
@@ -217,7 +209,7 @@ def _id_value(obj: dict, key: str) -> str | int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (str, int)):
-        raise _Bad(f"{key}: must be a string or integer, got {_kind(v)}")
+        raise _Bad(f"{key}: must be a string or integer, got {json_type(v)}")
     return _text(v, key) if isinstance(v, str) else v
 
 
@@ -286,7 +278,7 @@ def _more_ids(obj: dict, id_field: str | None) -> tuple:
 
 def _parse(obj) -> dict:
     if not isinstance(obj, dict):
-        raise _Bad(f"expected a JSON object, got {_kind(obj)}"
+        raise _Bad(f"expected a JSON object, got {json_type(obj)}"
                    + (" (a prompt file is JSON lines: one object a line, not one array)"
                       if isinstance(obj, list) else ""))
     formats = any(k in obj for k in _FORMAT_KEYS)
@@ -297,7 +289,7 @@ def _parse(obj) -> dict:
     ident, id_field = _ident(obj)
     category = obj.get("category")
     if category is not None and not isinstance(category, str):
-        raise _Bad(f"category: must be a string, got {_kind(category)}")
+        raise _Bad(f"category: must be a string, got {json_type(category)}")
     if category is not None:
         _text(category, "category")
     found = [k for k in _FORMAT_KEYS if k in obj]
@@ -321,7 +313,7 @@ def _parse(obj) -> dict:
     if kind == "prompt":
         raw = obj["prompt"]
         if not isinstance(raw, str):
-            raise _Bad(f"prompt: must be a string, got {_kind(raw)}")
+            raise _Bad(f"prompt: must be a string, got {json_type(raw)}")
         if not raw.strip():
             raise _Bad("prompt: must be a string with some text (not empty, nor only "
                        "whitespace)")

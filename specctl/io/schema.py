@@ -28,6 +28,8 @@ def json_type(v) -> str:
         return "null"
     if isinstance(v, bool):
         return "a boolean"
+    if isinstance(v, float) and not v.is_integer():   # ("must be an integer, got a number")
+        return "a non-integer number"
     return {int: "an integer", float: "a number", str: "a string", list: "a list",
             dict: "an object"}.get(type(v), type(v).__name__)
 

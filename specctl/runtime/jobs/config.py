@@ -299,9 +299,9 @@ class GenerateConfig:
         # (named by their options here: the parameters' own checks name the papers' symbols)
         if self.max_draft < 1:
             raise SpecctlError(f"--max-draft must be at least 1, got {self.max_draft}")
-        if not 0.0 <= self.eta <= 1.0:
+        if self.method in ("kangaroo", "auto") and not 0.0 <= self.eta <= 1.0:
             raise SpecctlError(f"--eta must be in [0, 1], got {self.eta}")
-        if self.kangaroo_gamma < 1:
+        if self.method in ("kangaroo", "auto") and self.kangaroo_gamma < 1:
             raise SpecctlError(f"--kangaroo-gamma must be at least 1, got {self.kangaroo_gamma}")
         self.exit_params()
         self.self_draft_params()

@@ -102,10 +102,13 @@ def require_raw_prompts(records: list[PromptRecord], path: str | None,
     out = []
     for r in records:
         if r.error is None and r.raw_prompt is None:
-            why = (f"{r.where(path) if path is not None else f'prompt {r.index}'}: --no-chat "
-                   "needs a 'prompt' line (messages and turns need the chat template)")
+            where = r.where(path) if path is not None else f"prompt {r.index}"
             if not skip_bad:
-                raise SpecctlError(why)
-            r = dataclasses.replace(r, error=why, turns=None)
+                raise SpecctlError(f"{where}: --no-chat needs a 'prompt' line (messages and "
+                                   "turns need the chat template)")
+            # (its output line's error: the API's run reads it too, so no flag is named)
+            r = dataclasses.replace(r, turns=None, error=f"{where}: a run without the chat "
+                                    "template needs a 'prompt' line (messages and turns need "
+                                    "it)")
         out.append(r)
     return out
