@@ -10,7 +10,6 @@ works with any number of processes.
 
 from __future__ import annotations
 
-
 import json
 import os
 import re

@@ -3,9 +3,8 @@ prompt file's record becomes a `Request`."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from specctl.errors import SpecctlError
@@ -107,8 +106,7 @@ def require_raw_prompts(records: list[PromptRecord], path: str | None,
                 raise SpecctlError(f"{where}: --no-chat needs a 'prompt' line (messages and "
                                    "turns need the chat template)")
             # (its output line's error: the API's run reads it too, so no flag is named)
-            r = dataclasses.replace(r, turns=None, error=f"{where}: a run without the chat "
-                                    "template needs a 'prompt' line (messages and turns need "
-                                    "it)")
+            r = replace(r, turns=None, error=f"{where}: a run without the chat template needs "
+                        "a 'prompt' line (messages and turns need it)")
         out.append(r)
     return out
