@@ -18,8 +18,10 @@ from specctl.speculative.sampling import SamplingParams
 def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens: int = 16,
             drafter=None, sampling: SamplingParams | None = None, eos_ids=(),
             max_len: int = 256, prefill_chunk: int = 512, speculate: str = "fixed",
-            controller=None, kv_budget: int | None = None):
-    """Returns (list of generated id lists in input order, RunStats)."""
+            controller=None, kv_budget: int | None = None, prefill_price=None):
+    """Returns (list of generated id lists in input order, RunStats). prefill_price: a
+    runtime/step/prefill.PiecePrice the run prefills by, grouped (as a GPU's run measures
+    one)."""
     reqs = [Request(i, [[{"role": "user", "content": str(i)}]], max_tokens)
             for i in range(len(prompts))]
     results: dict[int, list[int]] = {}
@@ -32,6 +34,8 @@ def run_ids(model, prompts: list[list[int]], *, batch_size: int = 1, max_tokens:
                     prefill_chunk=prefill_chunk,
                     controller=controller if speculate == "auto" else None,
                     kv_budget=kv_budget)
+    if prefill_price is not None:
+        runner.prefill_price, runner.grouped = prefill_price, True
     stats = runner.run(reqs, lambda r: results.__setitem__(r.index, r.answer_ids[0]))
     return [results[i] for i in range(len(prompts))], stats
 

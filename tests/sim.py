@@ -136,10 +136,12 @@ class SimClock:
     def __call__(self) -> float:
         return self.t + self.host_s()
 
-    def forward(self, batch, plan, tail: bool = False) -> None:
+    def forward(self, batch, plan, tail: bool = False, pad_n: int = 1) -> None:
         """Charge one forward; tail: a shallow forward that drafts nothing (Kangaroo's, its
-        head only writing the adapter's KV rows), priced as the drafter prices it (tail_frac)."""
-        if self.paused:
+        head only writing the adapter's KV rows), priced as the drafter prices it (tail_frac).
+        A prefill's piece (pad_n: runtime/step/prefill.py) is a replay: the table's price of
+        its rows, not the eager forward's."""
+        if self.paused and pad_n == 1:
             fixed = self.prefill(len(batch.num_new)) if self.prefill else self.prefill_ms
             ms = fixed + self.token_us * batch.num_tokens / 1e3
             self.t += ms / 1e3
@@ -148,9 +150,11 @@ class SimClock:
             # the H200's 8.4-8.9 ms for one prompt whether of 1 or 512 tokens)
             self.window = self.token_us * batch.num_tokens / 1e6
             return
-        b, n = len(batch.num_new), grid_n(max(batch.num_new))
+        b, n = len(batch.num_new), max(grid_n(max(batch.num_new)), pad_n)
         ms = self.table.ms(CudaGraphs.bucket(b, self.slots), n)
-        if plan.start > 0:
+        if self.paused:
+            pass
+        elif plan.start > 0:
             ms *= self.price.verify_frac
         elif tail and self.price.tail_frac is not None:
             ms *= self.price.tail_frac
@@ -201,13 +205,13 @@ def timed_model(model, clock: SimClock, monkeypatch):
     cls, inside = type(model), []
     stage = Staging()
 
-    def run(batch, kv, plan=FULL, hidden=None, head=None):
-        clock.forward(batch, plan, tail=isinstance(head, AdapterRows))
+    def run(batch, kv, plan=FULL, hidden=None, head=None, pad_n=1):
+        clock.forward(batch, plan, tail=isinstance(head, AdapterRows), pad_n=pad_n)
         stage(batch, kv.num_slots)   # (the host's, before the launch)
         inside.append(1)
         try:
             with clock.device():
-                return cls.run(model, batch, kv, plan, hidden, head)
+                return cls.run(model, batch, kv, plan, hidden, head, pad_n)
         finally:
             inside.pop()
 
@@ -279,9 +283,20 @@ def sim_controller(drafter, table: StepTable, **kw) -> Controller:
                       tree=price.tree, **kw)
 
 
+def piece_price(clock: SimClock, most: int):
+    """The PiecePrice a GPU's runner would measure where its costs are the clock's: an eager
+    prefill forward the prefill table's, a replay of PIECE tokens a prompt the step table's."""
+    from specctl.engine.graphs import PIECE
+    from specctl.runtime.step.prefill import PiecePrice
+    ends = (1, most)
+    return PiecePrice(most, tuple(clock.prefill(p) for p in ends),
+                      tuple(clock.table.ms(CudaGraphs.bucket(p, clock.slots), PIECE)
+                            for p in ends))
+
+
 def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_tokens,
             controller=None, max_len: int = 320, grouped: bool = True,
-            ends_known: bool = True):
+            ends_known: bool = True, pieces: bool = False, prefill_chunk: int = 512):
     """(outputs in input order, RunStats) of a run on the simulated clock. max_tokens: one
     for every prompt, or a list (answers of different lengths). The host is charged from the
     run's start (the runner's construction is not the run's). grouped: freed slots admitted in
@@ -290,7 +305,9 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     shows admission's known-end rule (Runner._soon) every answer's budget as the longest's, a
     job's one --max-tokens, not the length it was cut to here: answers that EOS ends hide
     their ends, and a run whose every answer ends at its budget would let `ar` group by
-    foresight no real job has."""
+    foresight no real job has. pieces: prefill as a GPU's run would by piece_price (the
+    prefill table's eager forwards against the step table's replays); prefill_chunk: the
+    runner's (a CPU's 512; CUDA's 4096 for the demo model on an H200)."""
     drafter = drafter or NoDraft()
     clock.price = drafter.price()
     lens = max_tokens if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(prompts)
@@ -301,10 +318,14 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     runner = Runner(model, drafter, SamplingParams(), batch_size=batch_size, max_len=max_len,
                     eos_ids=set(), render=lambda r: prompts[r.index],
                     decode=lambda ids: " ".join(map(str, ids)), controller=controller,
-                    threads=1)
+                    threads=1, prefill_chunk=prefill_chunk)
     clock.t = t   # the run's: a test's search that sleeps the clock sleeps it there too)
     runner.clock = clock
     runner.grouped = grouped or controller is not None
+    if pieces:
+        from specctl.runtime.step.prefill import piece_prompts
+        runner.prefill_price = piece_price(clock, piece_prompts(runner.kv,
+                                                                runner.prefill_chunk))
     if not ends_known:   # (the shorter answers end "by EOS")
         cap = max(lens)
         runner._soon = lambda running: min((cap - len(s.out_ids) for s in running
@@ -314,7 +335,7 @@ def sim_run(model, prompts, drafter, clock: SimClock, *, batch_size: int, max_to
     def untimed(seqs, under=None):
         clock.paused = True
         try:
-            prefill(seqs, under)
+            return prefill(seqs, under)
         finally:
             clock.paused = False
     runner._prefill = untimed

@@ -171,6 +171,42 @@ def test_prefill_forwards_of_thousands_of_tokens_keep_every_method_lossless(tiny
         assert st.prefill_forwards <= 2 and st.prefill_chunk == 4096, (name, st.prefill_forwards)
 
 
+def test_prefill_in_pieces_on_cuda(tiny_llama):
+    """Prefill's pieces on real graphs (runtime/step/prefill.py): a CUDA runner captures
+    their shapes as it starts and measures their price (both forwards timed, positive), and
+    a run forced into pieces (1 to 3 a prompt) replays every prefill forward, captures
+    nothing more, and its output is the CPU's `ar`'s: `ar`'s and Kangaroo's (its exit-layer
+    states captured by the pieces' graphs; the other methods prefill as `ar` does)."""
+    import random
+    from helpers import method_drafters
+    from specctl.engine.graphs import PIECE
+    from specctl.runtime.step.prefill import PiecePrice
+    from specctl.runtime.step.runner import Runner
+    from specctl.speculative.drafter import NoDraft
+    rnd = random.Random(5)
+    prompts = [[rnd.randrange(3, 300) for _ in range(rnd.choice((3, 40, PIECE + 9, 150)))]
+               for _ in range(12)]
+    cpu = load_model(tiny_llama, "cpu", "fp32")
+    gpu = load_model(tiny_llama, "cuda", "fp32")
+    ref, _ = run_ids(cpu, prompts, batch_size=4, max_tokens=12, max_len=512)
+    r = Runner(gpu, NoDraft(), SamplingParams(), batch_size=4, max_len=512, eos_ids=set(),
+               render=lambda q: [], decode=str, prefill_chunk=4096)
+    price = r.prefill_price
+    assert price is not None and price.most == 4 and min(price.eager + price.replay) > 0
+    print("prefill price (tiny model):", price)
+    cheap = PiecePrice(4, eager=(1e6, 1e6), replay=(1.0, 1.0))
+    for name, dr in method_drafters(gpu, prompts, ref).items():
+        if name not in ("ar", "kangaroo"):
+            continue
+        captures = gpu.graphs.captures
+        got, st = run_ids(gpu, prompts, batch_size=4, max_tokens=12, drafter=dr, max_len=512,
+                          prefill_chunk=4096, prefill_price=cheap)
+        assert got == ref, name
+        assert st.prefill_replays == st.prefill_forwards > len(prompts) // 4, name
+        # (every shape captured as the runner started: none in a prefill or a step)
+        assert gpu.graphs.captures - captures == st.captures, name
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_self_draft_samples_what_ar_samples_on_cuda(tiny_llama, batch_size):
     """Sampling on the graph path: Self-Draft's text is ar's, token for token (fp32), and the

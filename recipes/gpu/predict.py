@@ -13,7 +13,10 @@ drafters get (draft-verify and Kangaroo next to nothing, as the GPU's batch rows
 the demo model) and, for "trace", real text's: the chains of Self-Draft traces recorded on the
 demo model (tests/data/selfdraft-traces.json). Answers end where the traces' did, at most
 --max-tokens. Each row is `ar`'s time over the method's, requests waiting (--prompts of them),
-the least of 2 rounds. Run by `runbook.py stage`; call 2 puts it beside bench-batch.md.
+the least of 2 rounds. Prompts are as long as the bench's (tests/data/sharegpt-prompt-lengths.json),
+prefilled as CUDA's runs prefill them: 4096 tokens a forward, or in pieces where the tables
+price them cheaper (runtime/step/prefill.py). Run by `runbook.py stage`; call 2 puts it beside
+bench-batch.md.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ def main() -> None:
     m = load_model(make_tiny_model(Path(tempfile.mkdtemp()), "llama"), "cpu", "fp32")
     names = ("trace", "draft-verify", "kangaroo", "self-draft")
     print(f"Predicted x ar (host-charged clock, host x{a.host:g}, H200 fused table; "
-          f"{a.prompts} prompts, answers up to {a.max_tokens} tokens, requests waiting):\n")
+          f"{a.prompts} prompts as long as ShareGPT's, answers up to {a.max_tokens} tokens, "
+          "requests waiting; prefill 4096 tokens a forward or in pieces):\n")
     print("| batch | " + " | ".join(names) + " | ar steps | guard trips (job's) |")
     print("|---|" + "---|" * (len(names) + 2))
     for b in (int(x) for x in a.batch_sizes.split(",")):
-        r, st, ar = T.host_charged_ratios(m, b, a.prompts, Patch())
+        r, st, ar = T.host_charged_ratios(m, b, a.prompts, Patch(), real_lengths=True,
+                                          pieces=True, prefill_chunk=4096)
         print(f"| {b} | " + " | ".join(f"{r[k]:.2f}x" for k in names if k in r)
               + f" | {ar.steps} | "
               + ", ".join(f"{k} {s.guard_trips} ({s.guard_job_trips})" for k, s in st.items())

@@ -48,10 +48,11 @@ def run(model, prompts, batch_size: int, max_tokens: int, trace: list | None = N
             trace.append(("step", before, [s.out_ids[-1] for s in seqs],
                           len(model.graphs.cache)))
 
-        def traced_prefill(seqs):
-            prefill(seqs)
+        def traced_prefill(seqs, under=None):
+            eager = prefill(seqs, under)
             trace.append(("prefill", sums(seqs), [s.out_ids[-1] for s in seqs],
                           len(model.graphs.cache)))
+            return eager
         runner.step, runner._prefill = traced_step, traced_prefill
     runner.run(reqs, lambda r: out.__setitem__(r.index, r.answer_ids[0]))
     return [out[i] for i in range(len(prompts))]

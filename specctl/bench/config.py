@@ -35,8 +35,9 @@ RESULTS_SCHEMA = """
     "mean_accepted_tokens", "acceptance_rate", "ctar": {"1".."6"}, "zero_accept_share",
     "padding_ratio",                   # the five above: null for transformers rows
     "speculation": {...} | null,       # --speculate auto's record (metrics.speculation_metrics)
-    "time_split": {"steps_s", "prefill_s", "prefill_forwards", "search_s", "learn_s",
-                   "prefill_chunk"} | null,
+    "time_split": {"steps_s", "prefill_s", "prefill_forwards", "prefill_replays" (of
+                   those, replays of prefill's pieces; absent before 2026-12-01), "search_s",
+                   "learn_s", "prefill_chunk"} | null,
                                        # the first repeat's decode steps and prefill
     "accepted_from": {"tokens", "job", "context", "corpus"} | null,
                                        # Self-Draft: the first repeat's accepted drafts and

@@ -162,7 +162,9 @@ def time_rows(res: dict) -> list[list[str]]:
         vs = f"{base / ts['steps_s']:.2f}x" if base and ts["steps_s"] > 0 else "-"
         out.append([r["method"], str(r["batch_size"]), f"{wall:.2f}", f"{ts['steps_s']:.2f}",
                     vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']}"
-                    + (f" of <= {ts['prefill_chunk']})" if ts.get("prefill_chunk") else ")"),
+                    + (f" of <= {ts['prefill_chunk']}" if ts.get("prefill_chunk") else "")
+                    + (f", {ts['prefill_replays']} replayed" if ts.get("prefill_replays")
+                       else "") + ")",
                     f"{ts['search_s']:.2f}", _f(ts.get("learn_s")),
                     f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
                     f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])

@@ -19,7 +19,9 @@ static buffers are this module's business:
   before it, as a chain's rows do); their KV rows are never committed and their outputs are
   dropped. Batch
   rows past the real batch point to a scratch slot (the KV cache has one spare slot), so
-  padding never touches a real sequence. Prefill and anything past `max_n` tokens run eagerly.
+  padding never touches a real sequence. Anything past `max_n` tokens runs eagerly, and so
+  does prefill, unless it goes in pieces of PIECE tokens a prompt (runtime/step/prefill.py:
+  a chain below the prompt's rows so far, its one n captured as a run starts).
 - attention reads C columns of the cache: the batch's longest prefix + n, rounded up onto the
   grid (at most the cache length), so a step over 300-token contexts does not read a 2,000-row
   cache. With a batch of 4 or more that fills most slots, attention runs over every
@@ -66,6 +68,8 @@ from specctl.engine.batch import ForwardBatch, LayerPlan, tree_closure
 
 KV_BLOCK = 128   # KV columns are read in KV_BLOCK x a power of KV_GROWTH (or the whole cache)
 KV_GROWTH = 4    # (coarse: every column count is captured when a run starts)
+PIECE = 64       # prompt tokens a sequence a prefill forward replays (runtime/step/prefill.py):
+                 # the step tables' largest point (runtime/control/steptables.STEP_NS)
 
 
 def grid_n(n: int) -> int:
@@ -215,21 +219,25 @@ class CudaGraphs:
             if self.capture:
                 self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
 
-    def warm(self, kv, forwards) -> int:
+    def warm(self, kv, forwards, pieces: tuple = ()) -> int:
         """Capture, on kv, every grid shape the forwards can meet: forwards is a list of
         (plan, head or None, most tokens per sequence) (Drafter.graph_forwards); every batch
-        bucket up to kv's slots, every n up to the forward's most, every column count. Returns
-        how many shapes it captured (those already held are kept)."""
+        bucket up to kv's slots, every n up to the forward's most, every column count. pieces:
+        (layer plan, most prompts) of prefill's pieces (runtime/step/prefill.py), captured at
+        n = PIECE alone, in the buckets up to the most prompts'. Returns how many shapes it
+        captured (those already held are kept)."""
         if kv.scratch is None:   # (a paged cache's steps run eagerly)
             return 0
         self._use(kv)
         before = self.captures
         buckets = sorted({self.bucket(b, kv.num_slots) for b in range(1, kv.num_slots + 1)})
-        for plan, head, most in forwards:
+        todo = [(plan, head, self.ns(most), kv.num_slots) for plan, head, most in forwards] + \
+            [(plan, None, [PIECE], self.bucket(most, kv.num_slots)) for plan, most in pieces]
+        for plan, head, ns, top in todo:
             if head is not None and self.model.exact:
                 continue   # (run eagerly: see run)
-            for Bb in buckets:
-                for n in self.ns(most):
+            for Bb in (b for b in buckets if b <= top):
+                for n in ns:
                     for C in self.columns(kv.max_len):
                         key = (Bb, n, plan, None if head is None else head.key, C)
                         cap = self.cache.get(key)
@@ -237,24 +245,25 @@ class CudaGraphs:
                             self.cache[key] = self._capture(kv, Bb, n, C, plan, head)
         return self.captures - before
 
-    def _shape(self, batch: ForwardBatch, kv) -> int | None:
-        """The padded n this batch replays with, or None (it runs eagerly)."""
+    def _shape(self, batch: ForwardBatch, kv, pad_n: int = 1) -> int | None:
+        """The padded n this batch replays with (at least pad_n), or None (it runs eagerly)."""
         if kv.scratch is None:
             return None
         n = self.padded_n(max(batch.num_new))
-        if n is None or max(batch.prefix_lens) + n > kv.max_len:
+        if n is None or max(batch.prefix_lens) + max(n, pad_n) > kv.max_len:
             return None
-        return n
+        return max(n, pad_n)
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv, plan: LayerPlan, hidden: torch.Tensor | None = None,
-            head=None):
+            head=None, pad_n: int = 1):
         """The forward's outputs from a replay, one row per real token of the batch (see
-        Model.run), or None where no graph fits (the caller runs it eagerly)."""
+        Model.run), or None where no graph fits (the caller runs it eagerly). pad_n: the
+        least n it replays with (a prefill piece's PIECE: the one n captured for it)."""
         if (plan.start > 0) != (hidden is not None) or (head is not None and self.model.exact) \
                 or batch.by_hand:   # (a head under --exact: its attention is exact's, built on
             return None   # the host; a mask or positions by hand: no parents to lay them out)
-        n = self._shape(batch, kv)
+        n = self._shape(batch, kv, pad_n)
         if n is None:
             return None
         B = len(batch.num_new)

@@ -352,7 +352,7 @@ class Model:
 
     @torch.inference_mode()
     def run(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
-            hidden: torch.Tensor | None = None, head=None):
+            hidden: torch.Tensor | None = None, head=None, pad_n: int = 1):
         """The one entry point of decoding forwards, replayed from a captured CUDA graph when
         one fits the batch (engine/graphs.py), else run eagerly. Runs `plan` (from hidden
         [T, D] when it starts past layer 0) and returns the [T, D] states after its last layer
@@ -362,9 +362,10 @@ class Model:
         computation and must keep the tensors it reads in place across calls (a graph replays
         them by address). With plan.capture, what the head gets (or run returns) is
         (states, captured states), as from forward. Outputs of a replay are static buffers the
-        next replay overwrites: a caller that keeps them past its next forward clones them."""
+        next replay overwrites: a caller that keeps them past its next forward clones them.
+        pad_n: the least tokens a sequence a replay pads to (CudaGraphs.run)."""
         if self.graphs is not None:
-            out = self.graphs.run(batch, kv, plan, hidden, head)
+            out = self.graphs.run(batch, kv, plan, hidden, head, pad_n)
             if out is not None:
                 self.tokens_computed += batch.num_tokens
                 return out

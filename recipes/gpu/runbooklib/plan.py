@@ -34,11 +34,13 @@ class Step:
 PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
     Step(1, "step-table-7b", 30, 15, "step-table-7b.json", "10 s at 65c1f6b"),
-    Step(1, "gpu-tests", 85, 72, "gpu-tests.log",
+    Step(1, "gpu-tests", 85, 75, "gpu-tests.log",
          "61 s of tests at 7f4cca3 (the flex tests, ~33 s more, are left out), + the grid at "
-         "batch 32 since (one test, its graphs captured at 32 slots: not timed yet)"),
+         "batch 32 since (one test, its graphs captured at 32 slots: not timed yet), + "
+         "prefill's pieces (ar and Kangaroo, 3 runners: not timed yet)"),
     Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
-         "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs"),
+         "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs, then "
+         "3 x (an eager forward and a piece's replay) x 12 after 15 captures"),
     Step(2, "stage2", 60, 40, "model.json", "35 s at 7f4cca3"),
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
     Step(2, "bench-batch", 300, 165, "bench-batch.md",

@@ -60,7 +60,9 @@ def write_readme(d: Path) -> None:
           "`step-table-7b.json`: the 7B shape's step costs (`StepTable.from_json`), for "
           "simulating real-size steps on the CPU.",
           "`prefill-cost.json`: an eager prefill forward's ms by its tokens and prompts (the "
-          "demo shape), with F, its fixed part (runtime/step/admission.py).", "",
+          "demo shape), with F, its fixed part (runtime/step/admission.py), and `pieces`: a "
+          "prefill piece's replay against the eager forward of the same tokens "
+          "(runtime/step/prefill.py).", "",
           "## Commands (commands.sh)", "", "```"]
     try:
         L.append((d / "commands.sh").read_text().rstrip())

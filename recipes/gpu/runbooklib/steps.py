@@ -121,7 +121,8 @@ def gpu_tests(c: Ctx) -> int:
 @step("prefill-cost")
 def prefill_cost(c: Ctx) -> int:
     """An eager prefill forward's ms by its tokens (the demo shape, random bf16 weights): the
-    fixed cost F that admitting requests in groups saves."""
+    fixed cost F that admitting requests in groups saves; and a prefill piece's replay beside
+    an eager forward of the same 64 tokens a prompt (runtime/step/prefill.py)."""
     size = (["mini", "--tokens", "1,8,32", "--prompts", "1,2", "--repeats", "2"] if c.rehearse
             else ["demo", "--tokens", "1,8,32,128,512", "--prompts", "1,4,16", "--repeats", "10"])
     return c.x(c.py, "recipes/gpu/prefill_cost.py", "--shape", *size,

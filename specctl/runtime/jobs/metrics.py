@@ -140,7 +140,9 @@ def time_split(stats) -> dict | None:
     if stats is None:
         return None
     return {"steps_s": round(stats.step_s, 3), "prefill_s": round(stats.prefill_s, 3),
-            "prefill_forwards": stats.prefill_forwards, "search_s": round(stats.search_ms / 1e3, 3),
+            "prefill_forwards": stats.prefill_forwards,
+            "prefill_replays": stats.prefill_replays,   # (of those: runtime/step/prefill.py)
+            "search_s": round(stats.search_ms / 1e3, 3),
             "learn_s": round(stats.learn_s, 3), "prefill_chunk": stats.prefill_chunk}
 
 

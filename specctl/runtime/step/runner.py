@@ -50,7 +50,8 @@ from specctl.runtime.step.answers import Answers
 from specctl.runtime.step.commit import commit, commit_grid
 from specctl.runtime.step.grid import GridStep
 from specctl.runtime.step.logprobs import step_logprobs
-from specctl.runtime.step.prefill import prefill
+from specctl.runtime.step.prefill import (PiecePrice, measure_pieces, piece_prompts, prefill,
+                                          prefill_plan)
 from specctl.runtime.step.sequence import Request, Sequence, request_rng
 from specctl.runtime.step.stats import RunStats
 from specctl.runtime.step.step import Planner, StepOutcome, read, verify
@@ -115,6 +116,10 @@ class Runner:
         # method's and ar's (set_controller, make_runner); else at once, so the schedule is
         # a function of the inputs alone
         self.grouped = False
+        # what a prefill forward costs eagerly and in pieces (prefill.py), where the device
+        # measured it (_warm); used by a grouped run only: a schedule of the inputs alone
+        # (--speculate fixed) does not follow timings
+        self.prefill_price: PiecePrice | None = None
         self._warm()
         if controller is not None:
             self.set_controller(controller)
@@ -142,7 +147,16 @@ class Runner:
         forwards = self.drafter.graph_forwards(self.kv)
         if g is None:
             return
-        self.stats.captures += g.warm(self.kv, forwards)
+        # (and prefill's pieces where real graphs are captured: prefill.py; a CPU's test sets
+        # prefill_price itself)
+        plan, most = prefill_plan(self.drafter), piece_prompts(self.kv, self.prefill_chunk)
+        pieces = [(plan, most)] if g.capture else []
+        self.stats.captures += g.warm(self.kv, forwards, pieces)
+        if pieces:   # (once a cache: its graphs and costs serve every runner on it; its
+            # seconds are the captures': start-up, out of tokens/s)
+            self.prefill_price = g.keep(("prefill-price", plan, most), self.kv, lambda:
+                                        measure_pieces(self.model, self.kv, plan,
+                                                       self.prefill_chunk))
         self.stats.capture_s += self.clock() - t0
 
     def set_controller(self, controller: Controller) -> None:
@@ -238,12 +252,17 @@ class Runner:
             if fresh:
                 t, st = self.clock(), self.stats
                 forwards, tokens = st.prefill_forwards, st.prefill_tokens
-                self._prefill(fresh, under=lambda: self.under_prefill(
+                eager = self._prefill(fresh, under=lambda: self.under_prefill(
                     [s for s in running if not s.finished] + fresh, not waiting))
                 took = self.clock() - t
                 st.prefill_s += took
-                self.admission.prefilled(st.prefill_forwards - forwards,
-                                         st.prefill_tokens - tokens, took * 1e3, len(fresh))
+                forwards, tokens = st.prefill_forwards - forwards, st.prefill_tokens - tokens
+                if eager is not None:   # (in pieces: the groups are still sized by what an
+                    # eager prefill costs, as before; learning the pieces' ms split a b32 run's
+                    # admissions into 22 prefills where eager ones were 9, and lost 3% on the
+                    # host-charged clock, bench-results/2026-12-01-prefill-pieces)
+                    forwards, took = -(-tokens // self.prefill_chunk), eager / 1e3
+                self.admission.prefilled(forwards, tokens, took * 1e3, len(fresh))
                 running.extend(fresh)
             # (each step's passes over the batch: a C-level key and finish_reason read, not
             # a lambda and the `finished` property a sequence, ~10 -> ~2.5 us a step at
@@ -371,9 +390,13 @@ class Runner:
             waiting.appendleft(req)
 
     # -- prefill ----------------------------------------------------------------------------
-    def _prefill(self, seqs: list[Sequence], under: Callable[[], None] | None = None) -> None:
-        prefill(self.model, self.kv, self.drafter, seqs, self.prefill_chunk, self.stats,
-                self.answers, self._sample_rows, self.logprobs, under)
+    def _prefill(self, seqs: list[Sequence],
+                 under: Callable[[], None] | None = None) -> float | None:
+        """prefill.prefill's: what the prompts would have cost eagerly where they went in
+        pieces."""
+        return prefill(self.model, self.kv, self.drafter, seqs, self.prefill_chunk, self.stats,
+                       self.answers, self._sample_rows, self.logprobs, under,
+                       self.prefill_price if self.grouped else None)
 
     def _sample_rows(self, h: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Each sequence's next token from its row of last-layer states h [B, D]: the argmax,

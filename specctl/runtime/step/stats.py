@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 class RunStats:
     steps: int = 0                 # verification forwards (decode steps; prefill not counted)
     prefill_forwards: int = 0
+    prefill_replays: int = 0       # of those, replays of a captured graph (prefill's pieces)
     prefill_tokens: int = 0
     prefill_chunk: int = 0         # the most prompt tokens a prefill forward took (its chunk)
     prefill_s: float = 0.0         # seconds in prefill (it ends in a host read: on CUDA, its
