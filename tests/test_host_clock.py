@@ -422,8 +422,9 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
     (sim.piece_price: an eager forward the prefill table's, a replay the step table's),
     prompts as long as ShareGPT's, CUDA's chunk, batch 8 with requests waiting: `ar`'s job
     faster than with eager prefill (1.07-1.09x, bench-results/2026-12-01-prefill-pieces), its
-    answers the same, and its prefills the eager run's groups (the admission learns what a
-    call in pieces would have cost eagerly): only the calls of a few prompts go in pieces."""
+    answers the same, and its prefills about as many calls as the eager run's (the
+    admission learns what a call in pieces would have cost eagerly: its measure plus what
+    the pieces saved on the price): only the calls of a few prompts go in pieces."""
     from specctl.runtime.step import admission
     known, prompts, lens, clock = workload(model, 8, 64, monkeypatch, real_lengths=True)
     best, outs, groups = {}, {}, {}
@@ -442,4 +443,8 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
         assert (st.prefill_forwards > len(groups[key])) == key   # (pieces: rounds a call)
     assert outs[True] == outs[False]
     assert best[False] / best[True] > 1.03, best
-    assert sorted(groups[True]) == sorted(groups[False]), groups
+    # (about as many calls: learning the pieces' own ms split a b32 run's admissions into
+    # 22 calls where eager ones made 9; the same calls exactly, only as long as the host,
+    # which the call's measure holds, is as fast as the machine they were first seen on)
+    calls, eager_calls = len(groups[True]), len(groups[False])
+    assert 0.75 * eager_calls - 1 <= calls <= 1.25 * eager_calls + 1, groups
