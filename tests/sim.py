@@ -33,6 +33,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 
 from specctl.engine.batch import FULL
 from specctl.engine.graphs import CudaGraphs, grid_n
@@ -46,6 +47,7 @@ from specctl.speculative.drafter import (NO_DRAFT, DraftLimits, DraftPrice, Draf
                                          Proposal)
 from specctl.speculative.kangaroo_heads import AdapterRows
 from specctl.speculative.sampling import SamplingParams
+from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
 from specctl.speculative.verify import DraftTree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -427,6 +429,70 @@ class TraceChains(OracleChains):
 
     def fresh(self) -> "TraceChains":
         return TraceChains(self.ref, self.known, self.K)
+
+
+class TraceGrid(SelfDraftDrafter):
+    """Self-Draft as it drafts on the grid (runtime/step/grid.py: the product's own plan,
+    verification, commit and learning, their host work charged), its acceptance replaying
+    the traces (traces(), as TraceChains'): each sequence's first chain is the reference's
+    next G tokens, right where its trace says "1", wrong from its first "0" on; it holds no
+    other chain (a trace knows one draft a position), and none where its next position is
+    "-" or past its trace. The real context table still learns the run's text and is read
+    for every step (its host work); the trace's candidates replace what it gave, worked out
+    off the host's charge (clock.device: a test's bookkeeping, not the product's)."""
+
+    def __init__(self, ref: list[list[int]], known: list[str], vocab: int, clock: SimClock,
+                 params: SelfDraftParams = SelfDraftParams(grid=True, corpus_cache=False)):
+        super().__init__(params, vocab=vocab)
+        self.ref, self.known, self.clock = ref, known, clock
+        self.live: dict[int, object] = {}   # slot -> its sequence (admit, retire)
+        self.table = _TraceTable(self)
+
+    def admit(self, seq) -> None:
+        super().admit(seq)
+        self.live[seq.slot] = seq
+
+    def retire(self, seq) -> None:
+        super().retire(seq)
+        if self.live.get(seq.slot) is seq:
+            del self.live[seq.slot]
+
+    @property
+    def context_table(self):
+        return None if super().context_table is None else self.table
+
+    def fresh(self) -> "TraceGrid":
+        return TraceGrid(self.ref, self.known, self.vocab, self.clock, self.prm)
+
+    def chains(self, keys: np.ndarray, C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
+        """The trace's ([B, C, G] candidates, [B] chains held) of the step's sequences: the
+        unfinished ones, by slot (the step's order), their pending tokens `keys`."""
+        seqs = [s for _, s in sorted(self.live.items()) if s.finish_reason is None]
+        assert [s.pending for s in seqs] == keys.tolist(), "trace-grid: not the step's batch"
+        cands, held = np.zeros((len(seqs), C, G), dtype=np.int64), np.zeros(len(seqs), np.int64)
+        for b, s in enumerate(seqs):
+            want, at = self.ref[s.req.index], len(s.out_ids)
+            bits = self.known[s.req.index % len(self.known)]
+            for c in range(C):
+                for j in range(G):
+                    k = at + j
+                    right = c == 0 and k < len(bits) and bits[k] == "1" and k < len(want)
+                    cands[b, c, j] = want[k] if right else (want[min(k, len(want) - 1)] + 1) % 7
+            held[b] = at < len(bits) and bits[at] != "-"
+        return cands, held
+
+
+class _TraceTable:
+    """TraceGrid's table: the real one's size and its read, the trace's candidates."""
+
+    def __init__(self, drafter: TraceGrid):
+        self.drafter, self.real = drafter, drafter.ctx
+        self.R, self.G = self.real.R, self.real.G
+
+    def candidates(self, keys: np.ndarray, limit: int, depth: int | None = None):
+        cands, _ = self.real.candidates(keys, limit, depth)   # (the product's read, charged)
+        with self.drafter.clock.device():
+            return self.drafter.chains(keys, cands.shape[1], cands.shape[2])
 
 
 def trace_lengths(n: int, known: list[str]) -> list[int]:

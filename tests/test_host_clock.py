@@ -19,7 +19,7 @@ import pytest
 from helpers import method_drafters
 from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig
 from specctl.speculative.self_draft import SelfDraftDrafter
-from sim import (HOST, SimClock, TraceChains, h200_fused_table, prefill_table, sim_controller,
+from sim import (HOST, SimClock, TraceChains, TraceGrid, h200_fused_table, prefill_table, sim_controller,
                  sim_run, timed_model, trace_lengths, traces)
 
 MAX_TOKENS = 64   # (the traces' answers cut there: time)
@@ -96,7 +96,11 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
         if ref is None:
             ref = out
             drafters = {"trace": TraceChains(ref, known)}
+            if batch >= GRID_FROM:   # (where Self-Draft drafts on the grid by default)
+                drafters["trace-grid"] = TraceGrid(ref, known, model.cfg.vocab_size, clock)
             drafters.update(_drafters(model, prompts, ref, methods, batch))
+            if methods is not None:
+                drafters = {k: v for k, v in drafters.items() if k in methods or k == "trace"}
         assert out == ref
         for name, dr in drafters.items():
             dr = dr.fresh()
@@ -448,3 +452,74 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
     # which the call's measure holds, is as fast as the machine they were first seen on)
     calls, eager_calls = len(groups[True]), len(groups[False])
     assert 0.75 * eager_calls - 1 <= calls <= 1.25 * eager_calls + 1, groups
+
+
+def test_a_drafting_steps_learning_past_the_next_forward_is_not_ars_price(model, monkeypatch):
+    """A drafting step's learning waits for the next step's forward and runs under it (CUDA's
+    schedule: the padded clock), past it where it is long. What it takes past a lean step's
+    forward is the controller's work, in the job's excess, not `ar`'s step: learnt as ar's
+    price (Accounting.step's overrun), the lean step after a drafting step made ar's step
+    read ~2x its own at batch 64 on the trace-grid (bench-results/2026-12-01-trace-grid), and
+    drafting that lost looked level."""
+    import time as _time
+    from sim import OracleChains
+    from specctl.engine.graphs import CudaGraphs
+    from specctl.runtime.control.guard import Guard
+    batch = 8
+    prompts = _prompts(4 * batch, seed=5)
+    clock = SimClock(h200_fused_table(), batch, host=HOST)
+    timed_model(model, clock, monkeypatch)
+    ref, _ = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=48)
+    step_s = clock.table.ms(CudaGraphs.bucket(batch, batch), 1) / 1e3
+
+    def burn():   # (3 lean forwards of host work: one hidden under the next forward)
+        t = _time.thread_time()
+        while _time.thread_time() - t < 3 * step_s / HOST:
+            pass
+
+    class Learning(OracleChains):   # (each drafting step's learning: the burn)
+        def observe(self, seqs, proposals, verdicts, probe_out):
+            return burn
+    seen = []
+    lean = Guard.lean
+
+    def learnt(self, table_ms, ms, steps=1):
+        seen.append(ms / table_ms)
+        return lean(self, table_ms, ms, steps)
+    monkeypatch.setattr(Guard, "lean", learnt)
+    runs = {}
+    for burning in (False, True):
+        dr = (Learning if burning else OracleChains)(ref, [0.6] * len(prompts), K=4)
+        seen.clear()
+        clock.reset()
+        got, st = sim_run(model, prompts, dr, clock, batch_size=batch, max_tokens=48,
+                          controller=sim_controller(dr, clock.table))
+        assert got == ref
+        assert st.steps - st.lean_steps > 4, st.steps   # (it drafted: learning to burn)
+        runs[burning] = (max(seen), st.job_excess_ms, st.steps - st.lean_steps)
+    (calm, calm_excess, _), (hot, hot_excess, drafting) = runs[False], runs[True]
+    # every lean step's ms read as ar's within what it reads without the burn (a lean step
+    # after a drafting step would read ~2 more of ar's steps)
+    assert hot < calm + 1.0, runs
+    # and the job's account was told: ~2 lean steps' ms a lean step after a drafting step
+    assert hot_excess > calm_excess + step_s * 1e3, runs
+
+
+def test_the_trace_grid_replays_the_traces(model, monkeypatch):
+    """sim.TraceGrid (the product's grid step drafting from the traces) accepts what
+    TraceChains does, step for step, where no controller steers either: a trace's run of
+    right drafts is at most a gram long (the recorded drafter's chains), so one chain of G
+    holds it; and its outputs are ar's."""
+    known = traces()
+    prompts = _prompts(32, seed=8)
+    lens = [min(x, MAX_TOKENS) for x in trace_lengths(32, known)]
+    clock = SimClock(h200_fused_table(), 8, host=HOST)
+    timed_model(model, clock, monkeypatch)
+    ref, _ = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens)
+    runs = {}
+    for dr in (TraceChains(ref, known), TraceGrid(ref, known, model.cfg.vocab_size, clock)):
+        got, st = sim_run(model, prompts, dr, clock, batch_size=8, max_tokens=lens)
+        assert got == ref
+        runs[type(dr).__name__] = (st.steps, dict(sorted(st.accept_hist.items())))
+    assert runs["TraceGrid"] == runs["TraceChains"], runs
+    assert sum(runs["TraceGrid"][1]) > 1, runs   # (it accepted drafts)

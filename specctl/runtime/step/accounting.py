@@ -64,9 +64,15 @@ class Accounting:
         forward (its total is then the step as it ended; else this learning is in it; a run
         that raises drops it with the rest of its learning). Returns its work for the thread
         tuner (its table ms)."""
-        t0, t1, t2, end, ahead, new, held = times
+        t0, t1, t2, end, ahead, new, held, caught = times
         b, t, n = plan.budgets, self.tally, len(seqs)
         took = (end - t0) * 1e3
+        # (a lean step's forward hides the last step's learning, caught up under it, only as
+        # long as it runs: what the learning takes past that is the controller's work, not
+        # `ar`'s step: learnt into ar's price, a drafting step's learning made the lean step
+        # after it read 2x ar's at batch 64, and drafting that lost looked level; the job's)
+        over = max(0.0, caught - self.ctl.cost.ar_table_ms(n)) if b.lean and caught else 0.0
+        took -= over
         # (the host's own time: planning, and all after the read; not the search, nor
         # planning apart from drafting's host work (StepPlan.apart_ms), nor what ran under
         # the forward)
@@ -82,8 +88,8 @@ class Accounting:
         if new:
             t0 = None
         if b.lean and t0 is not None:   # (most steps: what they do first is what is short)
-            if held or searched:   # (at once: the job's account judges now)
-                excess = self._held(n, held) + searched
+            if held or searched or over:   # (at once: the job's account judges now)
+                excess = self._held(n, held) + searched + over
                 if excess:
                     self.ctl.guard.job(excess, took + searched, 0)
             if t.b == n and t.steps < t.most and not b.contrast:

@@ -102,6 +102,7 @@ class Runner:
         # retirement gives the slot up), and what reads none (it waits on past one)
         self._later: list[Callable[[], object]] = []
         self._later_free: list[Callable[[], object]] = []
+        self.caught_ms = 0.0   # the last under_forward's catch-up, on the run's clock
         self._on_tokens = None
         self._rendered = None
         self.planner = Planner(model, drafter, self.kv, max_len, controller)
@@ -483,7 +484,7 @@ class Runner:
         self.stats.captures_in_steps += new   # (by design none: Runner._warm)
         if plan.budgets is not None:   # (a lean step's is most steps': its clock read, the
             # rest worked out with its learning, under the next forward where that waits)
-            times = (t0, t1, t2, self.clock(), ahead, new, self._held)
+            times = (t0, t1, t2, self.clock(), ahead, new, self._held, self.caught_ms)
             if defer:
                 (self._later_free if plan.lean else self._later).append(
                     partial(self.accounting.step, plan, out, seqs, had, drain, times, True))
@@ -498,10 +499,12 @@ class Runner:
         the host (Planner.overlaps): what the last step taught (the drafter's caches, the
         controller's acceptance, step time and guard: each a step late), then the next step's
         search (Planner.prefetch, its ms returned). lean: the step is a lean one."""
+        self.caught_ms = 0.0
         if self._later or self._later_free:   # (the host's own seconds: a simulated clock
-            t = time.perf_counter()                # may not charge them)
+            t, c = time.perf_counter(), self.clock()   # may not charge them)
             self.catch_up()
             self.stats.learn_s += time.perf_counter() - t
+            self.caught_ms = (self.clock() - c) * 1e3   # (on the run's clock: Accounting)
         # (a CPU's run searches at the step: Planner.prefetch would say so, a call later)
         return self._prefetch(list(seqs), drain, lean=lean) if self._overlaps else 0.0
 
