@@ -159,7 +159,8 @@ class Accounting:
         st.controlled_steps += 1
         st.predicted_step_ms += b.predicted_ms
         st.predicted_tokens += expected
-        st.verified_tokens += sum(1 + len(v.accepted) for v in out.verdicts)
+        st.verified_tokens += len(plan.seqs) + (sum(out.verdicts.acc) if plan.grid is not None
+                                                 else sum(len(v.accepted) for v in out.verdicts))
         st.measured_step_ms += took
 
 

@@ -161,6 +161,11 @@ class GridVerdicts(Sequence):
     drafted = property(lambda self: self._col(3))
 
     @property
+    def accepted(self) -> list[list[int]]:
+        """Each sequence's accepted nodes (its Verdict's), all at once (Controller.observe)."""
+        return [list(range(r[2], r[2] + r[0])) if r[0] else [] for r in self.rows]
+
+    @property
     def out(self) -> list[list[int]]:
         """The emitted tokens by column, out[j][i] the j-th of sequence i."""
         return [list(c) for c in zip(*self.rows)][4:]

@@ -48,6 +48,8 @@ class StepPlan:
 
     @property
     def confidence_stops(self) -> int:
+        if self.grid is not None:   # (a grid's chains never stop on confidence)
+            return 0
         return sum(p.stopped_at is not None for p in self.proposals)
 
 
