@@ -103,12 +103,29 @@ def first_branches(key: tuple[int, ...], pool: list[int], n: int) -> list[list[i
     return out
 
 
-@dataclass
 class SelfDraftState:
     """A sequence's own: its branches (the probe grows each by the target's next token), and
-    how many of its emitted tokens were pushed into the context cache."""
-    branches: list[list[int]]
-    pushed: int = 0
+    how many of its emitted tokens were pushed into the context cache. The branches are
+    drawn (first_branches, from what the sequence was admitted with) where first read: a
+    grid step has no probe, nor has a run the controller keeps lean (drawn at each admission,
+    they were ~1% of a b64 grid run on the host-charged clock, 12 us each on this CPU,
+    bench-results/2026-12-02-grid-host-price)."""
+    __slots__ = ("_branches", "_draw", "pushed")
+
+    def __init__(self, key: tuple[int, ...], pool: list[int], n: int):
+        self._branches: list[list[int]] | None = None
+        self._draw = (key, pool, n)
+        self.pushed = 0
+
+    @property
+    def branches(self) -> list[list[int]]:
+        if self._branches is None:
+            self._branches = first_branches(*self._draw)
+        return self._branches
+
+    @branches.setter
+    def branches(self, value: list[list[int]]) -> None:
+        self._branches = value
 
 
 @dataclass
@@ -200,8 +217,8 @@ class SelfDraftDrafter(Drafter):
     # -- per-sequence life --------------------------------------------------------------------
     def admit(self, seq) -> None:
         p = self.prm
-        seq.state = SelfDraftState(first_branches(
-            (p.seed, seq.req.index, len(seq.req.answers)), seq.prompt_ids or [0], p.branches))
+        seq.state = SelfDraftState((p.seed, seq.req.index, len(seq.req.answers)),
+                                   seq.prompt_ids or [0], p.branches)
         if p.prompt_grams and p.context_cache:   # answers often reuse the prompt's phrases
             if self.overlapped:   # (under a forward: _settle)
                 self.ctx_pending.append(seq.prompt_ids)   # (past CTX_PENDING the oldest go)
