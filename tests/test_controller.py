@@ -922,6 +922,26 @@ def test_drafting_host_work_is_fitted_as_a_steps_part_and_a_part_a_sequence():
     assert one.host_fit() == (0.0, pytest.approx(1.4 / 8))
 
 
+def test_a_grids_host_is_priced_for_every_sequence_of_a_step_that_drafts():
+    """On a grid (StepCost.chain) a drafting step plans, verifies and commits every
+    sequence's rows, a budget of 0 or not: its host work is learnt and priced for the whole
+    batch once any sequence drafts (StepCost.hosted), so a step of 3 drafting costs what one
+    of 64 drafting did; per drafting sequence (the per-sequence path's) it is 3/64 of that."""
+    t = table(lambda b, n: 2.0 + 0.02 * b * n, batches=(1, 2, 4, 8, 16, 32, 64))
+    for chain in (4, 0):
+        c = StepCost(t, chain=chain)
+        c.learn_host(64, 0.1)   # a lean step
+        for _ in range(3):      # every sequence drafting: 2 ms beyond the lean step's host
+            c.learn_host(64, 2.1, 64)
+        ms, kind = c.counts_ms((61, 3))
+        few = c.counts_step_ms((61, 3)) - ms * c.factor(kind)
+        sh = Shapes.of_counts((61, 3), False)
+        assert float(c.prices(sh)[0]) == pytest.approx(c.counts_step_ms((61, 3)))
+        assert few == pytest.approx(2.0 if chain else 2.0 * 3 / 64)
+        assert c.counts_step_ms((64,)) == pytest.approx(c.counts_ms((64,))[0] * c.factor(
+            c.counts_ms((64,))[1]))   # (a lean step: no drafting host)
+
+
 def test_draft_forwards_are_priced_with_a_lean_steps_host_until_a_drafting_step_is_timed():
     """Each draft forward spends the host what a lean step of as many sequences does (its
     batch, launch and read-back), which the table does not price: until a drafting step has

@@ -30,9 +30,10 @@ drafter says its steps cost (DraftPrice, speculative/drafter.py):
   verification and commit) grows with the sequences drafting, not with the forward. The
   runner times each step's host work apart from its forward (its planning, and all after
   the forward's output is read) and what drafting adds beyond a lean step's is fitted as a
-  step's part plus a part per drafting sequence (host_fit, learn_host), added to every
-  candidate's price: at batch 64 on a GPU a drafting step's host work may cost more than its
-  forward, while at batch 1 the same work is a small share of one; a ratio on the table's
+  step's part plus a part per drafting sequence (host_fit, learn_host; on a grid, per
+  sequence of a step that drafts at all: StepCost.hosted), added to every candidate's
+  price: at batch 64 on a GPU a drafting step's host work may cost more than its forward,
+  while at batch 1 the same work is a small share of one; a ratio on the table's
   price cannot be right at both.
 Measured against predicted: the table is measured once, on an idle moment, at one context
 length, and prices the model's forwards only; a run's steps also pay the drafter's host
@@ -102,7 +103,7 @@ class StepCost:
     lean_steps: int = 0        # steps lean_host was learnt from
     # a step without drafts by its batch size: [host ms, steps learnt] (lean_at)
     _lean_b: dict = field(default_factory=dict, repr=False)
-    # the last drafting steps (host ms, batch size, sequences drafting): host_fit's
+    # the last drafting steps (host ms, batch size, sequences hosted): host_fit's
     _drafted: deque = field(default_factory=lambda: deque(maxlen=SCALE_MEMORY), repr=False)
     _host: tuple | None = None   # host_fit as of the last learn_host (None: to work out)
     draining: bool = False       # the search being priced is a drain's (untimed_host)
@@ -194,7 +195,7 @@ class StepCost:
             got[3], got[4] = codes, _kind_index(codes, code)
             at = got[4]
         base = np.where(drafts, self._rel((True,)) + self.drift, self._rel((False,)) + self.drift)
-        return ms * np.exp(base + rel[at]) + self.host_ms(sh.drafting) + \
+        return ms * np.exp(base + rel[at]) + self.host_ms(self.hosted(sh.b, sh.drafting)) + \
             self.untimed_host(sh.b, depth, sh.drafting)
 
     def kind_rel(self, b: int) -> tuple[np.ndarray, np.ndarray]:
@@ -275,7 +276,7 @@ class StepCost:
         if not ms:
             return 0.0
         drafting = sum(counts) - counts[0]
-        return ms * self.factor(kind) + float(self.host_ms(drafting)) + \
+        return ms * self.factor(kind) + float(self.host_ms(self.hosted(kind[0], drafting))) + \
             float(self.untimed_host(kind[0], kind[2], drafting))
 
     def learn(self, ks: list[int], measured_ms: float, probes: bool = True,
@@ -348,6 +349,19 @@ class StepCost:
                               if pts else 0.0)
         return self._host
 
+    def hosted(self, b: int, drafting):
+        """The sequences whose host work a step with `drafting` sequences drafting (an int or
+        an array) pays drafting's share of: those drafting, but on a grid (`chain`) every
+        sequence of the step once any drafts: its plan, verification and commit run every
+        sequence's rows, a budget of 0 or not. (Fitted per drafting sequence, a b64 trace-grid
+        step of a few drafting was priced 3.9 ms and took 8.6, ar's 3.1: it drafted at a loss,
+        bench-results/2026-12-02-grid-host-price.)"""
+        if not self.chain:
+            return drafting
+        if isinstance(drafting, int):
+            return b if drafting > 0 else 0
+        return np.where(np.asarray(drafting) > 0, b, 0)
+
     def host_ms(self, drafting):
         """The host time a step with `drafting` sequences drafting adds (an int or an array of
         them): host_fit's a + s x drafting, 0 where none drafts. (One step's in Python:
@@ -396,7 +410,7 @@ class StepCost:
             at[0] += (host_ms - at[0]) * min(1.0, steps / min(at[1], SCALE_MEMORY))
             self._host = None
             return 0.0
-        self._drafted.append((host_ms, b, drafting))
+        self._drafted.append((host_ms, b, self.hosted(b, drafting)))
         self._host = None
         return max(0.0, host_ms - self.lean_at(b))
 
