@@ -522,4 +522,4 @@ def test_the_trace_grid_replays_the_traces(model, monkeypatch):
         assert got == ref
         runs[type(dr).__name__] = (st.steps, dict(sorted(st.accept_hist.items())))
     assert runs["TraceGrid"] == runs["TraceChains"], runs
-    assert sum(runs["TraceGrid"][1]) > 1, runs   # (it accepted drafts)
+    assert sum(k * n for k, n in runs["TraceGrid"][1].items()) > 0, runs   # (it accepted)

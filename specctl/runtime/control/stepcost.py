@@ -358,7 +358,7 @@ class StepCost:
         bench-results/2026-12-02-grid-host-price.)"""
         if not self.chain:
             return drafting
-        if isinstance(drafting, int):
+        if isinstance(drafting, (int, np.integer)):
             return b if drafting > 0 else 0
         return np.where(np.asarray(drafting) > 0, b, 0)
 

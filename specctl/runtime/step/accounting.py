@@ -91,7 +91,7 @@ class Accounting:
             if held or searched or over:   # (at once: the job's account judges now)
                 excess = self._held(n, held) + searched + over
                 if excess:
-                    self.ctl.guard.job(excess, took + searched, 0)
+                    self.ctl.guard.job(excess, took + searched + over, 0)
             if t.b == n and t.steps < t.most and not b.contrast:
                 t.steps += 1
                 t.ms += took

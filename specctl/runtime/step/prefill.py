@@ -169,18 +169,17 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
     (sample_rows: each finished prompt's token from its last row's states). under: host
     work run once the last forward is issued and before its output is first read (on CUDA
     while it computes). price: where given, a forward goes in pieces where they cost less
-    (module docstring). Returns the ms the pieces saved on the price (the prompts as eager
-    forwards less as pieces, priced as the call began) where some went in pieces, else
-    None."""
+    (module docstring). Returns what the prompts would have cost as eager forwards (the
+    price's ms) where some went in pieces, else None."""
     todo = list(seqs)
     plan = prefill_plan(drafter)
-    saved, pieced = None, False
+    eager, pieced = None, False
     while todo:
         left = [len(s.prompt_ids) - s.prefilled for s in todo]
         piece = False
         if price is not None:
             ms, cheaper = price.costs(left, chunk, kv.num_slots)
-            saved = ms - cheaper if saved is None else saved
+            eager = ms if eager is None else eager
             piece = cheaper < ms
         pieced |= piece
         parts = [(s, min(n, PIECE)) for s, n in zip(todo[:price.most], left)] if piece else \
@@ -226,4 +225,4 @@ def prefill(model, kv, drafter, seqs: list[Sequence], chunk: int, stats: RunStat
                 s.req.steps += 1
                 answers.emit(s, [tok])
         todo = [s for s in todo if s.prefilled < len(s.prompt_ids)]
-    return saved if pieced else None
+    return eager if pieced else None
