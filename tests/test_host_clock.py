@@ -39,8 +39,10 @@ LENGTHS = Path(__file__).parent / "data" / "sharegpt-prompt-lengths.json"
 # (1.09-1.13x) or 227 of 252 (0.99-1.00x), or never tripped (1.30x), as the host's timings
 # fell (bench-results/2026-11-29-host-clock-4/trips.py 1 waiting trace 6); since the run's
 # first balance is a drafting step's time (Guard.start), ~30 rounds in a noisy window read
-# 1.26-1.31x (bench-results/2026-12-01-guard-hold)
-FLOOR, TRACE_FLOOR = 0.85, {1: 1.15, 8: 0.90}
+# 1.26-1.31x (bench-results/2026-12-01-guard-hold). On an AVX2 EPYC whose CPython is ~2x
+# slower (2026-12-02; the host's x HOST charge a larger share) the tripping mode came back:
+# 1.095-1.204x with 1-2 trips, at 579dca3 as at this change; the floor is the trips' mode's
+FLOOR, TRACE_FLOOR = 0.85, {1: 1.05, 8: 0.90}
 
 
 def _prompts(n, seed=0, vocab=30):
@@ -427,8 +429,8 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
     prompts as long as ShareGPT's, CUDA's chunk, batch 8 with requests waiting: `ar`'s job
     faster than with eager prefill (1.07-1.09x, bench-results/2026-12-01-prefill-pieces), its
     answers the same, and its prefills about as many calls as the eager run's (the
-    admission learns what a call in pieces would have cost eagerly: its measure plus what
-    the pieces saved on the price): only the calls of a few prompts go in pieces."""
+    admission learns what a call in pieces would have cost eagerly): only the calls of a
+    few prompts go in pieces."""
     from specctl.runtime.step import admission
     known, prompts, lens, clock = workload(model, 8, 64, monkeypatch, real_lengths=True)
     best, outs, groups = {}, {}, {}
@@ -446,10 +448,12 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
         best[key] = min(best.get(key, float("inf")), clock())
         assert (st.prefill_forwards > len(groups[key])) == key   # (pieces: rounds a call)
     assert outs[True] == outs[False]
-    assert best[False] / best[True] > 1.03, best
+    # (1.07-1.09x where first measured; 1.03-1.06x on an AVX2 EPYC whose CPython is ~2x
+    # slower, 2026-12-02: the host's x HOST charge is a larger share there)
+    assert best[False] / best[True] > 1.02, best
     # (about as many calls: learning the pieces' own ms split a b32 run's admissions into
-    # 22 calls where eager ones made 9; the same calls exactly, only as long as the host,
-    # which the call's measure holds, is as fast as the machine they were first seen on)
+    # 22 calls where eager ones made 9; the same calls exactly only on a host as fast as
+    # the one they were first seen on: 19 against 16 on a slower one)
     calls, eager_calls = len(groups[True]), len(groups[False])
     assert 0.75 * eager_calls - 1 <= calls <= 1.25 * eager_calls + 1, groups
 

@@ -253,18 +253,18 @@ class Runner:
             if fresh:
                 t, st = self.clock(), self.stats
                 forwards, tokens = st.prefill_forwards, st.prefill_tokens
-                saved = self._prefill(fresh, under=lambda: self.under_prefill(
+                eager = self._prefill(fresh, under=lambda: self.under_prefill(
                     [s for s in running if not s.finished] + fresh, not waiting))
                 took = self.clock() - t
                 st.prefill_s += took
                 forwards, tokens = st.prefill_forwards - forwards, st.prefill_tokens - tokens
-                if saved is not None:   # (in pieces: the groups are still sized by what an
+                if eager is not None:   # (in pieces: the groups are still sized by what an
                     # eager prefill costs, as before; learning the pieces' ms split a b32 run's
                     # admissions into 22 prefills where eager ones were 9, and lost 3% on the
-                    # host-charged clock, bench-results/2026-12-01-prefill-pieces. What the
-                    # call took, host and all, plus what the pieces saved on the price: the
-                    # price alone left out the host, and grouped differently on a slow one)
-                    forwards, took = -(-tokens // self.prefill_chunk), took + saved / 1e3
+                    # host-charged clock, bench-results/2026-12-01-prefill-pieces. The price
+                    # alone: the call's measure plus what the pieces saved grouped larger and
+                    # gained less, 1.030-1.039x against 1.032-1.055 on a slow host, 2026-12-02)
+                    forwards, took = -(-tokens // self.prefill_chunk), eager / 1e3
                 self.admission.prefilled(forwards, tokens, took * 1e3, len(fresh))
                 running.extend(fresh)
             # (each step's passes over the batch: a C-level key and finish_reason read, not
@@ -395,7 +395,7 @@ class Runner:
     # -- prefill ----------------------------------------------------------------------------
     def _prefill(self, seqs: list[Sequence],
                  under: Callable[[], None] | None = None) -> float | None:
-        """prefill.prefill's: the ms the pieces saved on the price where some went in
+        """prefill.prefill's: what the prompts would have cost eagerly where they went in
         pieces."""
         return prefill(self.model, self.kv, self.drafter, seqs, self.prefill_chunk, self.stats,
                        self.answers, self._sample_rows, self.logprobs, under,
