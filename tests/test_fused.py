@@ -143,16 +143,13 @@ def _recorded(m, monkeypatch) -> HostReads:
     return reads
 
 
-def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
-    """--exact on the fused layer (CUDA's way: the probed matmuls, attention on one tile
-    shape): it keeps the captured graphs, every forward (a prefill too: which kernels a row
-    meets must not follow the batch) runs fused, the self-check passes on it, and ar and
-    Self-Draft at batch 3 (padded to 4) give ar's batch-1 tokens in bf16."""
+def _exact_fused_in_graphs(m, monkeypatch):
+    """m (the tiny model, fused, bf16, under --exact in graphs) keeps its captured graphs,
+    every forward (a prefill too: which kernels a row meets must not follow the batch) runs
+    fused, and ar, Self-Draft and Kangaroo at batch 3 (padded to 4) give ar's batch-1 tokens,
+    reading nothing on the host inside a capture."""
     from helpers import method_drafters
-    m = load_model(tiny_llama, DEV, "bf16", attention="fused")
-    m.graphs = CudaGraphs(m, capture=DEV == "cuda")
-    m.set_exact(True)
-    assert m.graphs is not None and "self-checked" in m.exact_check
+    assert m.graphs is not None
     calls = []
     real = fused.layers
     monkeypatch.setattr(fused, "layers", lambda *a: calls.append(a[-4].n_max) or real(*a))
@@ -171,6 +168,34 @@ def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
     m.graphs.cache["x"] = None
     m.set_exact(False)
     assert m.graphs is not None and m.graphs.cache == {}   # (captured with exact's kernels)
+
+
+def _fused_bf16(path):
+    m = load_model(path, DEV, "bf16", attention="fused")
+    m.graphs = CudaGraphs(m, capture=DEV == "cuda")
+    return m
+
+
+def test_exact_runs_every_forward_fused_in_graphs(tiny_llama, monkeypatch):
+    """--exact on the fused layer (CUDA's way: the probed matmuls, attention on one tile
+    shape) with the matmul this machine's check chose for the unfused layer, as a job given
+    its kept choice takes it (runtime/jobs/exactcheck.py): _exact_fused_in_graphs. (The fused
+    layer's own self-check runs its kernels under Triton's interpreter, ~50 s on an AVX2 CPU:
+    -m slow below; its refusal is the next test's.)"""
+    plain = load_model(tiny_llama, DEV, "bf16")
+    plain.set_exact(True)
+    m = _fused_bf16(tiny_llama)
+    m.set_exact(True, known=plain._exact_linear.__name__)
+    _exact_fused_in_graphs(m, monkeypatch)
+
+
+@pytest.mark.slow
+def test_exact_self_checks_the_fused_layer_and_runs_it_in_graphs(tiny_llama, monkeypatch):
+    """As above, the fused layer's own probe and self-check choosing the matmul."""
+    m = _fused_bf16(tiny_llama)
+    m.set_exact(True)
+    assert "self-checked" in m.exact_check
+    _exact_fused_in_graphs(m, monkeypatch)
 
 
 def test_the_self_check_refuses_a_fused_kernel_that_follows_the_batch(tiny_llama, monkeypatch):
