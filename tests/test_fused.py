@@ -205,8 +205,7 @@ def test_the_self_check_refuses_a_fused_kernel_that_follows_the_batch(tiny_llama
     from specctl.engine import exact, selfcheck
     real, probe = fused.rms_norm, exact.probe
     # (7 prompts beside the checked one, not 15, none past 40 tokens: the kernel follows any
-    # batch, and
-    # the interpreter took ~33 s for the check's full prefill on an AVX2 CPU)
+    # batch, and the interpreter took ~33 s for the check's full prefill on an AVX2 CPU)
     monkeypatch.setattr(selfcheck, "OTHERS", 7)
     monkeypatch.setattr(selfcheck, "LONG", 40)
     monkeypatch.setattr(fused, "rms_norm",
