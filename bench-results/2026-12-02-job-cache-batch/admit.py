@@ -1,17 +1,12 @@
-import sys, pathlib, tempfile
+import sys
 sys.path.insert(0, "tests")
-from tiny import make_tiny_model
-from specctl.engine.loader import load_model
 from specctl.speculative.self_draft import SelfDraftDrafter
 from specctl.runtime.step import admission
 import test_host_clock as T
-from sim import sim_run, sim_controller
-class MP:
-    def setattr(self, obj, name, val, raising=True): setattr(obj, name, val)
-p = make_tiny_model(pathlib.Path(tempfile.mkdtemp()), "llama")
-model = load_model(p, "cpu", "fp32")
+from sim import script_model, sim_controller, sim_run
+model, patch = script_model()
 batch = int(sys.argv[1])
-known, prompts, lens, clock = T.workload(model, batch, 4 * batch, MP())
+known, prompts, lens, clock = T.workload(model, batch, 4 * batch, patch)
 log = []
 pre = admission.Admission.prefilled
 def prefilled(self, forwards, tokens, ms, prompts=1):

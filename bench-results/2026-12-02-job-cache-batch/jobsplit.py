@@ -1,19 +1,14 @@
 """self-draft:job (per-sequence Self-Draft with the job cache) vs ar at b32 waiting on the
 host-charged clock: where the time goes (RunStats), and with drafting off (lean only)."""
-import sys, time, pathlib, tempfile
+import sys, time
 sys.path.insert(0, "tests")
-from tiny import make_tiny_model
-from specctl.engine.loader import load_model
 from specctl.speculative.self_draft import SelfDraftDrafter
 import test_host_clock as T
-from sim import sim_run, sim_controller
+from sim import script_model, sim_controller, sim_run
 
-class MP:
-    def setattr(self, obj, name, val, raising=True): setattr(obj, name, val)
-p = make_tiny_model(pathlib.Path(tempfile.mkdtemp()), "llama")
-model = load_model(p, "cpu", "fp32")
+model, patch = script_model()
 batch = int(sys.argv[1]); names = sys.argv[2].split(",")
-known, prompts, lens, clock = T.workload(model, batch, 4 * batch, MP())
+known, prompts, lens, clock = T.workload(model, batch, 4 * batch, patch)
 ref, _ = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens, ends_known=False)
 drs = T._drafters(model, prompts, ref, None, batch)
 F = ("steps", "lean_steps", "prefill_s", "step_s", "searches", "search_ms", "learn_s", "guard_trips", "job_excess_ms")
