@@ -652,7 +652,7 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     assert "no candidates" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--grid", "--context-cands", 0))
-    assert "--grid drafts the context cache's candidates only" in " ".join(r.output.split())
+    assert "--grid drafts the context cache's candidates (and the job cache's)" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--grid"))
     assert "--grid drafts" not in r.output

@@ -167,9 +167,9 @@ def test_the_exact_self_check_covers_every_operation_of_the_demo_model(exact_dem
 
 def _every_method_is_ar(m, ids, configs, max_tokens):
     """Each method on model m (Self-Draft with a corpus that knows the answers, so its trees
-    are accepted; its grid step, runtime/step/grid.py; draft-verify with the repo's skip set;
-    Kangaroo) at each (speculate, batch) of configs, and ar at the largest batch: ar's batch-1
-    tokens for every prompt."""
+    are accepted; its grid step, runtime/step/grid.py, with a job cache; draft-verify with the
+    repo's skip set; Kangaroo) at each (speculate, batch) of configs, and ar at the largest
+    batch: ar's batch-1 tokens for every prompt."""
     from helpers import Oracle
     from specctl.speculative.draft_verify import ExitParams, LayerSkipDrafter, SkipSet
     from specctl.speculative.kangaroo import Adapter, KangarooDrafter, KangarooParams
@@ -186,9 +186,9 @@ def _every_method_is_ar(m, ids, configs, max_tokens):
             "self-draft": SelfDraftDrafter(SelfDraftParams(job_cache=True),
                                            Oracle([p + r for p, r in zip(ids, ref)])),
             "draft-verify": LayerSkipDrafter(m, skip, SamplingParams(), ExitParams()),
-            "self-draft:grid": SelfDraftDrafter(
-                SelfDraftParams(branches=0, context_cands=4, prompt_grams=True, grid=True),
-                vocab=m.cfg.vocab_size),
+            "self-draft:grid": SelfDraftDrafter(   # (its job cache's arrays, job_table.py)
+                SelfDraftParams(branches=0, context_cands=4, prompt_grams=True, grid=True,
+                                job_cache=True), vocab=m.cfg.vocab_size),
             # (its exit layer's own attention as the adapter: lean steps under auto keep
             # their states, and the drafting steps catch their adapter rows up)
             "kangaroo": KangarooDrafter(m, Adapter.init_from_model(m, 2), SamplingParams(),

@@ -229,3 +229,29 @@ def test_job_cache_file_starts_the_next_job_warm_and_is_refused_for_another_mode
         with pytest.raises(SpecctlError, match="--job-cache-file .* not a regular file"):
             GenerateConfig(input="in.jsonl", method="self-draft", job_cache=True,
                            job_cache_file=bad)
+
+
+def test_job_cache_file_is_one_format_for_the_grid_and_the_per_sequence_steps(
+        tiny_llama, tmp_path):
+    """A grid drafter's job cache (its arrays' form, speculative/job_table.py) is saved as
+    the dict's, and either loads the other's: a nightly job that ran at batch 64 one night
+    and batch 8 the next keeps its cache."""
+    from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
+    from specctl.speculative.job_table import JobTable
+    path = tmp_path / "job.safetensors"
+    grid = lambda: SelfDraftDrafter(SelfDraftParams(job_cache=True, grid=True), None,  # noqa
+                                    vocab=300)
+    flat = lambda: SelfDraftDrafter(SelfDraftParams(job_cache=True), None)  # noqa: E731
+    dr = grid()
+    assert isinstance(dr.job, JobTable)
+    dr.learn_finished([5, 6, 7, 8], [9, 10, 11, 12])
+    save_job_cache(str(path), dr, tiny_llama)
+    for make in (flat, grid):
+        warm = make()
+        load_job_cache(str(path), warm, tiny_llama, lambda s: None)
+        assert isinstance(warm.job, JobTable) == (make is grid)
+        assert warm.job.lookup([7, 8], 1) == [(9, 10, 11, 12)]
+    save_job_cache(str(path), warm, tiny_llama)   # (the grid's again, loaded by the dict's)
+    back = flat()
+    load_job_cache(str(path), back, tiny_llama, lambda s: None)
+    assert back.job.lookup([6, 7, 8], 1) == [(9, 10, 11, 12)]

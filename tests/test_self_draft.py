@@ -417,8 +417,9 @@ def test_prompt_grams_default_follows_speculate():
 
 def test_grid_default_follows_the_batch_size():
     """Self-Draft drafts on the grid by default from GRID_FROM sequences, under auto, greedy,
-    without --logprobs or --job-cache; --grid / --no-grid win either way, and the light and
-    no-grid variants keep the per-sequence steps; a corpus cache named is drafted from. Neither
+    without --logprobs, with --job-cache or without; --grid / --no-grid win either way, and
+    the light and no-grid variants keep the per-sequence steps; a corpus cache named is
+    drafted from. Neither
     its key, its options digest nor its signature follows: a run resumes at another batch size
     (after running out of memory), with --grid or --no-grid or neither."""
     from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig, split_variant
@@ -428,8 +429,9 @@ def test_grid_default_follows_the_batch_size():
     assert not grid() and not grid(batch_size=GRID_FROM - 1)
     assert grid(batch_size=GRID_FROM) and grid(batch_size=64)
     for off in ({"speculate": "fixed"}, {"temperature": 0.7}, {"logprobs": 2},
-                {"job_cache": True}, {"corpus_cache": "my-corpus"}, {"grid": False}):
+                {"corpus_cache": "my-corpus"}, {"grid": False}):
         assert not grid(batch_size=64, **off), off
+    assert grid(batch_size=64, job_cache=True)   # (its arrays' form: speculative/job_table.py)
     assert grid(batch_size=1, grid=True)
     for variant in ("self-draft:light", "self-draft:no-grid"):
         assert not grid(batch_size=64, **split_variant(variant)[1]), variant

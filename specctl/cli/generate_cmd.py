@@ -123,8 +123,9 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
             _warn("with no corpus cache and no context cache self-draft has no candidates: it "
                   "decodes as ar does, one token per step")
         if cfg.grid and (not cfg.context_cache or cfg.context_cands <= 0):
-            _warn("--grid drafts the context cache's candidates only: with none (--context-cands "
-                  "0 or --no-context-cache) its steps are the per-sequence path's")
+            _warn("--grid drafts the context cache's candidates (and the job cache's): with "
+                  "none (--context-cands 0 or --no-context-cache) its steps are the "
+                  "per-sequence path's")
 
 
 def _cuda(device: str) -> bool:

@@ -104,6 +104,11 @@ class JobCache:
         if len(table) > p.max_keys:
             self._drop_rare_keys()
 
+    def add_many(self, texts) -> None:
+        """Index texts in order (add's, one at a time)."""
+        for ids in texts:
+            self.add(ids)
+
     def lookup(self, context, limit: int) -> list[tuple[int, ...]]:
         """Up to `limit` continuations (tuples of at most cont_len tokens) of the context's
         longest key present (its last max_key .. min_key tokens), highest count first."""

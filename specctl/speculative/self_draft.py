@@ -40,6 +40,7 @@ from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
 from specctl.speculative.context_table import ContextTable
 from specctl.speculative.job_cache import JobCache, JobCacheParams
+from specctl.speculative.job_table import JobTable
 from specctl.speculative.trie import branch_probe, build_trie
 from specctl.speculative.verify import DraftTree
 
@@ -169,7 +170,10 @@ class SelfDraftDrafter(Drafter):
         # reads it too, where a step cannot be a grid step: ContextTable.get)
         self.ctx = ContextTable(vocab, params.lru, params.gram) if params.grid else \
             ContextCache(params.lru, params.gram)
-        self.job = JobCache(JobCacheParams(cont_len=params.job_len)) if params.job_cache else None
+        # (on the grid the job cache's arrays, job_table.py: a step's lookups are one product
+        # over the batch, not ~3 dict probes a sequence)
+        job = JobTable if params.grid else JobCache
+        self.job = job(JobCacheParams(cont_len=params.job_len)) if params.job_cache else None
         # texts for the job cache, indexed when a step next drafts (flush_job): a run the
         # controller keeps lean pays nothing for it (indexing 32 admitted prompts cost a
         # drain of 32 on the simulated H200 ~7% with every step lean); at most JOB_PENDING
@@ -248,8 +252,7 @@ class SelfDraftDrafter(Drafter):
 
     def flush_job(self) -> None:
         """Index the texts waiting for the job cache, in the order they came."""
-        for ids in self.job_pending:
-            self.job.add(ids)
+        self.job.add_many(self.job_pending)
         self.job_pending = []
 
     def learn_finished(self, prompt_ids, answer_ids) -> None:
@@ -346,15 +349,26 @@ class SelfDraftDrafter(Drafter):
         return self.ctx if ok else None
 
     @property
+    def job_table(self) -> JobTable | None:
+        """The job cache a grid step overlays its candidates with (JobTable.overlay), else
+        None."""
+        return self.job if isinstance(self.job, JobTable) and self.prm.job_cands > 0 else None
+
+    @property
     def grid_cands(self) -> int:
         """Chains a grid step drafts a sequence: the context cache's candidates."""
         return min(self.prm.context_cands, self.prm.lru)
 
-    def grid_learned(self, seqs, accepted: int):
+    def grid_learned(self, seqs, accepted: int, drafts=None, verdicts=None):
         """A grid step's outcome (runtime/step/grid.py): its emitted text is pushed as grams
-        by the function returned (as observe's), the accepted drafts counted as the context
-        cache's."""
-        self.accepted_from["context"] += accepted
+        by the function returned (as observe's), the accepted drafts counted as the job
+        cache's where they came from its chain (drafts.job, GridDrafts': the first chain, and
+        the verdicts' best), else as the context cache's."""
+        job = 0 if drafts is None or drafts.job is None else \
+            sum(a for a, c, f in zip(verdicts.acc, verdicts.best, drafts.job.tolist())
+                if f and c == 0)
+        self.accepted_from["job"] += job
+        self.accepted_from["context"] += accepted - job
         return lambda: self._settle(seqs)
 
     def propose(self, seqs, kv, limits) -> list[SelfDraftProposal]:

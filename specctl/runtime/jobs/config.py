@@ -227,11 +227,11 @@ class GenerateConfig:
     grid: bool | None = option(None, "Draft the context cache's candidates as array "
                                "operations over the whole batch, C chains of G tokens a "
                                "sequence in one layout (greedy, no --logprobs; elsewhere the "
-                               "usual per-sequence drafting). Branches, the corpus and the job "
-                               f"cache do not draft in its steps. Default: on at --batch-size "
-                               f"{GRID_FROM} and above under --speculate auto, greedy, without "
-                               "--logprobs, --job-cache or a --corpus-cache named; off "
-                               "elsewhere.",
+                               "usual per-sequence drafting). Branches and the corpus do not "
+                               "draft in its steps (the job cache does, as its first chain). "
+                               f"Default: on at --batch-size {GRID_FROM} and above under "
+                               "--speculate auto, greedy, without --logprobs or a "
+                               "--corpus-cache named; off elsewhere.",
                                flag="--grid/--no-grid", method=_SD)
     job_cache_file: str | None = option(None, "With --job-cache: load the job cache from this "
                                         "file when the job starts (where it exists) and save "
@@ -337,7 +337,7 @@ class GenerateConfig:
     def grid_default(self) -> bool:
         """Whether Self-Draft drafts on the grid where --grid is not given (GRID_FROM)."""
         return self.speculate == "auto" and self.batch_size >= GRID_FROM and \
-            self.sampling().greedy and self.logprobs is None and not self.job_cache and \
+            self.sampling().greedy and self.logprobs is None and \
             self.corpus_cache in (None, "none")   # (a corpus named is one to draft from)
 
     def model_dtype(self) -> str:

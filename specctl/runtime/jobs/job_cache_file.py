@@ -20,6 +20,7 @@ from specctl.errors import SpecctlError
 from specctl.models.fingerprint import model_fingerprint, tokenizer_fingerprint
 from specctl.speculative.corpus_cache import read_safetensors_mmap
 from specctl.speculative.job_cache import JobCache
+from specctl.speculative.job_table import JobTable
 from specctl.store import atomic_write_bytes
 
 KIND = "specctl-job-cache"
@@ -53,10 +54,12 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
         raise SpecctlError(f"{p}: not a job cache for this model and settings (differs in: "
                            f"{', '.join(bad)}); give another --job-cache-file or remove it")
     try:
-        drafter.job = JobCache.from_arrays(cache.prm, {k: arrays[k] for k in
-                                                       ("keys", "offsets", "entries", "buf")})
+        got = JobCache.from_arrays(cache.prm, {k: arrays[k] for k in
+                                               ("keys", "offsets", "entries", "buf")})
     except (KeyError, ValueError) as e:
         raise SpecctlError(f"{p}: a malformed job cache ({e})") from None
+    # (a grid drafter's is the arrays' form, JobTable: the same texts indexed again)
+    drafter.job = JobTable.from_job_cache(got) if isinstance(cache, JobTable) else got
     log(f"self-draft: job cache {p} ({len(drafter.job)} keys)")
 
 
@@ -65,5 +68,7 @@ def save_job_cache(path: str, drafter, model_dir: Path) -> None:
     target, never a device or a folder; the option was checked as the job started)."""
     from safetensors.numpy import save
     drafter.flush_job()   # (texts still waiting for a drafting step)
-    data = save(drafter.job.arrays(), metadata=_identity(drafter.job, model_dir))
+    job = drafter.job
+    job = job.to_job_cache() if isinstance(job, JobTable) else job   # (one format on disk)
+    data = save(job.arrays(), metadata=_identity(job, model_dir))
     atomic_write_bytes(Path(path).expanduser(), data)

@@ -40,6 +40,7 @@ import torch
 from specctl.engine.batch import ForwardBatch
 from specctl.engine.kv import KVCache
 from specctl.speculative.context_table import ContextTable
+from specctl.speculative.job_table import JobTable
 from specctl.speculative.drafter import Proposal
 from specctl.speculative.verify import DraftTree, Verdict
 
@@ -88,23 +89,25 @@ class GridDrafts:
     `host`, each sequence's slot, committed rows, tokens (its pending one, then the
     candidates [C G]), allowed slots, chains holding a candidate (its first so many) and the
     first entries of its block table in one row, and `up`, the same on the step's device
-    (what the device's verification and moves read, one copy a step)."""
+    (what the device's verification and moves read, one copy a step); `job`, with a job
+    cache, which sequences' first chain is its (what the drafter's report counts)."""
     C: int
     G: int
     allowed: np.ndarray
     host: np.ndarray
     up: torch.Tensor
+    job: np.ndarray | None = None   # [B] whether its first chain is the job cache's
 
     @classmethod
     def make(cls, seq: np.ndarray, cands: np.ndarray, allowed: np.ndarray, held: np.ndarray,
-             tables, device) -> "GridDrafts":
+             tables, device, job: np.ndarray | None = None) -> "GridDrafts":
         """seq [>= 3, B]: slots, committed rows, pending tokens; cands [B, C, G]; held [B]
         (ContextTable.candidates'); tables [B, blocks] (the step's rows' block-table
-        entries)."""
+        entries); job: JobTable.overlay's."""
         B, C, G = cands.shape
         host = np.concatenate([seq[:3].T, cands.reshape(B, -1), allowed, held[:, None],
                                tables], axis=1)
-        return cls(C, G, allowed, host, torch.from_numpy(host).to(device))
+        return cls(C, G, allowed, host, torch.from_numpy(host).to(device), job)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -189,8 +192,10 @@ class GridStep:
     kernel: bool | None = None   # verify and move in one Triton launch (grid_kernel.py; None: on
     # CUDA, where Triton is there)
 
-    def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None):
+    def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None,
+                 job: JobTable | None = None):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
+        self.job = job   # (the job cache's first chain: JobTable.overlay; plan's tails)
         self.first = np.arange(self.C) * self.G   # each chain's first node
         self._layouts: dict[tuple[int, int], tuple] = {}
         if kernel is not None:
@@ -258,7 +263,8 @@ class GridStep:
         return got
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
-             budget: list[int] | None, kv, device) -> tuple[ForwardBatch, GridDrafts]:
+             budget: list[int] | None, kv, device,
+             tails: np.ndarray | None = None) -> tuple[ForwardBatch, GridDrafts]:
         """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
         for the largest budget, at most the drafter's), accepted no deeper than its room and,
         chain after chain, within its budget of nodes (None: every node). (Few numpy calls,
@@ -274,6 +280,9 @@ class GridStep:
         seq = np.array((slots, lens, pending, room) if budget is None else
                        (slots, lens, pending, room, budget), dtype=np.int64)
         cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
+        job = None
+        if self.job is not None and tails is not None:
+            cands, held, job = self.job.overlay(tails, cands, held)
         # each chain's allowed slots: its nodes within the room and the budget (node c G + j)
         allowed = np.minimum(seq[3, :, None], deep)
         if budget is not None:
@@ -282,7 +291,7 @@ class GridStep:
         # the slot's one block, its number)
         tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
             else seq[:1].T
-        drafts = GridDrafts.make(seq, cands, allowed, held, tables, device)
+        drafts = GridDrafts.make(seq, cands, allowed, held, tables, device, job)
         return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, parents, device), \
             drafts
 

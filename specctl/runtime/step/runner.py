@@ -426,7 +426,8 @@ class Runner:
         table = getattr(self.drafter, "context_table", None)
         if table is None or not self.sp.greedy or self.logprobs is not None:
             return None
-        grid = GridStep(table, self.drafter.grid_cands)
+        grid = GridStep(table, self.drafter.grid_cands,
+                        job=getattr(self.drafter, "job_table", None))
         grid.warm(self.kv)
         return grid
 
@@ -462,7 +463,8 @@ class Runner:
             [len(s.out_ids) for s in seqs]
         if plan.grid is not None:
             learn = self.drafter.grid_learned(
-                seqs, commit_grid(plan, out, self.kv, self.answers, self.stats))
+                seqs, commit_grid(plan, out, self.kv, self.answers, self.stats), plan.grid,
+                out.verdicts)
         else:
             commit(plan, out, self.kv, self.answers, self.stats)
             learn = self.drafter.observe_lean(seqs) if plan.lean else \

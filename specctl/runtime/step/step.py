@@ -135,10 +135,12 @@ class Planner:
             self.drafter.catch_up(seqs)
         apart_ms = (now() - t) * 1e3
         lens = self.kv.lens
+        job = self.grid.job
         batch, drafts = self.grid.plan([s.slot for s in seqs], [lens[s.slot] for s in seqs],
                                        [s.pending for s in seqs], room,
                                        None if budgets is None else list(budgets.ks),
-                                       self.kv, self.model.device)
+                                       self.kv, self.model.device,
+                                       None if job is None else job.tails(seqs))
         return StepPlan(tuple(seqs), budgets, GridProposals(drafts), batch, (), (), search_ms,
                         apart_ms=apart_ms, grid=drafts)
 
