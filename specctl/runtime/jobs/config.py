@@ -33,7 +33,10 @@ VARIANTS = {"self-draft": {"no-corpus": {"corpus_cache": "none"},
                            "no-grid": {"grid": False},
                            # light's candidates drafted over the batch at once (experimental)
                            "grid": {"prompt_grams": True, "branches": 0, "context_cands": 4,
-                                    "grid": True}}}
+                                    "grid": True},
+                           # and the job cache's chains in its steps (speculative/job_table.py)
+                           "grid-job": {"prompt_grams": True, "branches": 0, "context_cands": 4,
+                                        "grid": True, "job_cache": True}}}
 
 
 SPECULATE = ("auto", "fixed")
