@@ -109,27 +109,39 @@ def test_greedy_equals_ar_and_the_job_cache_drafts(model, repeated, batch_size):
         assert stats.steps < 0.7 * st0.steps and plain.accepted_from["job"] == 0
 
 
-def test_a_job_cache_of_wrong_continuations_changes_no_token(model, repeated):
+@pytest.mark.parametrize("grid", [False, True])
+def test_a_job_cache_of_wrong_continuations_changes_no_token(model, repeated, grid):
+    """Per sequence (the dict's) and on the grid (its arrays', job_table.py: the wrong
+    continuation each sequence's first chain)."""
     prompts, ref = repeated
-    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0, context_cache=False), None)
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0, context_cache=grid,
+                                          grid=grid), None, vocab=model.cfg.vocab_size)
     for p, r in zip(prompts, ref):   # every prompt and answer context continued wrongly
         text = p + r
         for j in range(2, len(text)):
             dr.job.add(text[j - 2:j] + [t + 1 for t in text[j:j + 16]])
-    dr.job.add = lambda ids: None   # (stays wrong: the run's answers are not learnt)
+    dr.job.add_many = lambda texts: None   # (stays wrong: the run's answers are not learnt)
+    found = []
+    if grid:   # (its grid steps' first chains: the job's, wrong)
+        overlay = dr.job.overlay
+        dr.job.overlay = lambda *a: (lambda got: found.append(got[2].sum()) or got)(overlay(*a))
     got, stats = run_ids(model, prompts, batch_size=4, max_tokens=24, drafter=dr)
     assert got == ref
     # (long wrong drafts were verified: far more tokens than the answers')
     assert stats.step_tokens > 3 * stats.generated
+    assert (sum(found) > 50) == grid   # (137 sequences' steps here)
 
 
-def test_sampling_with_job_candidates_is_lossless(model):
-    """3,000 samples of one prompt: the job cache drafts the most frequent earlier samples,
-    and the three tokens' joint distribution is still the target's."""
+@pytest.mark.parametrize("grid", [False, True])
+def test_sampling_with_job_candidates_is_lossless(model, grid):
+    """3,000 samples of one prompt: the job cache drafts the most frequent earlier samples
+    (grid: its arrays' latest, job_table.py, as a sampling run's per-sequence steps read
+    them), and the three tokens' joint distribution is still the target's."""
     sp = SamplingParams(temperature=1.0, top_k=3, seed=17)
     prompt = random_prompts(1, seed=5)[0]
     dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0, context_cache=False,
-                                          corpus_cache=False), None)
+                                          corpus_cache=False, grid=grid), None,
+                          vocab=model.cfg.vocab_size)
     stats = check_three_token_sampling(model, prompt, sp, dr)
     assert dr.accepted_from["job"] > 100
     assert stats.accept_hist.get(1, 0) + stats.accept_hist.get(2, 0) > 100

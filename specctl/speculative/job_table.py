@@ -48,7 +48,7 @@ class JobTable:
         self.n = 0      # tokens in buf
         self.base = 0   # the absolute position of buf[0]
         self.added = 0  # texts indexed
-        self.used = 0   # keys written (a count of writes, not of distinct keys)
+        self.used = 0   # keys written (a count of writes: 0, nothing to look up)
         # [K, keys]: column c the powers that hash the last lo + c tokens of K
         lens = np.arange(self.lo, self.K + 1)
         self.lens = lens.astype(np.uint64)
@@ -58,7 +58,8 @@ class JobTable:
         self.w = w
 
     def __len__(self) -> int:
-        return min(self.used, len(self.keys))
+        """The keys held (a scan of the table: for a log line, not a step)."""
+        return int(np.count_nonzero(self.pos >= self.base))
 
     def _mix(self, h: np.ndarray, k) -> np.ndarray:
         return h * np.uint64(_P) + np.asarray(k, dtype=np.uint64) * np.uint64(_LEN)
