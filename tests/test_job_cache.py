@@ -267,3 +267,19 @@ def test_job_cache_file_is_one_format_for_the_grid_and_the_per_sequence_steps(
     back = flat()
     load_job_cache(str(path), back, tiny_llama, lambda s: None)
     assert back.job.lookup([6, 7, 8], 1) == [(9, 10, 11, 12)]
+
+
+def test_a_job_cache_file_with_a_token_past_the_vocabulary_is_refused(tiny_llama, tmp_path):
+    """A token id the model does not have (a file made for another vocabulary, or tampered
+    with) would be drafted: the embedding's index error. Refused as the file loads."""
+    from specctl.errors import SpecctlError
+    from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
+    path = tmp_path / "job.safetensors"
+    for grid in (False, True):
+        dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, grid=grid), None, vocab=300)
+        dr.learn_finished([5, 6, 7, 8], [9, 10, 299])
+        save_job_cache(str(path), dr, tiny_llama)
+        load_job_cache(str(path), dr, tiny_llama, lambda s: None)   # (its own: fits)
+        small = SelfDraftDrafter(SelfDraftParams(job_cache=True, grid=grid), None, vocab=299)
+        with pytest.raises(SpecctlError, match="past the model's vocabulary of 299"):
+            load_job_cache(str(path), small, tiny_llama, lambda s: None)

@@ -144,3 +144,20 @@ def test_a_chain_longer_than_the_buffers_slack_reads_separators():
     tails = np.array([[-1] * 6 + [60, 61]])
     cont, found = t.match(tails, 12)
     assert found[0] and cont[0].tolist() == [62] + [0] * 11
+
+
+def test_a_files_texts_load_in_passes_as_in_one(monkeypatch):
+    import specctl.speculative.job_table as jt
+    rng = random.Random(3)
+    texts = [[rng.randrange(20) for _ in range(rng.randint(1, 40))] for _ in range(50)]
+    c = JobCache()
+    for x in texts:
+        c.add(x)
+    whole = JobTable.from_job_cache(c)
+    monkeypatch.setattr(jt, "LOAD_PASS", 30)   # (a pass every text or two)
+    parts = JobTable.from_job_cache(c)
+    assert [x.tolist() for x in parts.texts()] == texts
+    for _ in range(100):
+        ctx = [rng.randrange(20) for _ in range(rng.randint(2, 9))]
+        assert parts.lookup(ctx, 1) == whole.lookup(ctx, 1) == \
+            ([_reference(texts, ctx)] if _reference(texts, ctx) else [])

@@ -19,7 +19,12 @@ see a valid id), never accepted unless the target's own token is 0.
 
 Memory bound: the table is 2^SLOT_BITS x 16 bytes (16 MB); the buffer holds at most
 max_tokens tokens (int32: 8 MB at the defaults), past which its oldest half is dropped with
-every key pointing into it (their positions fall below `base`: read as absent).
+every key pointing into it (their positions fall below `base`: read as absent). A text writes
+up to 7 keys a token, so a full table holds the keys of the newest ~150k-250k tokens (the
+dict's bound, max_keys, is 2^18 keys): older text is kept in the buffer but mostly not found.
+A grid chain is the step's G tokens (`gram`), not job_len: it may run past its text's end.
+(A slot written twice in one pass keeps the later write: numpy assigns repeated indices in
+order; were it not so, a key would only draft another key's text.)
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from specctl.speculative.context_table import _P, _powers
 from specctl.speculative.job_cache import JobCache, JobCacheParams
 
 SLOT_BITS = 20
+LOAD_PASS = 1 << 16   # tokens a file's texts are indexed in at once (from_job_cache)
 _LEN = 0xC2B2AE3D27D4EB4F   # (odd: mixes a key's length into its hash, so "a b" and "0 a b"
                             # hash apart although a leading 0 adds nothing to the polynomial)
 
@@ -186,10 +192,17 @@ class JobTable:
 
     @classmethod
     def from_job_cache(cls, cache: JobCache) -> "JobTable":
-        """The same texts (a loaded --job-cache-file's) indexed as arrays."""
-        t = cls(cache.prm)
+        """The same texts (a loaded --job-cache-file's) indexed as arrays, in passes of
+        about LOAD_PASS tokens (one pass over a full buffer's 2^21 would hold ~256 MB of
+        windows at once)."""
+        t, part, size = cls(cache.prm), [], 0
         for text in cls._split(np.asarray(cache.buf, dtype=np.int64)):
-            t.add(text)
+            part.append(text)
+            size += len(text)
+            if size >= LOAD_PASS:
+                t.add_many(part)
+                part, size = [], 0
+        t.add_many(part)
         return t
 
     def to_job_cache(self) -> JobCache:

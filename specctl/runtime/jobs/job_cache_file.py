@@ -58,6 +58,10 @@ def load_job_cache(path: str, drafter, model_dir: Path, log) -> None:
                                                ("keys", "offsets", "entries", "buf")})
     except (KeyError, ValueError) as e:
         raise SpecctlError(f"{p}: a malformed job cache ({e})") from None
+    vocab = getattr(drafter, "vocab", None)   # (a token past it would be drafted: the
+    if vocab is not None and got.buf and max(got.buf) >= vocab:   # embedding's index error)
+        raise SpecctlError(f"{p}: a malformed job cache (a token id past the model's "
+                           f"vocabulary of {vocab})")
     # (a grid drafter's is the arrays' form, JobTable: the same texts indexed again)
     drafter.job = JobTable.from_job_cache(got) if isinstance(cache, JobTable) else got
     log(f"self-draft: job cache {p} ({len(drafter.job)} keys)")
