@@ -652,10 +652,15 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     assert "no candidates" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--grid", "--context-cands", 0))
-    assert "--grid drafts the context cache's candidates (and the job cache's)" in " ".join(r.output.split())
+    assert "--grid drafts the context cache's candidates (and the job cache's)" in \
+        " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                     "--method", "self-draft", "--grid"))
     assert "--grid drafts" not in r.output
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
+                    "--method", "self-draft", "--batch-size", 32, "--job-cache"))
+    assert "drafting on the grid at batch 32 (the default from 32): the context cache's " \
+        "candidates and the job cache's only" in " ".join(r.output.split())
     # a skip set that is neither a file nor a stored id fails before the model is loaded
     fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,
                    "--method", "draft-verify", "--skip-set", "nope.json"),

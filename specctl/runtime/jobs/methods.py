@@ -68,8 +68,9 @@ def make_drafter(cfg: GenerateConfig, model, model_dir: Path, store: Store, log)
         drafter = SelfDraftDrafter(prm, corpus, cid, model.cfg.vocab_size)
         # (said, as the corpus and branches then sit out)
         if cfg.grid is None and drafter.context_table is not None:
+            job = " and the job cache's" if drafter.job_table is not None else ""
             log(f"self-draft: drafting on the grid at batch {cfg.batch_size} (the default "
-                f"from {GRID_FROM}): the context cache's candidates only, no corpus nor "
+                f"from {GRID_FROM}): the context cache's candidates{job} only, no corpus nor "
                 "branches (--no-grid: the per-sequence steps)")
         return drafter
     if cfg.method != "draft-verify":
