@@ -40,6 +40,13 @@ _LEN = 0xC2B2AE3D27D4EB4F   # (odd: mixes a key's length into its hash, so "a b"
                             # hash apart although a leading 0 adds nothing to the polynomial)
 
 
+def last_tokens(seq, k: int) -> list[int]:
+    """A sequence's last k tokens, its prompt's before its answer's (fewer where it has
+    fewer): what a job or corpus cache's keys are looked up from."""
+    a = seq.out_ids
+    return a[-k:] if len(a) >= k else seq.prompt_ids[len(a) - k:] + a
+
+
 class JobTable:
     def __init__(self, params: JobCacheParams = JobCacheParams()):
         self.prm = params
@@ -53,7 +60,6 @@ class JobTable:
         self.buf = np.full(params.max_tokens + params.cont_len + 1, -1, dtype=np.int32)
         self.n = 0      # tokens in buf
         self.base = 0   # the absolute position of buf[0]
-        self.added = 0  # texts indexed
         self.used = 0   # keys written (a count of writes: 0, nothing to look up)
         # [K, keys]: column c the powers that hash the last lo + c tokens of K
         lens = np.arange(self.lo, self.K + 1)
@@ -82,12 +88,10 @@ class JobTable:
         prompt's ~40 array calls cost more than the dict's probes: a b32 run's prefills
         took 1.8x `ar`'s on the host-charged clock)."""
         flat: list[int] = []
-        added = 0
         for t in texts:   # (each text, then -1: lists, as they come, joined in Python)
             if len(t):
                 flat += t if isinstance(t, list) else list(t)
                 flat.append(-1)
-                added += 1
         if not flat:
             return
         ids = np.array(flat, dtype=np.int64)
@@ -113,7 +117,6 @@ class JobTable:
                 self.keys[slot] = h   # (a repeated slot: the later write, the newer key, stays)
                 self.pos[slot] = start + j
                 self.used += len(h)
-        self.added += added
 
     def _drop_old_text(self) -> None:
         """The buffer's oldest half goes; keys pointing into it read as absent (pos < base)."""
@@ -167,8 +170,7 @@ class JobTable:
         K = self.K
         out = np.full((len(seqs), K), -1, dtype=np.int64)
         for i, s in enumerate(seqs):
-            a = s.out_ids
-            t = a[-K:] if len(a) >= K else s.prompt_ids[len(a) - K:] + a
+            t = last_tokens(s, K)
             out[i, K - len(t):] = t
         return out
 

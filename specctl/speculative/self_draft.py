@@ -40,7 +40,7 @@ from specctl.speculative.drafter import DraftPrice, Drafter, Proposal
 from specctl.speculative.context_cache import ContextCache
 from specctl.speculative.context_table import ContextTable
 from specctl.speculative.job_cache import JobCache, JobCacheParams
-from specctl.speculative.job_table import JobTable
+from specctl.speculative.job_table import JobTable, last_tokens
 from specctl.speculative.trie import branch_probe, build_trie
 from specctl.speculative.verify import DraftTree
 
@@ -272,9 +272,7 @@ class SelfDraftDrafter(Drafter):
         p = self.prm
         tail = None
         if self.job is not None or (self.corpus is not None and p.corpus_cands):
-            tail = seq.out_ids[-8:]
-            if len(tail) < 8:
-                tail = seq.prompt_ids[len(tail) - 8:] + tail
+            tail = last_tokens(seq, 8)
         cands = self.job.lookup(tail, p.job_cands) if self.job is not None else []
         n_job = len(cands)
         if p.context_cache:
