@@ -363,7 +363,9 @@ class Model:
         them by address). With plan.capture, what the head gets (or run returns) is
         (states, captured states), as from forward. Outputs of a replay are static buffers the
         next replay overwrites: a caller that keeps them past its next forward clones them.
-        pad_n: the least tokens a sequence a replay pads to (CudaGraphs.run)."""
+        pad_n: the least tokens a sequence a replay pads to (CudaGraphs.run). A grid batch's
+        states (ForwardBatch.grid: m rows each of its B sequences) come as [B, m, D], a view
+        of a replay's padded rows where it has some: argmax reads them in place."""
         if self.graphs is not None:
             out = self.graphs.run(batch, kv, plan, hidden, head, pad_n)
             if out is not None:
@@ -371,7 +373,8 @@ class Model:
                 return out
         h = self.forward(batch, kv, plan, hidden)
         if head is None:
-            return h
+            return h if batch.template is None or plan.capture is not None else \
+                h.view(len(batch.num_new), batch.num_new[0], -1)
         return head(h, batch.positions, sdpa_meta(batch, kv))
 
     @torch.inference_mode()
@@ -383,7 +386,8 @@ class Model:
         """Logits in the model's dtype, with the family's multiplier and soft-cap (argmax
         takes them too: rounding may tie two logits, and the reference picks the first)."""
         c = self.cfg
-        out = self.linear(norm(hidden, self.norm, c.rms_eps), self.lm_head)
+        x = norm(hidden, self.norm, c.rms_eps)   # (a grid's [B, m, D] view, read in place
+        out = self.linear(x.view(-1, x.shape[-1]), self.lm_head)   # into new rows: Model.run)
         if c.logit_scale != 1.0:
             out = out * c.logit_scale
         return softcap(out, c.final_softcap)
