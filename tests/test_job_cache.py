@@ -49,6 +49,23 @@ def test_a_run_kept_lean_indexes_nothing_and_the_first_drafting_step_catches_up(
     assert dr.job.lookup([3, 4], 1) == [(5, 6)]   # (the answer after its prompt's tail)
 
 
+def test_beside_a_forward_finished_answers_are_indexed_there_not_in_the_steps_plan():
+    """Where the host runs beside the forward, a drafting step's own catch-up (the planner's,
+    on the step's path) leaves finished answers waiting; the one under a forward
+    (Runner._prefetch: beside) indexes them."""
+    from specctl.runtime.step.sequence import Request, Sequence
+    dr = SelfDraftDrafter(SelfDraftParams(job_cache=True, branches=0), None)
+    dr.overlapped = True
+    s = Sequence(Request(0, [[]], 8), [1, 2, 3, 4], 0)
+    dr.admit(s)
+    s.out_ids, s.pending = [5, 6], 6
+    dr.retire(s)
+    dr.catch_up([])
+    assert len(dr.job) == 0 and len(dr.job_pending) == 2
+    dr.catch_up([], beside=True)
+    assert dr.job_pending == [] and dr.job.lookup([3, 4], 1) == [(5, 6)]
+
+
 def test_counts_reorder_and_the_rarest_entry_gives_way():
     c = JobCache(JobCacheParams(min_key=1, max_key=1, nexts=2))
     for nxt in (5, 6, 6, 7):   # 6 overtakes 5; 7 then replaces the least frequent (5)

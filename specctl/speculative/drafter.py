@@ -123,12 +123,13 @@ class Drafter:
         the host goes on beside it (Runner.under_forward). None: nothing waits."""
         return None
 
-    def catch_up(self, seqs: list, ahead: int = 0) -> None:
+    def catch_up(self, seqs: list, ahead: int = 0, beside: bool = False) -> None:
         """Learning left for the next drafting step (Self-Draft: a lean stretch's text,
         finished answers; Kangaroo: its adapter's rows), done before its proposals: the
         planner times it apart, as what lean steps left, not the drafting step's own host
         work (StepCost.learn_host). ahead: rows of each sequence that a lean forward in
-        flight writes and commits (1: Runner._prefetch under a lean step's forward)."""
+        flight writes and commits (1: Runner._prefetch under a lean step's forward); beside:
+        under a forward (Runner._prefetch), not on the step's path (the planner's)."""
 
     def observe_lean(self, seqs: list) -> Callable[[], None] | None:
         """observe for a lean step (its proposals idle's): what it teaches, without a look at

@@ -259,7 +259,7 @@ class KangarooDrafter(Drafter):
         for s, p, n in zip(batch.seq_slots, batch.prefix_lens, batch.num_new):
             head.done[s] = p + n
 
-    def catch_up(self, seqs, ahead: int = 0) -> None:
+    def catch_up(self, seqs, ahead: int = 0, beside: bool = False) -> None:
         """The adapter's rows of what lean steps left (AdapterHead.catch_up): under the
         forward before a drafting step (Runner._prefetch: that lean forward's own row too,
         ahead 1), else before its proposals (the planner's, timed apart)."""

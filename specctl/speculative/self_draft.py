@@ -304,16 +304,18 @@ class SelfDraftDrafter(Drafter):
         self.unindexed = True
         return partial(self._settle, seqs) if self.overlapped and not self.prm.grid else None
 
-    def catch_up(self, seqs, ahead: int = 0) -> None:
+    def catch_up(self, seqs, ahead: int = 0, beside: bool = False) -> None:
         """The text of lean steps since (IDLE) into the context cache, and finished answers
         into the job cache, before the next drafting step's proposals. Where the host runs
         beside the forward, admitted prompts' grams and trims wait for the next learning,
         under a forward (a step's first grid drafts after 64 admissions paid ~0.2 ms for
         them at batch 64, host_profile): a new sequence's first drafts miss its prompt's
-        grams, no more."""
+        grams, no more; and finished answers wait for a catch-up beside a forward (beside:
+        indexing those that retired after a b64 grid step took ~20% of the next step's host
+        in its plan), so the drafts of the step after their retirement miss them."""
         self._settle(seqs if self.unindexed else None, admitted=not self.overlapped)
         self.unindexed = False
-        if self.job_pending:
+        if self.job_pending and (beside or not self.overlapped):
             self.flush_job()
 
     def _settle(self, seqs=None, admitted: bool = True) -> None:

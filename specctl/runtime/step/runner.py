@@ -529,10 +529,13 @@ class Runner:
         then what lean steps left the drafter (a lean stretch's text for Self-Draft's table,
         Kangaroo's adapter rows, the lean forward in flight's own too: Drafter.catch_up),
         now, not on the drafting step's path: there it took ~0.3 ms of a first drafting
-        step's host at b32 on the demo model (bench-results/2026-11-30-plan-host)."""
+        step's host at b32 on the demo model (bench-results/2026-11-30-plan-host). Without a
+        controller every step drafts: it catches up here each step (with the job cache on
+        the grid, its finished answers' indexing was ~20% of a b64 step's host in the plan)."""
         ms = self.planner.prefetch(seqs, drain, self.clock, missing)
-        if self.controller is not None and self.controller.drafts_next:
-            self.drafter.catch_up(seqs, int(lean))
+        ctl = self.controller
+        if ctl.drafts_next if ctl is not None else self.drafter.drafts:
+            self.drafter.catch_up(seqs, int(lean), beside=True)
         return ms
 
     def catch_up(self, slotted: bool = False) -> None:
