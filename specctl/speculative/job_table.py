@@ -167,12 +167,10 @@ class JobTable:
     def tails(self, seqs) -> np.ndarray:
         """[B, K] each sequence's last K tokens, its prompt's before its answer's (-1 before
         the first)."""
-        K = self.K
-        out = np.full((len(seqs), K), -1, dtype=np.int64)
-        for i, s in enumerate(seqs):
-            t = last_tokens(s, K)
-            out[i, K - len(t):] = t
-        return out
+        K = self.K   # (lists joined in one array call: a row's assignment a sequence took
+        # ~130 us of a b64 step's plan in a run)
+        return np.array([t if len(t) == K else [-1] * (K - len(t)) + t
+                         for t in (last_tokens(s, K) for s in seqs)], dtype=np.int64)
 
     def overlay(self, tails: np.ndarray, cands: np.ndarray,
                 held: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
