@@ -400,10 +400,10 @@ def test_a_lean_stretchs_text_is_indexed_under_the_forward_before_a_drafting_ste
         monkeypatch.setattr(obj, name, logged)
     catch_up, tail, catching = type(dr).catch_up, type(dr)._text_tail, [False]
 
-    def caught(self, seqs, *a, _f=catch_up):
+    def caught(self, seqs, *a, _f=catch_up, **kw):
         catching[0] = True
         try:
-            return _f(self, seqs, *a)
+            return _f(self, seqs, *a, **kw)
         finally:
             catching[0] = False
 
