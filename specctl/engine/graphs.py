@@ -64,6 +64,7 @@ import numpy as np
 import torch
 
 from specctl.engine.attention import SdpaMeta
+from specctl.engine.inference import inference
 from specctl.engine.batch import ForwardBatch, LayerPlan, tree_closure
 
 KV_BLOCK = 128   # KV columns are read in KV_BLOCK x a power of KV_GROWTH (or the whole cache)
@@ -255,7 +256,7 @@ class CudaGraphs:
             return None
         return max(n, pad_n)
 
-    @torch.inference_mode()
+    @inference
     def run(self, batch: ForwardBatch, kv, plan: LayerPlan, hidden: torch.Tensor | None = None,
             head=None, pad_n: int = 1):
         """The forward's outputs from a replay, one row per real token of the batch (see

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from specctl.engine.attention import (ATTENTION, BACKENDS, FLEX_BLOCK, load_fused,
                                       sdpa_attention, sdpa_meta)
+from specctl.engine.inference import inference
 from specctl.engine.batch import FULL, ForwardBatch, LayerPlan
 from specctl.engine import exact
 from specctl.engine.config import ModelConfig
@@ -300,7 +301,7 @@ class Model:
         x = F.embedding(tokens, self.embed)
         return x if self._embed_scale == 1.0 else x * self._embed_scale
 
-    @torch.inference_mode()
+    @inference
     def forward(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
                 hidden: torch.Tensor | None = None):
         """Run layers [plan.start, plan.end) over the packed batch, writing its KV rows.
@@ -350,7 +351,7 @@ class Model:
             return _residual(x, self.act(g) * u, L.w_down, L.b_down, self.linear)
         return plan.run(x, end, attn, mlp)
 
-    @torch.inference_mode()
+    @inference
     def run(self, batch: ForwardBatch, kv: KVCache, plan: LayerPlan = FULL,
             hidden: torch.Tensor | None = None, head=None, pad_n: int = 1):
         """The one entry point of decoding forwards, replayed from a captured CUDA graph when
@@ -377,7 +378,7 @@ class Model:
                 h.view(len(batch.num_new), batch.num_new[0], -1)
         return head(h, batch.positions, sdpa_meta(batch, kv))
 
-    @torch.inference_mode()
+    @inference
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, D] residual stream after the last layer -> [T, V] fp32 logits."""
         return self._head(hidden).float()
@@ -392,7 +393,7 @@ class Model:
             out = out * c.logit_scale
         return softcap(out, c.final_softcap)
 
-    @torch.inference_mode()
+    @inference
     def argmax(self, hidden: torch.Tensor) -> torch.Tensor:
         """[T, D] -> [T] greedy tokens, from logits in the model's dtype: the argmax of the fp32
         logits (an upcast is exact), without writing and reading a [T, V] fp32 tensor."""

@@ -193,7 +193,9 @@ class Runner:
         # again after it (what is garbage now is freed then)
         gc.freeze()
         try:
-            return self._loop(requests, on_done, on_tokens, self._tuner())
+            with torch.inference_mode():   # (once: the forwards' own then cost nothing,
+                # engine/inference.py)
+                return self._loop(requests, on_done, on_tokens, self._tuner())
         except BaseException:
             # (a run that failed learns nothing more from its last step)
             self._later, self._later_free = [], []
