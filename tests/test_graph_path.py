@@ -348,10 +348,11 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
     for s in range(8):
         kv.lens[s] = 10 + s
 
-    def grid_batch(b):
-        return grid.plan(list(range(b)), [10 + s for s in range(b)], list(range(3, 3 + b)),
+    def grid_batch(b, at=10):
+        return grid.plan(list(range(b)), [at + s for s in range(b)], list(range(at - 7, b + at - 7)),
                          [9] * b, None, kv, "cpu")[0]
     gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
+    gbatch2 = grid_batch(B, 12)   # (the next step's: its shape, other tokens and lengths)
     ragged = ForwardBatch(seqs, "cpu")
     trees = ForwardBatch([SeqInput(s, [rng.randrange(3, 300) for _ in range(k)], 5 + s,
                                    parents=[rng.randrange(-1, j) for j in range(k - 1)])
@@ -366,11 +367,12 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
                          for s in range(B)], "cpu")   # (every sequence as many rows)
     chains, chains2 = (ForwardBatch([SeqInput(s, [3] * rng.randrange(9, 17), 20 + s)
                                      for s in range(B)], "cpu") for _ in range(2))
-    # (each staging writes every row's parent, whatever the step before it staged: a grid's
-    # after another batch size's of the same template, after chains, after trees)
-    for batch in (ragged, gbatch, gbatch, other, gbatch, chains, chains, chains2, chains,
-                  gbatch, other, other, ragged, trees, ragged, trees, big, trees, big,
-                  one, chains, one, same):
+    # (each staging lays out every row and parent, whatever the step before it staged: a
+    # grid's after another batch size's of the same template, after chains, after trees, and
+    # after the same shape's, whose padding, real rows and parents it keeps)
+    for batch in (ragged, gbatch, gbatch2, gbatch, other, gbatch, chains, chains, chains2,
+                  chains, gbatch, gbatch2, other, other, ragged, trees, ragged, trees, big,
+                  trees, big, one, chains, one, same, gbatch2):
         m.run(batch, kv)
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(len(batch.num_new), kv.num_slots)

@@ -235,6 +235,7 @@ class ForwardBatch:
 
     tree_rows = False   # every sequence a tree (`local` is then tree_layout's)
     by_hand = False     # a sequence's mask or positions set by hand (SeqInput), not by parents
+    template_parents = None   # a grid's template's parents (ForwardBatch.grid)
 
     def __init__(self, seqs: list[SeqInput], device: torch.device | str = "cpu"):
         if not seqs:

@@ -158,6 +158,8 @@ class CudaGraphs:
         self.captures = 0        # shapes captured, at start-up or (never, by design) in a run
         self.capture_s = 0.0     # seconds they took
         self._stage = torch.empty(0, dtype=torch.long)       # host staging (pinned on CUDA)
+        self._stage_np = self._stage.numpy()                 # (its numpy view)
+        self._last = None                                    # what _stage_inputs last laid out
         self._ones_by: dict[int, torch.Tensor] = {}             # (_ones)
         self._kernel = checked_kernel(model.device, max_n) if self.capture else None   # (_layout)
         self._staged = None                                  # event: the last copy is done
@@ -218,6 +220,7 @@ class CudaGraphs:
         self._kv = weakref.ref(kv)
         if any(c.kv is not kv for c in self.cache.values()):
             self.cache.clear()
+            self._last = None   # (its layout was a cleared graph's)
             if self.capture:
                 self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
 
@@ -303,12 +306,14 @@ class CudaGraphs:
             outs = tuple(o[:T] for o in cap.outputs)
         return outs[0] if head is None and plan.capture is None else outs
 
-    def _host_buffer(self, name: str, numel: int, dtype) -> np.ndarray:
-        buf = getattr(self, name)
-        if buf.numel() < numel:
-            buf = torch.empty(max(numel, 2 * buf.numel()), dtype=dtype, pin_memory=self.capture)
-            setattr(self, name, buf)
-        return buf[:numel].numpy()
+    def _host_buffer(self, numel: int) -> np.ndarray:
+        """The staging buffer's first numel ints, as numpy (a view of the buffer's one numpy
+        view: a tensor's slice and its .numpy() cost ~25 us of a b64 step's host in a run)."""
+        if self._stage.numel() < numel:
+            self._stage = torch.empty(max(numel, 2 * self._stage.numel()), dtype=torch.long,
+                                      pin_memory=self.capture)
+            self._stage_np, self._last = self._stage.numpy(), None
+        return self._stage_np[:numel]
 
     def _stage_inputs(self, cap: _Captured, batch: ForwardBatch, kv, Bb: int, n: int) -> bool:
         """Write the batch, padded to Bb x n, into the graph's static inputs: numpy into one
@@ -320,7 +325,7 @@ class CudaGraphs:
             self._staged.synchronize()   # the host buffers' last copy has been read
         B, counts = len(batch.num_new), batch.num_new
         padded = batch.num_tokens != B * n   # (no sequence has more than n)
-        ints = self._host_buffer("_stage", cap.ints.numel(), torch.long)
+        ints = self._host_buffer(cap.ints.numel())
         # (slices, not np.split: a lean step's staging is on every step's critical path)
         R = Bb * n
         tok, slots, prefix = ints[:R], ints[R:R + Bb], ints[R + Bb:R + 2 * Bb]
@@ -328,8 +333,16 @@ class CudaGraphs:
         at = 2 * R + 2 * Bb
         par = None if cap.parents is None else ints[at:at + R].reshape(Bb, n)
         table = ints[at + (0 if par is None else R):]
-        tok[:] = 0   # padded batch rows: the scratch slot's
-        slots[:], prefix[:] = kv.scratch, 0
+        # what a step of the last one's shape left in the buffer stays: the padded batch rows
+        # and, for a template (a grid step's), its real rows and parents (~30 us of a b64
+        # grid step's host in a run, ~10 of ar's); a tree's parents are its own each step
+        last, m = self._last, counts[0]
+        same = last is not None and last[0] is cap and last[1] == B and last[2] == m and \
+            last[3] is batch.template_parents and batch.template_parents is not None
+        self._last = None   # (until this step's layout is in the buffer, below)
+        if not same and B < Bb:   # padded batch rows: the scratch slot's
+            tok[B * n:] = 0
+            slots[B:], prefix[B:] = kv.scratch, 0
         slots[:B], prefix[:B] = batch.seq_slots, batch.prefix_lens
         if cap.table is not None:   # unallocated entries and padded batch rows: the null block
             table = table.reshape(Bb, -1)
@@ -338,11 +351,11 @@ class CudaGraphs:
         toks = np.asarray(batch.token_list)
         if not padded:
             tok[:B * n] = toks
-        elif counts.count(counts[0]) == B:   # (m rows every sequence, a grid's or one
-            m = counts[0]                     # sequence's: as below in fewer calls)
-            t2 = tok[:B * n].reshape(B, n)
+        elif counts.count(m) == B:   # (m rows every sequence, a grid's or one sequence's: as
+            t2 = tok[:B * n].reshape(B, n)   # below in fewer calls)
             t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
-            real[:B * m] = self._real(B, m, n)
+            if not same:
+                real[:B * m] = self._real(B, m, n)
         else:   # (whole arrays: a loop over the sequences took a grid step at batch 64 ~300
             # us of host on a CPU, 2.5x `ar`'s whole host step; tests/test_graph_path.py)
             cu, k = np.asarray(batch.cu_seqlens), np.asarray(counts)
@@ -351,15 +364,17 @@ class CudaGraphs:
             tok[:B * n] = np.repeat(toks[cu[1:] - 1], n)
             at = np.repeat(np.arange(B) * n - cu[:-1], k) + np.arange(cu[-1])
             tok[at], real[:cu[-1]] = toks, at
-        if par is not None:
+        if par is not None and not same:
             # every row's parent the row before it (a chain; padding rows follow their
             # sequence's last, and no real row sees them), a tree's nodes their own
             par[:] = self._chain(n)
             if batch.template is not None:
-                par[:B, :counts[0]] = batch.template_parents
+                par[:B, :m] = batch.template_parents
             elif batch.tree_nodes is not None:
                 b, rows, up = batch.tree_nodes
                 par[b, rows] = up
+        if batch.template_parents is not None:
+            self._last = (cap, B, m, batch.template_parents)
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
         if self.capture:
             self._staged = torch.cuda.Event()
