@@ -490,3 +490,26 @@ def test_a_grid_steps_states_are_a_view_of_the_replays_rows(tiny_llama, eager):
     assert h.untyped_storage().data_ptr() == cap.outputs[0].untyped_storage().data_ptr()
     torch.testing.assert_close(h, want)
     assert torch.equal(m.argmax(h), eager.argmax(want))
+
+
+def test_a_new_cache_lets_the_last_one_go_after_a_grid_step(tiny_llama):
+    """What the staging keeps of the last step it laid out (CudaGraphs._last: a grid step's
+    shape) holds its graph weakly: a model's new cache of another shape lets the old cache go
+    before it is made (Model.new_kv_cache: a 7B model's cache is most of a GPU), grid step
+    or not."""
+    import gc
+    import weakref
+    m = graph_model(tiny_llama)
+    kv = m.new_kv_cache(8, 128)
+    for s in range(3):
+        kv.lens[s] = 10
+    table = ContextTable(m.cfg.vocab_size, 10, 4)
+    table.push_texts([[random.Random(2).randrange(3, 12) for _ in range(60)]])
+    batch, _ = GridStep(table, 3).plan([0, 1, 2], [10] * 3, [3, 4, 5], [9] * 3, None, kv, "cpu")
+    m.run(batch, kv)
+    assert m.graphs._last is not None   # (a template's layout, kept)
+    old = weakref.ref(kv)
+    del kv, batch
+    m.new_kv_cache(4, 256)
+    gc.collect()
+    assert old() is None

@@ -336,8 +336,10 @@ class CudaGraphs:
         # what a step of the last one's shape left in the buffer stays: the padded batch rows
         # and, for a template (a grid step's), its real rows and parents (~30 us of a b64
         # grid step's host in a run, ~10 of ar's); a tree's parents are its own each step
+        # (the graph held weakly: a strong hold kept a replaced KV cache alive through its
+        # graph, Model.new_kv_cache; a graph freed since answers None, never `cap`)
         last, m = self._last, counts[0]
-        same = last is not None and last[0] is cap and last[1] == B and last[2] == m and \
+        same = last is not None and last[0]() is cap and last[1] == B and last[2] == m and \
             last[3] is batch.template_parents and batch.template_parents is not None
         self._last = None   # (until this step's layout is in the buffer, below)
         if not same and B < Bb:   # padded batch rows: the scratch slot's
@@ -374,7 +376,7 @@ class CudaGraphs:
                 b, rows, up = batch.tree_nodes
                 par[b, rows] = up
         if batch.template_parents is not None:
-            self._last = (cap, B, m, batch.template_parents)
+            self._last = (weakref.ref(cap), B, m, batch.template_parents)
         cap.ints.copy_(self._stage[:cap.ints.numel()], non_blocking=True)
         if self.capture:
             self._staged = torch.cuda.Event()

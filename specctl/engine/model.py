@@ -388,7 +388,9 @@ class Model:
         takes them too: rounding may tie two logits, and the reference picks the first)."""
         c = self.cfg
         x = norm(hidden, self.norm, c.rms_eps)   # (a grid's [B, m, D] view, read in place
-        out = self.linear(x.view(-1, x.shape[-1]), self.lm_head)   # into new rows: Model.run)
+        if x.dim() > 2:                          # into new rows, Model.run: its [B m] rows)
+            x = x.view(-1, x.shape[-1])
+        out = self.linear(x, self.lm_head)
         if c.logit_scale != 1.0:
             out = out * c.logit_scale
         return softcap(out, c.final_softcap)
