@@ -194,9 +194,12 @@ class Staging:
         cap = self.caps.get((Bb, n))
         if cap is None:   # (a graph's inputs, as CudaGraphs._capture_one makes them)
             ints, *_, parents, table = CudaGraphs.inputs(Bb, n, 0, "cpu")
-            cap = self.caps[Bb, n] = types.SimpleNamespace(ints=ints, table=table,
-                                                           parents=parents)
+            cap = self.caps[Bb, n] = _Cap(ints=ints, table=table, parents=parents)
         self.graphs._stage_inputs(cap, batch, self.kv, Bb, n)
+
+
+class _Cap(types.SimpleNamespace):
+    """A graph's inputs (Staging's): held weakly, as CudaGraphs._stage_inputs holds a graph."""
 
 
 def timed_model(model, clock: SimClock, monkeypatch):
