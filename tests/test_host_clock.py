@@ -435,7 +435,7 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
     from specctl.runtime.step import admission
     from specctl.runtime.step.runner import Runner
     known, prompts, lens, clock = workload(model, 8, 64, monkeypatch, real_lengths=True)
-    best, outs, learnt, priced = {}, {}, {}, {}
+    best, outs, learnt, priced, device = {}, {}, {}, {}, {}
     prefilled, prefill = admission.Admission.prefilled, Runner._prefill
 
     def counted(self, forwards, tokens, ms, prompts=1):
@@ -457,15 +457,19 @@ def test_prefill_in_pieces_saves_what_the_tables_say(model, monkeypatch):
         outs[key], st = sim_run(model, prompts, None, clock, batch_size=8, max_tokens=lens,
                                 ends_known=False, pieces=key, prefill_chunk=4096)
         best[key] = min(best.get(key, float("inf")), clock())
+        device[key] = min(device.get(key, float("inf")), clock.t)   # (the tables' seconds)
         assert (st.prefill_forwards > len(learnt[key])) == key   # (pieces: rounds a call)
         pairs += key
-        if pairs >= 2 and key and best[False] / best[True] > 1.02:
+        if pairs >= 2 and key and best[False] / best[True] > 1.0:
             break
     assert outs[True] == outs[False]
-    # (1.07-1.09x where first measured; 1.03-1.06x on an AVX2 EPYC whose CPython is ~2x
-    # slower, 2026-12-02: the host's x HOST charge is a larger share there, and the least
-    # of two pairs read 0.93-1.14x, failing a CI run and 1 of 3 runs alone)
-    assert best[False] / best[True] > 1.02, best
+    # The device's seconds, what the tables say, fall ~10% (1.10-1.11x, steady). The whole
+    # job, with the host's x HOST charge, gains less: the pieces' staging and admission are
+    # host work (1.07-1.09x where first measured; 1.02-1.10x on this AVX2 EPYC alone, whose
+    # CPython is ~2x slower, and 0.99x under a busy machine, 2026-12-03, which failed a CI
+    # run at a bar of 1.02): so the tables' saving is held, and the job only to not losing.
+    assert device[False] / device[True] > 1.05, device
+    assert best[False] / best[True] > 0.98, best
     # The admission learns a call in pieces at its eager price, not at what the pieces took:
     # learning the pieces' own ms split a b32 run's admissions into 22 calls where eager ones
     # made 9. (Checked on the wiring, not by counting calls against the eager run's: those
