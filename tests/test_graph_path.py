@@ -349,8 +349,8 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
         kv.lens[s] = 10 + s
 
     def grid_batch(b, at=10):
-        return grid.plan(list(range(b)), [at + s for s in range(b)], list(range(at - 7, b + at - 7)),
-                         [9] * b, None, kv, "cpu")[0]
+        return grid.plan(list(range(b)), [at + s for s in range(b)],
+                         list(range(at - 7, b + at - 7)), [9] * b, None, kv, "cpu")[0]
     gbatch, other = grid_batch(B), grid_batch({3: 4, 5: 7, 7: 5}[B])   # (one bucket)
     gbatch2 = grid_batch(B, 12)   # (the next step's: its shape, other tokens and lengths)
     ragged = ForwardBatch(seqs, "cpu")

@@ -2,6 +2,7 @@
 # alternated, 3 rounds, tiny model (recipes/tiny_model.py /tmp/tiny --input
 # recipes/prompts/specbench128.jsonl --store /tmp/tiny-store):
 #   git worktree add /tmp/base e721041; BASE=/tmp/base bash bench-results/2026-12-02-host-beside/host.sh
+# (BASE: any commit to set beside the working tree; ../2026-12-03-staging-kept/ab.sh runs it)
 BASE=${BASE:-/tmp/base}
 run() {
   (cd "$1" && PYTHONPATH=$PWD python recipes/host_profile.py --model /tmp/tiny \

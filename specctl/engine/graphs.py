@@ -220,7 +220,6 @@ class CudaGraphs:
         self._kv = weakref.ref(kv)
         if any(c.kv is not kv for c in self.cache.values()):
             self.cache.clear()
-            self._last = None   # (its layout was a cleared graph's)
             if self.capture:
                 self.pool = torch.cuda.graph_pool_handle()   # the old pool dies with its graphs
 
@@ -340,7 +339,7 @@ class CudaGraphs:
         # graph, Model.new_kv_cache; a graph freed since answers None, never `cap`)
         last, m = self._last, counts[0]
         same = last is not None and last[0]() is cap and last[1] == B and last[2] == m and \
-            last[3] is batch.template_parents and batch.template_parents is not None
+            last[3] is batch.template_parents   # (never None: only a template's is kept)
         self._last = None   # (until this step's layout is in the buffer, below)
         if not same and B < Bb:   # padded batch rows: the scratch slot's
             tok[B * n:] = 0
