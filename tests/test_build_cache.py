@@ -528,6 +528,19 @@ def test_resolve_corpus_cache(built, tok_dir, tmp_path):
         resolve_corpus_cache(store, tok_dir, "nonexistent-id", logs.append)
 
 
+def test_a_store_without_caches_resolves_none_without_fingerprinting(tok_dir, tmp_path,
+                                                                      monkeypatch):
+    """Most stores hold no corpus cache: a run's start then works out no tokenizer
+    fingerprint (~0.5 s for the demo model's), and still refuses a named cache's mismatch."""
+    import specctl.runtime.jobs.artifacts as artifacts
+
+    def nope(d):
+        raise AssertionError("fingerprinted")
+    monkeypatch.setattr(artifacts, "tokenizer_fingerprint", nope)
+    monkeypatch.setattr(artifacts, "_legacy_fingerprint", nope)
+    assert resolve_corpus_cache(Store(tmp_path / "empty"), tok_dir, None, print) is None
+
+
 def test_newest_matching_cache_wins(tok_dir, tmp_path, oanc_tree):
     store = Store(tmp_path / "s")
     for name, created in (("older", "2020-01-01T00:00:00Z"), ("newer", "2030-01-01T00:00:00Z")):
