@@ -212,3 +212,30 @@ def test_mistakes_name_the_keyword_given_and_the_cli_its_flag(tiny_llama, tmp_pa
     r = CliRunner().invoke(app, ["generate", str(inp), "--model", str(tiny_llama),
                                  "--batch-size", "0", "--store", str(tmp_path / "s")])
     assert r.exit_code != 0 and "--batch-size must be at least 1" in r.output, r.output
+
+
+def test_a_generator_loads_its_model_once_for_every_call(tiny_llama, tmp_path, monkeypatch):
+    """generate() and generate_file() calls of one Generator share one load of the model and
+    its tokenizer (each generate_file job loaded its own: a loop over prompt files paid a
+    model's load a file); the answers are a fresh Generator's, call after call."""
+    import specctl.runtime.jobs.loaded as loaded
+    loads = []
+    real = loaded.load_model
+    monkeypatch.setattr(loaded, "load_model", lambda *a, **k: loads.append(a) or real(*a, **k))
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "bye", "why")))
+    g = _gen(tiny_llama, tmp_path, "self-draft", corpus_cache="none")
+    first = g.generate(PROMPTS)
+    texts = []
+    for i in range(2):
+        res = g.generate_file(inp, tmp_path / f"o{i}.jsonl")
+        assert res["metrics"]["requests"] == 3
+        texts.append([json.loads(l)["text"] for l in (tmp_path / f"o{i}.jsonl").open()])
+    again = g.generate(PROMPTS)
+    assert len(loads) == 1, loads
+    assert texts[0] == texts[1]
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]
+    fresh = _gen(tiny_llama, tmp_path, "self-draft", corpus_cache="none")
+    fresh.generate_file(inp, tmp_path / "fresh.jsonl")
+    assert [json.loads(l)["text"] for l in (tmp_path / "fresh.jsonl").open()] == texts[0]
+    assert len(loads) == 2   # (a Generator's own)

@@ -28,19 +28,19 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, prompt_record
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
-from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter
 from specctl.runtime.control import auto
 from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.job import run_generate
+from specctl.runtime.jobs.loaded import Kept, load
 from specctl.runtime.jobs.locks import out_path
 from specctl.runtime.jobs.records import step_lengths
-from specctl.runtime.jobs.methods import make_drafter, warn_flex_off_cuda
+from specctl.runtime.jobs.methods import make_drafter
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.metrics import peak_mb
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.step.stats import RunStats
-from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.runtime.jobs.tokenization import kv_rows, require_raw_prompts, to_request
 from specctl.store import Store
 
 _FIELDS = {f.name for f in fields(GenerateConfig)} - {"input"}
@@ -128,7 +128,8 @@ class Generator:
         self.config()   # checks the settings now
         self.store = store if isinstance(store, Store) else Store(store)
         self.report = report or QUIET
-        self._loaded = None
+        self._model_dir = None   # (resolved once: a store's model may be downloaded)
+        self._kept = Kept()      # the last model and tokenizer, generate_file's too
         self._auto: dict = {}   # --method auto's choice per sampling setting
 
     def config(self, input: str = "<prompts>", **overrides) -> GenerateConfig:
@@ -148,15 +149,14 @@ class Generator:
         return e
 
     def _load(self, cfg: GenerateConfig):
-        if self._loaded is None:
+        """(model folder, tokenizer, model, its fingerprint): the model a generate_file job
+        loaded last (loaded.py), else loaded now and kept for the next call."""
+        if self._model_dir is None:
             model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
-            tk = Tokenization(model_dir, cfg.chat)
-            model = load_model(model_dir, cfg.device, cfg.model_dtype(),
-                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                               cudnn_attention=cfg.cudnn_attention)
-            warn_flex_off_cuda(model, self.report.log)
-            self._loaded = model_dir, tk, model, model_fingerprint(model_dir)
-        return self._loaded
+            self._model_dir = model_dir, model_fingerprint(model_dir)
+        model_dir, fingerprint = self._model_dir
+        tk, model = load(cfg, model_dir, cfg.device, self.report.log, self._kept)
+        return model_dir, tk, model, fingerprint
 
     def generate(self, prompts, max_tokens: int | None = None, *,
                  temperature: float | None = None, top_p: float | None = None,
@@ -232,6 +232,6 @@ class Generator:
         cfg = self.config(input, **over)
         try:
             return run_generate(cfg, self.store, out_path(out) if out is not None else None,
-                                resume=resume, report=self.report)
+                                resume=resume, report=self.report, kept=self._kept)
         except SpecctlError as e:
             raise self._said(e) from None

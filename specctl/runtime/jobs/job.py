@@ -23,7 +23,6 @@ from specctl.io.shards import not_read
 from specctl.models.checkpoint import resolve_model
 from specctl.models.contents import DigestCache, model_contents
 from specctl.models.fingerprint import model_fingerprint
-from specctl.engine.loader import load_model
 from specctl.reporting import QUIET, Reporter, TokenProgress
 from specctl.runtime.control import auto
 from specctl.runtime.jobs import ray_pool
@@ -31,7 +30,8 @@ from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.depends import run_depends
 from specctl.runtime.jobs.dist import (DistEnv, Group, PeerProgress, dist_env, rank_device, ranges,
                                   shard, unranges)
-from specctl.runtime.jobs.methods import locate_artifacts, make_drafter, warn_flex_off_cuda
+from specctl.runtime.jobs.loaded import Kept, load
+from specctl.runtime.jobs.methods import locate_artifacts, make_drafter
 from specctl.runtime.jobs.locks import (OutLock, check_job_cache_file, check_out, lock_run,
                                         run_in_use)
 from specctl.runtime.jobs.merge import finish
@@ -76,6 +76,7 @@ class _Job:
     depends: dict | None = None          # rank 0: what the answers depend on (jobs/depends.py)
     auto: dict | None = None             # --method auto: the pilots and the choice
     ray: dict | None = None              # --ray: the actors' shares and the pool (ray_pool.run)
+    kept: Kept | None = None             # a Generator's last model and tokenizer (loaded.py)
 
     @property
     def lead(self) -> bool:
@@ -83,10 +84,13 @@ class _Job:
 
 
 def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bool = False,
-                 report: Reporter | None = None) -> dict:
+                 report: Reporter | None = None, kept: Kept | None = None) -> dict:
     """Run a whole job; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}.
 
     report: messages, and a progress bar over the prompts with the tokens/s (rank 0 only).
+    kept: a Generator's last model and tokenizer, taken where the job's are the same, and
+    this job's kept in it (runtime/jobs/loaded.py; one process: a launcher's ranks load their
+    own).
 
     Under a launcher that sets RANK / WORLD_SIZE (torchrun, Slurm; see runtime/jobs/dist.py) every
     process calls this with the same arguments and the processes make one job: rank 0 opens the
@@ -104,7 +108,8 @@ def run_generate(cfg: GenerateConfig, store: Store, out: Path | None, resume: bo
     job = None
     try:
         report = (report or QUIET) if grp.env.rank == 0 else QUIET
-        job = _Job(cfg, store, grp, report.log, report)
+        job = _Job(cfg, store, grp, report.log, report,
+                   kept=None if grp.env.active else kept)
         _read(job, out)
         _load(job, resume)
         _open_run(job, resume)
@@ -214,14 +219,10 @@ def _load(job: _Job, resume: bool = False) -> None:
         if not job.lead:
             _take_input(job, read_input(cfg, Path(cfg.input), env.world))
             job.model_dir = resolve_model(cfg.model, job.store, log=job.say)
-        job.tk = Tokenization(job.model_dir, cfg.chat)
         device = rank_device(cfg.device, env)
         if env.active and device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
-        job.model = load_model(job.model_dir, device, cfg.model_dtype(),
-                               cuda_graphs=cfg.cuda_graphs, attention=cfg.attention,
-                               cudnn_attention=cfg.cudnn_attention)
-        warn_flex_off_cuda(job.model, job.say)
+        job.tk, job.model = load(cfg, job.model_dir, device, job.say, job.kept)
         if cfg.method == "auto":
             drafters, said, skipped = auto.candidates(cfg, job.model, job.model_dir, job.store)
             chosen = _choose_method(job, drafters, skipped, resume) if job.lead else None
