@@ -692,6 +692,21 @@ def test_limit_then_resume_does_the_rest(tmp_path, tiny_llama, count_generated):
     fails(invoke("generate", "-", "--store", store), "standard input")
 
 
+def test_a_narrower_limit_on_a_complete_run_keeps_the_runs_record(tmp_path, tiny_llama):
+    """--limit 2 --resume on a complete run of 4 lines: --out gets the 2, the run keeps its
+    outputs and metrics (they were overwritten with the 2 lines' and no throughput)."""
+    inp = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"hello {i}"} for i in range(4)])
+    store = tmp_path / "store"
+    ok(generate(inp, tmp_path / "a.jsonl", store, tiny_llama))
+    (run,) = run_dirs(store)
+    before = {f: (run / f).read_text() for f in ("outputs.jsonl", "metrics.json")}
+    assert json.loads(before["metrics.json"])["tokens_per_s"]
+    r = ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--limit", 2, "--resume"))
+    assert [l["index"] for l in read_jsonl(tmp_path / "b.jsonl")] == [0, 1]
+    assert "already complete (2 of its 4 requests within --limit)" in " ".join(r.output.split())
+    assert {f: (run / f).read_text() for f in before} == before
+
+
 def test_every_line_bad_fails(tmp_path, tiny_llama):
     inp = tmp_path / "bad.jsonl"
     inp.write_text('{"nothing": 1}\n{"prompt": oops}\n')

@@ -33,21 +33,13 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
         done = read_done(run_dir, job.records)
     lines = [done[i] for i in sorted(done)]
     text = "".join(dumps(l) + "\n" for l in lines)
-    _store(run_dir / "outputs.jsonl", atomic_write_text, text)
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
     mpath = run_dir / "metrics.json"
-    m = None
-    if not any(p["requests"] or p["errors"] for p in job.plans) and mpath.is_file():
-        # a resumed run with nothing left: its metrics (throughput included) stay as they
-        # were, if they are those of these requests (not of an earlier --limit, say)
-        try:
-            m = json.loads(mpath.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            m = None
-        if isinstance(m, dict) and m.get("requests") == len(merged):
-            job.say(f"{run_dir.name} is already complete: nothing to generate")
-        else:
-            m = None
+    m = _complete(job, mpath, len(merged))
+    if m is None or m.get("requests") == len(merged):
+        # (a resumed run's lines within a narrower --limit: --out gets them, the run keeps
+        # its outputs and metrics, throughput included, as they were)
+        _store(run_dir / "outputs.jsonl", atomic_write_text, text)
     if m is None:
         plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
         if job.ray:   # (the actors' shares; the driver generated nothing)
@@ -69,6 +61,23 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
                 f"{run_dir.name} ({run_dir / 'outputs.jsonl'}): run the same command with "
                 "--resume and another --out to write them") from None
     return {**result, "out": out, "metrics": m}
+
+
+def _complete(job, mpath: Path, n: int) -> dict | None:
+    """A resumed run's metrics where it has nothing left to do and they are those of these n
+    requests or of more (an earlier run past this --limit), else None: metrics made anew
+    (not those of an earlier, narrower --limit, say)."""
+    if any(p["requests"] or p["errors"] for p in job.plans) or not mpath.is_file():
+        return None
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or not isinstance(m.get("requests"), int) or m["requests"] < n:
+        return None
+    more = f" ({n} of its {m['requests']} requests within --limit)" if m["requests"] > n else ""
+    job.say(f"{job.run_dir.name} is already complete{more}: nothing to generate")
+    return m
 
 
 def _store(path: Path, write, what) -> None:
