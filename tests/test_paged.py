@@ -202,3 +202,18 @@ def test_kv_scale_recipe_runs_small(tmp_path):
     assert b16["layout"] == "paged" and b16["requests_done"] == 24
     assert res["contiguous"]["layout"] == "contiguous" and res["contiguous"]["requests_done"] == 24
     assert res["contiguous"]["batch"] < 16 and b16["generated"] == res["contiguous"]["generated"]
+
+
+def test_a_budget_too_small_for_kangaroos_share_says_why(tiny_llama):
+    """Kangaroo's adapter keeps rows beside the model's, so the model's cache gets a share of
+    --kv-memory: a budget too small says so, not only the share's size (which read as half
+    the budget given, unexplained)."""
+    from specctl.runtime.step.runner import Runner
+    m = load_model(tiny_llama, "cpu", "fp32")
+    dr = KangarooDrafter(m, Adapter.init_from_model(m, 1), SamplingParams(), KangarooParams())
+    kw = dict(batch_size=2, max_len=64, eos_ids=set(), render=None, decode=None)
+    with pytest.raises(ValueError, match="kangaroo's adapter keeps rows worth .* of the budget"):
+        Runner(m, dr, SamplingParams(), kv_budget=2048, **kw)
+    with pytest.raises(ValueError, match="less than one sequence") as e:
+        Runner(m, NoDraft(), SamplingParams(), kv_budget=256, **kw)
+    assert "adapter" not in str(e.value)

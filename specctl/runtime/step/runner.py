@@ -92,10 +92,20 @@ class Runner:
             length = max_len + headroom
         # kv_budget: bytes for the cache (and a drafter's own, Kangaroo's adapter's, sharing
         # its rows); smaller than every slot at full length -> paged
+        share = None
         if kv_budget is not None and drafter.kv_layers:
             L = model.cfg.num_layers
+            share = L, drafter.kv_layers
             kv_budget = int(kv_budget * L / (L + drafter.kv_layers))
-        self.kv = model.new_kv_cache(batch_size, length, kv_budget)
+        try:
+            self.kv = model.new_kv_cache(batch_size, length, kv_budget)
+        except ValueError as e:   # (a budget that reads as half the one given: say why)
+            if share is None:
+                raise
+            L, k = share
+            raise ValueError(f"{e} ({drafter.name}'s adapter keeps rows worth {k:.1f} of the "
+                             f"model's layers beside its {L}: the model's rows get "
+                             f"{L / (L + k):.0%} of the budget)") from None
         self._admitted = 0
         self._held = 0   # slots the step loop holds free for a grouped admission (accounting)
         # the last step's learning (under_forward): what reads a slot (caught up before a
