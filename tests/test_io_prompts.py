@@ -60,6 +60,9 @@ def test_blank_lines_keep_true_line_numbers_and_bom(tmp_path):
     raw = b'\xef\xbb\xbf{"prompt": "a"}\n\n   \r\n{"prompt": "b"}\r\n\n'
     rs = read_prompts(write(tmp_path, raw=raw))
     assert [(r.index, r.line_no, r.raw_prompt) for r in rs] == [(0, 1, "a"), (1, 4, "b")]
+    # (a later line's mark: said in words, not json's "decode using utf-8-sig")
+    with pytest.raises(SpecctlError, match=r"p.jsonl:2: starts with a byte order mark \(U\+FEFF\)"):
+        read_prompts(write(tmp_path, raw=b'{"prompt": "a"}\n\xef\xbb\xbf{"prompt": "b"}\n'))
 
 
 def test_duplicate_ids_allowed(tmp_path):

@@ -184,6 +184,9 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
                       + ("; the file is UTF-16: convert it to UTF-8 (iconv -f UTF-16 -t "
                          "UTF-8)" if utf16 else ""))
     text = text.rstrip("\r\n")
+    if text.startswith("\ufeff"):   # (json's own words: "decode using utf-8-sig")
+        return None, ("starts with a byte order mark (U+FEFF), which only a file's first "
+                      "line may: remove it")
     try:
         return json.loads(text), None
     except json.JSONDecodeError as e:
