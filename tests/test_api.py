@@ -239,3 +239,32 @@ def test_a_generator_loads_its_model_once_for_every_call(tiny_llama, tmp_path, m
     fresh.generate_file(inp, tmp_path / "fresh.jsonl")
     assert [json.loads(l)["text"] for l in (tmp_path / "fresh.jsonl").open()] == texts[0]
     assert len(loads) == 2   # (a Generator's own)
+
+
+def test_a_model_folder_written_over_between_calls_is_loaded_again(tiny_llama, tmp_path):
+    """The kept model is the folder's as it was loaded: weights written over between two
+    calls (an eval loop between epochs) load again, and the answers are a fresh Generator's
+    on the new weights (the run records the new weights' digests)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "model"
+    shutil.copytree(tiny_llama, d)
+    inp = tmp_path / "p.jsonl"
+    inp.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "why")))
+    g = Generator(str(d), "ar", store=tmp_path / "store", device="cpu", dtype="fp32",
+                  max_tokens=8)
+    g.generate_file(inp, tmp_path / "a.jsonl")
+    (f,) = d.glob("*.safetensors")
+    w = load_file(f)
+    name = next(k for k in w if "embed" in k)
+    w[name] = w[name].flip(0).contiguous()   # (other weights: other answers)
+    save_file(w, f, metadata={"format": "pt"})
+    g.generate_file(inp, tmp_path / "b.jsonl")
+    assert g._kept.loads == 2
+    fresh = Generator(str(d), "ar", store=tmp_path / "store2", device="cpu", dtype="fp32",
+                      max_tokens=8)
+    fresh.generate_file(inp, tmp_path / "c.jsonl")
+    texts = {n: [json.loads(l)["text"] for l in (tmp_path / f"{n}.jsonl").open()]
+             for n in "abc"}
+    assert texts["b"] == texts["c"] != texts["a"]

@@ -130,6 +130,7 @@ class Generator:
         self.store = store if isinstance(store, Store) else Store(store)
         self.report = report or QUIET
         self._model_dir = None   # (resolved once: a store's model may be downloaded)
+        self._fingerprint = (0, "")   # (the kept load's: Kept.loads when made, the id)
         self._kept = Kept()      # the last model and tokenizer, generate_file's too
         self._auto: dict = {}   # --method auto's choice per sampling setting
 
@@ -153,11 +154,12 @@ class Generator:
         """(model folder, tokenizer, model, its fingerprint): the model a generate_file job
         loaded last (loaded.py), else loaded now and kept for the next call."""
         if self._model_dir is None:
-            model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
-            self._model_dir = model_dir, model_fingerprint(model_dir)
-        model_dir, fingerprint = self._model_dir
-        tk, model = load(cfg, model_dir, cfg.device, self.report.log, self._kept)
-        return model_dir, tk, model, fingerprint
+            self._model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
+        model_dir, kept = self._model_dir, self._kept
+        tk, model = load(cfg, model_dir, cfg.device, self.report.log, kept)
+        if self._fingerprint[0] != kept.loads:   # (a folder written over loads again)
+            self._fingerprint = kept.loads, model_fingerprint(model_dir)
+        return model_dir, tk, model, self._fingerprint[1]
 
     def generate(self, prompts, max_tokens: int | None = None, *,
                  temperature: float | None = None, top_p: float | None = None,

@@ -8,16 +8,21 @@ A Generator's generate() and generate_file() calls each ran a job, and each job 
 model and tokenizer anew: a loop over a folder of prompt files paid a model's load a file
 (the README's example twice, ~2 s of its ~23 on the demo model; a 7B checkpoint ~10-60 s a
 load). A model holds nothing of a run (its KV caches and their graphs are each run's), so a
-job may take the last one's where everything that decides the load is the same; a
-launcher's process group loads its own (each rank on its device).
+job may take the last one's where everything that decides the load is the same: the
+settings, and the folder's files as they are now (names, sizes, modification times: a
+checkpoint written over between two calls, an eval loop's, loads again, or a run would record
+the new weights' digests beside the old weights' answers). A launcher's process group loads
+its own (each rank on its device).
 """
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from specctl.engine.attention import cudnn_attention
 from specctl.engine.loader import load_model
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.config import GenerateConfig
@@ -34,9 +39,13 @@ class Kept:
 
 
 def load_key(cfg: GenerateConfig, model_dir: Path, device: str) -> tuple:
-    """Everything a model's and its tokenizer's load reads of a job."""
-    return (str(Path(model_dir).resolve()), device, cfg.model_dtype(), cfg.cuda_graphs,
-            cfg.attention, cfg.cudnn_attention, cfg.chat)
+    """Everything a model's and its tokenizer's load reads of a job: its settings and the
+    folder's files (a stat of each, not their bytes: a call's key costs a folder listing)."""
+    d = Path(model_dir).resolve()
+    files = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in d.iterdir()
+                         if f.is_file() and (st := f.stat())))
+    return (str(d), files, device, cfg.model_dtype(), cfg.cuda_graphs, cfg.attention,
+            cfg.cudnn_attention, cfg.chat)
 
 
 def load(cfg: GenerateConfig, model_dir: Path, device: str, say: Callable[[str], None],
@@ -45,9 +54,11 @@ def load(cfg: GenerateConfig, model_dir: Path, device: str, say: Callable[[str],
     loaded (and kept, in place of the last)."""
     key = load_key(cfg, model_dir, device)
     if kept is not None and kept.key == key:
+        cudnn_attention(cfg.cudnn_attention)   # (the process's: another load may have set it)
         return kept.tk, kept.model
-    if kept is not None:   # (the last one's memory first: a GPU may not hold two)
-        kept.key = kept.tk = kept.model = None
+    if kept is not None and kept.model is not None:   # (the last one's memory first: a GPU
+        kept.key = kept.tk = kept.model = None          # may not hold two; a model and its
+        gc.collect()                                    # graphs refer to each other)
     tk = Tokenization(model_dir, cfg.chat)
     model = load_model(model_dir, device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
