@@ -703,8 +703,17 @@ def test_a_narrower_limit_on_a_complete_run_keeps_the_runs_record(tmp_path, tiny
     assert json.loads(before["metrics.json"])["tokens_per_s"]
     r = ok(generate(inp, tmp_path / "b.jsonl", store, tiny_llama, "--limit", 2, "--resume"))
     assert [l["index"] for l in read_jsonl(tmp_path / "b.jsonl")] == [0, 1]
-    assert "already complete (2 of its 4 requests within --limit)" in " ".join(r.output.split())
+    said = " ".join(r.output.split())
+    assert "already complete (2 of its 4 requests within --limit)" in said
+    assert "done: 2 requests" in said   # (the summary is of --out's lines)
     assert {f: (run / f).read_text() for f in before} == before
+    # and where every line within the --limit is bad, that is still a failure
+    bad = write_jsonl(tmp_path / "q.jsonl", [{"nothing": 1}, {"nothing": 2}]
+                      + [{"prompt": f"hello {i}"} for i in range(2)])
+    ok(generate(bad, tmp_path / "c.jsonl", store, tiny_llama, "--skip-bad"))
+    r = generate(bad, tmp_path / "d.jsonl", store, tiny_llama, "--skip-bad", "--limit", 2,
+                 "--resume")
+    assert r.exit_code == 1 and "no line" in r.output, r.output
 
 
 def test_every_line_bad_fails(tmp_path, tiny_llama):

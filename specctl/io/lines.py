@@ -185,8 +185,8 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
                          "UTF-8)" if utf16 else ""))
     text = text.rstrip("\r\n")
     if text.startswith("\ufeff"):   # (json's own words: "decode using utf-8-sig")
-        return None, ("starts with a byte order mark (U+FEFF), which only a file's first "
-                      "line may: remove it")
+        return None, ("starts with a byte order mark (U+FEFF): remove it (a file may begin "
+                      "with one, no line may)")
     try:
         return json.loads(text), None
     except json.JSONDecodeError as e:

@@ -36,9 +36,12 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
     merged = [done[i] for i in sorted(done) if done[i].get("index") is not None]
     mpath = run_dir / "metrics.json"
     m = _complete(job, mpath, len(merged))
-    if m is None or m.get("requests") == len(merged):
-        # (a resumed run's lines within a narrower --limit: --out gets them, the run keeps
-        # its outputs and metrics, throughput included, as they were)
+    # a resumed run's lines within a narrower --limit: --out and the summary get them, the
+    # run keeps its outputs and metrics (throughput included) as they were
+    narrower = m is not None and m["requests"] > len(merged)
+    if narrower:
+        m = None
+    else:
         _store(run_dir / "outputs.jsonl", atomic_write_text, text)
     if m is None:
         plain = job.drafter.price().max_draft == 0   # ar (or --method auto chose it)
@@ -51,7 +54,8 @@ def finish(job, out: Path | None, stats, mine_wall: float, wall: float) -> dict:
         m["model"] = str(job.model_dir)
         if job.auto is not None:
             m["method_auto"] = job.auto
-        _store(mpath, atomic_write_json, m)
+        if not narrower:
+            _store(mpath, atomic_write_json, m)
     if out is not None:
         try:
             atomic_write_text(out, text)

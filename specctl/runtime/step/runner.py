@@ -100,7 +100,7 @@ class Runner:
         try:
             self.kv = model.new_kv_cache(batch_size, length, kv_budget)
         except ValueError as e:   # (a budget that reads as half the one given: say why)
-            if share is None:
+            if share is None or "KV cache budget" not in str(e):
                 raise
             L, k = share
             raise ValueError(f"{e} ({drafter.name}'s adapter keeps rows worth {k:.1f} of the "
