@@ -121,8 +121,8 @@ def test_bench_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch, flag
 
 
 def test_generate_option_reaches_the_loader(tmp_path, tiny_llama, monkeypatch):
-    import specctl.runtime.jobs.job as job
-    loads = _spy_loads(monkeypatch, job)
+    import specctl.runtime.jobs.loaded as loaded   # (a job's load: runtime/jobs/loaded.py)
+    loads = _spy_loads(monkeypatch, loaded)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"prompt": "one two"}) + "\n")
     r = CliRunner().invoke(app, ["generate", str(prompts), "--model", str(tiny_llama),
