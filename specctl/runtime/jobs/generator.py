@@ -13,10 +13,11 @@
 and its options (skip_set, adapter, corpus_cache, ...), device, dtype, batch_size, and the
 sampling defaults. The model loads once, on first use, and every `generate` and
 `generate_file` call shares it (runtime/jobs/loaded.py; so one Generator serves one thread at a
-time); every call builds a fresh drafter, so its outputs do not depend on earlier calls. `generate_file` is the `specctl generate` job: a
-JSONL file in, an ordered output file and a run record in the store, --resume; `limit` and
-`skip_bad` are its settings (a file's lines), which `generate` does not read: it answers every
-prompt of its list, and a bad one is a SpecctlError naming it.
+time); every call builds a fresh drafter, so its outputs do not depend on earlier calls.
+`generate_file` is the `specctl generate` job: a JSONL file in, an ordered output file and a
+run record in the store, --resume; `limit` and `skip_bad` are its settings (a file's lines),
+which `generate` does not read: it answers every prompt of its list, and a bad one is a
+SpecctlError naming it.
 """
 
 from __future__ import annotations
