@@ -141,12 +141,12 @@ def resolve_adapter(spec: str | None, store: Store, fingerprint: str, model) -> 
     return load_adapter(best.path, model), f"adapters/{best.id}"
 
 
-def _fingerprints(model_dir: Path | str) -> set[str]:
-    """The tokenizer fingerprints a corpus cache made for this model may carry: today's and
-    the older form (never None: a cache without one matches neither)."""
+def _fingerprints(model_dir: Path | str) -> tuple[str, set[str]]:
+    """(today's fingerprint, every one a corpus cache made for this model may carry: today's
+    and the older form; never None, so a cache without one matches neither)."""
     legacy = _legacy_fingerprint(model_dir)
     fp = tokenizer_fingerprint(model_dir)
-    return {fp} if legacy is None else {fp, legacy}
+    return fp, {fp} if legacy is None else {fp, legacy}
 
 
 def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
@@ -161,7 +161,7 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
         cands = [e for e in store.entries(CORPUS_KIND) if (e.path / ARTIFACT_FILE).is_file()]
         if not cands:   # (no fingerprint to work out: ~0.5 s of a run's start on a 49k
             return None  # vocabulary, for a store that holds no cache, as most do)
-        accepted = _fingerprints(model_dir)
+        accepted = _fingerprints(model_dir)[1]
         cands = [e for e in cands if e.manifest.get("tokenizer_fingerprint") in accepted]
         if not cands:
             return None
@@ -172,11 +172,12 @@ def resolve_corpus_cache(store, model_dir: Path | str, choice: str | None,
     where = str(path) if path == Path(choice).expanduser() else f"{CORPUS_KIND}/{path.name}"
     cfg = read_config(path)
     got = cfg.get("tokenizer_fingerprint")
-    if got not in _fingerprints(model_dir):
+    fp, accepted = _fingerprints(model_dir)
+    if got not in accepted:
         raise SpecctlError(
             f"n-gram cache {where} was built with another tokenizer "
             f"({cfg.get('tokenizer', '?')}, fingerprint {str(got)[:12]}) than the model's "
-            f"({tokenizer_name(model_dir)}, {tokenizer_fingerprint(model_dir)[:12]}): build "
-            f"one for this model with `specctl build-cache CORPUS --model {model_dir}`")
+            f"({tokenizer_name(model_dir)}, {fp[:12]}): build one for this model with "
+            f"`specctl build-cache CORPUS --model {model_dir}`")
     log(f"corpus cache: {where}")
     return path

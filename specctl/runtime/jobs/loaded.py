@@ -42,8 +42,8 @@ def load_key(cfg: GenerateConfig, model_dir: Path, device: str) -> tuple:
     """Everything a model's and its tokenizer's load reads of a job: its settings and the
     folder's files (a stat of each, not their bytes: a call's key costs a folder listing)."""
     d = Path(model_dir).resolve()
-    files = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in d.iterdir()
-                         if f.is_file() and (st := f.stat())))
+    stats = [(f.name, f.stat()) for f in d.iterdir() if f.is_file()]
+    files = tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
     return (str(d), files, device, cfg.model_dtype(), cfg.cuda_graphs, cfg.attention,
             cfg.cudnn_attention, cfg.chat)
 
