@@ -110,6 +110,10 @@ BAD = [
     ('{"prompt": "a", "id": [1]}', "id: must be a string or integer"),
     ('{"prompt": "a", "category": 3}', "category: must be a string"),
     ('{"prompt": "a", "turns": ["b"]}', "ambiguous prompt format"),
+    # (Python's json would keep the last prompt, another parser the first)
+    ('{"prompt": "a", "prompt": "b"}', 'the key "prompt" appears twice in one object'),
+    ('{"messages": [{"role": "user", "content": "a", "content": "b"}]}',
+     'the key "content" appears twice'),
 ]
 
 

@@ -172,6 +172,21 @@ def read_jsonl(path: Path, skip_bad: bool = False, limit: int | None = None, sta
     return FileRead(records, sha, own, f.regular)
 
 
+class _Repeated(ValueError):
+    """A JSON object's key given twice (its args: the key)."""
+
+
+def _unique(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all distinct: `{"prompt": "a", "prompt": "b"}` is refused,
+    not read as its last value (Python's json keeps the last, others the first: the line's
+    writer and specctl could mean different prompts)."""
+    d = dict(pairs)
+    if len(d) < len(pairs):
+        seen: set[str] = set()
+        raise _Repeated(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return d
+
+
 def _decode(raw: bytes | None) -> tuple[object, str | None]:
     """A line's JSON value, or why it has none."""
     if raw is None:
@@ -188,7 +203,10 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
         return None, ("starts with a byte order mark (U+FEFF): remove it (a file may begin "
                       "with one, no line may)")
     try:
-        return json.loads(text), None
+        return json.loads(text, object_pairs_hook=_unique), None
+    except _Repeated as e:
+        return None, (f"the key {json.dumps(e.args[0])} appears twice in one object: which "
+                      "value is meant is ambiguous (a JSON parser keeps either); keep one")
     except json.JSONDecodeError as e:
         return None, (f"malformed JSON: {e.msg} (column {e.colno})"
                       + ("; its lines end in a carriage return alone (CR): JSON lines end in "
