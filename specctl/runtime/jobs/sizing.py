@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -20,6 +21,12 @@ CUDA_CHUNKS = (4096, 2048, 1024)   # prefill_chunk's choices on CUDA, first the 
 CHUNK_SHARE = 0.02   # the most of a device's memory a prefill forward's activations may take
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's or taskset's share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
+
+
 def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,
                 store=None, fingerprint: str | None = None, log=lambda msg: None) -> Runner:
     """A Runner for requests needing `rows` KV rows each (see kv_rows), sized to the work:
@@ -31,6 +38,11 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     t0 = time.perf_counter()
     checked = set_exact(model, cfg, log, store=store, fingerprint=fingerprint)
     check_s = time.perf_counter() - t0 if checked else 0.0
+    cpus = usable_cpus()
+    if cfg.threads and cfg.threads > cpus and model.device.type == "cpu":
+        log(f"--threads {cfg.threads} is more than the {cpus} CPUs this process may run on: "
+            "its threads will take turns on them, which is slower than one each (leave "
+            "--threads out to have it measured)")
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))
