@@ -85,6 +85,20 @@ def test_resume_from_another_pipe_is_another_input(tmp_path, tiny_llama):
     assert ids == ["b0", "b1"] and "already complete" in said
 
 
+def test_a_piped_input_needs_its_out_named(tmp_path, tiny_llama, monkeypatch):
+    """`<(cat a.jsonl)` is /dev/fd/N: its default output would be N.out.jsonl, the same name
+    for every piped run. Refused before anything is read, --out named."""
+    monkeypatch.chdir(tmp_path)
+    inp, fd = substitution(text(A))
+    try:
+        r = runner.invoke(app, ["generate", str(inp), "--model", str(tiny_llama), "--store",
+                                str(tmp_path / "store"), "--device", "cpu", "-q"])
+    finally:
+        os.close(fd)
+    assert r.exit_code != 0 and "pass --out FILE" in r.output, r.output
+    assert not list(tmp_path.glob("*.out.jsonl"))
+
+
 def test_several_processes_refuse_a_pipe_before_reading_it(tmp_path):
     """Each rank reads the input itself: a pipe would give the second rank nothing (or block
     it). Refused by its kind alone: nothing opens it (this would block if it did)."""
