@@ -415,7 +415,14 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
     assert len(read_jsonl(run / "records.jsonl")) == n
     assert strip_timing(read_jsonl(out)) == strip_timing(baseline["lines"])
     assert read_jsonl(run / "outputs.jsonl") == read_jsonl(out)
-    assert json.loads((run / "metrics.json").read_text())["requests"] == n
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["requests"] == n
+    # the summary's tokens/s counts this invocation's tokens, and says so (its new tokens are
+    # the whole run's)
+    now = sum(l["new_tokens"] for l in read_jsonl(out) if l["index"] not in kept)
+    assert m["generated_tokens"] == now < m["new_tokens"]
+    assert f"{m['new_tokens']} new tokens, {m['tokens_per_s']} tokens/s over the {now} made " \
+           "by this invocation" in " ".join(r.output.split())
 
     # everything done: a second resume generates nothing, writes the same output and leaves
     # the run's metrics (its throughput) as they were

@@ -67,8 +67,7 @@ def generate(
     m = res["metrics"]
     console.print(f"[green]done[/]: {_n(m['requests'] - m['errors'], 'request')}, "
                   f"{m['new_tokens']} new tokens, "
-                  + (f"{m['tokens_per_s']} tokens/s" if m["tokens_per_s"] is not None else
-                     "tokens/s not measured (no answer was made by this invocation)")
+                  + _rate(m)
                   + ", mean accepted tokens "
                   f"{m['mean_accepted_tokens']}"
                   + (f", {_n(m['errors'], 'bad line')}" if m["errors"] else "")
@@ -139,6 +138,16 @@ def _cuda(device: str) -> bool:
         import torch
         return torch.cuda.is_available()
     return device.startswith("cuda")
+
+
+def _rate(m: dict) -> str:
+    """The summary's tokens/s, saying which tokens it counts where a resumed run had made some
+    before this invocation (its new tokens are the whole run's)."""
+    if m["tokens_per_s"] is None:
+        return "tokens/s not measured (no answer was made by this invocation)"
+    now = m.get("generated_tokens", m["new_tokens"])
+    return f"{m['tokens_per_s']} tokens/s" if now == m["new_tokens"] else \
+        f"{m['tokens_per_s']} tokens/s over the {now} made by this invocation"
 
 
 def _say_gain(m: dict) -> None:

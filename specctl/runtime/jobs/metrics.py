@@ -63,6 +63,9 @@ def metrics(cfg: GenerateConfig, lines: list[dict], stats: RunStats | None, wall
                       "exact_check": round(stats.exact_check_s if stats else 0.0, 3),
                       "total": round(one_off, 3)},
         "tokens_per_s": tps,
+        # (what tokens/s counts: this invocation's tokens, fewer than new_tokens where a
+        # resumed run had made some before)
+        "generated_tokens": stats.generated if stats else 0,
         **gain_vs_ar(stats, tps, busy if busy is not None else wall - one_off, plain),
         "mean_accepted_tokens": round(new / steps, 4) if steps else 0.0,
         "acceptance_rate": round(sum(acc) / drafted, 4) if drafted else 0.0,
