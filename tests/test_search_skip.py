@@ -364,6 +364,11 @@ def test_decode_objective_resume_with_other_settings_and_force(tiny_llama, dev_f
             "--store", str(store), "--device", "cpu", "--dtype", "fp32", "--objective", "decode"]
     r = CliRunner().invoke(app, base + ["--max-new", "6"])
     assert r.exit_code == 0, r.output
+    # the same settings (a step table among them) resume after the logged probes
+    more = ["4" if a == "3" else a for a in base]
+    r = CliRunner().invoke(app, more + ["--max-new", "6", "--resume"])
+    assert r.exit_code == 0, r.output
+    assert "resuming after 3 logged probes" in r.output, r.output
     r = CliRunner().invoke(app, base + ["--max-new", "8", "--resume"])
     assert r.exit_code == 0, r.output
     assert "other settings; starting over" in r.output

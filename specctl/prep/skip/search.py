@@ -97,6 +97,9 @@ def _start_log(log_path: Path, settings: dict, resume: bool, log) -> list[Probe]
     """The probes to continue from (none unless resuming with the same settings), left as the
     whole of `log_path`, the settings written beside it (search.json)."""
     meta = log_path.with_name("search.json")
+    # (compared as stored: a step table's rows are tuples here, lists when read back, so the
+    # settings never matched and every resume started over)
+    settings = json.loads(json.dumps(settings))
     probes: list[Probe] = []
     if resume and log_path.exists():
         old = None
