@@ -581,6 +581,21 @@ def test_cli_end_to_end(tmp_path, oanc_zip, tok_dir):
     fails(invoke(*again), path.name, "--force")
     r = invoke(*again, "--force")
     assert r.exit_code == 0 and "replacing" in r.output, r.output
+    # one made by another command while this one counted (the check at the start saw none):
+    # kept, and this one refused, not silently written over it
+    import specctl.prep.cache.command as command
+    theirs = (path / "manifest.json").read_bytes()
+    shutil.move(path, tmp_path / "theirs")
+    write = command.write_artifact
+
+    def racing(*a, **kw):
+        shutil.copytree(tmp_path / "theirs", path)
+        return write(*a, **kw)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(command, "write_artifact", racing)
+        fails(invoke(*again), "made by another command while this one ran", "--force")
+    assert (path / "manifest.json").read_bytes() == theirs
+    assert [p.name for p in (store / "ngram-caches").iterdir()] == [path.name]
 
 
 def test_cli_errors(tmp_path, tok_dir, oanc_tree):

@@ -126,10 +126,13 @@ class Store:
         return self.dir(kind) / ident
 
     @contextmanager
-    def building(self, kind: str, ident: str, manifest: dict) -> Iterator[Path]:
+    def building(self, kind: str, ident: str, manifest: dict,
+                 replace: bool = True) -> Iterator[Path]:
         """Build a directory artifact under a temp name; rename it into place on success.
 
-        An existing artifact with the same id is replaced only once the new one is complete.
+        An existing artifact with the same id is replaced only once the new one is complete;
+        replace=False: never (one another command made while this one built is kept, and this
+        build refused: a check before building cannot see it).
         """
         import fcntl
         final = self.path(kind, ident)
@@ -147,7 +150,16 @@ class Store:
                 pass
             yield tmp
             atomic_write_json(tmp / "manifest.json", manifest)
-            if final.exists():
+            if not replace:
+                try:   # (rename(2) onto a directory that is not empty fails: atomic)
+                    os.rename(tmp, final)
+                except OSError:
+                    if not final.exists():
+                        raise
+                    raise SpecctlError(f"{kind}/{ident} was made by another command while this "
+                                       "one ran: pass --force to replace it, or --name for "
+                                       "another id") from None
+            elif final.exists():
                 old = final.with_name(f".{ident}.old-{os.urandom(3).hex()}")
                 os.replace(final, old)
                 os.replace(tmp, final)

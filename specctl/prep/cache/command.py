@@ -227,9 +227,9 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
             windows={str(k): v for k, v in cstats["windows"].items()},
             tokenize_time_s=round(info.seconds, 3), count_time_s=round(count_s, 3),
         )
-        if store.path(KIND, ident).exists():
+        if cfg.force and store.path(KIND, ident).exists():
             log(f"replacing {KIND}/{ident}")
-        with store.building(KIND, ident, manifest) as out:
+        with store.building(KIND, ident, manifest, replace=cfg.force) as out:
             path = write_artifact(out, tables, config_dict(ccfg, fp, tname))
             build_s = time.perf_counter() - t_start
             manifest["artifact_bytes"] = path.stat().st_size
