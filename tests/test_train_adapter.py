@@ -105,6 +105,12 @@ def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     resumed = load_file(str(ad2 / "adapter.safetensors"))
     for k in full:
         torch.testing.assert_close(resumed[k], full[k], atol=1e-6, rtol=1e-5)
+    # a finished training resumed again (a script that always passes --resume): its adapter
+    # named, not the same weights stored a third time
+    r = _train(tiny_llama, data, work, "--resume")
+    assert r.exit_code == 0, r.output
+    assert f"finished before: its adapter is adapters/{ad2.name}" in " ".join(r.output.split())
+    assert len(list((work / "adapters").iterdir())) == 2
     # generate with the trained adapter equals ar
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": c["conversations"][0]["value"]}) + "\n"
@@ -223,6 +229,12 @@ def test_exit_layer_option_is_checked(tiny_llama, data, tmp_path):
                                      str(tmp_path / "not-read.json" if bad == "4" else data),
                                      "--exit-layer", bad, "--store", str(tmp_path)])
         assert r.exit_code != 0 and "--exit-layer" in r.output, r.output
+    for bad in ("0", "-5"):   # (0 divided by zero in the estimate: a traceback)
+        r = CliRunner().invoke(app, ["train-adapter", "--model", str(tiny_llama), "--data",
+                                     str(data), "--checkpoint-every", bad, "--estimate",
+                                     "--store", str(tmp_path)])
+        assert r.exit_code != 0 and "--checkpoint-every must be at least 1" in r.output, \
+            r.output
 
 
 @pytest.mark.parametrize("damage", ["truncated", "shape"])

@@ -85,7 +85,8 @@ def train_adapter(
     batch_tokens: int = typer.Option(4096, "--batch-tokens", help="Tokens per optimizer step."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use at most N conversations "
                                         "(default: all, 100 when training on a CPU)."),
-    heldout: float = typer.Option(0.05, "--heldout", help="Share held out for top-1 agreement."),
+    heldout: float = typer.Option(0.05, "--heldout", help="Share held out for top-1 agreement "
+                                  "(at least one conversation: the store ranks adapters by it)."),
     checkpoint_every: int = typer.Option(100, "--checkpoint-every", help="Steps between checkpoints."),
     strict: bool = typer.Option(False, "--strict", help="A damaged data file is an error."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),

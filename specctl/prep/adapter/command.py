@@ -27,7 +27,7 @@ from specctl.engine.loader import load_config, load_model, resolve_device
 from specctl.prep.adapter.cost import (Costs, calibrate, estimate_phases, sweep_cost,
                                        training_cost)
 from specctl.prep.adapter.features import cached_features, features_cached, sweep_features
-from specctl.prep.adapter.fit import fit, train_dtype
+from specctl.prep.adapter.fit import fit, mark_saved, train_dtype
 from specctl.prep.adapter.sweep import (SweepPlan, exit_layer_candidates, plan_sweep,
                                         sweep_config, sweep_exit_layer, sweep_sets)
 from specctl.prep.adapter.eta import Eta, duration, poly
@@ -83,8 +83,14 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
         summary["data"] = {"source": str(source), "read": read.summary()}
         if sweep is not None:
             summary["exit_layer_sweep"] = sweep
+        before = summary.pop("saved_before", None)
+        if before is not None and store.path("adapters", before).is_dir():
+            log(f"this training (the same data and settings) finished before: its adapter is "
+                f"adapters/{before}; nothing stored again")
+            return {"path": store.path("adapters", before), "summary": summary}
         eta.begin("saving")
         path = save_adapter(store, model, adapter, fp, summary)
+        mark_saved(job.work / f"ckpt-l{l}.safetensors", path.name)
         eta.end("saving")
         log(f"trained on {summary['train']} conversations ({summary['steps']} steps, "
             f"{summary['train_time_s']} s); held-out top-1 agreement {summary['heldout_top1']:.4f}")

@@ -97,6 +97,14 @@ def _save_ckpt(path: Path, adapter: Adapter, opt, step: int, log: list,
                                                   "settings": settings})
 
 
+def mark_saved(ckpt: Path, ident: str) -> None:
+    """The checkpoint's training finished and was stored as adapters/<ident>: a --resume of it
+    says so rather than storing the same weights again (fit's summary, saved_before)."""
+    meta = ckpt.with_suffix(".json")
+    if meta.is_file():
+        atomic_write_json(meta, {**json.loads(meta.read_text()), "saved": ident})
+
+
 def _load_ckpt(path: Path, adapter: Adapter, opt) -> tuple[int, list]:
     t = load_file(str(path))   # safetensors: no code can run from a checkpoint
     meta = json.loads(path.with_suffix(".json").read_text())
@@ -142,6 +150,8 @@ def fit(model, prep: Prepared, feats, cfg: TrainConfig, ckpt: Path | None, resum
         made = json.loads(ckpt.with_suffix(".json").read_text()).get("settings")
         if made == run.settings:
             run.step, run.train_log = _load_ckpt(ckpt, run.adapter, run.opt)
+            run.resumed = run.step
+            run.saved = json.loads(ckpt.with_suffix(".json").read_text()).get("saved")
             log(f"resuming at step {run.step} of {run.total}")
         else:   # (its steps were other settings' or data's: continuing would mix them)
             log("--resume: the checkpoint was made with other settings or data: training "
@@ -177,6 +187,7 @@ class _Fit:
         self.total = self.per_epoch * cfg.epochs
         self.warm = max(1, int(self.total * cfg.warmup))
         self.step, self.train_log = 0, []
+        self.resumed, self.saved = 0, None   # (a checkpoint's step, and the adapter it made)
         self.t0, self.tokens, self.top1 = time.perf_counter(), 0, 0.0
         self.settings = _settings(cfg, prep.key, train_idx)
 
@@ -242,4 +253,6 @@ class _Fit:
                    "heldout_top1": round(self.top1, 4),
                    "train_time_s": round(time.perf_counter() - self.t0, 1),
                    "log": self.train_log, "config": asdict(self.cfg)}
+        if self.saved is not None and self.resumed == self.step:   # (nothing trained now)
+            summary["saved_before"] = self.saved
         return self.adapter, summary

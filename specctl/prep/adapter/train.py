@@ -66,6 +66,8 @@ class TrainConfig:
             raise SpecctlError("--epochs >= 1, --lr > 0, --max-len >= 8, --batch-tokens >= 8")
         if not 0.0 <= self.heldout < 1.0:
             raise SpecctlError("--heldout must be in [0, 1)")
+        if self.checkpoint_every < 1:   # (it divided by 0, or checkpointed every step at -5)
+            raise SpecctlError("--checkpoint-every must be at least 1 (steps)")
 
 
 def with_device_defaults(cfg: TrainConfig, on_cpu: bool) -> tuple[TrainConfig, str | None]:
