@@ -247,6 +247,38 @@ def test_store_gc(tmp_path):
     assert r.exit_code == 0 and not live.exists()
 
 
+def test_a_damaged_or_linked_run_is_shown_and_removed_cleanly(tmp_path):
+    """store show on a damaged metrics.json says so (it was a traceback); store rm on a run
+    folder linked into the store removes the link, never what it names (rmtree refused the
+    link after it was renamed: an error, the run gone from ls, and every gc saying it removed
+    what it had not)."""
+    store = tmp_path / "s"
+    for name, metrics in (("cut", '{"requests": 3, "tok'), ("list", "[]"), ("bytes", b"\xff{")):
+        d = store / "runs" / f"ar-{name}"
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text('{"kind": "run"}')
+        (d / "metrics.json").write_bytes(metrics if isinstance(metrics, bytes) else
+                                         metrics.encode())
+        r = invoke("store", "show", f"ar-{name}", "--store", store)
+        assert r.exit_code == 0 and "unreadable metrics.json" in r.output, r.output
+    outside = tmp_path / "outside" / "r1"
+    outside.mkdir(parents=True)
+    (outside / "manifest.json").write_text('{"kind": "run"}')
+    (store / "runs" / "r1").symlink_to(outside)
+    r = invoke("store", "rm", "r1", "--yes", "--store", store)
+    assert r.exit_code == 0 and "removed runs/r1" in r.output, r.output
+    assert not os.path.lexists(store / "runs" / "r1") and (outside / "manifest.json").is_file()
+    assert not [p for p in (store / "runs").iterdir() if p.name.startswith(".")]
+    # one a killed command left half-removed under the old way: gc takes the link alone
+    gone = store / "runs" / ".r1.rm.tmp"
+    gone.symlink_to(outside)
+    os.utime(gone, (time.time() - 3600,) * 2, follow_symlinks=False)
+    os.utime(outside, (time.time() - 3600,) * 2)
+    r = invoke("store", "gc", "--store", store)
+    assert "removed runs/.r1.rm.tmp" in r.output and not os.path.lexists(gone), r.output
+    assert (outside / "manifest.json").is_file()
+
+
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):
     inp = prompts(tmp_path / "p.jsonl")
     fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "s", tiny_llama, "--device", "cpu:7"),

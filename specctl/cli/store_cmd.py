@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -125,9 +126,14 @@ def store_show(ident: str = typer.Argument(..., help="Artifact id or unique pref
     e = Store(store).find(ident)
     info = {"kind": e.kind, "path": str(e.path), "manifest": e.manifest}
     mf = e.path / "metrics.json"
-    if mf.exists():
-        m = json.loads(mf.read_text())
-        m.pop("per_sample", None)
+    if mf.exists():   # (damaged: said, as a damaged manifest is; not a traceback)
+        try:
+            m = json.loads(mf.read_text(encoding="utf-8"))
+            if not isinstance(m, dict):
+                raise ValueError(f"a JSON {type(m).__name__}, not an object")
+            m.pop("per_sample", None)
+        except (OSError, ValueError) as err:
+            m = {"error": f"unreadable metrics.json ({str(err).splitlines()[0][:120]})"}
         info["metrics"] = m
     _stdout().print_json(json.dumps(info, ensure_ascii=False))
 
@@ -167,6 +173,15 @@ def _work_folder(st: Store, name: str) -> Path:
     return dirs[name]
 
 
+def _clear(d: Path) -> bool:
+    """Remove what `d` is (a link: the link alone, never what it names); whether it is gone."""
+    if d.is_symlink():
+        d.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(d, ignore_errors=True)
+    return not os.path.lexists(d)
+
+
 @store_app.command("gc", epilog="Example:\n\n  specctl store gc --dry-run")
 @friendly
 def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would go."),
@@ -176,18 +191,22 @@ def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wh
     half-built artifacts of killed commands."""
     st = Store(store)
     gone = [f"runs/{p.name} (no answers)" for p in st.remove_abandoned_runs(dry_run)]
-    for d in st.stale_work():
+    left = []
+    for d, why in [(d, "left by a killed command") for d in st.stale_work()] + \
+            [(d, "half built by a killed command") for d in st.stale_builds()]:
+        name = f"{d.parent.name}/{d.name}"
         if not dry_run:
-            shutil.rmtree(d, ignore_errors=True)
-        gone.append(f"work/{d.name} (left by a killed command)")
-    for d in st.stale_builds():
-        if not dry_run:
-            shutil.rmtree(d, ignore_errors=True)
+            if not _clear(d):
+                left.append(name)
+                continue
             d.with_name(d.name + ".lock").unlink(missing_ok=True)
-        gone.append(f"{d.parent.name}/{d.name} (half built by a killed command)")
+        gone.append(f"{name} ({why})")
     verb = "would remove" if dry_run else "removed"
     for g in gone:
         console.print(f"{verb} {g}", highlight=False, markup=False)
-    if not gone:
+    for name in left:
+        console.print(f"could not remove {name}: remove it by hand", highlight=False,
+                      markup=False)
+    if not gone and not left:
         console.print(f"nothing to remove in the store at {st.root}", highlight=False,
                       markup=False)

@@ -394,6 +394,9 @@ def remove_dir(path: Path, what: str) -> None:
                                    "(or stop it) first") from None
             except OSError:
                 pass
+        if path.is_symlink():   # (a folder linked into the store: the link goes, never what
+            path.unlink()       # it names; rmtree refused it after the rename, half done)
+            return
         gone = path.with_name(f".{path.name}.rm.tmp")
         os.replace(path, gone)
         shutil.rmtree(gone)
