@@ -141,7 +141,14 @@ def test_a_setting_of_the_wrong_type_is_a_specctl_error(tiny_llama, tmp_path):
                      ({"dtype": "fp8"}, "dtype must be auto, fp32, bf16 or fp16, got 'fp8'")]:
         with pytest.raises(SpecctlError, match="^" + re.escape(said)):
             Generator(str(tiny_llama), **kw)
+    # (not settings: the store, the reporter, generate_file's resume)
+    for kw, said in [({"store": 5}, "Generator: store must be a folder's path or a Store"),
+                     ({"report": 5}, "Generator: report must be a specctl.reporting.Reporter")]:
+        with pytest.raises(SpecctlError, match="^" + re.escape(said)):
+            Generator(str(tiny_llama), **kw)
     g = _gen(tiny_llama, tmp_path)
+    with pytest.raises(SpecctlError, match="^resume must be True or False, got 'no'$"):
+        g.generate_file(tmp_path / "p.jsonl", resume="no")
     with pytest.raises(SpecctlError, match="^top_k must be an integer, got 2.5$"):
         g.generate(["hi"], temperature=0.5, top_k=2.5)
     c = Generator(Path(tiny_llama), max_tokens=np.int64(4), temperature=np.float32(0.5)).config()

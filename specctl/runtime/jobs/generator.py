@@ -128,6 +128,13 @@ class Generator:
         self.settings = {**options, "model": model, "method": method}
         self.flags = flags
         self.config()   # checks the settings now
+        if not isinstance(store, (Store, str, Path, type(None))):
+            raise SpecctlError(f"Generator: store must be a folder's path or a Store, got "
+                               f"{type(store).__name__}")
+        if report is not None and not all(callable(getattr(report, f, None))
+                                          for f in ("log", "task")):
+            raise SpecctlError(f"Generator: report must be a specctl.reporting.Reporter, got "
+                               f"{type(report).__name__}")
         self.store = store if isinstance(store, Store) else Store(store)
         self.report = report or QUIET
         self._model_dir = None   # (resolved once: a store's model may be downloaded)
@@ -232,6 +239,8 @@ class Generator:
         in the store; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}. limit: only
         the first N lines; skip_bad: record bad lines instead of stopping (both default to the
         Generator's settings)."""
+        if not isinstance(resume, bool):   # ("no" would read as True)
+            raise SpecctlError(f"resume must be True or False, got {resume!r}")
         over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
         cfg = self.config(input, **over)
         try:
