@@ -245,12 +245,15 @@ def test_exact_rows_are_checked_against_ar_exact_in_bf16(work, prompts, tiny_lla
         assert by[key]["matches_ar"] and by[key]["matches_ar_b1"], by[key]["mismatch"]
 
     # fp32: skipped with the reason where this machine's fp32 matmuls cannot be made invariant
-    ok(bench(prompts, work / "store-exact-fp32", tiny_llama, "--methods", "ar,ar:exact",
-             "--batch-sizes", "1", "--repeats", 1))
+    # (and then `ar` alone ran: the bench fails, a script must not read it as a pass)
+    r = bench(prompts, work / "store-exact-fp32", tiny_llama, "--methods", "ar,ar:exact",
+              "--batch-sizes", "1", "--repeats", 1)
     (d,) = benches(work / "store-exact-fp32")
     res = json.loads((d / "results.json").read_text())
     skipped = [s for s in res["skipped"] if s["method"] == "ar:exact"]
-    assert skipped == [] and len(res["rows"]) == 2 or "fp32 matmuls" in skipped[0]["reason"]
+    assert r.exit_code == 0 and skipped == [] and len(res["rows"]) == 2 or \
+        "fp32 matmuls" in skipped[0]["reason"] and r.exit_code != 0 and \
+        "only ar ran: every method to compare with it was skipped" in r.output, r.output
 
     # a global --exact with --dtype auto loads bf16, as `generate --exact` does (a probe saw
     # it load fp32 on this CPU and skip every row)
@@ -328,10 +331,14 @@ def test_a_near_tie_is_told_from_a_real_difference_by_what_a_batch_shape_moves(t
 
 
 def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
-    r = ok(bench(prompts, tmp_path / "store", tiny_llama, "--methods", "draft-verify",
-                 "--batch-sizes", "2", "--repeats", 1, "--warmup", 0))
+    """Skipped with its reason, and the bench kept; as nothing was left to compare with `ar`,
+    it fails (it exited 0: a script read a typo'd --skip-set as a pass)."""
+    r = bench(prompts, tmp_path / "store", tiny_llama, "--methods", "draft-verify",
+              "--batch-sizes", "2", "--repeats", 1, "--warmup", 0)
     out = " ".join(r.output.split())
     assert "ar is added" in out and "skipping draft-verify" in out and "search-skip" in out
+    assert r.exit_code != 0 and "only ar ran: every method to compare with it was skipped " \
+        "(draft-verify: " in out, out
     (d,) = benches(tmp_path / "store")
     res = json.loads((d / "results.json").read_text())
     assert [(x["method"], x["batch_size"]) for x in res["rows"]] == [("ar", 2)]

@@ -97,9 +97,14 @@ def bench(
     err = mismatch_error(res)
     if err is not None:
         raise err
-    if not res["rows"]:   # (a script must not read a bench of nothing as a pass)
+    # (a script must not read a bench of nothing, or of `ar` alone against nothing, as a pass)
+    compared = [r for r in res["rows"] if r["method"] != "ar"]
+    asked = {s["method"] for s in res["skipped"]} - {"ar"}
+    if not res["rows"] or asked and not compared:
         why = "; ".join(sorted({f"{s['method']}: {s['reason']}" for s in res["skipped"]}))
-        raise SpecctlError(f"no row ran: every method was skipped ({why})")
+        what = "no row ran: every method was skipped" if not res["rows"] else \
+            "only ar ran: every method to compare with it was skipped"
+        raise SpecctlError(f"{what} ({why})")
 
 
 def _no_matplotlib() -> str | None:
