@@ -759,3 +759,21 @@ def test_a_killed_build_leaves_no_work_behind(tmp_path, tok_dir, oanc_tree):
                    "--min-count", 2, "--workers", 1)
         assert r.exit_code == 0, r.output
         assert sorted(p.name for p in work.iterdir()) == ["build-cache-live1"]
+
+
+def test_an_input_given_twice_is_read_once(tmp_path, tok_dir, oanc_tree):
+    """`a a ./a`, or a file inside a folder also given, counted once (counted three times,
+    each n-gram passed --min-count at a third of its occurrences)."""
+    one = next(p for p in sorted(oanc_tree.rglob("*.txt")))
+    opts = ("--model", tok_dir, "--min-count", 2, "--top", 5, "--max-key-len", 3,
+            "--gram-len", 2, "--workers", 1, "--name")
+    totals = []
+    for name, given in (("once", [oanc_tree]), ("again", [oanc_tree, one, oanc_tree,
+                                                         oanc_tree / "." ])):
+        r = invoke("build-cache", *given, *opts, name, "--store", tmp_path / "s")
+        assert r.exit_code == 0, r.output
+        m = json.loads((tmp_path / "s" / "ngram-caches" / name / "manifest.json").read_text())
+        totals.append((m["files"], m["tokens"], m["total_ngrams"]))
+    said = " ".join(r.output.split())
+    assert f"{one}: read once, with {oanc_tree}" in said and said.count("read once, with") == 3
+    assert totals[0] == totals[1]
