@@ -114,22 +114,20 @@ def _best(cfg: SearchConfig, model, prompts, table, probes: list, log) -> tuple:
     return best, measured, {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
 
 
-def _refuse_over(store: Store, ident: str, log_path: Path, force: bool, log) -> None:
+def _refuse_over(store: Store, ident: str, log_path: Path, force: bool) -> list[str]:
     """A new search would replace an earlier one's log (hours of probes, perhaps) and its
-    stored set: only with force (build-cache refuses the same way)."""
+    stored set: only with force (build-cache refuses the same way); what it replaces."""
     have = [f"skipsets/{i}" for i in (ident, f"{ident}-no-gain")
             if store.path("skipsets", i).exists()]
     logged = _logged(log_path)
     if logged:
         have.append(f"a log of {logged} probes ({log_path})")
-    if not have:
-        return
-    if not force:
+    if have and not force:
         raise SpecctlError(f"a search of this model and objective was run before: "
                            f"{', '.join(have)}. --resume continues its search; --force starts "
                            "over (its log is replaced now, its stored set when the new search "
                            "ends)")
-    log(f"--force: starting over ({', '.join(have)} replaced)")
+    return have
 
 
 def _logged(log_path: Path) -> int:
@@ -154,8 +152,7 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
     # (one search a log: store rm work/NAME refuses it while held)
     held = store.hold_work(log_path.parent, "search-skip for this model and objective")
     try:
-        if not resume:
-            _refuse_over(store, ident, log_path, force, log)
+        over = [] if resume else _refuse_over(store, ident, log_path, force)
         tk = Tokenization(model_dir, chat=True)
         model = load_model(model_dir, cfg.device, cfg.dtype)
         prompts = dev_prompts(cfg, store, tk, log)
@@ -171,6 +168,8 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
                     "prompts": hashlib.sha1(json.dumps(prompts).encode()).hexdigest(),
                     "max_new": cfg.max_new,
                     "step_table": table.to_json() if table is not None else None}
+        if over:   # (said once the dev set and settings held: the log goes now)
+            log(f"--force: starting over ({', '.join(over)} replaced)")
         t0 = time.perf_counter()
         probes, interrupted = _probe(cfg, dev, table, log_path, resume, settings, L, report)
         search_s = time.perf_counter() - t0
