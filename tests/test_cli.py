@@ -817,6 +817,21 @@ def test_group_help(cmd):
     assert "specctl " + (cmd[0] if cmd else "generate") in r.output.split("Examples")[1]
 
 
+@pytest.mark.parametrize("cmd", [["--help"], ["generate", "--help"], ["store", "ls", "--store",
+                                                                   "{tmp}"]])
+def test_help_and_the_store_commands_do_not_import_torch(cmd, tmp_path):
+    """torch's import is most of a command's start (~1.5 s of `specctl --help`'s 2 s here):
+    only what runs a model pays it."""
+    import subprocess
+    import sys
+    code = ("import sys; from specctl.cli import app\n"
+            "try:\n    app(sys.argv[1:], prog_name='specctl')\nexcept SystemExit as e:\n"
+            "    assert not e.code, e.code\nassert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code, *[c.format(tmp=tmp_path) for c in cmd]],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_switches_show_no_value_in_help():
     r = ok(invoke("generate", "--help"))
     assert "<bool>" not in r.output and "--skip-bad" in r.output and "<int>" in r.output

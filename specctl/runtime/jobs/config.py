@@ -10,13 +10,15 @@ import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specctl.engine.loader import DTYPES
 from specctl.errors import SpecctlError
 from specctl.io.prompts import unencodable
-from specctl.speculative.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specctl.speculative.sampling import SamplingParams
 
 METHODS = ("ar", "draft-verify", "kangaroo", "self-draft")
 # named ablations a benchmark can run beside the method itself ("self-draft:no-corpus")
@@ -275,6 +277,7 @@ class GenerateConfig:
                 raise SpecctlError(f"--stop {ascii(s)}: {unencodable(s)}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise SpecctlError(f"--device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        from specctl.engine.loader import DTYPES   # (torch: not imported by the CLI's --help)
         if self.dtype != "auto" and self.dtype not in DTYPES:   # (now, not at the model's load)
             raise SpecctlError(f"--dtype must be auto, fp32, bf16 or fp16, got {self.dtype!r}")
         if not 0 <= self.seed < 2**63:
@@ -349,6 +352,7 @@ class GenerateConfig:
         return "bf16" if self.exact and self.dtype == "auto" else self.dtype
 
     def sampling(self) -> SamplingParams:
+        from specctl.speculative.sampling import SamplingParams
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def inert(self) -> dict:
