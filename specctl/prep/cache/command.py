@@ -168,22 +168,6 @@ class _Bars:
         self.write.update(completed=1, info=f"{nbytes / 1e6:.1f} MB")
 
 
-def _once(paths: list[Path], log) -> list[Path]:
-    """Each input read once: one given twice (`a.txt ./a.txt`), or inside a folder also given,
-    is said and dropped (its n-grams counted twice would pass --min-count at half the
-    occurrences)."""
-    real = [p.resolve() for p in paths]
-    out = []
-    for i, (p, r) in enumerate(zip(paths, real)):
-        first = next((paths[j] for j in range(len(paths)) if j != i and (
-            real[j] == r and j < i or real[j] != r and real[j] in r.parents)), None)
-        if first is None:
-            out.append(p)
-        else:
-            log(f"{p}: read once, with {first}")
-    return out
-
-
 def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None = None) -> dict:
     report = reporter(report)
     log = report.log
@@ -195,7 +179,6 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
     for p in paths:
         if not p.exists():
             raise SpecctlError(f"{p}: no such file or folder")
-    paths = _once(paths, log)
     if not cfg.corpus:
         log(f"corpus: {paths[0]} (the default location)")
     model_dir = tokenizer_dir(cfg.model, store, log)

@@ -79,8 +79,26 @@ class CorpusReader:
                 plan.append(("jsonl", p, None))
             else:
                 plan.append(("text", p, None))
-        self._plan = plan
-        return plan
+        self._plan = self._once(plan)
+        return self._plan
+
+    def _once(self, plan: list[tuple]) -> list[tuple]:
+        """Each file read once: one given twice (`a.txt ./a.txt`), or given beside a folder
+        whose walk reads it, is said and read the first time only (counted twice, its n-grams
+        passed --min-count at half their occurrences). A file the walk skips is not one."""
+        seen, out, again = set(), [], []
+        for entry in plan:
+            key = entry[1].resolve()
+            if key in seen:
+                again.append(str(entry[1]))
+            else:
+                seen.add(key)
+                out.append(entry)
+        if again:   # (one line: a folder given twice repeats its every file)
+            self.log(f"{len(again)} file{'s' * (len(again) > 1)} given more than once (or inside "
+                     f"a folder given too), read once: {', '.join(again[:3])}"
+                     + (", ..." if len(again) > 3 else ""))
+        return out
 
     def _plan_dir(self, root: Path) -> list[tuple]:
         """The folder's files, walked in sorted order; a link is followed only to a file inside
