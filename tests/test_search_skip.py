@@ -364,9 +364,17 @@ def test_decode_objective_resume_with_other_settings_and_force(tiny_llama, dev_f
             "--store", str(store), "--device", "cpu", "--dtype", "fp32", "--objective", "decode"]
     r = CliRunner().invoke(app, base + ["--max-new", "6"])
     assert r.exit_code == 0, r.output
-    # the same settings (a step table among them) resume after the logged probes
-    more = ["4" if a == "3" else a for a in base]
-    r = CliRunner().invoke(app, more + ["--max-new", "6", "--resume"])
+    # the same settings resume after the logged probes, priced on the logged step table: one
+    # measured again (a busy CPU's is never kept, each run measures its own) prices otherwise
+    import specctl.prep.skip.command as command
+    from dataclasses import replace
+    measured = command.step_table_for
+    busy = lambda *a, **kw: replace(measured(*a, **kw), table=tuple(   # noqa: E731
+        tuple(2 * x for x in row) for row in measured(*a, **kw).table))
+    more = base[:base.index("--iters") + 1] + ["4"] + base[base.index("--iters") + 2:]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(command, "step_table_for", busy)
+        r = CliRunner().invoke(app, more + ["--max-new", "6", "--resume"])
     assert r.exit_code == 0, r.output
     assert "resuming after 3 logged probes" in r.output, r.output
     r = CliRunner().invoke(app, base + ["--max-new", "8", "--resume"])
@@ -384,6 +392,12 @@ def test_decode_objective_resume_with_other_settings_and_force(tiny_llama, dev_f
     assert (logged.read_bytes(), saved.joinpath("skipset.json").read_bytes()) == before
     r = CliRunner().invoke(app, base + ["--max-new", "8", "--resume", "--force"])
     assert r.exit_code != 0 and "pass one" in r.output
+    # --force with a dev set that cannot be read: refused before it says it starts over, the
+    # log as it was
+    gone = [str(tmp_path / "no-dev.jsonl") if a == str(dev_file) else a for a in base]
+    r = CliRunner().invoke(app, gone + ["--max-new", "8", "--force"])
+    assert r.exit_code != 0 and "starting over" not in r.output, r.output
+    assert (logged.read_bytes(), saved.joinpath("skipset.json").read_bytes()) == before
     r = CliRunner().invoke(app, base + ["--max-new", "8", "--iters", "2", "--force"])
     assert r.exit_code == 0, r.output
     assert "--force: starting over" in r.output

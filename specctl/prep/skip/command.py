@@ -14,6 +14,7 @@ from specctl.io.prompts import read_prompts
 from specctl.models.checkpoint import resolve_model
 from specctl.models.fingerprint import model_fingerprint
 from specctl.engine.loader import load_model
+from specctl.engine.steptable import ENGINE_COSTS, StepTable
 from specctl.prep.skip.search import confirm, plot_search, run_search
 from specctl.prep.skip.evaluate import DevSet, ar_per_token
 from specctl.prep.skip.skipsets import save_skipset, work_dir
@@ -130,6 +131,22 @@ def _refuse_over(store: Store, ident: str, log_path: Path, force: bool) -> list[
     return have
 
 
+def _logged_table(log_path: Path, model) -> StepTable | None:
+    """On --resume: the step table the logged probes were priced on (search.json beside the
+    log), where it is this model's device, dtype and attention. One measured again (a busy
+    CPU's is never kept) would price the rest of the search on other numbers, and the settings
+    would never match the log's: every such resume started over."""
+    try:
+        t = StepTable.from_json(json.loads(log_path.with_name("search.json").read_text())
+                                ["step_table"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    here = (model.device.type, str(model.dtype).replace("torch.", ""), model.attention)
+    ok = (t.device, t.dtype, t.attention) == here and t.engine == ENGINE_COSTS and \
+        t.implausible() is None and t.batches == (1,)
+    return t if ok else None
+
+
 def _logged(log_path: Path) -> int:
     """Probes in a search log (its lines; 0 when there is none)."""
     try:
@@ -160,8 +177,9 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         if any(len(p) + cfg.max_new + 16 > ctx for p in prompts):
             raise SpecctlError("a dev prompt is too long for the model's context")
         # priced on the batch-1 step-cost table that --speculate auto prices draft-verify with
-        table = step_table_for(model, 1, store=store, fingerprint=fp, log=log) \
-            if cfg.objective != "wall" else None
+        table = None if cfg.objective == "wall" else \
+            (resume and _logged_table(log_path, model)) or \
+            step_table_for(model, 1, store=store, fingerprint=fp, log=log)
         L = model.cfg.num_layers
         dev = _dev_set(cfg, model, prompts, log)
         settings = {"objective": cfg.objective,
