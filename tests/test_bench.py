@@ -339,6 +339,10 @@ def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
     assert "ar is added" in out and "skipping draft-verify" in out and "search-skip" in out
     assert r.exit_code != 0 and "only ar ran: every method to compare with it was skipped " \
         "(draft-verify: " in out, out
+    # (ar:exact, added as the :exact rows' baseline, is not a method compared either)
+    r = bench(prompts, tmp_path / "store2", tiny_llama, "--methods", "draft-verify:exact",
+              "--batch-sizes", "2", "--repeats", 1, "--warmup", 0, "--dtype", "bf16")
+    assert r.exit_code != 0 and "skipped (draft-verify:exact: " in " ".join(r.output.split())
     (d,) = benches(tmp_path / "store")
     res = json.loads((d / "results.json").read_text())
     assert [(x["method"], x["batch_size"]) for x in res["rows"]] == [("ar", 2)]
