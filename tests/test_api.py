@@ -84,7 +84,8 @@ def test_ar_under_auto_admits_in_groups_and_under_fixed_at_once(tiny_llama, tmp_
     """make_runner's wiring: `ar` under --speculate auto (its default) groups admissions as
     every controlled run does; under fixed it admits at once (a schedule of the inputs)."""
     from specctl.runtime.jobs.methods import make_drafter
-    from specctl.runtime.jobs.sizing import make_runner, usable_cpus
+    from specctl.runtime.jobs.sizing import make_runner
+    from specctl.runtime.step.threads import usable_cpus
     g = _gen(tiny_llama, tmp_path)
     model_dir, tk, model, _ = g._load(g.config())
     for speculate, grouped in (("auto", True), ("fixed", False)):
@@ -92,12 +93,17 @@ def test_ar_under_auto_admits_in_groups_and_under_fixed_at_once(tiny_llama, tmp_
         runner = make_runner(cfg, model, make_drafter(cfg, model, model_dir, g.store,
                                                       lambda *a: None), tk, [64, 64])
         assert runner.grouped is grouped and runner.controller is None, speculate
-    # (more --threads than the CPUs it may run on is said, not silently oversubscribed)
-    for threads, said in ((1, False), (usable_cpus() + 1, True)):
+    # (more --threads than the CPUs it may run on is said once a call, not silently
+    # oversubscribed; never where none was given: auto's pilot sets its own)
+    from specctl.reporting import Reporter
+    inp = tmp_path / "p.jsonl"
+    inp.write_text(json.dumps({"prompt": "hello"}) + "\n")
+    for threads, said in ((None, 0), (1, 0), (usable_cpus() + 1, 1)):
         msgs: list[str] = []
-        make_runner(g.config(threads=threads), model, make_drafter(
-            cfg, model, model_dir, g.store, lambda *a: None), tk, [64], log=msgs.append)
-        assert any("is more than the" in m for m in msgs) is said, (threads, msgs)
+        g = _gen(tiny_llama, tmp_path, "auto", threads=threads, report=Reporter(msgs.append))
+        g.generate(PROMPTS[:1], 4)
+        g.generate_file(inp)
+        assert sum("is more than the" in m for m in msgs) == 2 * said, (threads, msgs)
 
 
 def test_generate_file_is_the_cli_job(tiny_llama, tmp_path):

@@ -27,6 +27,7 @@ from specctl.io.shards import read_input
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
+from specctl.runtime.jobs.sizing import say_threads
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.store import Store, atomic_write_json, atomic_write_text, make_manifest, new_id
 
@@ -118,6 +119,7 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     model = load_model(model_dir, cfg.device, _model_dtype(cfg), cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
     warn_flex_off_cuda(model, log)
+    say_threads(cfg.method_options.get("threads"), model, log)
     b = _Bench(cfg, store, log, report, recs, model_dir, tk, model)
     _check_lengths(b, input_desc)
     _methods(b)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import platform
 import re
 import time
@@ -19,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from specctl.engine.steptable import ENGINE_COSTS, StepTable, measure_step_table
+from specctl.runtime.step.threads import usable_cpus
 from specctl.store import atomic_write_json, make_manifest
 
 _TABLES: dict = {}
@@ -140,8 +140,7 @@ def _measure(model, batch_size, batches, ns, context, repeats, warmup, kv, store
     # (the process's CPU time over what its threads could have had: torch's threads, at most
     # the CPUs it may run on; the calling thread's alone read 14% on an idle machine with 8
     # threads on 2 CPUs, its workers doing the work)
-    cpus = min(torch.get_num_threads(), len(os.sched_getaffinity(0))
-               if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    cpus = min(torch.get_num_threads(), usable_cpus())
     ran = (time.process_time() - c0) / (wall * max(1, cpus)) if wall > BUSY_WALL_S else 1.0
     if model.device.type == "cpu" and ran < BUSY:
         log(f"warning: the CPU was busy while the step-cost table was measured (this process "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -14,6 +13,7 @@ from specctl.runtime.jobs.exactcheck import set_exact_kept
 from specctl.runtime.control.controller import make_controller
 from specctl.runtime.step.prefill import PAD_BYTES
 from specctl.runtime.step.runner import Runner
+from specctl.runtime.step.threads import usable_cpus
 from specctl.runtime.jobs.tokenization import Tokenization
 
 
@@ -21,10 +21,14 @@ CUDA_CHUNKS = (4096, 2048, 1024)   # prefill_chunk's choices on CUDA, first the 
 CHUNK_SHARE = 0.02   # the most of a device's memory a prefill forward's activations may take
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity: a container's or taskset's share)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        os.cpu_count() or 1
+def say_threads(threads: int | None, model, log) -> None:
+    """Once a job (generate's, bench's), where the user's --threads is more than the CPUs the
+    process may run on (it ran silently oversubscribed)."""
+    cpus = usable_cpus()
+    if threads and threads > cpus and model.device.type == "cpu":
+        log(f"--threads {threads} is more than the {cpus} CPUs this process may run on: its "
+            "threads will take turns on them, which is slower than one each (leave --threads "
+            "out to have it measured)")
 
 
 def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,
@@ -38,11 +42,6 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
     t0 = time.perf_counter()
     checked = set_exact(model, cfg, log, store=store, fingerprint=fingerprint)
     check_s = time.perf_counter() - t0 if checked else 0.0
-    cpus = usable_cpus()
-    if cfg.threads and cfg.threads > cpus and model.device.type == "cpu":
-        log(f"--threads {cfg.threads} is more than the {cpus} CPUs this process may run on: "
-            "its threads will take turns on them, which is slower than one each (leave "
-            "--threads out to have it measured)")
     ctx = model.cfg.max_position
     max_len = min(ctx, max(rows, default=16) + 32)
     slots = min(cfg.batch_size, len(rows))

@@ -25,6 +25,7 @@ to the next one (a new-user probe on this 2-core machine, --threads 1 unaffected
 
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -77,3 +78,10 @@ class ThreadTuner:
                 else self.base
             self.choice = best
             self._ref, self._slow = statistics.median(self._seen[best]), 0
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: taskset's, a cpuset's; a CPU quota,
+    `docker --cpus`, is not seen here)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        os.cpu_count() or 1
