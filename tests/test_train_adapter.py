@@ -109,7 +109,9 @@ def test_train_resume_and_generate(tiny_llama, data, tmp_path):
     # named, not the same weights stored a third time
     r = _train(tiny_llama, data, work, "--resume")
     assert r.exit_code == 0, r.output
-    assert f"finished before: its adapter is adapters/{ad2.name}" in " ".join(r.output.split())
+    said = " ".join(r.output.split())
+    assert f"finished before: its adapter is adapters/{ad2.name}" in said
+    assert "already stored: " in said and "saved: " not in said
     assert len(list((work / "adapters").iterdir())) == 2
     # generate with the trained adapter equals ar
     prompts = tmp_path / "p.jsonl"

@@ -127,7 +127,8 @@ def train_adapter(
     if res["path"] is None:
         console.print("--estimate: nothing trained", highlight=False, markup=False)
         return
-    console.print(f"[green]saved[/]: {escape(str(res['path']))}", highlight=False)
+    said = "already stored" if res.get("reused") else "saved"
+    console.print(f"[green]{said}[/]: {escape(str(res['path']))}", highlight=False)
 
 
 @app.command("build-cache", epilog="Examples:\n\n  specctl build-cache OANC_GrAF.zip\n\n"

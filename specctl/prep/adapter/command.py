@@ -83,11 +83,11 @@ def run_train_adapter(cfg: TrainConfig, store: Store, resume: bool,
         summary["data"] = {"source": str(source), "read": read.summary()}
         if sweep is not None:
             summary["exit_layer_sweep"] = sweep
-        before = summary.pop("saved_before", None)
-        if before is not None and store.path("adapters", before).is_dir():
+        before = _stored_before(store, summary)
+        if before is not None:
             log(f"this training (the same data and settings) finished before: its adapter is "
-                f"adapters/{before}; nothing stored again")
-            return {"path": store.path("adapters", before), "summary": summary}
+                f"adapters/{before.name}; nothing stored again")
+            return {"path": before, "summary": summary, "reused": True}
         eta.begin("saving")
         path = save_adapter(store, model, adapter, fp, summary)
         mark_saved(job.work / f"ckpt-l{l}.safetensors", path.name)
@@ -385,6 +385,23 @@ class _Job:
             task.close()
         eta.end("training")
         return out
+
+
+def _stored_before(store: Store, summary: dict) -> Path | None:
+    """The adapter a finished training's checkpoint was stored as (fit's saved_before), where
+    the store still holds it as this training's: its log's settings and steps are these (an
+    id removed and taken again by another training's adapter is not it)."""
+    ident = summary.pop("saved_before", None)
+    if ident is None:
+        return None
+    try:
+        log = json.loads((store.path("adapters", ident) / "train_log.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = isinstance(log, dict) and log.get("config") == json.loads(json.dumps(
+        summary["config"])) and \
+        log.get("steps") == summary["steps"] and log.get("train") == summary["train"]
+    return store.path("adapters", ident) if same else None
 
 
 def _merged(phases: dict[str, float]) -> dict[str, float]:

@@ -147,11 +147,10 @@ def fit(model, prep: Prepared, feats, cfg: TrainConfig, ckpt: Path | None, resum
     run = _Fit(model, prep, feats, cfg, prep.train if train_idx is None else train_idx,
                prep.held if held is None else held, log)
     if resume and ckpt is not None and ckpt.exists():
-        made = json.loads(ckpt.with_suffix(".json").read_text()).get("settings")
-        if made == run.settings:
+        meta = json.loads(ckpt.with_suffix(".json").read_text())
+        if meta.get("settings") == run.settings:
             run.step, run.train_log = _load_ckpt(ckpt, run.adapter, run.opt)
-            run.resumed = run.step
-            run.saved = json.loads(ckpt.with_suffix(".json").read_text()).get("saved")
+            run.resumed, run.saved = run.step, meta.get("saved")
             log(f"resuming at step {run.step} of {run.total}")
         else:   # (its steps were other settings' or data's: continuing would mix them)
             log("--resume: the checkpoint was made with other settings or data: training "
@@ -253,6 +252,6 @@ class _Fit:
                    "heldout_top1": round(self.top1, 4),
                    "train_time_s": round(time.perf_counter() - self.t0, 1),
                    "log": self.train_log, "config": asdict(self.cfg)}
-        if self.saved is not None and self.resumed == self.step:   # (nothing trained now)
-            summary["saved_before"] = self.saved
+        if self.saved is not None and self.resumed == self.step == self.total:
+            summary["saved_before"] = self.saved   # (finished, and nothing trained now)
         return self.adapter, summary
