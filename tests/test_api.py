@@ -155,6 +155,12 @@ def test_a_setting_of_the_wrong_type_is_a_specctl_error(tiny_llama, tmp_path):
     g = _gen(tiny_llama, tmp_path)
     with pytest.raises(SpecctlError, match="^resume must be True or False, got 'no'$"):
         g.generate_file(tmp_path / "p.jsonl", resume="no")
+    # (any path-like store, py.path's too; numpy's bool a bool)
+    import py
+    assert Generator(str(tiny_llama), store=py.path.local(tmp_path / "s")).store.root == \
+        tmp_path / "s"
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    assert g.generate_file(tmp_path / "p.jsonl", resume=np.bool_(False))["metrics"]
     with pytest.raises(SpecctlError, match="^top_k must be an integer, got 2.5$"):
         g.generate(["hi"], temperature=0.5, top_k=2.5)
     c = Generator(Path(tiny_llama), max_tokens=np.int64(4), temperature=np.float32(0.5)).config()

@@ -22,9 +22,12 @@ SpecctlError naming it.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+import numpy as np
 
 from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord, prompt_record
@@ -129,14 +132,15 @@ class Generator:
         self.settings = {**options, "model": model, "method": method}
         self.flags = flags
         self.config()   # checks the settings now
-        if not isinstance(store, (Store, str, Path, type(None))):
+        if not isinstance(store, (Store, str, os.PathLike, type(None))):
             raise SpecctlError(f"Generator: store must be a folder's path or a Store, got "
                                f"{type(store).__name__}")
         if report is not None and not all(callable(getattr(report, f, None))
                                           for f in ("log", "task")):
             raise SpecctlError(f"Generator: report must be a specctl.reporting.Reporter, got "
                                f"{type(report).__name__}")
-        self.store = store if isinstance(store, Store) else Store(store)
+        self.store = store if isinstance(store, Store) else \
+            Store(None if store is None else os.fspath(store))
         self.report = report or QUIET
         self._model_dir = None   # (resolved once: a store's model may be downloaded)
         self._fingerprint = (0, "")   # (the kept load's: Kept.loads when made, the id)
@@ -241,12 +245,12 @@ class Generator:
         in the store; returns {'run_dir', 'out', 'metrics', 'rank', 'world_size'}. limit: only
         the first N lines; skip_bad: record bad lines instead of stopping (both default to the
         Generator's settings)."""
-        if not isinstance(resume, bool):   # ("no" would read as True)
+        if not isinstance(resume, (bool, np.bool_)):   # ("no" would read as True)
             raise SpecctlError(f"resume must be True or False, got {resume!r}")
         over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
         cfg = self.config(input, **over)
         try:
             return run_generate(cfg, self.store, out_path(out) if out is not None else None,
-                                resume=resume, report=self.report, kept=self._kept)
+                                resume=bool(resume), report=self.report, kept=self._kept)
         except SpecctlError as e:
             raise self._said(e) from None
