@@ -18,6 +18,7 @@ a half artifact. Nothing here ever unpickles: metadata is JSON, tensors are safe
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -87,6 +88,11 @@ def _where(given: bool) -> str:
     return "$SPECCTL_HOME" if os.environ.get("SPECCTL_HOME") else "the default store"
 
 
+class ArtifactExists(SpecctlError):
+    """An artifact Store.building(replace=False) would have replaced: another command made it
+    while this one built (the caller says what to do: its own flags)."""
+
+
 class Store:
     """A directory of artifacts; see the module docstring for the layout."""
 
@@ -153,12 +159,11 @@ class Store:
             if not replace:
                 try:   # (rename(2) onto a directory that is not empty fails: atomic)
                     os.rename(tmp, final)
-                except OSError:
-                    if not final.exists():
+                except OSError as e:
+                    if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
-                    raise SpecctlError(f"{kind}/{ident} was made by another command while this "
-                                       "one ran: pass --force to replace it, or --name for "
-                                       "another id") from None
+                    raise ArtifactExists(f"{kind}/{ident} was made by another command while "
+                                         "this one ran") from None
             elif final.exists():
                 old = final.with_name(f".{ident}.old-{os.urandom(3).hex()}")
                 os.replace(final, old)

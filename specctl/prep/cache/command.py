@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from specctl.prep.cache.ngrams import (CountConfig, config_dict, count_tables, t
                                       write_artifact)
 from specctl.models.fingerprint import tokenizer_fingerprint, tokenizer_name
 from specctl.speculative.corpus_cache import KIND
-from specctl.store import Store, file_sha256, make_manifest
+from specctl.store import ArtifactExists, Store, file_sha256, make_manifest
 
 OANC_URL = "https://anc.org/data/oanc/"
 OANC_NAMES = ("OANC_GrAF.zip", "OANC-GrAF")
@@ -168,6 +169,17 @@ class _Bars:
         self.write.update(completed=1, info=f"{nbytes / 1e6:.1f} MB")
 
 
+@contextmanager
+def _building(store: Store, ident: str, manifest: dict, force: bool):
+    """Store.building, never over a cache another command made meanwhile (without --force)."""
+    try:
+        with store.building(KIND, ident, manifest, replace=force) as out:
+            yield out
+    except ArtifactExists as e:
+        raise SpecctlError(f"{e}: pass --force to replace it, or --name for another "
+                           "id") from None
+
+
 def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None = None) -> dict:
     report = reporter(report)
     log = report.log
@@ -186,7 +198,7 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
     fp = tokenizer_fingerprint(model_dir)
     tname = tokenizer_name(model_dir)
     ident = artifact_id(cfg, model_dir, paths)
-    if store.path(KIND, ident).exists() and not cfg.force:
+    if os.path.lexists(store.path(KIND, ident)) and not cfg.force:
         raise SpecctlError(f"{KIND}/{ident} exists already: pass --force to replace it, or "
                            "--name for another id")
     inputs = describe_inputs(paths)
@@ -229,7 +241,7 @@ def run_build_cache(cfg: BuildCacheConfig, store: Store, report: Reporter | None
         )
         if cfg.force and store.path(KIND, ident).exists():
             log(f"replacing {KIND}/{ident}")
-        with store.building(KIND, ident, manifest, replace=cfg.force) as out:
+        with _building(store, ident, manifest, cfg.force) as out:
             path = write_artifact(out, tables, config_dict(ccfg, fp, tname))
             build_s = time.perf_counter() - t_start
             manifest["artifact_bytes"] = path.stat().st_size
