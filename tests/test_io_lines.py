@@ -96,6 +96,13 @@ def test_a_piped_input_needs_its_out_named(tmp_path, tiny_llama, monkeypatch):
     finally:
         os.close(fd)
     assert r.exit_code != 0 and "pass --out FILE" in r.output, r.output
+    # (`/dev/stdin < a.jsonl`: a regular file's descriptor, named as no file of its own)
+    f = tmp_path / "a.jsonl"
+    f.write_text(text(A))
+    with open(f) as opened:
+        r = runner.invoke(app, ["generate", f"/proc/self/fd/{opened.fileno()}", "--model",
+                                str(tiny_llama), "--store", str(tmp_path / "store"), "-q"])
+    assert r.exit_code != 0 and "pass --out FILE" in r.output, r.output
     assert not list(tmp_path.glob("*.out.jsonl"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +24,8 @@ def generate(
                                  "batch / turns lines, a Parquet file of such rows, or a directory "
                                  "of .jsonl / .parquet shards."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Output JSONL (default: "
-                                       "<input stem>.out.jsonl in the current directory; a piped input has none)."),
+                                      "<input stem>.out.jsonl in the current directory; a "
+                                      "piped input has none)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the last run with the same input and settings."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     recipe: Optional[Path] = typer.Option(None, "--recipe", help="A recipe TOML (recipes/): its "
@@ -48,11 +50,13 @@ def generate(
                     **p, **extra)
     _warn_unused(ctx, gen.config(str(input)))
     given = out is not None   # (a directory's default name is its own: `.` is named too)
-    if not given and input.exists() and not (input.is_file() or input.is_dir()):
-        # (`<(cat a.jsonl)` is /dev/fd/63: every piped run's default would be 63.out.jsonl,
-        # each writing over the last's answers)
-        raise SpecctlError(f"{input} is a pipe or a device, not a file: its answers have no "
-                           "name of their own; pass --out FILE")
+    if not given and input.exists() and (not (input.is_file() or input.is_dir()) or
+                                         Path(os.path.abspath(input)).parts[1:2] in
+                                         (("dev",), ("proc",))):
+        # (`<(cat a.jsonl)` is /dev/fd/63, `< a.jsonl` /dev/stdin: every such run's default
+        # would be 63.out.jsonl or stdin.out.jsonl, each writing over the last's answers)
+        raise SpecctlError(f"{input} is a pipe or a device, not a file of its own: its answers "
+                           "have no name of their own; pass --out FILE")
     out = out_path(out) if given else \
         Path(f"{input.resolve().name if input.is_dir() else input.stem}.out.jsonl")
     check_out(out, input, named=given, store=gen.store)   # (generate_file checks again)
