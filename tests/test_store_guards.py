@@ -279,6 +279,26 @@ def test_a_damaged_or_linked_run_is_shown_and_removed_cleanly(tmp_path):
     assert (outside / "manifest.json").is_file()
 
 
+def test_gc_that_cannot_remove_says_why_and_fails(tmp_path, monkeypatch):
+    """A stale folder gc cannot remove: named with the reason, and a non-zero exit (it said
+    'removed' and exited 0)."""
+    import specctl.cli.store_cmd as store_cmd
+    store = tmp_path / "s"
+    dead = store / "work" / "build-cache-x1"
+    dead.mkdir(parents=True)
+
+    def refused(path, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(store_cmd.shutil, "rmtree", refused)
+    r = invoke("store", "gc", "--store", store)
+    said = " ".join(r.output.split())
+    assert r.exit_code != 0 and "could not remove work/build-cache-x1 (Permission denied)" \
+        in said and "removed work/" not in said.replace("could not remove", ""), said
+    monkeypatch.undo()
+    r = invoke("store", "gc", "--store", store)
+    assert r.exit_code == 0 and not dead.exists(), r.output
+
+
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):
     inp = prompts(tmp_path / "p.jsonl")
     fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "s", tiny_llama, "--device", "cpu:7"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -173,13 +172,19 @@ def _work_folder(st: Store, name: str) -> Path:
     return dirs[name]
 
 
-def _clear(d: Path) -> bool:
-    """Remove what `d` is (a link: the link alone, never what it names); whether it is gone."""
-    if d.is_symlink():
-        d.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(d, ignore_errors=True)
-    return not os.path.lexists(d)
+def _clear(d: Path) -> str | None:
+    """Remove what `d` is (a link: the link alone, never what it names); why it is not gone,
+    or None."""
+    try:
+        if d.is_symlink():
+            d.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(d)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 @store_app.command("gc", epilog="Example:\n\n  specctl store gc --dry-run")
@@ -196,17 +201,17 @@ def store_gc(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wh
             [(d, "half built by a killed command") for d in st.stale_builds()]:
         name = f"{d.parent.name}/{d.name}"
         if not dry_run:
-            if not _clear(d):
-                left.append(name)
+            why_not = _clear(d)
+            if why_not is not None:
+                left.append(f"{name} ({why_not})")
                 continue
             d.with_name(d.name + ".lock").unlink(missing_ok=True)
         gone.append(f"{name} ({why})")
     verb = "would remove" if dry_run else "removed"
     for g in gone:
         console.print(f"{verb} {g}", highlight=False, markup=False)
-    for name in left:
-        console.print(f"could not remove {name}: remove it by hand", highlight=False,
-                      markup=False)
     if not gone and not left:
         console.print(f"nothing to remove in the store at {st.root}", highlight=False,
                       markup=False)
+    if left:   # (a script must not read a gc that left things as done)
+        raise SpecctlError(f"could not remove {'; '.join(left)}: remove by hand")

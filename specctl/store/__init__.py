@@ -381,7 +381,8 @@ def remove_dir(path: Path, what: str) -> None:
     pid it wrote). The lock is held while the folder goes, and the folder is first moved to a
     hidden `.<name>.rm.tmp` (what `store gc` clears if this is killed), so a `--resume` that
     found it meanwhile has no folder to reopen. A lock that cannot be opened (another user's
-    file, read-only) or taken (a filesystem without locks) is no refusal: removed without."""
+    file, read-only) or taken (a filesystem without locks) is no refusal: removed without. A
+    folder linked into the store: the link is removed, never what it names."""
     import fcntl
     lock, f = path / ".lock", None
     try:
