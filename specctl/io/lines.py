@@ -183,7 +183,10 @@ def _unique(pairs: list[tuple[str, object]]) -> dict:
     d = dict(pairs)
     if len(d) < len(pairs):
         seen: set[str] = set()
-        raise _Repeated(next(k for k, _ in pairs if k in seen or seen.add(k)))
+        for k, _ in pairs:
+            if k in seen:
+                raise _Repeated(k)
+            seen.add(k)
     return d
 
 
@@ -206,7 +209,8 @@ def _decode(raw: bytes | None) -> tuple[object, str | None]:
         return json.loads(text, object_pairs_hook=_unique), None
     except _Repeated as e:
         return None, (f"the key {json.dumps(e.args[0])} appears twice in one object: which "
-                      "value is meant is ambiguous (a JSON parser keeps either); keep one")
+                      "value is meant is ambiguous (JSON parsers differ in which one they "
+                      "keep); keep one")
     except json.JSONDecodeError as e:
         return None, (f"malformed JSON: {e.msg} (column {e.colno})"
                       + ("; its lines end in a carriage return alone (CR): JSON lines end in "
