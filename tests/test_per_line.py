@@ -218,6 +218,31 @@ def test_seeds_share_a_runner_and_n_answers_are_seeds_in_a_row(model, monkeypatc
     assert line["text"] == line["samples"][0]["text"]
 
 
+def test_n_answers_without_a_seed_are_kept_apart_by_their_line(model):
+    """Lines of one prompt asking for n answers, without a seed of their own: each line's
+    samples are its own, as every unseeded line's draws are keyed by its position (they were
+    drawn with the run's seed + j as the line's own seed: every such line gave the same n)."""
+    from specctl.runtime.jobs import groups
+    from specctl.speculative.drafter import NoDraft
+    p = _prompts(1, seed=6)[0]
+    cfg = GenerateConfig(input="-", batch_size=4, max_tokens=8, device="cpu", dtype="fp32",
+                         speculate="fixed", threads=1, temperature=1.0, seed=5)
+    reqs = [Request(i, [[{"role": "user", "content": str(i)}]], 8, sampling={"n": 2})
+            for i in range(3)]
+    done = []
+    groups.run_groups(cfg, model, NoDraft(), _Tok({i: p for i in range(3)}),
+                      [(q, len(p) + 16) for q in reqs], done.append)
+    got = {q.index: [s.answer_ids[0] for s in q.samples] for q in done}
+    assert got[0] != got[1] != got[2] != got[0] and all(a != b for a, b in got.values())
+    # (and line 0's first is what line 0 alone draws with the run's seed, unlike a line seeded
+    # with it elsewhere)
+    alone, _ = _run(model, NoDraft(), [p], [None], batch=1, max_tokens=8, temperature=1.0,
+                    seed=5)
+    seeded, _ = _run(model, NoDraft(), [p, p], [None, {"temperature": 1.0, "seed": 5}],
+                     batch=2, max_tokens=8, temperature=1.0, seed=5)
+    assert got[0][0] == alone[0] and got[1][0] != seeded[1]
+
+
 def test_a_seed_of_its_own_samples_the_same_answer_wherever_its_line_is(model):
     """The same prompt with the same seed of its own: the same answer at line 0 and line 3
     (as vLLM's per-request seeds); without one, lines are kept apart by their position."""

@@ -58,10 +58,13 @@ def samples(cfg: GenerateConfig, items: list, on_done: Callable[[Request], None]
         if n == 1:
             out.append((req, rows))
             continue
-        base = cfg.seed if req.seed is None else req.seed
         own = {k: v for k, v in req.sampling.items() if k != "n"}
+        # (a line's own seed: seed + j, wherever the line is; else the run's seed + j and the
+        # line's position, as for every line without a seed: as the run's seed, j's draws made
+        # every such line's samples the same, and the same as a line seeded with it)
         subs = [Request(req.index, req.stages, req.max_tokens, req.raw_prompt, req.meta,
-                        sampling={**own, "seed": (base + j) % 2**63}) for j in range(n)]
+                        sampling={**own, "seed": (req.seed + j) % 2**63}
+                        if req.seed is not None else own, sample=j) for j in range(n)]
         waiting[req.index] = subs
         out += [(q, rows) for q in subs]
     if not waiting:

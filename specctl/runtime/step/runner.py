@@ -428,7 +428,7 @@ class Runner:
     def _seed(self, req: Request) -> int:
         """The request's own seed (a line's), else the run's: draws are keyed by it, so lines
         with different seeds share steps."""
-        return self.sp.seed if req.seed is None else req.seed
+        return (self.sp.seed + req.sample) % 2**63 if req.seed is None else req.seed
 
     # -- one step ---------------------------------------------------------------------------
     def _grid_step(self) -> GridStep | None:

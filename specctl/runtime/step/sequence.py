@@ -20,6 +20,9 @@ class Request:
     raw_prompt: str | None = None       # fed verbatim when no chat template is applied
     meta: dict = field(default_factory=dict)   # ids etc. carried to the output
     sampling: dict | None = None        # the line's own settings over the run's (io/prompts.py)
+    # n > 1 on a line without a seed of its own: which of its samples (drawn with the run's
+    # seed + sample, and keyed by its position as every such line's draws are)
+    sample: int = 0
     # n > 1: every sampled Request, this one first (not compared: it holds this one)
     samples: list | None = field(default=None, compare=False, repr=False)
     # filled as stages finish
