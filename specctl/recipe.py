@@ -17,6 +17,7 @@ naming the file and the key. Options given on the command line win over the reci
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,4 +184,12 @@ def load_recipe(path: Path | str) -> Recipe:
                 raise SpecctlError(f"{where}: [{sec}] {key}: {v} does not exist")
             fixed.append(str(p))
         r.data[sec][key] = fixed if isinstance(val, list) else fixed[0]
+    # a path or a name (a model alias, a store id, "none"): a path where the recipe's folder
+    # has it (they were read from the current directory: another folder's model, say)
+    for sec, key in (("recipe", "model"), ("draft-verify", "skip_set"), ("kangaroo", "adapter"),
+                     ("self-draft", "corpus_cache")):
+        v = r.data.get(sec, {}).get(key)
+        if v is not None and not Path(v).expanduser().is_absolute() and \
+                os.path.lexists(path.parent / v):
+            r.data[sec][key] = str(path.parent / v)
     return r

