@@ -77,6 +77,10 @@ def test_a_stop_string_is_one_string_in_every_form(tiny_llama, tmp_path):
         assert got[0].text == text and got[0].finish_reason == "length", (got[0].text, text)
     with pytest.raises(SpecctlError, match="stop"):
         _gen(tiny_llama, tmp_path, stop=[stop, 3])
+    # (as many as a line may give: 16)
+    assert len(_gen(tiny_llama, tmp_path, stop=[str(i) for i in range(16)]).config().stop) == 16
+    with pytest.raises(SpecctlError, match="at most 16 stop strings, got 17"):
+        _gen(tiny_llama, tmp_path, stop=[str(i) for i in range(17)])
     assert _gen(tiny_llama, tmp_path, stop=None).config().stop == ()   # (None: none)
 
 

@@ -157,11 +157,14 @@ def _count(v, key: str, lo: int, hi: int) -> int:
     return v
 
 
+MAX_STOPS = 16   # stop strings a line or a run may give (each is checked at every token)
+
+
 def _stops(v, key: str) -> tuple[str, ...]:
     stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not 1 <= len(stops) <= 16 or \
+    if not isinstance(stops, list) or not 1 <= len(stops) <= MAX_STOPS or \
             not all(isinstance(x, str) and x for x in stops):
-        raise _Bad(f"{key}: must be a non-empty string or a list of 1-16 of them")
+        raise _Bad(f"{key}: must be a non-empty string or a list of 1-{MAX_STOPS} of them")
     return tuple(_text(x, key) for x in stops)
 
 

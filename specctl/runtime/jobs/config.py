@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specctl.errors import SpecctlError
-from specctl.io.prompts import unencodable
+from specctl.io.prompts import MAX_STOPS, unencodable
 
 if TYPE_CHECKING:
     from specctl.speculative.sampling import SamplingParams
@@ -270,6 +270,8 @@ class GenerateConfig:
         if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
             raise SpecctlError(f"stop: a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
+        if len(self.stop) > MAX_STOPS:   # (a line's limit: one for both)
+            raise SpecctlError(f"--stop: at most {MAX_STOPS} stop strings, got {len(self.stop)}")
         if any(s == "" for s in self.stop):
             raise SpecctlError("--stop: an empty string stops nothing; give the text to stop at")
         for s in self.stop:
