@@ -111,6 +111,25 @@ def test_generate_takes_the_recipe_and_options_win(tiny_llama, prompts, tmp_path
     assert cfg["method"] == "self-draft" and cfg["batch_size"] == 3 and cfg["branches"] == 2
     assert cfg["max_tokens"] == 5   # the command line wins
     assert all(json.loads(x)["new_tokens"] <= 5 for x in out.read_text().splitlines())
+    assert "names no model" not in " ".join(r.output.split())
+    # a recipe without its model: said that the demo model runs (--model given: nothing said)
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[generate]\nmethod = "ar"\n')
+    r = CliRunner().invoke(app, ["generate", str(prompts), "--recipe", str(bare), "--model",
+                                 str(tiny_llama), "--max-tokens", "2", "--store",
+                                 str(tmp_path / "s"), "--out", str(out), "-q"])
+    assert r.exit_code == 0 and "names no model" not in " ".join(r.output.split()), r.output
+    from specctl.cli import generate_cmd
+    said = []
+    ctx = type("Ctx", (), {"get_parameter_source": lambda self, name: None})()
+    real = generate_cmd._log
+    generate_cmd._log = said.append
+    try:
+        generate_cmd._apply_recipe(ctx, bare, {})
+    finally:
+        generate_cmd._log = real
+    assert any("names no model ([recipe] model) and --model is not given: the demo model "
+               "runs" in m for m in said), said
 
 
 def test_prepare_runs_each_step_once(tiny_llama, tmp_path, monkeypatch):

@@ -188,4 +188,9 @@ def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
                                                                           "DEFAULT_MAP"):
             p[name] = tuple(val) if name == "stop" else val
     _log(f"recipe {r.name}: {path}")
+    if r.model is None and getattr(ctx.get_parameter_source("model"), "name",
+                                   "DEFAULT") in ("DEFAULT", "DEFAULT_MAP"):
+        # (a recipe is a model's settings: one without its model ran the demo model unsaid)
+        _log(f"recipe {r.name} names no model ([recipe] model) and --model is not given: "
+             "the demo model runs")
     return extra
