@@ -79,12 +79,17 @@ class Recipe:
     def generate_options(self) -> dict:
         """GenerateConfig field -> value, from [recipe] model, [generate] and each method's
         own section (not the preparation subsections)."""
+        return {name: v for name, (v, _) in self.generate_sources().items()}
+
+    def generate_sources(self) -> dict:
+        """generate_options' field -> (value, where the recipe gives it: "[section] key")."""
         out = {}
         if self.model:
-            out["model"] = self.model
+            out["model"] = (self.model, "[recipe] model")
         for sec in ("generate", "draft-verify", "kangaroo", "self-draft"):
             for k, v in self.data.get(sec, {}).items():
-                out[_GEN_NAME.get((sec, k), k)] = tuple(v) if isinstance(v, list) else v
+                out[_GEN_NAME.get((sec, k), k)] = (tuple(v) if isinstance(v, list) else v,
+                                                   f"[{sec}] {k}")
         return out
 
 

@@ -130,6 +130,16 @@ def test_generate_takes_the_recipe_and_options_win(tiny_llama, prompts, tmp_path
         generate_cmd._log = real
     assert any("names no model ([recipe] model) and --model is not given: the demo model "
                "runs" in m for m in said), said
+    # a bad value the run takes from the recipe is named as the recipe gives it (it named a
+    # flag never typed: --max-tokens); given on the command line, the recipe's is not taken
+    bad = tmp_path / "bad.toml"
+    bad.write_text(f'[recipe]\nmodel = "{tiny_llama}"\n[generate]\nmax_tokens = 0\n')
+    base = ["generate", str(prompts), "--recipe", str(bad), "--store", str(tmp_path / "s"),
+            "--out", str(out), "-q"]
+    r = CliRunner().invoke(app, base)
+    assert r.exit_code != 0 and f"recipe {bad}: [generate] max_tokens must be at least 1" in \
+        " ".join(r.output.split()), r.output
+    assert CliRunner().invoke(app, base + ["--max-tokens", "2"]).exit_code == 0
 
 
 def test_prepare_runs_each_step_once(tiny_llama, tmp_path, monkeypatch):

@@ -174,19 +174,36 @@ def _say_gain(m: dict) -> None:
                       "tokens/s)", highlight=False, markup=False)
 
 
+def _check_recipe_values(path: Path, taken: dict, sources: dict) -> None:
+    """The recipe's values this run takes, checked as settings of their own: a bad one named
+    as the recipe gives it (`--max-tokens must be at least 1` named a flag never typed)."""
+    from specctl.runtime.jobs.config import GenerateConfig
+    try:
+        GenerateConfig(input="-", **taken)
+    except SpecctlError as e:
+        said = str(e)
+        for name in taken:
+            flag = flag_of(name, taken[name])
+            if said.startswith(flag + " ") or said.startswith(flag + ":"):
+                said = sources[name][1] + said[len(flag):]
+                break
+        raise SpecctlError(f"recipe {path}: {said}") from None
+
+
 def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
     """Fill the options the user did not give from the recipe (in place); returns the recipe's
     GenerateConfig settings that have no option of their own."""
     from specctl.recipe import load_recipe
 
     r = load_recipe(path)
-    extra = {}
-    for name, val in r.generate_options().items():
+    extra, taken = {}, {}
+    for name, (val, where) in r.generate_sources().items():
         if name not in p:
-            extra[name] = val
+            extra[name] = taken[name] = val
         elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("DEFAULT",
                                                                           "DEFAULT_MAP"):
-            p[name] = tuple(val) if name == "stop" else val
+            p[name] = taken[name] = tuple(val) if name == "stop" else val
+    _check_recipe_values(path, taken, r.generate_sources())
     _log(f"recipe {r.name}: {path}")
     if r.model is None and getattr(ctx.get_parameter_source("model"), "name",
                                    "DEFAULT") in ("DEFAULT", "DEFAULT_MAP"):
