@@ -197,7 +197,7 @@ def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
 
     r = load_recipe(path)
     extra, taken = {}, {}
-    for name, (val, where) in r.generate_sources().items():
+    for name, (val, _) in r.generate_sources().items():
         if name not in p:
             extra[name] = taken[name] = val
         elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("DEFAULT",
