@@ -27,8 +27,8 @@ from specctl.io.shards import read_input
 from specctl.reporting import Reporter, Task, reporter
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
-from specctl.runtime.jobs.sizing import say_threads
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
+from specctl.runtime.step.threads import say_threads
 from specctl.store import Store, atomic_write_json, atomic_write_text, make_manifest, new_id
 
 

@@ -196,14 +196,14 @@ def _apply_recipe(ctx: typer.Context, path: Path, p: dict) -> dict:
     from specctl.recipe import load_recipe
 
     r = load_recipe(path)
-    extra, taken = {}, {}
-    for name, (val, _) in r.generate_sources().items():
+    extra, taken, sources = {}, {}, r.generate_sources()
+    for name, (val, _) in sources.items():
         if name not in p:
             extra[name] = taken[name] = val
         elif getattr(ctx.get_parameter_source(name), "name", "DEFAULT") in ("DEFAULT",
                                                                           "DEFAULT_MAP"):
             p[name] = taken[name] = tuple(val) if name == "stop" else val
-    _check_recipe_values(path, taken, r.generate_sources())
+    _check_recipe_values(path, taken, sources)
     _log(f"recipe {r.name}: {path}")
     if r.model is None and getattr(ctx.get_parameter_source("model"), "name",
                                    "DEFAULT") in ("DEFAULT", "DEFAULT_MAP"):

@@ -43,7 +43,6 @@ from specctl.runtime.jobs.records import step_lengths
 from specctl.runtime.jobs.methods import make_drafter
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.metrics import peak_mb
-from specctl.runtime.jobs.sizing import say_threads
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.step.stats import RunStats
 from specctl.runtime.jobs.tokenization import kv_rows, require_raw_prompts, to_request
@@ -170,7 +169,6 @@ class Generator:
             self._model_dir = resolve_model(cfg.model, self.store, log=self.report.log)
         model_dir, kept = self._model_dir, self._kept
         tk, model = load(cfg, model_dir, cfg.device, self.report.log, kept)
-        say_threads(cfg.threads, model, self.report.log)
         if self._fingerprint[0] != kept.loads:   # (a folder written over loads again)
             self._fingerprint = kept.loads, model_fingerprint(model_dir)
         return model_dir, tk, model, self._fingerprint[1]

@@ -35,7 +35,6 @@ from specctl.runtime.jobs.methods import locate_artifacts, make_drafter
 from specctl.runtime.jobs.locks import (OutLock, check_job_cache_file, check_out, lock_run,
                                         run_in_use)
 from specctl.runtime.jobs.merge import finish
-from specctl.runtime.jobs.sizing import say_threads
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                           is_error_record, nearest_run, output_line, per_line,
                                           read_done, read_input, record_file, recorded,
@@ -224,7 +223,6 @@ def _load(job: _Job, resume: bool = False) -> None:
         if env.active and device.startswith("cuda:"):
             torch.cuda.set_device(torch.device(device))
         job.tk, job.model = load(cfg, job.model_dir, device, job.say, job.kept)
-        say_threads(cfg.threads, job.model, job.say)
         if cfg.method == "auto":
             drafters, said, skipped = auto.candidates(cfg, job.model, job.model_dir, job.store)
             chosen = _choose_method(job, drafters, skipped, resume) if job.lead else None

@@ -27,6 +27,7 @@ from specctl.engine.loader import load_model
 from specctl.runtime.jobs.methods import warn_flex_off_cuda
 from specctl.runtime.jobs.config import GenerateConfig
 from specctl.runtime.jobs.tokenization import Tokenization
+from specctl.runtime.step.threads import say_threads
 
 
 @dataclass
@@ -55,6 +56,7 @@ def load(cfg: GenerateConfig, model_dir: Path, device: str, say: Callable[[str],
     key = load_key(cfg, model_dir, device)
     if kept is not None and kept.key == key:
         cudnn_attention(cfg.cudnn_attention)   # (the process's: another load may have set it)
+        say_threads(cfg.threads, kept.model, say)
         return kept.tk, kept.model
     if kept is not None and kept.model is not None:   # (the last one's memory first: a GPU
         kept.key = kept.tk = kept.model = None          # may not hold two; a model and its
@@ -63,6 +65,7 @@ def load(cfg: GenerateConfig, model_dir: Path, device: str, say: Callable[[str],
     model = load_model(model_dir, device, cfg.model_dtype(), cuda_graphs=cfg.cuda_graphs,
                        attention=cfg.attention, cudnn_attention=cfg.cudnn_attention)
     warn_flex_off_cuda(model, say)
+    say_threads(cfg.threads, model, say)
     if kept is not None:
         kept.key, kept.tk, kept.model = key, tk, model
         kept.loads += 1

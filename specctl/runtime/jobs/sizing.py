@@ -13,22 +13,11 @@ from specctl.runtime.jobs.exactcheck import set_exact_kept
 from specctl.runtime.control.controller import make_controller
 from specctl.runtime.step.prefill import PAD_BYTES
 from specctl.runtime.step.runner import Runner
-from specctl.runtime.step.threads import usable_cpus
 from specctl.runtime.jobs.tokenization import Tokenization
 
 
 CUDA_CHUNKS = (4096, 2048, 1024)   # prefill_chunk's choices on CUDA, first the largest
 CHUNK_SHARE = 0.02   # the most of a device's memory a prefill forward's activations may take
-
-
-def say_threads(threads: int | None, model, log) -> None:
-    """Once a job (generate's, bench's), where the user's --threads is more than the CPUs the
-    process may run on (it ran silently oversubscribed)."""
-    cpus = usable_cpus()
-    if threads and threads > cpus and model.device.type == "cpu":
-        log(f"--threads {threads} is more than the {cpus} CPUs this process may run on: its "
-            "threads will take turns on them, which is slower than one each (leave --threads "
-            "out to have it measured)")
 
 
 def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: list[int], *,

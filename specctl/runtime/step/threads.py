@@ -85,3 +85,13 @@ def usable_cpus() -> int:
     `docker --cpus`, is not seen here)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
         os.cpu_count() or 1
+
+
+def say_threads(threads: int | None, model, log) -> None:
+    """Once a job (its model's load, runtime/jobs/loaded.py; bench's), where the user's
+    --threads is more than the CPUs the process may run on (it ran silently oversubscribed)."""
+    cpus = usable_cpus()
+    if threads and threads > cpus and model.device.type == "cpu":
+        log(f"--threads {threads} is more than the {cpus} CPUs this process may run on: its "
+            "threads will take turns on them, which is slower than one each (leave --threads "
+            "out to have it measured)")
