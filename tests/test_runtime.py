@@ -182,6 +182,39 @@ def test_a_stop_string_many_tokens_long_ends_the_answer_at_its_last_token(model,
     assert got["text"] == decode(ref[:end])[:decode(ref[:end]).find(stop)]
 
 
+@pytest.mark.parametrize("grid", [False, True])
+def test_drafts_past_where_the_answer_ends_are_not_counted_as_accepted(model, grid):
+    """A step whose accepted drafts run past a stop string counts only the drafts its answer
+    keeps: every step but the last emits its accepted drafts and a token after them, the last
+    at most that (Self-Draft knowing the answer: its trees from an oracle corpus, its grid
+    from the job cache of the same prompt answered before)."""
+    from helpers import Oracle
+    from specctl.runtime.step.runner import Runner
+    from specctl.runtime.step.sequence import Request
+    from specctl.speculative.self_draft import SelfDraftDrafter, SelfDraftParams
+    prompt = random_prompts(1, seed=3)[0]
+    (ref,), _ = run_ids(model, [prompt], max_tokens=40)
+
+    def decode(ids):
+        return "".join(chr(0x41 + t % 50) for t in ids)
+    dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, grid=True,
+                                          job_cache=True), vocab=model.cfg.vocab_size) \
+        if grid else SelfDraftDrafter(SelfDraftParams(), Oracle([prompt + ref]))
+    done = []
+    # (the first run, without a stop, leaves the whole answer in the grid's job cache)
+    for stop in [None] + [decode(ref[j:j + 2]) for j in range(8, 30, 3)]:
+        Runner(model, dr, SamplingParams(), batch_size=1, max_len=256, eos_ids=set(),
+               render=lambda r: prompt, decode=decode, stop=(stop,) if stop else ()).run(
+            [Request(0, [[{}]], 40)], done.append if stop else lambda r: None)
+    assert all(r.finish_reasons == ["stop_string"] for r in done)
+    # (the prefill's token, then each step's accepted drafts and the token after them, the
+    # last step's perhaps not)
+    ends = [len(r.answer_ids[0]) - 1 - sum(r.accept_lengths) - len(r.accept_lengths)
+            for r in done]
+    assert set(ends) <= {-1, 0}, ends
+    assert any(sum(r.accept_lengths) for r in done)
+
+
 @pytest.mark.parametrize("stop", ["User:", "ขอบคุณครับ", "🤖🤖🤖🤖🤖", "谢谢你的帮助！"])
 def test_a_stop_string_of_many_tokens_a_character_is_found(model, tmp_path, stop):
     """A byte-level tokenizer spells a Thai, CJK or emoji character as several tokens: the stop

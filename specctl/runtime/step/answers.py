@@ -32,9 +32,10 @@ class Answers:
         self.stop_window = min(64, 8 + max((len(x.encode("utf-8", "surrogatepass"))
                                             for x in self.stop), default=0))
 
-    def emit(self, s: Sequence, tokens: list[int]) -> None:
-        """Append a step's tokens to s, each checked (module docstring). (Locals and one
-        count, not attribute updates a token: every step emits so for every sequence.)"""
+    def emit(self, s: Sequence, tokens: list[int]) -> int:
+        """Append a step's tokens to s, each checked (module docstring); returns how many
+        were appended (fewer where the answer ends inside them). (Locals and one count, not
+        attribute updates a token: every step emits so for every sequence.)"""
         out, eos, stop = s.out_ids, self.eos_ids, self.stop
         left, reason, n = s.req.max_tokens - len(out), None, 0
         for t in tokens:
@@ -61,6 +62,7 @@ class Answers:
             elif self.kv.lens[s.slot] + 1 >= self.max_len:
                 s.finish_reason = "context"
         s.pending = out[-1] if out else None
+        return n
 
     def finish(self, seq: Sequence) -> bool:
         """The finished stage's answer into its request (its text cut at a stop string, EOS

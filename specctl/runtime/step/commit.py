@@ -40,11 +40,12 @@ def commit(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunStats)
     emit, hist = answers.emit, st.accept_hist
     for s, p, v in zip(plan.seqs, plan.proposals, out.verdicts):
         r, a = s.req, len(v.accepted)
+        n = emit(s, v.tokens(p.draft) if a else [v.bonus])
+        a = a if n > a else n   # (the drafts its answer keeps: none past where it ends)
         r.steps += 1
         r.accept_lengths.append(a)
         r.draft_lengths.append(len(p.draft.tokens))
         hist[a] = hist.get(a, 0) + 1
-        emit(s, v.tokens(p.draft) if a else [v.bonus])
     ran = [n + m for n, m in zip(plan.verified, plan.probed)]
     st.steps += 1
     st.step_tokens += sum(ran)
@@ -64,9 +65,10 @@ def commit_grid(plan: StepPlan, out: StepOutcome, kv, answers: Answers, st: RunS
         a = r[0]
         q = s.req
         q.steps += 1
+        n = emit(s, r[4:5 + a])
+        a = a if n > a else n   # (the drafts its answer keeps: none past where it ends)
         q.accept_lengths.append(a)
         q.draft_lengths.append(r[3])
-        emit(s, r[4:5 + a])
         if a:   # (the histogram's rare entries here; a step's zeros counted once, below)
             hist[a] = hist.get(a, 0) + 1
             accepted += a
