@@ -583,6 +583,11 @@ def test_kv_memory_pages_the_cache(tmp_path, tiny_llama):
     assert kvm["layout"] == "paged" and kvm["blocks"] > 0 and "preemptions" in kvm
     fails(generate(inp, tmp_path / "c.jsonl", tmp_path / "store", tiny_llama,
                    "--kv-memory", "1KB"), "less than one sequence", "--kv-memory")
+    # (a line asking for more tokens than the run: the message names a line's own budget too)
+    long = write_jsonl(tmp_path / "l.jsonl", [{"prompt": "cats", "max_tokens": 200}])
+    fails(generate(long, tmp_path / "e.jsonl", tmp_path / "store", tiny_llama,
+                   "--kv-memory", "60KB", "--max-tokens", "8"),
+          "--max-tokens", "the max_tokens a line gives itself")
     fails(generate(inp, tmp_path / "d.jsonl", tmp_path / "store", tiny_llama,
                    "--kv-memory", "lots"), "--kv-memory", "not a size")
 

@@ -48,7 +48,9 @@ def make_runner(cfg: GenerateConfig, model, drafter, tk: Tokenization, rows: lis
         # writes past them in a step: the rows the message names beyond the context)
         past = f" and what {drafter.name} writes past them in a step (drafts, probes)" \
             if drafter.kv_headroom else ""
-        lower = ", or lower --max-tokens" if max_len < ctx else ""
+        # (the longest request's budget may be its line's own: named both ways)
+        lower = ", or lower --max-tokens (or the max_tokens a line gives itself)" \
+            if max_len < ctx else ""
         raise SpecctlError(f"{e}: a sequence here is up to {max_len} rows of prompt and "
                            f"answer{past}; raise --kv-memory (or --gpu-memory){lower}") from None
     except (torch.OutOfMemoryError, RuntimeError) as e:
