@@ -299,6 +299,28 @@ def test_gc_that_cannot_remove_says_why_and_fails(tmp_path, monkeypatch):
     assert r.exit_code == 0 and not dead.exists(), r.output
 
 
+def test_a_linked_work_folder_goes_as_a_link(tmp_path):
+    """A scratch folder under work/ that is a link (no command makes one): gc removes the link
+    alone, dangling or not, and nothing is made where it points (its lock was opened through
+    it); a command's own start clears it the same way."""
+    from specctl.store import Store
+    store, outside = tmp_path / "s", tmp_path / "outside"
+    (store / "work").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    (store / "work" / "build-cache-x1").symlink_to(outside)
+    (store / "work" / "build-cache-x2").symlink_to(tmp_path / "gone")
+    r = invoke("store", "gc", "--store", store)
+    assert r.exit_code == 0 and "removed work/build-cache-x1" in r.output and \
+        "removed work/build-cache-x2" in r.output, r.output
+    assert not list((store / "work").iterdir())
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    (store / "work" / "build-cache-x3").symlink_to(outside)
+    with Store(store).work_dir("build-cache") as w:
+        assert not (store / "work" / "build-cache-x3").is_symlink() and w.is_dir()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
 def test_device_and_seed_are_checked(tmp_path, tiny_llama):
     inp = prompts(tmp_path / "p.jsonl")
     fails(generate(inp, tmp_path / "o.jsonl", tmp_path / "s", tiny_llama, "--device", "cpu:7"),

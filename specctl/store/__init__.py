@@ -288,7 +288,10 @@ class Store:
         root = self.root / "work"
         root.mkdir(parents=True, exist_ok=True)
         for old in self.stale_work(prefix):
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():
+                old.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=root))
         lock = open(writable_file(work / ".lock"), "a")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -305,7 +308,12 @@ class Store:
         out = []
         for d in sorted((self.root / "work").glob(f"{prefix}*-*")):
             # (RESUMABLE: a killed one's checkpoint is what --resume continues)
-            if not d.is_dir() or d.name.startswith(RESUMABLE):
+            if d.name.startswith(RESUMABLE):
+                continue
+            if d.is_symlink():   # (no command works through a link: nothing of the store's,
+                out.append(d)    # and its lock would be made wherever it points; dangling or
+                continue         # not, the link alone goes)
+            if not d.is_dir():
                 continue
             try:
                 with open(writable_file(d / ".lock"), "a") as f:
