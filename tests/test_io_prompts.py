@@ -38,6 +38,9 @@ def test_openai_batch_format(tmp_path):
                      "max_completion_tokens": 64}}
     (r,) = read_prompts(write(tmp_path, line))
     assert (r.id, r.id_field, r.max_tokens) == ("req-1", "custom_id", 64)
+    line["body"]["max_tokens"] = 64   # (both names, one number: fine)
+    (r,) = read_prompts(write(tmp_path, line))
+    assert r.max_tokens == 64
     assert r.turns == (({"role": "user", "content": "hello"},),)
 
 
@@ -106,6 +109,10 @@ BAD = [
     ('{"body": {"messages": [{"role": "user", "content": "q"}], "max_tokens": 0}}',
      "body.max_tokens: must be a positive integer"),
     ('{"prompt": "a", "max_tokens": "10"}', "max_tokens: must be a positive integer"),
+    # (OpenAI's two names for one budget: which one a reader keeps differs)
+    ('{"body": {"messages": [{"role": "user", "content": "q"}], "max_tokens": 8, '
+     '"max_completion_tokens": 64}}', "body.max_tokens (8) and body.max_completion_tokens (64) "
+     "differ"),
     ('{"prompt": "a", "max_tokens": true}', "max_tokens: must be a positive integer"),
     ('{"prompt": "a", "id": [1]}', "id: must be a string or integer"),
     ('{"prompt": "a", "category": 3}', "category: must be a string"),

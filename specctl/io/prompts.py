@@ -124,13 +124,19 @@ def _messages(value, where: str) -> tuple[dict, ...]:
 
 
 def _max_tokens(obj: dict, where: str) -> int | None:
+    """The line's own token budget: max_tokens, or OpenAI's newer name for it,
+    max_completion_tokens; both given must agree (which one another reader keeps differs)."""
+    got = {}
     for key in ("max_tokens", "max_completion_tokens"):
         if obj.get(key) is not None:
             v = obj[key]
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise _Bad(f"{where}{key}: must be a positive integer, got {_show(v)}")
-            return v
-    return None
+            got[key] = v
+    if len(set(got.values())) > 1:
+        raise _Bad(f"{where}max_tokens ({got['max_tokens']}) and {where}max_completion_tokens "
+                   f"({got['max_completion_tokens']}) differ: give one")
+    return next(iter(got.values()), None)
 
 
 MAX_LOGPROBS = 20   # alternatives per token, as OpenAI allows
