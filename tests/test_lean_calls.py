@@ -99,7 +99,7 @@ def test_a_lean_step_calls_what_ars_does(model, batch):
 # replay, on a CPU the forward run in its place; an eager forward, the argmax, Kangaroo's
 # adapter layer) and what runs under the forward
 DEVICE = {"_EagerReplay.replay", "Model.forward", "Model.argmax", "Model.logits",
-          "Adapter.decode", "Adapter.write_rows", "Runner.under_forward"}
+          "Adapter.decode", "Adapter.write_rows", "Stepping.under_forward"}
 
 
 def _opcodes(model, drafter, batch: int, controller=None) -> list[tuple[bool, int]]:

@@ -325,7 +325,7 @@ def test_an_ar_steps_verdicts_are_its_rows_tokens_and_commit_emits_them(model, m
     """A greedy step of a row a sequence verifies into RowVerdicts (the row tokens, no
     probe output), sampling into a Verdict a sequence; commit emits each one's bonus (every
     token after the prefill's is a step's bonus; greedy: the run equals batch 1's)."""
-    from specctl.runtime.step import runner as R
+    from specctl.runtime.step import stepping as R
     from specctl.speculative.verify import RowVerdicts, Verdict
     seen, real = [], R.commit
 
