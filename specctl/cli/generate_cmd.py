@@ -150,6 +150,9 @@ def _rate(m: dict) -> str:
     if m["tokens_per_s"] is None:
         return "tokens/s not measured (no answer was made by this invocation)"
     now = m.get("generated_tokens", m["new_tokens"])
+    if now == 0:   # (a complete run resumed: the rate of the invocations that made it)
+        return f"no answer made by this invocation (the run measured {m['tokens_per_s']} " \
+            "tokens/s)"
     return f"{m['tokens_per_s']} tokens/s" if now == m["new_tokens"] else \
         f"{m['tokens_per_s']} tokens/s over the {now} made by this invocation"
 

@@ -81,7 +81,8 @@ def _complete(job, mpath: Path, n: int) -> dict | None:
         return None
     more = f" ({n} of its {m['requests']} requests within --limit)" if m["requests"] > n else ""
     job.say(f"{job.run_dir.name} is already complete{more}: nothing to generate")
-    return m
+    # (as this invocation's: it made nothing; metrics.json keeps the invocation's that did)
+    return {**m, "generated_tokens": 0}
 
 
 def _store(path: Path, write, what) -> None:
