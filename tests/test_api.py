@@ -159,6 +159,13 @@ def test_a_setting_of_the_wrong_type_is_a_specctl_error(tiny_llama, tmp_path):
     g = _gen(tiny_llama, tmp_path)
     with pytest.raises(SpecctlError, match="^resume must be True or False, got 'no'$"):
         g.generate_file(tmp_path / "p.jsonl", resume="no")
+    for kw, said in [({"out": 5}, "out must be a file path (a str or os.PathLike), got 5"),
+                     ({"out": b"o.jsonl"}, "out must be a file path"),
+                     ({"out": ["x"]}, "out must be a file path"),
+                     ({"input": None}, "input must be a file path (a str or os.PathLike), "
+                                       "got None")]:
+        with pytest.raises(SpecctlError, match="^" + re.escape(said)):
+            g.generate_file(**{"input": tmp_path / "p.jsonl", **kw})
     # (any path-like store, py.path's too; numpy's bool a bool)
     import py
     assert Generator(str(tiny_llama), store=py.path.local(tmp_path / "s")).store.root == \

@@ -245,6 +245,8 @@ class Generator:
         Generator's settings)."""
         if not isinstance(resume, (bool, np.bool_)):   # ("no" would read as True)
             raise SpecctlError(f"resume must be True or False, got {resume!r}")
+        input = _path_arg("input", input)
+        out = None if out is None else _path_arg("out", out)
         over = {k: v for k, v in dict(limit=limit, skip_bad=skip_bad).items() if v is not None}
         cfg = self.config(input, **over)
         try:
@@ -252,3 +254,13 @@ class Generator:
                                 resume=bool(resume), report=self.report, kept=self._kept)
         except SpecctlError as e:
             raise self._said(e) from None
+
+
+def _path_arg(name: str, v) -> str:
+    """generate_file's input or out as a str path; anything else (a number, bytes, a list,
+    None) a SpecctlError naming it (it was a TypeError from deep inside, or 'None: prompt
+    file not found')."""
+    p = os.fspath(v) if isinstance(v, (str, os.PathLike)) else None
+    if not isinstance(p, str):
+        raise SpecctlError(f"{name} must be a file path (a str or os.PathLike), got {v!r}")
+    return p
