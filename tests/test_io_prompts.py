@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import threading
 
 import pytest
@@ -212,3 +213,29 @@ def test_an_api_prompt_as_a_tuple_of_messages():
     assert r.turns == (({"role": "user", "content": "x"},),)
     with pytest.raises(SpecctlError, match=r"prompt 0: messages\[0\]: must be an object"):
         prompt_record(("hi",))
+
+
+def test_numbers_as_other_writers_spell_them(tmp_path):
+    """pandas writes an integer column with gaps as floats ("max_tokens": 2.0, as Parquet
+    rows are read, io/shards.py); a prompt given in memory from a DataFrame holds numpy
+    scalars; a turns tuple is a list: each as JSON means it. A fraction, a boolean, a NaN (a
+    DataFrame's gap: taken as absent, a temperature of 0/0 would run greedy unsaid) and a
+    float past int64 stay refused."""
+    import numpy as np
+    from specctl.errors import SpecctlError
+    from specctl.io.prompts import prompt_record
+    (r,) = read_prompts(write(tmp_path, {"prompt": "a", "max_tokens": 2.0,
+                                         "sampling": {"seed": 7.0, "top_k": 5.0, "n": 2.0,
+                                                      "temperature": 1.0}}))
+    assert r.max_tokens == 2 and type(r.max_tokens) is int
+    assert r.sampling == {"seed": 7, "top_k": 5, "n": 2, "temperature": 1.0}
+    r = prompt_record({"prompt": "a", "max_tokens": np.int64(3),
+                       "sampling": {"seed": np.int64(1), "temperature": np.float32(0.5)}})
+    assert r.max_tokens == 3 and r.sampling == {"seed": 1, "temperature": 0.5}
+    assert prompt_record({"turns": ("a", "b")}).turns == prompt_record({"turns": ["a", "b"]}).turns
+    for bad, said in [(2.5, "got 2.5"), (np.bool_(True), "got True"), (1e300, "got 1e+300"),
+                      (np.float64("nan"), "got nan")]:
+        with pytest.raises(SpecctlError,
+                           match=re.escape("max_tokens: must be a positive integer, " + said)):
+            prompt_record({"prompt": "a", "max_tokens": bad})
+

@@ -285,7 +285,24 @@ def _more_ids(obj: dict, id_field: str | None) -> tuple:
     return tuple(out)
 
 
+def _plain(v):
+    """A line's values as JSON means them, however its writer spelled them: a whole float is
+    an integer (pandas writes an integer column with gaps as floats, `"max_tokens": 2.0`, as
+    a Parquet file's rows do, io/shards.py), numpy's scalars Python's (a prompt given in
+    memory from a DataFrame's rows), a tuple a list. (A NaN stays one, and is refused: a
+    temperature of 0/0 taken as absent would run greedy unsaid.)"""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if type(v).__module__ == "numpy" and hasattr(v, "item"):   # (numpy is not imported here)
+        v = v.item()
+    # (within an int64: a whole 1e300 stays a float, and is refused as one)
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
+
+
 def _parse(obj) -> dict:
+    obj = _plain(obj)
     if not isinstance(obj, dict):
         raise _Bad(f"expected a JSON object, got {json_type(obj)}"
                    + (" (a prompt file is JSON lines: one object a line, not one array)"
