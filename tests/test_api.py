@@ -303,3 +303,28 @@ def test_a_model_folder_written_over_between_calls_is_loaded_again(tiny_llama, t
     texts = {n: [json.loads(l)["text"] for l in (tmp_path / f"{n}.jsonl").open()]
              for n in "abc"}
     assert texts["b"] == texts["c"] != texts["a"]
+
+
+def test_method_auto_keeps_a_pilots_choice_not_a_small_calls(tiny_llama, tmp_path, monkeypatch):
+    """Generator(method="auto") races once per sampling setting and keeps what a pilot chose;
+    a call too small to pilot runs `ar` without keeping it (a warm-up call of two prompts held
+    every later call, of thousands, to `ar`)."""
+    from specctl.runtime.control import auto
+    calls = []
+
+    def race(cfg, model, tk, drafters, skipped, records, **kw):
+        calls.append(len(records))
+        if len(records) < 3:
+            return "ar", {"chosen": "ar", "pilot_s": 0.0, "pilots": [], "small_job": 8}
+        return "self-draft", {"chosen": "self-draft", "pilot_s": 0.1, "pilots": [{"x": 1}]}
+    monkeypatch.setattr(auto, "race", race)
+    g = Generator(str(tiny_llama), method="auto", max_tokens=4, store=tmp_path / "s")
+    g.generate(["a", "b"])
+    g.generate(["a", "b"])
+    assert calls == [2, 2]   # (small: raced again, nothing kept)
+    big = [f"q{i}" for i in range(4)]
+    g.generate(big)
+    g.generate(["a", "b"])
+    g.generate(big)
+    assert calls == [2, 2, 4]   # (a pilot's choice kept for every later call)
+

@@ -220,15 +220,20 @@ class Generator:
             reqs.append(req)
             rows.append(need)
         profiles = {"store": self.store, "fingerprint": fingerprint, "log": self.report.log}
-        if cfg.method == "auto":   # piloted once per sampling setting (the first call's prompts)
+        if cfg.method == "auto":   # piloted once per sampling setting (the first call's
+            # prompts that were worth a pilot: a small call's `ar` is not kept, or a warm-up
+            # call of two prompts held every later one of thousands to `ar`)
             drafters, said, skipped = auto.candidates(cfg, model, model_dir, self.store)
             key = (cfg.temperature, cfg.top_p, cfg.top_k)
-            if key not in self._auto:
-                self._auto[key] = auto.race(cfg, model, tk, drafters, skipped, records,
-                                            **profiles)[0]
-                for line in said[self._auto[key]]:
+            chosen = self._auto.get(key)
+            if chosen is None:
+                chosen, report = auto.race(cfg, model, tk, drafters, skipped, records,
+                                           **profiles)
+                if report is not None and report.get("pilots"):
+                    self._auto[key] = chosen
+                for line in said[chosen]:
                     self.report.log(line)
-            drafter = drafters[self._auto[key]]
+            drafter = drafters[chosen]
         else:
             drafter = make_drafter(cfg, model, model_dir, self.store, self.report.log)
         done: list[Request] = []
