@@ -38,7 +38,7 @@ from specctl.runtime.jobs.merge import finish
 from specctl.runtime.jobs.records import (RecordWriter, drop_if_empty, find_resumable,
                                           is_error_record, nearest_run, output_line, per_line,
                                           read_done, read_input, record_file, recorded,
-                                          runs_of)
+                                          recorded_lines, runs_of)
 from specctl.runtime.step.sequence import Request
 from specctl.runtime.jobs.groups import run_groups
 from specctl.runtime.jobs.job_cache_file import load_job_cache, save_job_cache
@@ -199,11 +199,13 @@ def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> st
     """--method auto, on rank 0: the method of this job's run that --resume finds, or else the
     fastest in a pilot of every method there are artifacts for (runtime/control/auto.py)."""
     cfg = job.cfg
-    if resume:   # the newest run of this job, whichever method it ran
+    if resume:   # the run of this job with the most answers (the newest of those), whichever
+        # method ran it, as --resume takes (find_resumable): the newest, a run stopped early,
+        # hid a complete one and made its answers again
         keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}
         runs = runs_of(job.store, keys)
         if runs:
-            m = keys[runs[0].manifest["key"]]
+            m = keys[max(runs, key=lambda e: recorded_lines(e.path)).manifest["key"]]
             job.say(f"--method auto: resuming the {m} run of this job")
             return m
     method, job.auto = auto.race(cfg, job.model, job.tk, drafters, skipped, job.records,
