@@ -113,6 +113,10 @@ def test_auto_runs_the_pilots_winner_and_resumes_its_run(job, monkeypatch):
     got, said = run("--method", "auto", "--resume")
     assert got == ref and "resuming the self-draft run" in said
     assert len(list((store / "runs").iterdir())) == 2   # ar's, and self-draft's resumed
+    # (its metrics, written again as it ends, keep the race that chose it: its manifest has
+    # it, for a run killed before its first metrics.json)
+    (m,) = _metrics(store, "self-draft")
+    assert m["method_auto"]["chosen"] == "self-draft" and m["method_auto"]["pilots"]
 
 
 def test_pilots_leave_the_jobs_drafter_untouched(tiny_llama, tmp_path):

@@ -9,6 +9,7 @@ WORLD_SIZE) in runtime/jobs/dist.py: rank r appends to its own record file, rank
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -275,6 +276,8 @@ def _open_run(job: _Job, resume: bool) -> None:
                 _hint_unfinished(job)
             if run_dir is not None:
                 job.lock = lock_run(run_dir)
+                if job.auto is None:   # (--method auto resumed: the race that chose the run's
+                    job.auto = _raced(run_dir)   # method, for its metrics.json again)
             job.done = read_done(run_dir, job.records) if run_dir else {}
             if not cfg.skip_bad:   # (a bad line recorded by a --skip-bad run stops this one)
                 job.done = {i: r for i, r in job.done.items() if not is_error_record(r)}
@@ -287,7 +290,8 @@ def _open_run(job: _Job, resume: bool) -> None:
                 atomic_write_json(run_dir / "manifest.json", make_manifest(
                     "run", run_id, key=job.key, input=str(Path(cfg.input).resolve()),
                     input_sha256=job.input_sha, model=str(job.model_dir), config=asdict(cfg),
-                    depends=job.depends))
+                    depends=job.depends, **({} if job.auto is None else
+                                            {"method_auto": job.auto})))
             if job.done:
                 job.say(f"resuming {run_dir.name}: {len(job.done)} of {len(job.records)} "
                         "requests already done")
@@ -300,6 +304,17 @@ def _open_run(job: _Job, resume: bool) -> None:
     job.done_ix = set(job.done) if job.lead else unranges(opened["done"])
     if job.model.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
+
+
+def _raced(run_dir: Path) -> dict | None:
+    """The --method auto race a run's manifest kept (an object, else None): metrics.json is
+    written as a run ends, so a run killed before that lost it at its resume."""
+    try:
+        got = json.loads((run_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    got = got.get("method_auto") if isinstance(got, dict) else None
+    return got if isinstance(got, dict) else None
 
 
 def _hint_unfinished(job: _Job) -> None:
