@@ -446,6 +446,11 @@ def test_resume_generates_only_missing(prompts_file, tiny_llama, baseline, tmp_p
     r = ok(generate(prompts_file, tmp_path / "other.jsonl", store, tiny_llama, "--resume",
                     "--max-tokens", str(MAX_TOKENS + 1)))
     assert "differs in: max_tokens" in " ".join(r.output.split())
+    # (a dtype as given, which the run's key holds as what it resolved to, is named too)
+    r = ok(generate(prompts_file, tmp_path / "bf.jsonl", store, tiny_llama, "--resume",
+                    "--max-tokens", str(MAX_TOKENS + 2), "--dtype", "bf16"))
+    said = " ".join(r.output.split())
+    assert 'max_tokens' in said and 'dtype "fp32" there, "bf16" here' in said, said
 
 
 def test_resume_tolerates_torn_last_line(prompts_file, tiny_llama, baseline, tmp_path,
