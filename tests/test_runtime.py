@@ -200,13 +200,19 @@ def test_drafts_past_where_the_answer_ends_are_not_counted_as_accepted(model, gr
     dr = SelfDraftDrafter(SelfDraftParams(branches=0, context_cands=4, grid=True,
                                           job_cache=True), vocab=model.cfg.vocab_size) \
         if grid else SelfDraftDrafter(SelfDraftParams(), Oracle([prompt + ref]))
-    done = []
+    done, came = [], []
     # (the first run, without a stop, leaves the whole answer in the grid's job cache)
     for stop in [None] + [decode(ref[j:j + 2]) for j in range(8, 30, 3)]:
-        Runner(model, dr, SamplingParams(), batch_size=1, max_len=256, eos_ids=set(),
-               render=lambda r: prompt, decode=decode, stop=(stop,) if stop else ()).run(
+        st = Runner(model, dr, SamplingParams(), batch_size=1, max_len=256, eos_ids=set(),
+                    render=lambda r: prompt, decode=decode,
+                    stop=(stop,) if stop else ()).run(
             [Request(0, [[{}]], 40)], done.append if stop else lambda r: None)
+        if stop:
+            came.append(st.accepted_from)
     assert all(r.finish_reasons == ["stop_string"] for r in done)
+    # (and the caches they came from count those drafts, no more: none below 0)
+    assert [sum(c.values()) for c in came] == [sum(r.accept_lengths) for r in done]
+    assert all(v >= 0 for c in came for v in c.values()), came
     # (the prefill's token, then each step's accepted drafts and the token after them, the
     # last step's perhaps not)
     ends = [len(r.answer_ids[0]) - 1 - sum(r.accept_lengths) - len(r.accept_lengths)

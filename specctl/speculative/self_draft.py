@@ -363,10 +363,12 @@ class SelfDraftDrafter(Drafter):
         """A grid step's outcome (runtime/step/grid.py): its emitted text is pushed as grams
         by the function returned (as observe's), the accepted drafts counted as the job
         cache's where they came from its chain (drafts.job, GridDrafts': the first chain, and
-        the verdicts' best), else as the context cache's."""
+        the verdicts' best), else as the context cache's. accepted: the drafts the answers
+        kept (commit_grid's: none past where an answer ended), as each request's last accept
+        length counts them."""
         job = 0 if drafts is None or drafts.job is None else \
-            sum(a for a, c, f in zip(verdicts.acc, verdicts.best, drafts.job.tolist())
-                if f and c == 0)
+            sum(s.req.accept_lengths[-1] for s, c, f in
+                zip(seqs, verdicts.best, drafts.job.tolist()) if f and c == 0)
         self.accepted_from["job"] += job
         self.accepted_from["context"] += accepted - job
         return lambda: self._settle(seqs)
@@ -410,7 +412,11 @@ class SelfDraftDrafter(Drafter):
                 last = v.accepted[-1]
                 src = ("job" if last < pr.job_nodes else "context" if last < pr.ctx_nodes
                        else "corpus")
-                self.accepted_from[src] += len(v.accepted)
+                # (the drafts its answer kept, as the step's commit counted them: none past
+                # where it ended)
+                kept = s.req.accept_lengths
+                self.accepted_from[src] += min(len(v.accepted), kept[-1]) if kept else \
+                    len(v.accepted)
             if out is not None and pr.probe.tokens:
                 at = 0
                 for br in s.state.branches:
