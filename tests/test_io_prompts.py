@@ -233,8 +233,17 @@ def test_numbers_as_other_writers_spell_them(tmp_path):
                        "sampling": {"seed": np.int64(1), "temperature": np.float32(0.5)}})
     assert r.max_tokens == 3 and r.sampling == {"seed": 1, "temperature": 0.5}
     assert prompt_record({"turns": ("a", "b")}).turns == prompt_record({"turns": ["a", "b"]}).turns
+    # (an array is a list: a DataFrame's list column; a field nobody reads is not looked at,
+    # however deep)
+    assert prompt_record({"turns": np.array(["a", "b"])}).turns == \
+        prompt_record({"turns": ["a", "b"]}).turns
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    assert prompt_record({"prompt": "x", "reference": np.array(["a", "b"], dtype=object),
+                          "data": deep}).raw_prompt == "x"
     for bad, said in [(2.5, "got 2.5"), (np.bool_(True), "got True"), (1e300, "got 1e+300"),
-                      (np.float64("nan"), "got nan")]:
+                      (np.float64("nan"), "got nan"), (np.array([5]), "got [5]")]:
         with pytest.raises(SpecctlError,
                            match=re.escape("max_tokens: must be a positive integer, " + said)):
             prompt_record({"prompt": "a", "max_tokens": bad})

@@ -285,18 +285,28 @@ def _more_ids(obj: dict, id_field: str | None) -> tuple:
     return tuple(out)
 
 
-def _plain(v):
+_READ = _FORMAT_KEYS + ("sampling", "max_tokens", "max_completion_tokens", "custom_id",
+                       "question_id", "id", "category")   # (a line's keys whose values are read)
+
+
+def _plain(v, depth: int = 0):
     """A line's values as JSON means them, however its writer spelled them: a whole float is
     an integer (pandas writes an integer column with gaps as floats, `"max_tokens": 2.0`, as
-    a Parquet file's rows do, io/shards.py), numpy's scalars Python's (a prompt given in
-    memory from a DataFrame's rows), a tuple a list. (A NaN stays one, and is refused: a
-    temperature of 0/0 taken as absent would run greedy unsaid.)"""
+    a Parquet file's rows do, io/shards.py), numpy's scalars and arrays Python's (a prompt
+    given in memory from a DataFrame's rows), a tuple a list. (A NaN stays one, and is
+    refused: a temperature of 0/0 taken as absent would run greedy unsaid.) Only the keys a
+    line's values are read from, and no deeper than any of them goes (a message's content
+    parts: 6): a field nobody reads is left as it came, however large or deep."""
+    if depth == 0 and isinstance(v, dict):
+        return {k: _plain(x, 1) if k in _READ else x for k, x in v.items()}
+    if depth > 8:
+        return v
     if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: _plain(x, depth + 1) for k, x in v.items()}
+    if type(v).__module__ == "numpy" and hasattr(v, "tolist"):   # (numpy is not imported
+        v = v.tolist()                                            # here)
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if type(v).__module__ == "numpy" and hasattr(v, "item"):   # (numpy is not imported here)
-        v = v.item()
+        return [_plain(x, depth + 1) for x in v]
     # (within an int64: a whole 1e300 stays a float, and is refused as one)
     return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2**63 else v
 
