@@ -201,10 +201,18 @@ def _choose_method(job: _Job, drafters: dict, skipped: list, resume: bool) -> st
     fastest in a pilot of every method there are artifacts for (runtime/control/auto.py)."""
     cfg = job.cfg
     if resume:   # the run of this job with the most answers (the newest of those), whichever
-        # method ran it, as --resume takes (find_resumable): the newest, a run stopped early,
-        # hid a complete one and made its answers again
+        # method ran it, of those whose artifacts and model are as they were, as --resume
+        # takes (find_resumable): the newest, a run stopped early, hid a complete one and made
+        # its answers again
         keys = {k: m for m, d in drafters.items() for k in _keys(job, replace(cfg, method=m), d)}
         runs = runs_of(job.store, keys)
+        if runs:
+            cache = DigestCache(job.store)
+            have = model_contents(job.model_dir, cache)
+            deps = {m: run_depends(replace(cfg, method=m), have, d, job.model, cache)
+                    for m, d in drafters.items()}
+            cache.save()
+            runs = [e for e in runs if e.manifest.get("depends") == deps[keys[e.manifest["key"]]]]
         if runs:
             m = keys[max(runs, key=lambda e: recorded_lines(e.path)).manifest["key"]]
             job.say(f"--method auto: resuming the {m} run of this job")
