@@ -248,10 +248,16 @@ def nearest_run(store: Store, input_sha: str, cfg: GenerateConfig) -> str:
     e = max(runs, key=lambda e: str(e.manifest.get("created", "")))
     old, new, inert = e.manifest.get("config"), asdict(cfg), cfg.inert()
     old = old if isinstance(old, dict) else {}
-    # (device and dtype key a run as what they resolve to, not as given, so they are not in
-    # the config's key: as given, where they differ, they may be why)
-    diff = [k for k in new if (k not in UNKEYED or k in ("device", "dtype")) and
-            k not in inert and k in old and json.dumps(old[k]) != json.dumps(new[k])]
+    diff = [k for k in new if k not in UNKEYED and k not in inert and k in old
+            and json.dumps(old[k]) != json.dumps(new[k])]
+    # (device and dtype key a run as what they resolve to, not as given: named where both
+    # were given and differ as a run's key does, the device by its kind; `auto` resolved to
+    # either, and cuda:0 and cuda:1 are one kind)
+    for k in ("device", "dtype"):
+        a, b = (str(x.get(k, "auto")).split(":")[0] if k == "device" else str(x.get(k, "auto"))
+                for x in (old, new))
+        if "auto" not in (a, b) and a != b:
+            diff.append(k)
     why = (", ".join(f"{k} {json.dumps(old[k])} there, {json.dumps(new[k])} here"   # (one
                      for k in diff) if diff else   # notation: the manifest's lists are tuples here)
            "the model, the kind of device or dtype it runs in, or the method's artifact (skip "
