@@ -343,6 +343,14 @@ def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
     r = bench(prompts, tmp_path / "store2", tiny_llama, "--methods", "draft-verify:exact",
               "--batch-sizes", "2", "--repeats", 1, "--warmup", 0, "--dtype", "bf16")
     assert r.exit_code != 0 and "skipped (draft-verify:exact: " in " ".join(r.output.split())
+    # (a skip set the command names that is not there: an error before anything runs, as in
+    # generate; it was skipped, and the other methods' bench exited 0)
+    r = bench(prompts, tmp_path / "store3", tiny_llama, "--methods", "ar,self-draft,draft-verify",
+              "--skip-set", tmp_path / "typo.json", "--batch-sizes", "2", "--repeats", 1,
+              "--warmup", 0)
+    out = " ".join(r.output.split())
+    assert r.exit_code != 0 and "typo.json: no such file or folder" in out, out
+    assert not (tmp_path / "store3" / "benches").exists()
     (d,) = benches(tmp_path / "store")
     res = json.loads((d / "results.json").read_text())
     assert [(x["method"], x["batch_size"]) for x in res["rows"]] == [("ar", 2)]

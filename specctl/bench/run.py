@@ -25,7 +25,7 @@ from specctl.errors import SpecctlError
 from specctl.io.prompts import PromptRecord
 from specctl.io.shards import read_input
 from specctl.reporting import Reporter, Task, reporter
-from specctl.runtime.jobs.methods import warn_flex_off_cuda
+from specctl.runtime.jobs.methods import locate_artifacts, warn_flex_off_cuda
 from specctl.runtime.jobs.metrics import peak_mb
 from specctl.runtime.jobs.tokenization import Tokenization, kv_rows, require_raw_prompts, to_request
 from specctl.runtime.step.threads import say_threads
@@ -113,6 +113,12 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     report = reporter(report, log)
     log = report.log
     store.check_writable()   # (before a prompt set or the model is downloaded into it)
+    # (a skip set or adapter the command names that is not there is a mistake, as generate
+    # says before loading: a store without one skips its method, a typo'd path stopped
+    # nothing, the bench ran without the method it was asked for)
+    for m in cfg.methods:
+        if m not in PEERS:
+            locate_artifacts(cfg.generate_config(m, 1), store)
     recs, input_desc, input_sha = _load_prompts(cfg, store, log)
     model_dir = resolve_model(cfg.model, store, log=log)
     tk = Tokenization(model_dir, cfg.chat)
