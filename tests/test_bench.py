@@ -351,6 +351,12 @@ def test_missing_artifact_skips_the_method(tmp_path, prompts, tiny_llama):
     out = " ".join(r.output.split())
     assert r.exit_code != 0 and "typo.json: no such file or folder" in out, out
     assert not (tmp_path / "store3" / "benches").exists()
+    r = bench(prompts, tmp_path / "store4", tiny_llama, "--methods",
+              "ar,self-draft,self-draft:no-corpus",
+              "--corpus-cache", tmp_path / "typo-cache", "--batch-sizes", "2", "--repeats", 1,
+              "--warmup", 0)
+    out = " ".join(r.output.split())
+    assert r.exit_code != 0 and "typo-cache: no such file or folder" in out, out
     (d,) = benches(tmp_path / "store")
     res = json.loads((d / "results.json").read_text())
     assert [(x["method"], x["batch_size"]) for x in res["rows"]] == [("ar", 2)]

@@ -10,6 +10,7 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.runtime.jobs.artifacts import (describe_skip_set, resolve_adapter,
                                             resolve_corpus_cache, resolve_skip_set)
 from specctl.runtime.jobs.config import GRID_FROM, GenerateConfig
+from specctl.speculative.corpus_cache import KIND as CORPUS_KIND
 from specctl.speculative.drafter import NoDraft
 from specctl.store import Store
 
@@ -23,8 +24,10 @@ def warn_flex_off_cuda(model, log) -> None:
 def locate_artifacts(cfg: GenerateConfig, store: Store) -> None:
     """The artifacts the config names for its method(s) exist in the store (a clear error
     before any model loads)."""
+    corpus = None if cfg.corpus_cache == "none" else cfg.corpus_cache   # ("none": no corpus)
     for method, spec, kind in (("draft-verify", cfg.skip_set, "skipsets"),
-                               ("kangaroo", cfg.adapter, "adapters")):
+                               ("kangaroo", cfg.adapter, "adapters"),
+                               ("self-draft", corpus, CORPUS_KIND)):
         if cfg.method in (method, "auto") and spec:
             store.locate(spec, kind)
 
