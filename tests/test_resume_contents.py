@@ -119,30 +119,31 @@ def test_unchanged_model_resumes_and_a_run_without_contents_does_not(tmp_path, m
     assert sorted(count_generated) == [0, 1, 2]
 
 
+def _corpus_cache(tmp_path: Path, model: Path, docs) -> Path:
+    """A corpus cache of docs (token lists) for the model's tokenizer at tmp_path/cache, made
+    anew over whatever was there (a rewrite under the same name)."""
+    from specctl.models.fingerprint import tokenizer_fingerprint
+    from specctl.prep.cache.ngrams import CountConfig, count_token_docs, write_artifact
+    out = tmp_path / "cache"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    cfg = CountConfig(max_key_len=2, gram_len=2, top=20, min_count=2)
+    write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
+                   {"max_key_len": 2, "gram_len": 2, "top": 20, "min_count": 2,
+                    "tokenizer_fingerprint": tokenizer_fingerprint(model), "tokenizer": "t"})
+    return out
+
+
 def test_resume_refuses_a_corpus_cache_rewritten_under_the_same_name(tmp_path, tiny_llama,
                                                                        count_generated):
     """A self-draft run names its corpus cache by id only: the cache's content is recorded."""
-    from specctl.models.fingerprint import tokenizer_fingerprint
-    from specctl.prep.cache.ngrams import CountConfig, count_token_docs, write_artifact
-
-    def build(docs):
-        out = tmp_path / "cache"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        cfg = CountConfig(max_key_len=2, gram_len=2, top=20, min_count=2)
-        write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                       {"max_key_len": 2, "gram_len": 2, "top": 20, "min_count": 2,
-                        "tokenizer_fingerprint": tokenizer_fingerprint(tiny_llama),
-                        "tokenizer": "t"})
-        return out
-
-    cache = build([[5, 6, 7, 8, 9]] * 3)
+    cache = _corpus_cache(tmp_path, tiny_llama, [[5, 6, 7, 8, 9]] * 3)
     inp = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     store = tmp_path / "store"
     opts = ("--method", "self-draft", "--corpus-cache", cache)
     generate(inp, tmp_path / "o1.jsonl", store, tiny_llama, *opts, "--limit", 1)
     (run,) = runs(store)
-    build([[10, 11, 12, 13]] * 4)
+    _corpus_cache(tmp_path, tiny_llama, [[10, 11, 12, 13]] * 4)
     count_generated.clear()
     said = generate(inp, tmp_path / "o2.jsonl", store, tiny_llama, *opts, "--resume")
     assert f"not resuming {run.name}" in said and "corpus cache changed" in said
@@ -155,27 +156,13 @@ def test_auto_resumes_no_run_whose_corpus_cache_changed(tmp_path, tiny_llama,
     depend on what they did: a complete self-draft run whose corpus cache was rewritten under
     its name is not one (it was taken, refused as changed, and every answer made again); the
     ar run with 1 of 3 is, and makes the 2 it lacks."""
-    from specctl.models.fingerprint import tokenizer_fingerprint
-    from specctl.prep.cache.ngrams import CountConfig, count_token_docs, write_artifact
-
-    def build(docs):
-        out = tmp_path / "cache"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        cfg = CountConfig(max_key_len=2, gram_len=2, top=20, min_count=2)
-        write_artifact(out, count_token_docs(docs, cfg, tmp_path / "w"),
-                       {"max_key_len": 2, "gram_len": 2, "top": 20, "min_count": 2,
-                        "tokenizer_fingerprint": tokenizer_fingerprint(tiny_llama),
-                        "tokenizer": "t"})
-        return out
-
-    cache = build([[5, 6, 7, 8, 9]] * 3)
+    cache = _corpus_cache(tmp_path, tiny_llama, [[5, 6, 7, 8, 9]] * 3)
     inp = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     store = tmp_path / "store"
     generate(inp, tmp_path / "o1.jsonl", store, tiny_llama, "--method", "self-draft",
              "--corpus-cache", cache)
     generate(inp, tmp_path / "o2.jsonl", store, tiny_llama, "--limit", 1)
-    build([[10, 11, 12, 13]] * 4)
+    _corpus_cache(tmp_path, tiny_llama, [[10, 11, 12, 13]] * 4)
     count_generated.clear()
     said = generate(inp, tmp_path / "o3.jsonl", store, tiny_llama, "--method", "auto",
                     "--corpus-cache", cache, "--resume")
