@@ -34,6 +34,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from specctl.engine.batch import FULL
 from specctl.engine.graphs import CudaGraphs, grid_n
@@ -190,11 +191,13 @@ class Staging:
 
     def __call__(self, batch, slots: int) -> None:
         B, n = len(batch.num_new), grid_n(max(batch.num_new))
-        Bb = CudaGraphs.bucket(B, slots)
-        cap = self.caps.get((Bb, n))
+        Bb, fill = CudaGraphs.bucket(B, slots), batch.fill
+        cap = self.caps.get((Bb, n, fill))
         if cap is None:   # (a graph's inputs, as CudaGraphs._capture_one makes them)
-            ints, *_, parents, table = CudaGraphs.inputs(Bb, n, 0, "cpu")
-            cap = self.caps[Bb, n] = _Cap(ints=ints, table=table, parents=parents)
+            ints, *_, parents, table, up, index = CudaGraphs.inputs(Bb, n, 0, "cpu",
+                                                                    fill is not None)
+            cap = self.caps[Bb, n, fill] = _Cap(ints=ints, table=table, parents=parents,
+                                                fill=fill, up=up, index=index)
         self.graphs._stage_inputs(cap, batch, self.kv, Bb, n)
 
 
@@ -440,16 +443,17 @@ class TraceGrid(SelfDraftDrafter):
     the traces (traces(), as TraceChains'): each sequence's first chain is the reference's
     next G tokens, right where its trace says "1", wrong from its first "0" on; it holds no
     other chain (a trace knows one draft a position), and none where its next position is
-    "-" or past its trace. The real context table still learns the run's text and is read
-    for every step (its host work); the trace's candidates replace what it gave, worked out
-    off the host's charge (clock.device: a test's bookkeeping, not the product's)."""
+    "-" or past its trace. The real context table still learns the run's text; the step's
+    forward gathers from a table that holds nothing (its device work, the product's), and
+    the trace's chain comes in as the job cache's would (GridFill), worked out off the
+    host's charge (clock.device: a test's bookkeeping, not the product's)."""
 
     def __init__(self, ref: list[list[int]], known: list[str], vocab: int, clock: SimClock,
                  params: SelfDraftParams = SelfDraftParams(grid=True, corpus_cache=False)):
         super().__init__(params, vocab=vocab)
         self.ref, self.known, self.clock = ref, known, clock
         self.live: dict[int, object] = {}   # slot -> its sequence (admit, retire)
-        self.table = _TraceTable(self)
+        self.table, self.trace = _TraceTable(self), _TraceJob(self)
 
     def admit(self, seq) -> None:
         super().admit(seq)
@@ -464,38 +468,53 @@ class TraceGrid(SelfDraftDrafter):
     def context_table(self):
         return None if super().context_table is None else self.table
 
+    @property
+    def job_table(self):
+        return self.trace
+
     def fresh(self) -> "TraceGrid":
         return TraceGrid(self.ref, self.known, self.vocab, self.clock, self.prm)
 
-    def chains(self, keys: np.ndarray, C: int, G: int) -> tuple[np.ndarray, np.ndarray]:
-        """The trace's ([B, C, G] candidates, [B] chains held) of the step's sequences: the
-        unfinished ones, by slot (the step's order), their pending tokens `keys`."""
-        seqs = [s for _, s in sorted(self.live.items()) if s.finish_reason is None]
-        assert [s.pending for s in seqs] == keys.tolist(), "trace-grid: not the step's batch"
-        cands, held = np.zeros((len(seqs), C, G), dtype=np.int64), np.zeros(len(seqs), np.int64)
+    def chains(self, seqs, G: int) -> tuple[np.ndarray, np.ndarray]:
+        """The trace's ([B, G] first chains, [B] whether each holds one) of the step's
+        sequences."""
+        live = [s for _, s in sorted(self.live.items()) if s.finish_reason is None]
+        assert live == list(seqs), "trace-grid: not the step's batch"
+        cands, held = np.zeros((len(seqs), G), dtype=np.int64), np.zeros(len(seqs), bool)
         for b, s in enumerate(seqs):
             want, at = self.ref[s.req.index], len(s.out_ids)
             bits = self.known[s.req.index % len(self.known)]
-            for c in range(C):
-                for j in range(G):
-                    k = at + j
-                    right = c == 0 and k < len(bits) and bits[k] == "1" and k < len(want)
-                    cands[b, c, j] = want[k] if right else (want[min(k, len(want) - 1)] + 1) % 7
+            for j in range(G):
+                k = at + j
+                right = k < len(bits) and bits[k] == "1" and k < len(want)
+                cands[b, j] = want[k] if right else (want[min(k, len(want) - 1)] + 1) % 7
             held[b] = at < len(bits) and bits[at] != "-"
         return cands, held
 
 
 class _TraceTable:
-    """TraceGrid's table: the real one's size and its read, the trace's candidates."""
+    """TraceGrid's table: the real one's size, its rows on the device holding nothing."""
 
     def __init__(self, drafter: TraceGrid):
-        self.drafter, self.real = drafter, drafter.ctx
-        self.R, self.G = self.real.R, self.real.G
+        self.R, self.G = drafter.ctx.R, drafter.ctx.G
+        self._rows = torch.zeros(drafter.ctx.ready.shape, dtype=torch.int32)
 
-    def candidates(self, keys: np.ndarray, limit: int, depth: int | None = None):
-        cands, _ = self.real.candidates(keys, limit, depth)   # (the product's read, charged)
+    def device_rows(self, device):
+        return self._rows
+
+
+class _TraceJob:
+    """TraceGrid's first chains, as a job cache's come (JobTable.tails, match)."""
+
+    def __init__(self, drafter: TraceGrid):
+        self.drafter = drafter
+
+    def tails(self, seqs):
+        return list(seqs)
+
+    def match(self, seqs, G: int):
         with self.drafter.clock.device():
-            return self.drafter.chains(keys, cands.shape[1], cands.shape[2])
+            return self.drafter.chains(seqs, G)
 
 
 def trace_lengths(n: int, known: list[str]) -> list[int]:

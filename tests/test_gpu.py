@@ -33,6 +33,21 @@ def test_graph_logits_equal_eager(tiny_llama):
     assert g.graphs.replays > 0 and e.graphs is None
 
 
+def test_the_context_tables_device_rows_follow_its_pushes():
+    """A grid step's forward gathers from the table's rows on the GPU (ContextTable.device_rows):
+    a copy kept equal to the host's through pushes and trims, copied in stream order."""
+    import numpy as np
+    from specctl.speculative.context_table import ContextTable
+    t, rng = ContextTable(300, 6, 4), np.random.default_rng(0)
+    rows = t.device_rows(torch.device("cuda"))
+    for i in range(30):
+        t.push_texts([rng.integers(0, 40, 50).tolist() for _ in range(3)])
+        if i % 10 == 9:
+            t.trim(3)
+        assert t.device_rows(torch.device("cuda")) is rows
+        assert torch.equal(rows.cpu(), torch.from_numpy(t.ready))
+
+
 @pytest.mark.parametrize("batch_size", [1, 8])
 def test_graphs_keep_decoding_lossless(tiny_llama, batch_size):
     cpu = load_model(tiny_llama, "cpu", "fp32")

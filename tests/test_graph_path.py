@@ -304,7 +304,7 @@ def _staged(batch, Bb: int, n: int, scratch: int):
     and (n > 1) each row's parent row [Bb * n]: a tree's node's its parent's (the root: row
     0), every other row's the row before it (row 0: itself)."""
     cu, counts = batch.cu_seqlens, batch.num_new
-    toks = list(batch.token_list)
+    toks = [0] * cu[-1] if batch.fill is not None else list(batch.token_list)
     tok, real = [0] * (Bb * n), []
     par = [max(j - 1, 0) for _ in range(Bb) for j in range(n)]
     for b, k in enumerate(counts):
@@ -318,6 +318,17 @@ def _staged(batch, Bb: int, n: int, scratch: int):
     slots = list(batch.seq_slots) + [scratch] * (Bb - len(counts))
     prefix = list(batch.prefix_lens) + [0] * (Bb - len(counts))
     return tok + slots + prefix, real, par if n > 1 else []
+
+
+def _filled_as_eagerly(batch) -> None:
+    """A grid batch's rows as its replay filled them (ForwardBatch.filled) are an eager
+    gather's (GridFill), but for the column no one reads."""
+    C, G = batch.chains
+    w = batch.up.shape[1]
+    up = torch.tensor(batch.up)
+    batch.fill(up, torch.from_numpy(batch.fill.index(C, G, 1 + C * G, w, w - 1)),
+               1 + C * G)
+    assert torch.equal(batch.filled[:, :w - 1], up[:, :w - 1])
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -374,17 +385,23 @@ def test_a_padded_step_is_staged_as_its_sequences_are_laid_out(tiny_llama, seed)
                   chains, gbatch, gbatch2, other, other, ragged, trees, ragged, trees, big,
                   trees, big, one, chains, one, same, gbatch2):
         m.run(batch, kv)
+        fill = None if batch.fill is None else batch.fill.key
         (Bb, n, *_), cap = next((k, c) for k, c in m.graphs.cache.items()
                                 if k[0] == m.graphs.bucket(len(batch.num_new), kv.num_slots)
-                                and k[1] == m.graphs.padded_n(max(batch.num_new)))
+                                and k[1] == m.graphs.padded_n(max(batch.num_new))
+                                and k[5] == fill)
+        if fill is not None:   # (its tokens: gathered in the forward, as eagerly)
+            _filled_as_eagerly(batch)
         with torch.inference_mode():
             padded = m.graphs._stage_inputs(cap, batch, kv, Bb, n)
         assert padded == any(k != n for k in batch.num_new)
         head, real, par = _staged(batch, Bb, n, kv.scratch)
         ints, T = cap.ints.tolist(), batch.num_tokens
+        if fill is not None:   # (no tokens staged)
+            head, ints = head[Bb * n:], ints[Bb * n:]
         assert ints[:len(head)] == head
         assert ints[len(head):len(head) + T] == real   # (the rest of `real`: unread)
-        assert ints[len(head) + Bb * n:] == par
+        assert ints[len(head) + Bb * n:][:len(par)] == par   # (a grid's rows and index after)
         # what the graph lays out from them, each real row's mask and position, is what an
         # eager forward reads (the batch's own layout)
         if n > 1:
@@ -429,16 +446,19 @@ def test_staging_a_padded_step_makes_as_many_python_calls_at_any_batch(tiny_llam
         m.run(batch, kv)   # (captures, eagerly)
         Bb, n = m.graphs.bucket(B, kv.num_slots), m.graphs.padded_n(batch.num_new[0])
         assert n > batch.num_new[0]   # (17 rows padded to 32)
-        cap = m.graphs.cache[next(k for k in m.graphs.cache if k[:2] == (Bb, n))]
+        cap = m.graphs.cache[next(k for k in m.graphs.cache
+                                  if k[:2] == (Bb, n) and k[5] == batch.fill.key)]
         chains = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10) for s in range(B)], "cpu")
         m.run(chains, kv)
         trees = ForwardBatch([SeqInput(s, [3] * (17 + s % 9), 10,
                                        parents=[-1] + [j // 2 for j in range(15 + s % 9)])
                               for s in range(B)], "cpu")
         m.run(trees, kv)
+        plain = m.graphs.cache[next(k for k in m.graphs.cache
+                                    if k[:2] == (Bb, n) and k[5] is None)]
         made[B] = calls(lambda: m.graphs._stage_inputs(cap, batch, kv, Bb, n))
-        again[B] = calls(lambda: m.graphs._stage_inputs(cap, chains, kv, Bb, n))
-        tree[B] = calls(lambda: m.graphs._stage_inputs(cap, trees, kv, Bb, n))
+        again[B] = calls(lambda: m.graphs._stage_inputs(plain, chains, kv, Bb, n))
+        tree[B] = calls(lambda: m.graphs._stage_inputs(plain, trees, kv, Bb, n))
     assert made[2] == made[12] and again[2] == again[12] and tree[2] == tree[12]
     assert sum(made[2].values()) > 10
 

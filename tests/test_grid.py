@@ -105,6 +105,52 @@ def test_push_texts_makes_every_window():
     assert table.get(1, 10) == [(2, 3)] and table.get(6, 10) == [(7, 8)] and len(table) == 4
 
 
+@pytest.mark.parametrize("C,G", [(3, 4), (1, 2), (2, 1)])
+def test_the_forwards_gather_drafts_the_newest_candidates_the_jobs_first(C, G):
+    """GridFill (a grid step's candidates, gathered in its forward from the table's rows):
+    each sequence's C newest continuations of its pending token, their first G tokens, and
+    the chains its key holds; where its first chain is staged as the job cache's, that one
+    first, the context's after it, the last dropped, one more chain held; each chain's
+    allowed slots, within the sequence's room and its budget (GridDrafts.allowed's, the
+    host's reading of them). Padding tokens (a graph's n past 1 + C G) land in the column
+    no one reads."""
+    from specctl.runtime.step.grid import GridDrafts, GridFill
+    rng, V, R, Gt, B = np.random.default_rng(C * 10 + G), 40, 4, 4, 9
+    table = ContextTable(V, R, Gt)
+    table.push_texts([rng.integers(0, 12, 80).tolist() for _ in range(3)])
+    fill = GridFill(table.device_rows("cpu"), Gt)
+    pending = rng.integers(0, 14, B)   # (some keys never seen: nothing held)
+    job = np.arange(B) % 3 == 0
+    first = rng.integers(0, V, (B, G))
+    chains = np.zeros((B, C, G), np.int64)
+    chains[:, 0] = first
+    room, budget = rng.integers(0, G + 2, B), rng.integers(0, C * G + 1, B)
+    seq = np.array([np.arange(B), np.full(B, 7), pending, room, budget])
+    drafts = GridDrafts.make(seq, chains, None, job.astype(np.int64), np.arange(B)[:, None],
+                             job)
+    allowed = [[max(0, min(r, G, k - c * G)) for c in range(C)] for r, k in zip(room, budget)]
+    assert drafts.allowed.tolist() == allowed
+    for n in (1 + C * G, 1 + C * G + 5):
+        w = drafts.host.shape[1]
+        up = torch.from_numpy(np.concatenate([drafts.host, np.zeros((B, 9), np.int64)], 1))
+        dump = w + 8
+        tokens = fill(up, torch.from_numpy(fill.index(C, G, n, w, dump)), n)
+        assert tokens.shape == (B, n)
+        for b in range(B):
+            held = int(table.fill[pending[b]])
+            ctx = table.candidates(pending[b:b + 1], R)[0][0][:, :G]
+            want = np.concatenate([first[b:b + 1], ctx[:C - 1]]) if job[b] else ctx[:C]
+            got = up[b, 3:3 + C * G].view(C, G).numpy()
+            assert (got == want).all(), (b, got, want)
+            assert up[b, 3 + C * G:3 + C * G + C].tolist() == allowed[b]
+            assert up[b, 3 + C * G + C] == held + job[b]
+            assert tokens[b, 0] == pending[b] and (tokens[b, 1:1 + C * G].numpy()
+                                                   == want.ravel()).all()
+            assert (up[b, :3].numpy() == seq[:3, b]).all()   # (the rest as staged)
+            assert (up[b, w:dump] == 0).all()
+    assert any(table.fill[pending] > 0) and not all(table.fill[pending] > 0)
+
+
 def test_chain_layout():
     depth, anc, parents = chain_layout(2, 3)
     assert depth.tolist() == [0, 1, 2, 3, 1, 2, 3]
@@ -196,6 +242,24 @@ def test_grid_is_lossless(model, graph, grid_steps, path, batch_size):
         grid_steps.clear()
         assert sum(k * n for k, n in st.accept_hist.items()) > 20   # drafts were accepted
         assert dr.accepted_from["context"] > 20
+
+
+@pytest.mark.parametrize("job", [False, True])
+def test_the_host_reads_no_candidate(model, graph, monkeypatch, job):
+    """A grid step's candidates are gathered in its forward (GridFill: on a GPU inside the
+    captured graph), from the table's rows on the device: the host reads none, on the graph
+    path and eagerly, with or without the job cache's first chains, and the output is ar's."""
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 8] + random_prompts(4, seed=3)
+    ref, _ = run_ids(model, prompts, max_tokens=30)
+    for m in (model, graph):
+        def boom(*a, **k):
+            raise AssertionError("a candidate read on the host")
+        monkeypatch.setattr(ContextTable, "candidates", boom)
+        dr = _grid_drafter(m, job_cache=job)
+        got, st = run_ids(m, prompts, batch_size=4, max_tokens=30, drafter=dr)
+        monkeypatch.undo()
+        assert got == ref
+        assert dr.accepted_from["context"] + dr.accepted_from["job"] > 10
 
 
 def test_grid_is_lossless_on_a_paged_cache_near_the_context_end(model, grid_steps):
@@ -321,7 +385,7 @@ def test_a_grid_step_makes_as_many_python_calls_at_any_batch(model):
                 kv.lens[s] = 10
             batch, drafts = grid.plan(slots, [10] * B, list(range(5, 5 + B)), [4] * B, None,
                                       kv, "cpu")
-            v = grid.verify(drafts, model.argmax(model.run(batch, kv)), kv)
+            v = grid.verify(drafts, model.argmax(model.run(batch, kv)), kv, batch.filled)
             kv.advance(slots, [a + 1 for a in v.acc])
         step()   # (the layout is made once, at the first step)
         made[B] = _calls(step)
@@ -358,10 +422,10 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
     target[0, 1 + 5] = 7               # after node 1: the bonus
     kv = KVCache(1, 1, 32, 1, 2)
-    drafts = GridDrafts.make(np.array([[0], [3], [9]]), cands, allowed, np.array([C]),
-                             np.zeros((1, 1), np.int64), "cpu")
+    drafts = GridDrafts.make(np.array([[0], [3], [9], [2], [C * G]]), cands, allowed,
+                             np.array([C]), np.zeros((1, 1), np.int64))
     grid = GridStep(ContextTable(200, 10, G), C)
-    v = grid.verify(drafts, torch.from_numpy(target.ravel()), kv)
+    v = grid.verify(drafts, torch.from_numpy(target.ravel()), kv, torch.from_numpy(drafts.host))
     assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]
     assert v[0].accepted == [2, 3] and v[0].bonus == 7
     assert [t[0] for t in v.out[:3]] == [104, 105, 7]
@@ -386,10 +450,11 @@ def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
         tables = rng.integers(1, 40, (B, 3)) if paged else np.arange(B)[:, None]
         for dev in ("meta", "cpu"):
             kv = KVCache(2, 64, 48, 1, 2, device=dev, num_blocks=40 if paged else None)
-            drafts = GridDrafts.make(seq, cands, allowed, held, tables, dev)
+            drafts = GridDrafts.make(seq, cands, allowed, held, tables)
             target = torch.from_numpy(rng.integers(0, 50, B * (1 + C * G))).to(dev)
+            up = torch.from_numpy(drafts.host).to(dev)
             with counting() as c:
-                res = grid.device_step(drafts, target, kv)
+                res = grid.device_step(drafts, target, kv, up)
             assert res.shape == (B, G + 5)
             counts[B, dev] = c.count
     assert len(set(counts.values())) == 1 and counts[1, "cpu"] > 10, counts

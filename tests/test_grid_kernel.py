@@ -62,9 +62,10 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(C, G, paged):
                          num_blocks=3 * B if paged else None)
             kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
             kv.v_all.copy_(-kv.k_all)
-            drafts = GridDrafts.make(seq, cands, allowed, held, tables, DEV)
+            drafts = GridDrafts.make(seq, cands, allowed, held, tables)
+            up = torch.from_numpy(drafts.host).to(DEV)
             with counting(as_cuda=True) as c:
-                res = step.device_step(drafts, target.to(DEV), kv)
+                res = step.device_step(drafts, target.to(DEV), kv, up)
             out[kernel] = res.cpu(), kv.k_all.cpu(), kv.v_all.cpu(), c.count
         (r0, k0, v0, n0), (r1, k1, v1, n1) = out[False], out[True]
         assert torch.equal(r0, r1), (B, r0, r1)
@@ -80,11 +81,11 @@ def test_a_launch_inside_a_counting_block_is_counted_as_it_happens():
     block around the whole run."""
     kv = KVCache(2, 4, 64, 3, 5, device=DEV)
     seq, cands, allowed, held, tables, target = _case(np.random.default_rng(0), 4, 2, 2, False)
-    drafts = GridDrafts.make(seq, cands, allowed, held, tables, DEV)
+    drafts = GridDrafts.make(seq, cands, allowed, held, tables)
     step = GridStep(ContextTable(50, 2, 2), 2, kernel=True)
     with counting(as_cuda=True) as c:
         before = c.live()
-        step.device_step(drafts, target.to(DEV), kv)
+        step.device_step(drafts, target.to(DEV), kv, torch.from_numpy(drafts.host).to(DEV))
         inside = c.live() - before
     assert inside == 1 and c.count == 1 and c.live() == 1
 

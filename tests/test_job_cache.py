@@ -140,8 +140,8 @@ def test_a_job_cache_of_wrong_continuations_changes_no_token(model, repeated, gr
     dr.job.add_many = lambda texts: None   # (stays wrong: the run's answers are not learnt)
     found = []
     if grid:   # (its grid steps' first chains: the job's, wrong)
-        overlay = dr.job.overlay
-        dr.job.overlay = lambda *a: (lambda got: found.append(got[2].sum()) or got)(overlay(*a))
+        match = dr.job.match
+        dr.job.match = lambda *a: (lambda got: found.append(got[1].sum()) or got)(match(*a))
     got, stats = run_ids(model, prompts, batch_size=4, max_tokens=24, drafter=dr)
     assert got == ref
     # (long wrong drafts were verified: far more tokens than the answers')

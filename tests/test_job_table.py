@@ -1,6 +1,6 @@
 """The job cache's arrays' form (speculative/job_table.py, the grid's): its lookups against
 a plain reading of its documented semantics (the longest key present, its latest occurrence),
-one pass of many texts as the same texts one at a time, its memory bound, the grid's overlay,
+one pass of many texts as the same texts one at a time, its memory bound, the grid's match,
 and the round trip through --job-cache-file's format; on the grid, lossless, and drafting a
 job's repeated answers."""
 
@@ -53,12 +53,13 @@ def test_lookup_is_the_latest_occurrence_of_the_longest_key(seed):
     assert found > 20   # (the comparison is not over misses alone)
 
 
-def test_match_is_lookup_over_the_batch_and_overlay_puts_it_first():
+def test_match_is_lookup_over_the_batch():
+    """(GridFill puts a match first among a grid step's chains: tests/test_grid.py.)"""
     rng = random.Random(5)
     texts = [[rng.randrange(6) for _ in range(rng.randint(5, 40))] for _ in range(20)]
     t = JobTable()
     t.add_many(texts)
-    B, C, G = 16, 3, 4
+    B, G = 16, 4
     tails = np.full((B, t.K), -1, dtype=np.int64)
     ctxs = [[rng.randrange(6) for _ in range(rng.randint(1, 10))] for _ in range(B)]
     for i, c in enumerate(ctxs):
@@ -66,21 +67,14 @@ def test_match_is_lookup_over_the_batch_and_overlay_puts_it_first():
         tails[i, t.K - len(c):] = c
     assert (t.tails([_Seq(c[:1], c[1:]) for c in ctxs]) == tails).all()
     cont, found = t.match(tails, G)
-    cands = np.arange(B * C * G).reshape(B, C, G) % 50
-    held = np.array([i % (C + 1) for i in range(B)])
-    got, got_held, job = t.overlay(tails, cands.copy(), held)
-    assert (job == found).all()
     for i, c in enumerate(ctxs):
         want = _reference(texts, c)
         assert found[i] == (want is not None)
         if want is None:
-            assert (got[i] == cands[i]).all() and got_held[i] == held[i]
             continue
         assert tuple(cont[i][:len(want)].tolist()) == want[:G]
         if len(want) < G:   # (its text's end, the separator, as token 0: a real id)
             assert cont[i][len(want)] == 0
-        assert (got[i, 0] == cont[i]).all() and (got[i, 1:] == cands[i, :C - 1]).all()
-        assert got_held[i] == min(held[i] + 1, C)
     assert 0 < found.sum() < B
 
 

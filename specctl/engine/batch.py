@@ -234,6 +234,7 @@ class ForwardBatch:
     """Flat packed tensors for one forward (see module docstring)."""
 
     tree_rows = False   # every sequence a tree (`local` is then tree_layout's)
+    fill = None         # a grid's in-forward gather of its tokens (ForwardBatch.grid)
     by_hand = False     # a sequence's mask or positions set by hand (SeqInput), not by parents
     template_parents = None   # a grid's template's parents (ForwardBatch.grid)
 
@@ -356,19 +357,22 @@ class ForwardBatch:
         return self
 
     @classmethod
-    def grid(cls, slots: list[int], lens: list[int], tokens: np.ndarray, depth: np.ndarray,
-             local: np.ndarray, parents: np.ndarray,
+    def grid(cls, slots: list[int], lens: list[int], up: np.ndarray, C: int, G: int, fill,
+             depth: np.ndarray, local: np.ndarray, parents: np.ndarray,
              device: torch.device | str = "cpu") -> "ForwardBatch":
         """Every sequence's new tokens in one tree shape, a template (a drafting step's,
-        runtime/step/grid.py): tokens [B, n], depth [n] each token's depth below the first,
-        local [n, n] the mask among them (a token's row: itself and its ancestors), parents
-        [n] each token's parent row (the first's: itself). Nothing is walked per sequence."""
+        runtime/step/grid.py): n = 1 + C G tokens a sequence, its pending one (up's column 2)
+        and C chains of G candidates that fill (GridFill) gathers on the device in the
+        forward from up [B, W] (the rows the verification reads after it, `filled`); depth
+        [n] each token's depth below the first, local [n, n] the mask among them (a token's
+        row: itself and its ancestors), parents [n] each token's parent row (the first's:
+        itself). Nothing is walked per sequence, and no token is read on the host."""
         self = cls.__new__(cls)
-        B, n = tokens.shape
+        B, n = len(slots), 1 + C * G
         self._seqs, self.device = None, torch.device(device)
         self.num_new, self.num_tokens = [n] * B, B * n
-        # (arrays, not lists: what the eager path's tensors and a replay's staging read)
-        self.token_list = tokens.ravel()
+        self.token_list = None   # (on the device only: tokens)
+        self.fill, self.up, self.chains, self.filled = fill, up, (C, G), None
         self.seq_slots, self.prefix_lens = slots, lens   # (the caller's, never edited)
         self.cu_seqlens = list(range(0, B * n + 1, n))
         self.max_kv_len = max(lens) + n
@@ -392,6 +396,14 @@ class ForwardBatch:
 
     @cached_property
     def tokens(self) -> torch.Tensor:      # [T]
+        if self.fill is not None:   # (a grid's, gathered here: an eager forward's)
+            C, G = self.chains   # (up copied: the gather writes into it)
+            n, up = 1 + C * G, torch.tensor(self.up, device=self.device)
+            w = self.up.shape[1]
+            index = self._host(self.fill.index(C, G, n, w, w - 1))
+            tokens = self.fill(up, index, n)
+            self.filled = up
+            return tokens.view(-1)
         return self._dev(self.token_list)
 
     @cached_property

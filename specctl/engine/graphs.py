@@ -93,6 +93,9 @@ class _Captured:
     table: torch.Tensor | None    # [Bb, C / block] block tables (a paged cache), else None
     hidden: torch.Tensor | None   # [Bb * n, D] input states when the plan starts past layer 0
     outputs: tuple | list     # [Bb * n, ...] each: (states,) or the head's outputs
+    fill: object = None       # a grid step's in-forward gather (ForwardBatch.grid), if any:
+    up: torch.Tensor | None = None      # [Bb, fill_width] its rows (the tokens' source)
+    index: torch.Tensor | None = None   # [4 (n - 1) + 1] its index (GridFill.index)
     views: dict = field(default_factory=dict)   # (B, m): a grid batch's [B, m, D] of states
 
 
@@ -235,19 +238,27 @@ class CudaGraphs:
         self._use(kv)
         before = self.captures
         buckets = sorted({self.bucket(b, kv.num_slots) for b in range(1, kv.num_slots + 1)})
-        todo = [(plan, head, self.ns(most), kv.num_slots) for plan, head, most in forwards] + \
-            [(plan, None, [PIECE], self.bucket(most, kv.num_slots)) for plan, most in pieces]
-        for plan, head, ns, top in todo:
+        todo = [(f[0], f[1], self.ns(f[2]), kv.num_slots, (*f, None)[3]) for f in forwards] + \
+            [(plan, None, [PIECE], self.bucket(most, kv.num_slots), None)
+             for plan, most in pieces]
+        for plan, head, ns, top, fill in todo:
             if head is not None and self.model.exact:
                 continue   # (run eagerly: see run)
             for Bb in (b for b in buckets if b <= top):
-                for n in ns:
+                for n in (n for n in ns if fill is None or n > 1):
                     for C in self.columns(kv.max_len):
-                        key = (Bb, n, plan, None if head is None else head.key, C)
+                        key = self._key(Bb, n, plan, head, C, fill)
                         cap = self.cache.get(key)
-                        if cap is None or cap.head is not head:
-                            self.cache[key] = self._capture(kv, Bb, n, C, plan, head)
+                        if cap is None or cap.head is not head or cap.fill is not fill:
+                            self.cache[key] = self._capture(kv, Bb, n, C, plan, head, fill)
         return self.captures - before
+
+    @staticmethod
+    def _key(Bb: int, n: int, plan: LayerPlan, head, C: int, fill) -> tuple:
+        """A captured shape's key: its bucket, tokens a sequence, layer plan, head, KV columns
+        and in-forward gather (the two by their keys: the objects are checked apart)."""
+        return (Bb, n, plan, None if head is None else head.key, C,
+                None if fill is None else fill.key)
 
     def _shape(self, batch: ForwardBatch, kv, pad_n: int = 1) -> int | None:
         """The padded n this batch replays with (at least pad_n), or None (it runs eagerly)."""
@@ -277,11 +288,15 @@ class CudaGraphs:
         self._use(kv)
         Bb = self.bucket(B, kv.num_slots)
         C = self.kv_columns(max(batch.prefix_lens) + n, kv.max_len)
-        key = (Bb, n, plan, None if head is None else head.key, C)
+        fill = batch.fill
+        key = self._key(Bb, n, plan, head, C, fill)
         cap = self.cache.get(key)
-        if cap is None or cap.head is not head:   # (a new head object: its tensors moved)
-            cap = self.cache[key] = self._capture(kv, Bb, n, C, plan, head)
+        if cap is None or cap.head is not head or cap.fill is not fill:   # (a new head or
+            # gather object: its tensors moved)
+            cap = self.cache[key] = self._capture(kv, Bb, n, C, plan, head, fill)
         padded = self._stage_inputs(cap, batch, kv, Bb, n)
+        if fill is not None:   # (the rows the verification reads: filled by the replay)
+            batch.filled = cap.up[:B]
         T = batch.num_tokens
         if hidden is not None:
             if padded:
@@ -331,7 +346,9 @@ class CudaGraphs:
         real = ints[R + 2 * Bb:2 * R + 2 * Bb]
         at = 2 * R + 2 * Bb
         par = None if cap.parents is None else ints[at:at + R].reshape(Bb, n)
-        table = ints[at + (0 if par is None else R):]
+        at += 0 if par is None else R
+        table = ints[at:at + (0 if cap.table is None else cap.table.numel())]
+        at += table.size
         # what a step of the last one's shape left in the buffer stays: the padded batch rows
         # and, for a template (a grid step's), its real rows and parents (~30 us of a b64
         # grid step's host in a run, ~10 of ar's); a tree's parents are its own each step
@@ -349,22 +366,10 @@ class CudaGraphs:
             table = table.reshape(Bb, -1)
             table[B:] = 0
             table[:B] = kv.table_rows(batch.seq_slots, table.shape[1])
-        toks = np.asarray(batch.token_list)
-        if not padded:
-            tok[:B * n] = toks
-        elif counts.count(m) == B:   # (m rows every sequence, a grid's or one sequence's: as
-            t2 = tok[:B * n].reshape(B, n)   # below in fewer calls)
-            t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
-            if not same:
-                real[:B * m] = self._real(B, m, n)
-        else:   # (whole arrays: a loop over the sequences took a grid step at batch 64 ~300
-            # us of host on a CPU, 2.5x `ar`'s whole host step; tests/test_graph_path.py)
-            cu, k = np.asarray(batch.cu_seqlens), np.asarray(counts)
-            # padding, a sequence's rows past its own: its last token again; then its real
-            # rows over the first k of its n
-            tok[:B * n] = np.repeat(toks[cu[1:] - 1], n)
-            at = np.repeat(np.arange(B) * n - cu[:-1], k) + np.arange(cu[-1])
-            tok[at], real[:cu[-1]] = toks, at
+        if cap.fill is not None:   # (its tokens: gathered in the forward from up, GridFill)
+            self._stage_fill(cap, batch, ints[at:], real, B, Bb, n, same)
+        else:
+            self._stage_tokens(batch, tok, real, B, n, padded, same)
         if par is not None and not same:
             # every row's parent the row before it (a chain; padding rows follow their
             # sequence's last, and no real row sees them), a tree's nodes their own
@@ -381,6 +386,45 @@ class CudaGraphs:
             self._staged = torch.cuda.Event()
             self._staged.record()
         return padded
+
+    def _stage_tokens(self, batch: ForwardBatch, tok, real, B: int, n: int, padded: bool,
+                      same: bool) -> None:
+        """The batch's tokens into tok [Bb n] (each sequence's padded to n: its last again)
+        and, where padded, its real rows' indices into real."""
+        counts, m = batch.num_new, batch.num_new[0]
+        toks = np.asarray(batch.token_list)
+        if not padded:
+            tok[:B * n] = toks
+        elif counts.count(m) == B:   # (m rows every sequence, a grid's or one sequence's: as
+            t2 = tok[:B * n].reshape(B, n)   # below in fewer calls)
+            t2[:, :m], t2[:, m:] = toks.reshape(B, m), toks[m - 1::m, None]
+            if not same:
+                real[:B * m] = self._real(B, m, n)
+        else:   # (whole arrays: a loop over the sequences took a grid step at batch 64 ~300
+            # us of host on a CPU, 2.5x `ar`'s whole host step; tests/test_graph_path.py)
+            cu, k = np.asarray(batch.cu_seqlens), np.asarray(counts)
+            # padding, a sequence's rows past its own: its last token again; then its real
+            # rows over the first k of its n
+            tok[:B * n] = np.repeat(toks[cu[1:] - 1], n)
+            at = np.repeat(np.arange(B) * n - cu[:-1], k) + np.arange(cu[-1])
+            tok[at], real[:cu[-1]] = toks, at
+
+    def _stage_fill(self, cap: _Captured, batch: ForwardBatch, ints, real, B: int, Bb: int,
+                    n: int, same: bool) -> None:
+        """A grid batch's rows (ForwardBatch.grid's up) and its gather's index into the
+        graph's up and index segments (ints: from up's), its real rows' indices into real;
+        padded batch rows' up zeros (a token 0, no job chain: the forward wrote into them)."""
+        W = cap.up.shape[1]
+        up, index = ints[:Bb * W].reshape(Bb, W), ints[Bb * W:Bb * W + cap.index.numel()]
+        w = batch.up.shape[1]
+        up[:B, :w] = batch.up
+        up[B:] = 0
+        if not same:
+            C, G = batch.chains
+            m = batch.num_new[0]
+            index[:] = batch.fill.index(C, G, n, w, W - 1)
+            if m < n:
+                real[:B * m] = self._real(B, m, n)
 
     _chains: dict[int, np.ndarray] = {}
     _reals: dict[tuple[int, int, int], np.ndarray] = {}
@@ -435,12 +479,17 @@ class CudaGraphs:
 
     def _forward(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, tokens, slots, prefix,
                  parents, table, hidden=None, head=None) -> tuple:
+        """The captured computation: tokens [Bb n], or a grid step's (gather, up, index),
+        GridFill, which makes them from up."""
         m = self.model
         if parents is None:   # (a row a sequence: at its prefix, seeing it and itself)
             positions, local = prefix, self._ones(Bb)
         else:   # (each sequence's mask and positions from its rows' parents)
             local, positions = self._layout(parents.view(Bb, n), prefix)
         meta = self._meta(kv, Bb, n, C, slots, prefix, local, table)
+        if isinstance(tokens, tuple):   # (a grid's: its gather, GridFill, from its rows)
+            fill, up, index = tokens
+            tokens = fill(up, index, n).view(-1)
         x = m.embed_tokens(tokens) if hidden is None else hidden
         end = m.cfg.num_layers if plan.end is None else plan.end
         h = m._layers(x, positions, meta, kv, plan, end)   # (h, captured) with plan.capture
@@ -467,35 +516,49 @@ class CudaGraphs:
         return t
 
     @torch.inference_mode()
-    def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None) -> _Captured:
+    def _capture(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head=None,
+                 fill=None) -> _Captured:
         t0 = time.perf_counter()
         try:
-            return self._capture_one(kv, Bb, n, C, plan, head)
+            return self._capture_one(kv, Bb, n, C, plan, head, fill)
         finally:
             self.captures += 1
             self.capture_s += time.perf_counter() - t0
 
     @staticmethod
-    def inputs(Bb: int, n: int, nb: int, device) -> tuple:
+    def inputs(Bb: int, n: int, nb: int, device, fill: bool = False) -> tuple:
         """A graph's static inputs, one tensor and its segments, in the order _stage_inputs
         fills them: (ints, tokens [Bb n], slots [Bb], prefix [Bb], real [Bb n], parents [Bb n]
-        (n > 1, else None), table [Bb, nb] (nb block-table entries a sequence, else None))."""
+        (n > 1, else None), table [Bb, nb] (nb block-table entries a sequence, else None),
+        and with a grid's gather (fill) up [Bb, 2 n + 5 + max(nb, 1)] (GridDrafts.host's rows,
+        at most 2 n + 5 + nb wide, its last column unread) and its index [6 (n - 1) + 3],
+        else None and None)."""
         par = Bb * n if n > 1 else 0
-        ints = torch.zeros(2 * Bb * n + 2 * Bb + par + Bb * nb, dtype=torch.long, device=device)
-        tokens, slots, prefix, real, parents, table = ints.split(
-            [Bb * n, Bb, Bb, Bb * n, par, Bb * nb])
+        W = 2 * n + 5 + max(nb, 1) if fill else 0
+        k = 6 * (n - 1) + 3 if fill else 0
+        ints = torch.zeros(2 * Bb * n + 2 * Bb + par + Bb * nb + Bb * W + k, dtype=torch.long,
+                           device=device)
+        tokens, slots, prefix, real, parents, table, up, index = ints.split(
+            [Bb * n, Bb, Bb, Bb * n, par, Bb * nb, Bb * W, k])
         return (ints, tokens, slots, prefix, real, parents if par else None,
-                table.view(Bb, nb) if nb else None)
+                table.view(Bb, nb) if nb else None, up.view(Bb, W) if fill else None,
+                index if fill else None)
 
-    def _capture_one(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head) -> _Captured:
+    def _capture_one(self, kv, Bb: int, n: int, C: int, plan: LayerPlan, head,
+                     fill) -> _Captured:
         dev = self.model.device
         nb = -(-C // kv.block) if kv.paged else 0
-        ints, tokens, slots, prefix, real, parents, table = self.inputs(Bb, n, nb, dev)
+        ints, tokens, slots, prefix, real, parents, table, up, index = self.inputs(
+            Bb, n, nb, dev, fill is not None)
+        if fill is not None:   # (an index the capture's gather can read: one token's)
+            index.copy_(torch.from_numpy(fill.index(1, 1, n, up.shape[1], up.shape[1] - 1)))
         slots.fill_(kv.scratch)
         if n == 1:
             self._ones(Bb)
         hidden = None if plan.start == 0 else torch.zeros(
             Bb * n, self.model.cfg.hidden_size, dtype=self.model.dtype, device=dev)
+        if fill is not None:   # (the tokens: gathered from up, in the forward)
+            tokens = (fill, up, index)
         args = (kv, Bb, n, C, plan, tokens, slots, prefix, parents, table, hidden, head)
         if self.capture:
             stream = torch.cuda.Stream()
@@ -512,5 +575,5 @@ class CudaGraphs:
         else:
             graph = _EagerReplay(lambda: self._forward(*args))
             outputs = graph.outputs
-        return _Captured(kv, head, graph, ints, tokens, slots, prefix, real, parents, table,
-                         hidden, outputs)
+        return _Captured(kv, head, graph, ints, None if fill else tokens, slots, prefix, real,
+                         parents, table, hidden, outputs, fill, up, index)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from itertools import chain
 
 import numpy as np
+import torch
 
 
 _P = 0x9E3779B97F4A7C15   # (odd: each power is a unit mod 2^64)
@@ -67,6 +68,37 @@ class ContextTable:
         # arithmetic over the batch (each numpy call of a step's plan costs ~5x in a run
         # what it costs warm, bench-results/2026-11-30-grid-host)
         self.newest = self._rows(np.arange(vocab + 1))
+        self._dev: torch.Tensor | None = None   # (device_rows')
+        self._on = None
+
+    def device_rows(self, device: torch.device) -> torch.Tensor:
+        """`ready` on `device`, where a grid step's forward gathers its candidates
+        (runtime/step/grid.py): on a CPU `ready` itself, shared; elsewhere a copy made once
+        and kept equal to it, each push's and trim's rows copied after them, in the device's
+        stream order (a learning pushed while a forward runs reaches the next forward, as
+        the host's table does)."""
+        if device is self._on:   # (the last one asked for: a step's, each step)
+            return self._dev
+        dev, want = self._dev, torch.device(device)
+        if dev is None or dev.device.type != want.type or \
+                want.index not in (None, dev.device.index):   # ("cuda" is cuda:0's)
+            dev = self._dev = torch.from_numpy(self.ready) if want.type == "cpu" else \
+                torch.from_numpy(self.ready).to(want)
+        self._on = device
+        return dev
+
+    def _sync(self, keys: np.ndarray | None) -> None:
+        """keys' rows of `ready` (None: the fill of every key) into the device's copy."""
+        dev = self._dev
+        if dev is None or dev.device.type == "cpu":
+            return
+        # (non-blocking: a blocking copy from pageable memory waits for the forward in flight,
+        # which the learning that pushed runs beside)
+        to = dict(device=dev.device, non_blocking=True)
+        if keys is None:
+            dev[:, 0] = torch.from_numpy(np.ascontiguousarray(self.fill)).to(**to)
+        else:
+            dev[torch.from_numpy(keys).to(**to)] = torch.from_numpy(self.ready[keys]).to(**to)
 
     def candidates(self, keys: np.ndarray, limit: int,
                    depth: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -123,6 +155,7 @@ class ContextTable:
         """keys' continuations in `ready`, newest first, from conts."""
         self.ready[keys, 1:] = self.conts.reshape(-1, self.G)[self.newest[keys]].reshape(
             len(keys), -1)
+        self._sync(keys)   # (their fill too: push set it before)
 
     def push_many(self, grams) -> None:
         """push of (key, continuation) pairs, in order (ContextCache's call)."""
@@ -154,6 +187,7 @@ class ContextTable:
     def trim(self, keep: int) -> None:
         """Every key keeps only its `keep` newest continuations."""
         np.minimum(self.fill, keep, out=self.fill)
+        self._sync(None)
 
     def __len__(self) -> int:
         return int(self.fill[:self.V].sum())

@@ -172,20 +172,6 @@ class JobTable:
         return np.array([t if len(t) == K else [-1] * (K - len(t)) + t
                          for t in (last_tokens(s, K) for s in seqs)], dtype=np.int64)
 
-    def overlay(self, tails: np.ndarray, cands: np.ndarray,
-                held: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A grid step's candidates [B, C, G] and chains held [B] (the context table's, its
-        first `held` chains real) with each sequence's job-cache continuation, where it has
-        one, as its first chain: the context's move down one, the last dropped. As (cands,
-        held, [B] which sequences' first chain is the job's)."""
-        B, C, G = cands.shape
-        job, found = self.match(tails, G)
-        if not found.any():
-            return cands, held, found
-        moved = np.concatenate([job[:, None, :], cands[:, :C - 1]], axis=1)
-        return np.where(found[:, None, None], moved, cands), \
-            np.where(found, np.minimum(held + 1, C), held), found
-
     def texts(self) -> list[np.ndarray]:
         """The texts held, oldest first (the first may be the end of one cut by the bound)."""
         return self._split(self.buf[:self.n])

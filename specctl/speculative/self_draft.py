@@ -350,7 +350,7 @@ class SelfDraftDrafter(Drafter):
 
     @property
     def job_table(self) -> JobTable | None:
-        """The job cache a grid step overlays its candidates with (JobTable.overlay), else
+        """The job cache whose match a grid step drafts first (JobTable.match, GridFill), else
         None."""
         return self.job if isinstance(self.job, JobTable) and self.prm.job_cands > 0 else None
 

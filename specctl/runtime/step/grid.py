@@ -6,7 +6,9 @@ one layout for every sequence.
     root, chain 0 (G nodes), chain 1, ... chain C-1:   n = 1 + C G rows a sequence
 
 Its positions, mask and parents are a template made once; its tokens are one gather from the
-context table (speculative/context_table.py); greedy verification keeps, per chain, the prefix
+context table's rows on the step's device, made in its forward (GridFill: inside the captured
+graph on a GPU, where the host then stages a row a sequence, as for `ar`, and reads no
+candidate; speculative/context_table.py); greedy verification keeps, per chain, the prefix
 that agrees with the target's own argmax, and takes the longest chain (the first on a tie: tied
 chains emit the same tokens, the target's). A candidate its key lacks, or a node deeper than
 the sequence's room, is never accepted; its slot still holds some token, which is safe: an
@@ -33,6 +35,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -82,37 +85,115 @@ def verify_chains(cands: torch.Tensor, usable: torch.Tensor,
     return torch.cat([acc, best, out], dim=1)
 
 
+_ZEROS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _zeros(B: int, n: int) -> np.ndarray:
+    """[B, n] zeros, made once a shape (read-only: copied into each step's rows)."""
+    z = _ZEROS.get((B, n))
+    if z is None:
+        z = _ZEROS[B, n] = np.zeros((B, n), dtype=np.int64)
+        z.flags.writeable = False
+    return z
+
+
 @dataclass(frozen=True)
 class GridDrafts:
-    """A grid step's drafts (GridStep.plan): C chains of G nodes a sequence; per chain the
-    slots each sequence's room and budget allow (`allowed` [B, C]: its first so many nodes);
-    `host`, each sequence's slot, committed rows, tokens (its pending one, then the
-    candidates [C G]), allowed slots, chains holding a candidate (its first so many) and the
-    first entries of its block table in one row, and `up`, the same on the step's device
-    (what the device's verification and moves read, one copy a step); `job`, with a job
+    """A grid step's drafts (GridStep.plan): C chains of G nodes a sequence; `host`, the row
+    a sequence that the device's verification and moves read (GridFill: up), as the host
+    stages it: its slot, committed rows, pending token, C G candidate slots (the job cache's
+    chain in the first G where it has one, else nothing: the forward gathers them), per chain
+    its allowed slots (the first so many nodes its room and budget allow: the forward works
+    them out, where not given), whether its first chain is the job's, the first entries of
+    its block table, its room, its budget, and a last column no one reads; `job`, with a job
     cache, which sequences' first chain is its (what the drafter's report counts)."""
     C: int
     G: int
-    allowed: np.ndarray
     host: np.ndarray
-    up: torch.Tensor
     job: np.ndarray | None = None   # [B] whether its first chain is the job cache's
 
     @classmethod
-    def make(cls, seq: np.ndarray, cands: np.ndarray, allowed: np.ndarray, held: np.ndarray,
-             tables, device, job: np.ndarray | None = None) -> "GridDrafts":
-        """seq [>= 3, B]: slots, committed rows, pending tokens; cands [B, C, G]; held [B]
-        (ContextTable.candidates'); tables [B, blocks] (the step's rows' block-table
-        entries); job: JobTable.overlay's."""
-        B, C, G = cands.shape
-        host = np.concatenate([seq[:3].T, cands.reshape(B, -1), allowed, held[:, None],
-                               tables], axis=1)
-        return cls(C, G, allowed, host, torch.from_numpy(host).to(device), job)
+    def make(cls, seq: np.ndarray, chains: np.ndarray, allowed: np.ndarray | None,
+             held: np.ndarray, tables, job: np.ndarray | None = None) -> "GridDrafts":
+        """seq [5, B]: slots, committed rows, pending tokens, rooms, budgets (C G: none; where
+        allowed is given, the last two may be left out);
+        chains [B, C, G] (the job cache's first chains, or any values: the forward fills
+        them, GridFill); allowed [B, C] (None: the forward works them out); held [B];
+        tables [B, blocks] (the step's rows' block-table entries)."""
+        B, C, G = chains.shape
+        host = np.concatenate([seq[:3].T, chains.reshape(B, -1),
+                               _zeros(B, C) if allowed is None else allowed, held[:, None],
+                               tables, seq[3:5].T, seq[:1].T], axis=1)
+        return cls(C, G, host, job)
 
-    @property
-    def tokens(self) -> np.ndarray:
-        """[B, 1 + C G] each sequence's pending token, then its candidates (a view)."""
-        return self.host[:, 2:3 + self.C * self.G]
+    @cached_property
+    def allowed(self) -> np.ndarray:
+        """[B, C] each chain's allowed slots (as the forward works them out, GridFill: made
+        where asked for, by the controller and the accounting)."""
+        C, G, h = self.C, self.G, self.host
+        room, budget = h[:, -3:-2], h[:, -2:-1]
+        return np.maximum(np.minimum(np.minimum(room, G), budget - np.arange(C) * G), 0)
+
+
+class GridFill:
+    """A grid step's candidates gathered in its forward, on the step's device, from the
+    context table's rows there (ContextTable.device_rows): an in-graph gather, not host work
+    before the launch (a b64 step's candidates, their packing and upload took ~110 us of its
+    host in a run on a CPU, bench-results/2026-12-03-grid-fill). The forward calls it with
+    `up` (GridDrafts.host's rows, staged: a graph's static buffer, wider by some unread
+    columns) and an index (index()); it writes each sequence's candidates, allowed slots and
+    chains held into up, which the verification reads after it, and returns the step's
+    tokens. Where a sequence's first chain is the job cache's (up's held column staged 1),
+    that chain is kept and the context's move down one, the last dropped (JobTable.match)."""
+
+    def __init__(self, ready: torch.Tensor, G: int):
+        self.ready, self.G = ready, G   # ([V + 1, 1 + R G] the table's rows; its chain length)
+        self.key = ("grid-fill", tuple(ready.shape), G)   # (a graph's: its shape)
+        self._index: dict[tuple, np.ndarray] = {}
+
+    def index(self, C: int, G: int, n: int, W: int, dump: int) -> np.ndarray:
+        """[6 (n - 1) + 3] of a step of C chains of G in rows of n tokens a sequence (padded
+        where n > 1 + C G) whose `up` rows are W wide (GridDrafts.host's) in a buffer whose
+        column `dump` no one reads: for each token after the pending one, its column of a
+        table row; 1 where a sequence with the job's first chain reads it one chain lower
+        (chains past the first); 1 where that sequence keeps up's value (the first chain's);
+        its column of up; for each chain (the first C of n - 1), its allowed column of up and
+        its first node; then up's held and room columns, and G. Padding tokens gather what
+        the last candidate does and land in `dump`, as do chains past C. Made once a shape
+        (shared: never edited)."""
+        key = (C, G, n, W, dump)
+        got = self._index.get(key)
+        if got is None:
+            at = np.arange(n - 1)
+            real, chain = at < C * G, at < C
+            k = np.minimum(at, C * G - 1)   # (padding: the last candidate's)
+            got = self._index[key] = np.concatenate(
+                [1 + k // G * self.G + k % G, k >= G, real & (k < G), np.where(real, 3 + k, dump),
+                 np.where(chain, 3 + C * G + at, dump), at * G,
+                 [3 + C * G + C, W - 3, G]]).astype(np.int64)
+        return got
+
+    def __call__(self, up: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+        """[B, n] the step's tokens (each sequence's pending one, then its candidates), its
+        candidates, allowed slots and chains held written into up [B, >= W] (index:
+        index()'s, on up's device). A fixed set of tensor operations, none reading a value
+        back."""
+        m, B = n - 1, up.shape[0]
+        src, down, keep, dst, acol, first = index[:6 * m].view(6, m)
+        held, room, G = index[6 * m:6 * m + 1], index[6 * m + 1:6 * m + 2], index[6 * m + 2:]
+        pending = up[:, 2]
+        rows = self.ready.index_select(0, pending).long()   # [B, 1 + R G]: held, then chains
+        job = up.gather(1, held.expand(B, 1))               # [B, 1]: its first chain the job's
+        vals = rows.gather(1, src - job * down * self.G)
+        to = dst.expand(B, m)
+        vals = torch.where((job * keep).bool(), up.gather(1, to), vals)
+        up.scatter_(1, to, vals)
+        up.scatter_(1, held.expand(B, 1), rows[:, :1] + job)
+        # each chain's allowed slots: its nodes within the room and the budget
+        rb = up.gather(1, torch.cat([room, room + 1]).expand(B, 2))
+        allowed = torch.minimum(torch.minimum(rb[:, :1], G), rb[:, 1:] - first).clamp(min=0)
+        up.scatter_(1, acol.expand(B, m), allowed)
+        return torch.cat([pending[:, None], vals], dim=1)
 
 
 class GridProposals(Sequence):
@@ -124,17 +205,17 @@ class GridProposals(Sequence):
     alone, one b64 run expected 1.7x the tokens its drafting steps gave, and lost)."""
 
     def __init__(self, drafts: GridDrafts):
-        self._allowed = drafts.allowed   # (summed where first asked for: a run without a
-        self._sizes = None               # controller never reads them)
+        self._drafts = drafts   # (its allowed slots summed where first asked for: a run
+        self._sizes = None      # without a controller never reads them)
 
     @property
     def sizes(self) -> list[int]:
         if self._sizes is None:
-            self._sizes = self._allowed.sum(axis=1).tolist()
+            self._sizes = self._drafts.allowed.sum(axis=1).tolist()
         return self._sizes
 
     def __len__(self) -> int:
-        return len(self._allowed)
+        return len(self._drafts.host)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -185,8 +266,9 @@ class GridVerdicts(Sequence):
 
 class GridStep:
     """Self-Draft's drafting step over a batch, from a context table (greedy): its plan on
-    the host, then on the step's device its verification and its KV moves (device_step,
-    behind the forward: nothing read back), then one read of [B, G + 5] (verify); its commit
+    the host (sizes, room and budgets; the candidates are gathered in its forward, GridFill),
+    then on the step's device its verification and its KV moves (device_step, behind the
+    forward: nothing read back), then one read of [B, G + 5] (verify); its commit
     (runtime/step/commit.py, commit_grid) only counts the rows kept."""
 
     kernel: bool | None = None   # verify and move in one Triton launch (grid_kernel.py; None: on
@@ -195,9 +277,9 @@ class GridStep:
     def __init__(self, table: ContextTable, cands: int, kernel: bool | None = None,
                  job: JobTable | None = None):
         self.table, self.C, self.G = table, min(cands, table.R), table.G
-        self.job = job   # (the job cache's first chain: JobTable.overlay; plan's tails)
-        self.first = np.arange(self.C) * self.G   # each chain's first node
+        self.job = job   # (the job cache's first chain: JobTable.match; plan's tails)
         self._layouts: dict[tuple[int, int], tuple] = {}
+        self._fill: GridFill | None = None   # (fill(): the table's rows on the step's device)
         if kernel is not None:
             self.kernel = kernel
 
@@ -246,72 +328,81 @@ class GridStep:
             scratch = KVCache(len(keys), B, 8 + C * G, heads, dim, kv.k_all.dtype, dev)
             scratch.k_all.copy_(keys)
             scratch.v_all.copy_(-keys)
-            up = GridDrafts.make(*drafts, dev)
-            res = k.verify(up.up, target, C, G, scratch, (C, G)) if k else \
-                self._tensors(up, target, scratch)
+            d = GridDrafts.make(*drafts)
+            up = torch.from_numpy(d.host).to(dev)
+            res = k.verify(up, target, C, G, scratch, (C, G)) if k else \
+                self._tensors(d, target, scratch, up)
             got.append((res, scratch.k_all, scratch.v_all))
         return all(torch.equal(a, b) for a, b in zip(*got))
 
     def layout(self, C: int, G: int) -> tuple[np.ndarray, ...]:
-        """(depth [n], ancestors [n, n], parents [n], each chain's depth [C]) of C chains of G
-        nodes: made once (the last too: a step's plan makes as few numpy calls as it can)."""
+        """(depth [n], ancestors [n, n], parents [n]) of C chains of G nodes: made once (a
+        step's plan makes as few numpy calls as it can)."""
         got = self._layouts.get((C, G))
         if got is None:
-            got = self._layouts[C, G] = (*chain_layout(C, G), np.full(C, G))
+            got = self._layouts[C, G] = chain_layout(C, G)
             for a in got:   # (read-only: shared by every step of this shape)
                 a.flags.writeable = False
         return got
+
+    def fill(self, device) -> GridFill:
+        """The step's in-forward gather (GridFill), from the table's rows on `device`."""
+        rows = self.table.device_rows(device)
+        if self._fill is None or self._fill.ready is not rows:
+            self._fill = GridFill(rows, self.table.G)
+        return self._fill
 
     def plan(self, slots: list[int], lens: list[int], pending: list[int], room: list[int],
              budget: list[int] | None, kv, device,
              tails: np.ndarray | None = None) -> tuple[ForwardBatch, GridDrafts]:
         """The step's batch and drafts: each sequence's C newest candidates (C: enough chains
         for the largest budget, at most the drafter's), accepted no deeper than its room and,
-        chain after chain, within its budget of nodes (None: every node). (Few numpy calls,
-        each over the whole batch: in a run, between two CPU forwards, each costs ~5x what it
-        costs warm, bench-results/2026-11-30-grid-host.)"""
+        chain after chain, within its budget of nodes (None: every node); its forward gathers
+        them (GridFill). (Few numpy calls, each over the whole batch: in a run, between two
+        CPU forwards, each costs ~5x what it costs warm, bench-results/2026-11-30-grid-host.)"""
         G = self.G
         C = self.C if budget is None else max(1, min(self.C, -(-max(budget) // G)))
         if C == 1:   # (one chain: as deep as some sequence may accept, no deeper; a budget of
             # 2 runs 3 rows a sequence, not 1 + G, which the padded shape would round up to 8)
             reach = max(room) if budget is None else max(map(min, budget, room))
             G = max(1, min(G, reach))
-        depth, anc, parents, deep = self.layout(C, G)
-        seq = np.array((slots, lens, pending, room) if budget is None else
-                       (slots, lens, pending, room, budget), dtype=np.int64)
-        cands, held = self.table.candidates(seq[2], C, G)   # ([B, C, G], [B])
-        job = None
+        depth, anc, parents = self.layout(C, G)
+        B = len(slots)
+        seq = np.array((slots, lens, pending, room, [C * G] * B if budget is None else budget),
+                       dtype=np.int64)
+        chains, job = _zeros(B, C * G), None
         if self.job is not None and tails is not None:
-            cands, held, job = self.job.overlay(tails, cands, held)
-        # each chain's allowed slots: its nodes within the room and the budget (node c G + j)
-        allowed = np.minimum(seq[3, :, None], deep)
-        if budget is not None:
-            allowed = np.maximum(np.minimum(allowed, seq[4, :, None] - self.first[:C]), 0)
+            first, job = self.job.match(tails, G)   # (its first chain: staged, GridFill)
+            chains = np.concatenate([first, chains[:, G:]], axis=1)
         # (the block-table entries of every row the step writes: a contiguous cache's is
         # the slot's one block, its number)
         tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
             else seq[:1].T
-        drafts = GridDrafts.make(seq, cands, allowed, held, tables, device, job)
-        return ForwardBatch.grid(slots, lens, drafts.tokens, depth, anc, parents, device), \
-            drafts
+        drafts = GridDrafts.make(seq, chains.reshape(B, C, G), None,
+                                 _zeros(B, 1)[:, 0] if job is None else job, tables,
+                                 job)
+        return ForwardBatch.grid(slots, lens, drafts.host, C, G, self.fill(device), depth, anc,
+                                 parents, device), drafts
 
-    def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
+    def device_step(self, drafts: GridDrafts, target: torch.Tensor, kv,
+                    up: torch.Tensor) -> torch.Tensor:
         """On the step's device, issued behind the forward and read back by nobody here: the
         verdicts ([B, G + 5]: verify_chains' accepted and best chain, the allowed slots
         before that chain, the drafts it could accept, then its emitted tokens), and each
         sequence's best chain's rows moved below its root (all G of them, whatever was
         accepted: rows past what commit keeps are garbage the next forward overwrites; the
-        first chain's move onto itself). A fixed number of tensor operations at any batch
+        first chain's move onto itself). up: the drafts' rows as the forward filled them
+        (ForwardBatch.filled). A fixed number of tensor operations at any batch
         (tests/test_grid.py counts them); on CUDA one Triton launch (grid_kernel.py)."""
-        kernel = self._kernel(drafts.up.device)
+        kernel = self._kernel(up.device)
         if kernel is not None and kernel.fits(kv):   # (one launch, not 41)
-            return kernel.verify(drafts.up, target.view(-1), drafts.C, drafts.G, kv,
-                                 (self.C, self.G))
-        return self._tensors(drafts, target, kv)
+            return kernel.verify(up, target.view(-1), drafts.C, drafts.G, kv, (self.C, self.G))
+        return self._tensors(drafts, target, kv, up)
 
-    def _tensors(self, drafts: GridDrafts, target: torch.Tensor, kv) -> torch.Tensor:
+    def _tensors(self, drafts: GridDrafts, target: torch.Tensor, kv,
+                 up: torch.Tensor) -> torch.Tensor:
         """device_step as tensor operations."""
-        up, C, G = drafts.up, drafts.C, drafts.G
+        C, G = drafts.C, drafts.G
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
         allowed = up[:, 3 + n:3 + n + C]
@@ -321,12 +412,13 @@ class GridStep:
         best = res[:, 1:2]
         start = (allowed.cumsum(1) - allowed).gather(1, best)   # (GridVerdicts' numbering)
         rows = up[:, 1:2] + at                                      # [B, 1 + n] the step's
-        tables, block = up[:, 4 + n + C:], kv.block
+        tables, block = up[:, 4 + n + C:], kv.block   # (and columns no one reads, after them)
         stored = tables.gather(1, rows // block) * block + rows % block   # (their storage)
         kv.copy_rows(stored[:, 1:1 + G], stored.gather(1, at[1:1 + G] + best * G))
         return torch.cat([res[:, :2], start, lim.sum(1, keepdim=True), res[:, 2:]], dim=1)
 
-    def verify(self, drafts: GridDrafts, target: torch.Tensor, kv) -> GridVerdicts:
+    def verify(self, drafts: GridDrafts, target: torch.Tensor, kv,
+               up: torch.Tensor) -> GridVerdicts:
         """The step's verdicts from the target's argmax over its rows (a tensor: device_step,
         then the step's one read-back)."""
-        return GridVerdicts(self.device_step(drafts, target, kv).cpu().tolist())
+        return GridVerdicts(self.device_step(drafts, target, kv, up).cpu().tolist())

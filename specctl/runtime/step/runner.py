@@ -43,6 +43,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from specctl.engine.batch import FULL
 from specctl.engine.model import Model
 from specctl.runtime.control.controller import Controller
 from specctl.runtime.step.accounting import Accounting
@@ -157,6 +158,10 @@ class Runner(Stepping):
         forwards = self.drafter.graph_forwards(self.kv)
         if g is None:
             return
+        grid = self.planner.grid = self._grid_step()
+        if grid is not None:   # (its steps' forwards gather their tokens: GridFill)
+            forwards = forwards + [(FULL, None, 1 + grid.C * grid.G,
+                                    grid.fill(self.model.device))]
         # (and prefill's pieces where real graphs are captured: prefill.py; a CPU's test sets
         # prefill_price itself)
         plan, most = prefill_plan(self.drafter), piece_prompts(self.kv, self.prefill_chunk)

@@ -24,13 +24,17 @@ class Stepping:
     def _grid_step(self) -> GridStep | None:
         """Self-Draft's grid step (runtime/step/grid.py) where its drafter keeps a context
         table and the run can take it: greedy, no logprobs. Else None: the per-sequence
-        steps."""
+        steps. The last one is kept while its table and job cache are the drafter's: its
+        gather (GridFill) is what the graphs captured for it read (Runner._warm)."""
         table = getattr(self.drafter, "context_table", None)
         if table is None or not self.sp.greedy or self.logprobs is not None:
             return None
-        grid = GridStep(table, self.drafter.grid_cands,
-                        job=getattr(self.drafter, "job_table", None))
-        grid.warm(self.kv)
+        job = getattr(self.drafter, "job_table", None)
+        grid = self.planner.grid
+        if grid is None or grid.table is not table or grid.job is not job or \
+                grid.C != min(self.drafter.grid_cands, table.R):
+            grid = GridStep(table, self.drafter.grid_cands, job=job)
+            grid.warm(self.kv)
         return grid
 
     def step(self, seqs: list[Sequence], drain: bool = False) -> float:
@@ -50,7 +54,7 @@ class Stepping:
         ahead = self.under_forward(plan.seqs, drain, plan.lean)
         if plan.grid is not None:   # (Self-Draft's grid step: runtime/step/grid.py)
             out = StepOutcome(self.planner.grid.verify(plan.grid, self.model.argmax(h),
-                                                       self.kv), ())
+                                                       self.kv, plan.batch.filled), ())
             t2 = self.clock()
         else:
             target = read(plan, h, self.model, self.sp)
