@@ -322,13 +322,15 @@ def _staged(batch, Bb: int, n: int, scratch: int):
 
 def _filled_as_eagerly(batch) -> None:
     """A grid batch's rows as its replay filled them (ForwardBatch.filled) are an eager
-    gather's (GridFill), but for the column no one reads."""
+    gather's (GridFill), but for the columns past them no one reads."""
+    from specctl.runtime.step.grid import CANDS
     C, G = batch.chains
-    w = batch.up.shape[1]
-    up = torch.tensor(batch.up)
-    batch.fill(up, torch.from_numpy(batch.fill.index(C, G, 1 + C * G, w, w - 1)),
+    w = CANDS + C * G + C
+    up = torch.zeros(len(batch.up), batch.fill.width(C, G, batch.up.shape[1]), dtype=torch.long)
+    up[:, :batch.up.shape[1]] = torch.from_numpy(batch.up)
+    batch.fill(up, torch.from_numpy(batch.fill.index(C, G, 1 + C * G, up.shape[1] - 1)),
                1 + C * G)
-    assert torch.equal(batch.filled[:, :w - 1], up[:, :w - 1])
+    assert torch.equal(batch.filled[:, :w], up[:, :w])
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -114,7 +114,7 @@ def test_the_forwards_gather_drafts_the_newest_candidates_the_jobs_first(C, G):
     allowed slots, within the sequence's room and its budget (GridDrafts.allowed's, the
     host's reading of them). Padding tokens (a graph's n past 1 + C G) land in the column
     no one reads."""
-    from specctl.runtime.step.grid import GridDrafts, GridFill
+    from specctl.runtime.step.grid import CANDS, GridDrafts, GridFill
     rng, V, R, Gt, B = np.random.default_rng(C * 10 + G), 40, 4, 4, 9
     table = ContextTable(V, R, Gt)
     table.push_texts([rng.integers(0, 12, 80).tolist() for _ in range(3)])
@@ -122,32 +122,30 @@ def test_the_forwards_gather_drafts_the_newest_candidates_the_jobs_first(C, G):
     pending = rng.integers(0, 14, B)   # (some keys never seen: nothing held)
     job = np.arange(B) % 3 == 0
     first = rng.integers(0, V, (B, G))
-    chains = np.zeros((B, C, G), np.int64)
-    chains[:, 0] = first
     room, budget = rng.integers(0, G + 2, B), rng.integers(0, C * G + 1, B)
-    seq = np.array([np.arange(B), np.full(B, 7), pending, room, budget])
-    drafts = GridDrafts.make(seq, chains, None, job.astype(np.int64), np.arange(B)[:, None],
-                             job)
+    seq = np.array([np.arange(B), np.full(B, 7), pending, room, budget, job])
+    drafts = GridDrafts.make(seq, C, G, first, job=job)
     allowed = [[max(0, min(r, G, k - c * G)) for c in range(C)] for r, k in zip(room, budget)]
     assert drafts.allowed.tolist() == allowed
+    k = CANDS
     for n in (1 + C * G, 1 + C * G + 5):
-        w = drafts.host.shape[1]
-        up = torch.from_numpy(np.concatenate([drafts.host, np.zeros((B, 9), np.int64)], 1))
-        dump = w + 8
-        tokens = fill(up, torch.from_numpy(fill.index(C, G, n, w, dump)), n)
+        w = GridFill.width(C, G, drafts.host.shape[1]) + 8
+        up = torch.zeros(B, w, dtype=torch.long)
+        up[:, :drafts.host.shape[1]] = torch.from_numpy(drafts.host)
+        tokens = fill(up, torch.from_numpy(fill.index(C, G, n, w - 1)), n)
         assert tokens.shape == (B, n)
         for b in range(B):
             held = int(table.fill[pending[b]])
             ctx = table.candidates(pending[b:b + 1], R)[0][0][:, :G]
             want = np.concatenate([first[b:b + 1], ctx[:C - 1]]) if job[b] else ctx[:C]
-            got = up[b, 3:3 + C * G].view(C, G).numpy()
+            got = up[b, k:k + C * G].view(C, G).numpy()
             assert (got == want).all(), (b, got, want)
-            assert up[b, 3 + C * G:3 + C * G + C].tolist() == allowed[b]
-            assert up[b, 3 + C * G + C] == held + job[b]
+            assert up[b, k + C * G:k + C * G + C].tolist() == allowed[b]
+            assert up[b, 5] == held + job[b]
             assert tokens[b, 0] == pending[b] and (tokens[b, 1:1 + C * G].numpy()
                                                    == want.ravel()).all()
-            assert (up[b, :3].numpy() == seq[:3, b]).all()   # (the rest as staged)
-            assert (up[b, w:dump] == 0).all()
+            assert (up[b, :5].numpy() == seq[:5, b]).all()   # (the rest as staged)
+            assert (up[b, k + C * G + C:w - 1] == 0).all()
     assert any(table.fill[pending] > 0) and not all(table.fill[pending] > 0)
 
 
@@ -422,8 +420,8 @@ def test_verdicts_number_accepted_drafts_as_the_controller_learns_them():
     target[0, 1 + 4] = 105             # after chain 1's node 0: its node 1
     target[0, 1 + 5] = 7               # after node 1: the bonus
     kv = KVCache(1, 1, 32, 1, 2)
-    drafts = GridDrafts.make(np.array([[0], [3], [9], [2], [C * G]]), cands, allowed,
-                             np.array([C]), np.zeros((1, 1), np.int64))
+    drafts = GridDrafts.make(np.array([[0], [3], [9], [2], [C * G], [C]]), C, G,
+                             cands.reshape(1, -1), allowed)
     grid = GridStep(ContextTable(200, 10, G), C)
     v = grid.verify(drafts, torch.from_numpy(target.ravel()), kv, torch.from_numpy(drafts.host))
     assert GridProposals(drafts).sizes == [8] and v.acc == [2] and v.best == [1]
@@ -450,7 +448,9 @@ def test_the_device_step_is_a_fixed_set_of_ops_that_reads_nothing_back(paged):
         tables = rng.integers(1, 40, (B, 3)) if paged else np.arange(B)[:, None]
         for dev in ("meta", "cpu"):
             kv = KVCache(2, 64, 48, 1, 2, device=dev, num_blocks=40 if paged else None)
-            drafts = GridDrafts.make(seq, cands, allowed, held, tables)
+            seq6 = np.concatenate([seq, np.zeros((2, B), np.int64), held[None]])
+            drafts = GridDrafts.make(seq6, C, G, cands.reshape(B, -1), allowed,
+                                     tables if paged else None)
             target = torch.from_numpy(rng.integers(0, 50, B * (1 + C * G))).to(dev)
             up = torch.from_numpy(drafts.host).to(dev)
             with counting() as c:

@@ -19,6 +19,14 @@ from specctl.engine.bi_matmul import LAUNCHES  # noqa: E402  (after: the interpr
 DEV = "cuda" if torch.cuda.is_available() else "cpu"   # (compiled there, else interpreted)
 
 
+def _drafts(seq, cands, allowed, held, tables, paged: bool) -> GridDrafts:
+    """Drafts whose every candidate and allowed slot the host gives (GridDrafts.make: as a
+    step's forward fills them), seq [3, B] (slots, committed rows, pending tokens)."""
+    B, C, G = cands.shape
+    seq = np.concatenate([seq, np.zeros((2, B), np.int64), held[None]])
+    return GridDrafts.make(seq, C, G, cands.reshape(B, -1), allowed, tables if paged else None)
+
+
 def _case(rng, B: int, C: int, G: int, paged: bool, vocab: int = 4):
     """Drafts and a target where chains often agree (a small vocabulary, targets copied from
     the candidates), with every budget, hold and room from none to all."""
@@ -62,7 +70,7 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(C, G, paged):
                          num_blocks=3 * B if paged else None)
             kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
             kv.v_all.copy_(-kv.k_all)
-            drafts = GridDrafts.make(seq, cands, allowed, held, tables)
+            drafts = _drafts(seq, cands, allowed, held, tables, paged)
             up = torch.from_numpy(drafts.host).to(DEV)
             with counting(as_cuda=True) as c:
                 res = step.device_step(drafts, target.to(DEV), kv, up)
@@ -81,7 +89,7 @@ def test_a_launch_inside_a_counting_block_is_counted_as_it_happens():
     block around the whole run."""
     kv = KVCache(2, 4, 64, 3, 5, device=DEV)
     seq, cands, allowed, held, tables, target = _case(np.random.default_rng(0), 4, 2, 2, False)
-    drafts = GridDrafts.make(seq, cands, allowed, held, tables)
+    drafts = _drafts(seq, cands, allowed, held, tables, False)
     step = GridStep(ContextTable(50, 2, 2), 2, kernel=True)
     with counting(as_cuda=True) as c:
         before = c.live()

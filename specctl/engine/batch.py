@@ -397,10 +397,12 @@ class ForwardBatch:
     @cached_property
     def tokens(self) -> torch.Tensor:      # [T]
         if self.fill is not None:   # (a grid's, gathered here: an eager forward's)
-            C, G = self.chains   # (up copied: the gather writes into it)
-            n, up = 1 + C * G, torch.tensor(self.up, device=self.device)
-            w = self.up.shape[1]
-            index = self._host(self.fill.index(C, G, n, w, w - 1))
+            C, G = self.chains   # (up: the rows in a buffer as wide as the gather writes)
+            n, w = 1 + C * G, self.up.shape[1]
+            up = torch.zeros(len(self.up), self.fill.width(C, G, w), dtype=torch.long,
+                             device=self.device)
+            up[:, :w] = torch.from_numpy(self.up).to(self.device)
+            index = self._host(self.fill.index(C, G, n, up.shape[1] - 1))
             tokens = self.fill(up, index, n)
             self.filled = up
             return tokens.view(-1)

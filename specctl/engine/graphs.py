@@ -422,7 +422,7 @@ class CudaGraphs:
         if not same:
             C, G = batch.chains
             m = batch.num_new[0]
-            index[:] = batch.fill.index(C, G, n, w, W - 1)
+            index[:] = batch.fill.index(C, G, n, W - 1)
             if m < n:
                 real[:B * m] = self._real(B, m, n)
 
@@ -531,11 +531,11 @@ class CudaGraphs:
         fills them: (ints, tokens [Bb n], slots [Bb], prefix [Bb], real [Bb n], parents [Bb n]
         (n > 1, else None), table [Bb, nb] (nb block-table entries a sequence, else None),
         and with a grid's gather (fill) up [Bb, 2 n + 5 + max(nb, 1)] (GridDrafts.host's rows,
-        at most 2 n + 5 + nb wide, its last column unread) and its index [6 (n - 1) + 3],
+        at most 2 n + 5 + nb wide, its last column unread) and its index [6 (n - 1) + 1],
         else None and None)."""
         par = Bb * n if n > 1 else 0
         W = 2 * n + 5 + max(nb, 1) if fill else 0
-        k = 6 * (n - 1) + 3 if fill else 0
+        k = 6 * (n - 1) + 1 if fill else 0
         ints = torch.zeros(2 * Bb * n + 2 * Bb + par + Bb * nb + Bb * W + k, dtype=torch.long,
                            device=device)
         tokens, slots, prefix, real, parents, table, up, index = ints.split(
@@ -551,7 +551,7 @@ class CudaGraphs:
         ints, tokens, slots, prefix, real, parents, table, up, index = self.inputs(
             Bb, n, nb, dev, fill is not None)
         if fill is not None:   # (an index the capture's gather can read: one token's)
-            index.copy_(torch.from_numpy(fill.index(1, 1, n, up.shape[1], up.shape[1] - 1)))
+            index.copy_(torch.from_numpy(fill.index(1, 1, n, up.shape[1] - 1)))
         slots.fill_(kv.scratch)
         if n == 1:
             self._ones(Bb)

@@ -97,42 +97,57 @@ def _zeros(B: int, n: int) -> np.ndarray:
     return z
 
 
+CANDS = 6   # up's first candidate column: slot, committed rows, pending token, room, budget,
+            # held (GridDrafts.host), then the candidates
+
+
 @dataclass(frozen=True)
 class GridDrafts:
     """A grid step's drafts (GridStep.plan): C chains of G nodes a sequence; `host`, the row
-    a sequence that the device's verification and moves read (GridFill: up), as the host
-    stages it: its slot, committed rows, pending token, C G candidate slots (the job cache's
-    chain in the first G where it has one, else nothing: the forward gathers them), per chain
-    its allowed slots (the first so many nodes its room and budget allow: the forward works
-    them out, where not given), whether its first chain is the job's, the first entries of
-    its block table, its room, its budget, and a last column no one reads; `job`, with a job
-    cache, which sequences' first chain is its (what the drafter's report counts)."""
+    a sequence that the device's verification and moves read (up), as the host stages it: its
+    slot, committed rows, pending token, room, budget, and whether its first chain is the job
+    cache's (then that chain in the next G columns); the forward writes each row's C G
+    candidates from column CANDS, then per chain its allowed slots (the first so many nodes
+    its room and budget allow), and its chains held over the job flag (GridFill). A paged
+    cache's block-table entries follow the allowed slots (`tables_at`; a contiguous cache's,
+    its slot, is column 0). `job`, with a job cache, which sequences' first chain is its (what
+    the drafter's report counts)."""
     C: int
     G: int
     host: np.ndarray
     job: np.ndarray | None = None   # [B] whether its first chain is the job cache's
+    tables_at: int = 0
 
     @classmethod
-    def make(cls, seq: np.ndarray, chains: np.ndarray, allowed: np.ndarray | None,
-             held: np.ndarray, tables, job: np.ndarray | None = None) -> "GridDrafts":
-        """seq [5, B]: slots, committed rows, pending tokens, rooms, budgets (C G: none; where
-        allowed is given, the last two may be left out);
-        chains [B, C, G] (the job cache's first chains, or any values: the forward fills
-        them, GridFill); allowed [B, C] (None: the forward works them out); held [B];
-        tables [B, blocks] (the step's rows' block-table entries)."""
-        B, C, G = chains.shape
-        host = np.concatenate([seq[:3].T, chains.reshape(B, -1),
-                               _zeros(B, C) if allowed is None else allowed, held[:, None],
-                               tables, seq[3:5].T, seq[:1].T], axis=1)
-        return cls(C, G, host, job)
+    def make(cls, seq: np.ndarray, C: int, G: int, chains: np.ndarray | None = None,
+             allowed: np.ndarray | None = None, tables: np.ndarray | None = None,
+             job: np.ndarray | None = None) -> "GridDrafts":
+        """seq [6, B]: slots, committed rows, pending tokens, rooms, budgets (C G: none),
+        held (0; with a job cache, whether its first chain is the job's); chains [B, C G]
+        (where the host gives them: the job cache's first G, or, with allowed [B, C] too, all
+        of them, a test's); tables [B, blocks] (a paged cache's: the step's rows' block-table
+        entries). Host work a step: one transpose view, without a job cache or a paged cache."""
+        host, at = seq.T, 0
+        if chains is not None or tables is not None:
+            B = seq.shape[1]
+            rest = [seq.T] + ([] if chains is None else [chains])
+            if tables is not None:   # (after the candidates and allowed slots)
+                rest += [] if allowed is not None else \
+                    [_zeros(B, C * G - (0 if chains is None else chains.shape[1]) + C)]
+                at = CANDS + C * G + C
+                rest.append(tables)
+            if allowed is not None:
+                rest.insert(2, allowed)
+            host = np.concatenate(rest, axis=1)
+        return cls(C, G, host, job, at)
 
     @cached_property
     def allowed(self) -> np.ndarray:
         """[B, C] each chain's allowed slots (as the forward works them out, GridFill: made
         where asked for, by the controller and the accounting)."""
-        C, G, h = self.C, self.G, self.host
-        room, budget = h[:, -3:-2], h[:, -2:-1]
-        return np.maximum(np.minimum(np.minimum(room, G), budget - np.arange(C) * G), 0)
+        room, budget = self.host[:, 3:4], self.host[:, 4:5]
+        return np.maximum(np.minimum(np.minimum(room, self.G),
+                                     budget - np.arange(self.C) * self.G), 0)
 
 
 class GridFill:
@@ -140,59 +155,61 @@ class GridFill:
     context table's rows there (ContextTable.device_rows): an in-graph gather, not host work
     before the launch (a b64 step's candidates, their packing and upload took ~110 us of its
     host in a run on a CPU, bench-results/2026-12-03-grid-fill). The forward calls it with
-    `up` (GridDrafts.host's rows, staged: a graph's static buffer, wider by some unread
-    columns) and an index (index()); it writes each sequence's candidates, allowed slots and
-    chains held into up, which the verification reads after it, and returns the step's
-    tokens. Where a sequence's first chain is the job cache's (up's held column staged 1),
-    that chain is kept and the context's move down one, the last dropped (JobTable.match)."""
+    `up` (GridDrafts.host's rows, staged into a buffer at least CANDS + 2 C G + 1 wide) and an
+    index (index()); it writes each sequence's candidates, allowed slots and chains held into
+    up, which the verification reads after it, and returns the step's tokens. Where a
+    sequence's first chain is the job cache's (up's held column staged 1), that chain is kept
+    and the context's move down one, the last dropped (JobTable.match)."""
 
     def __init__(self, ready: torch.Tensor, G: int):
         self.ready, self.G = ready, G   # ([V + 1, 1 + R G] the table's rows; its chain length)
         self.key = ("grid-fill", tuple(ready.shape), G)   # (a graph's: its shape)
         self._index: dict[tuple, np.ndarray] = {}
 
-    def index(self, C: int, G: int, n: int, W: int, dump: int) -> np.ndarray:
-        """[6 (n - 1) + 3] of a step of C chains of G in rows of n tokens a sequence (padded
-        where n > 1 + C G) whose `up` rows are W wide (GridDrafts.host's) in a buffer whose
-        column `dump` no one reads: for each token after the pending one, its column of a
-        table row; 1 where a sequence with the job's first chain reads it one chain lower
-        (chains past the first); 1 where that sequence keeps up's value (the first chain's);
-        its column of up; for each chain (the first C of n - 1), its allowed column of up and
-        its first node; then up's held and room columns, and G. Padding tokens gather what
-        the last candidate does and land in `dump`, as do chains past C. Made once a shape
-        (shared: never edited)."""
-        key = (C, G, n, W, dump)
+    @staticmethod
+    def width(C: int, G: int, w: int) -> int:
+        """The columns of a buffer the gather writes rows w wide into (GridDrafts.host's),
+        their last unread (its `dump`)."""
+        return max(w, CANDS + C * G + C) + 1
+
+    def index(self, C: int, G: int, n: int, dump: int) -> np.ndarray:
+        """[6 (n - 1) + 1] of a step of C chains of G in rows of n tokens a sequence (padded
+        where n > 1 + C G) whose `up` buffer's column `dump` no one reads: for each token after
+        the pending one, its column of a table row; 1 where a sequence with the job's first
+        chain reads it one chain lower (chains past the first); 1 where that sequence keeps
+        up's value (the first chain's); its column of up; for each chain (the first C of
+        n - 1), its allowed column of up and its first node; then G. Padding tokens gather
+        what the last candidate does and land in `dump`, as do chains past C. Made once a
+        shape (shared: never edited)."""
+        key = (C, G, n, dump)
         got = self._index.get(key)
         if got is None:
             at = np.arange(n - 1)
             real, chain = at < C * G, at < C
             k = np.minimum(at, C * G - 1)   # (padding: the last candidate's)
             got = self._index[key] = np.concatenate(
-                [1 + k // G * self.G + k % G, k >= G, real & (k < G), np.where(real, 3 + k, dump),
-                 np.where(chain, 3 + C * G + at, dump), at * G,
-                 [3 + C * G + C, W - 3, G]]).astype(np.int64)
+                [1 + k // G * self.G + k % G, k >= G, real & (k < G),
+                 np.where(real, CANDS + k, dump), np.where(chain, CANDS + C * G + at, dump),
+                 at * G, [G]]).astype(np.int64)
         return got
 
     def __call__(self, up: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
         """[B, n] the step's tokens (each sequence's pending one, then its candidates), its
-        candidates, allowed slots and chains held written into up [B, >= W] (index:
-        index()'s, on up's device). A fixed set of tensor operations, none reading a value
-        back."""
+        candidates, allowed slots and chains held written into up (index: index()'s, on up's
+        device). A fixed set of tensor operations, none reading a value back."""
         m, B = n - 1, up.shape[0]
         src, down, keep, dst, acol, first = index[:6 * m].view(6, m)
-        held, room, G = index[6 * m:6 * m + 1], index[6 * m + 1:6 * m + 2], index[6 * m + 2:]
-        pending = up[:, 2]
+        G = index[6 * m:]
+        pending, job = up[:, 2], up[:, 5:6]   # (job: 1 where its first chain is the job's)
         rows = self.ready.index_select(0, pending).long()   # [B, 1 + R G]: held, then chains
-        job = up.gather(1, held.expand(B, 1))               # [B, 1]: its first chain the job's
         vals = rows.gather(1, src - job * down * self.G)
         to = dst.expand(B, m)
         vals = torch.where((job * keep).bool(), up.gather(1, to), vals)
-        up.scatter_(1, to, vals)
-        up.scatter_(1, held.expand(B, 1), rows[:, :1] + job)
         # each chain's allowed slots: its nodes within the room and the budget
-        rb = up.gather(1, torch.cat([room, room + 1]).expand(B, 2))
-        allowed = torch.minimum(torch.minimum(rb[:, :1], G), rb[:, 1:] - first).clamp(min=0)
+        allowed = torch.minimum(torch.minimum(up[:, 3:4], G), up[:, 4:5] - first).clamp(min=0)
+        up.scatter_(1, to, vals)
         up.scatter_(1, acol.expand(B, m), allowed)
+        up[:, 5:6] = rows[:, :1] + job   # (its chains held: the job's first, if any, too)
         return torch.cat([pending[:, None], vals], dim=1)
 
 
@@ -316,10 +333,9 @@ class GridStep:
         often agree with their target (tests/test_grid_kernel.py tries many more)."""
         rng, B, C, G = np.random.default_rng(0), 4, self.C, self.G
         dev, (L, _, heads, dim) = kv.k_all.device, kv.k_all.shape
-        cands = rng.integers(0, 2, (B, C, G))
-        seq = np.array([np.arange(B), rng.integers(0, 4, B), rng.integers(0, 2, B)])
-        drafts = (seq, cands, rng.integers(0, G + 1, (B, C)), rng.integers(0, C + 1, B),
-                  np.arange(B)[:, None])
+        seq = np.array([np.arange(B), rng.integers(0, 4, B), rng.integers(0, 2, B),
+                        np.zeros(B), np.zeros(B), rng.integers(0, C + 1, B)], dtype=np.int64)
+        drafts = (seq, C, G, rng.integers(0, 2, (B, C * G)), rng.integers(0, G + 1, (B, C)))
         target = torch.from_numpy(rng.integers(0, 2, B * (1 + C * G))).to(dev)
         keys = torch.randn(min(L, 2), B * (8 + C * G), heads, dim,
                            generator=torch.Generator().manual_seed(0)).to(kv.k_all)
@@ -330,7 +346,7 @@ class GridStep:
             scratch.v_all.copy_(-keys)
             d = GridDrafts.make(*drafts)
             up = torch.from_numpy(d.host).to(dev)
-            res = k.verify(up, target, C, G, scratch, (C, G)) if k else \
+            res = k.verify(up, target, C, G, d.tables_at, scratch, (C, G)) if k else \
                 self._tensors(d, target, scratch, up)
             got.append((res, scratch.k_all, scratch.v_all))
         return all(torch.equal(a, b) for a, b in zip(*got))
@@ -368,19 +384,18 @@ class GridStep:
             G = max(1, min(G, reach))
         depth, anc, parents = self.layout(C, G)
         B = len(slots)
-        seq = np.array((slots, lens, pending, room, [C * G] * B if budget is None else budget),
-                       dtype=np.int64)
-        chains, job = _zeros(B, C * G), None
+        zero = [0] * B
+        seq = np.array((slots, lens, pending, room, [C * G] * B if budget is None else budget,
+                        zero), dtype=np.int64)
+        first = job = None
         if self.job is not None and tails is not None:
             first, job = self.job.match(tails, G)   # (its first chain: staged, GridFill)
-            chains = np.concatenate([first, chains[:, G:]], axis=1)
-        # (the block-table entries of every row the step writes: a contiguous cache's is
-        # the slot's one block, its number)
+            seq[5] = job
+        # (the block-table entries of every row the step writes: a paged cache's; a
+        # contiguous cache's is the slot's one block, its number: column 0)
         tables = kv.table_rows(slots, -(-(max(lens) + 1 + C * G) // kv.block)) if kv.paged \
-            else seq[:1].T
-        drafts = GridDrafts.make(seq, chains.reshape(B, C, G), None,
-                                 _zeros(B, 1)[:, 0] if job is None else job, tables,
-                                 job)
+            else None
+        drafts = GridDrafts.make(seq, C, G, first, None, tables, job)
         return ForwardBatch.grid(slots, lens, drafts.host, C, G, self.fill(device), depth, anc,
                                  parents, device), drafts
 
@@ -396,7 +411,8 @@ class GridStep:
         (tests/test_grid.py counts them); on CUDA one Triton launch (grid_kernel.py)."""
         kernel = self._kernel(up.device)
         if kernel is not None and kernel.fits(kv):   # (one launch, not 41)
-            return kernel.verify(up, target.view(-1), drafts.C, drafts.G, kv, (self.C, self.G))
+            return kernel.verify(up, target.view(-1), drafts.C, drafts.G, drafts.tables_at, kv,
+                                 (self.C, self.G))
         return self._tensors(drafts, target, kv, up)
 
     def _tensors(self, drafts: GridDrafts, target: torch.Tensor, kv,
@@ -405,14 +421,17 @@ class GridStep:
         C, G = drafts.C, drafts.G
         B, n = up.shape[0], C * G
         at = torch.arange(1 + n, device=up.device)
-        allowed = up[:, 3 + n:3 + n + C]
-        lim = allowed * (at[:C] < up[:, 3 + n + C:4 + n + C])   # (usable: a held chain's)
-        res = verify_chains(up[:, 3:3 + n].view(B, C, G), at[:G] < lim[:, :, None],
+        k = CANDS
+        allowed = up[:, k + n:k + n + C]
+        lim = allowed * (at[:C] < up[:, 5:6])   # (usable: a held chain's)
+        res = verify_chains(up[:, k:k + n].view(B, C, G), at[:G] < lim[:, :, None],
                             target.view(B, 1 + n))
         best = res[:, 1:2]
         start = (allowed.cumsum(1) - allowed).gather(1, best)   # (GridVerdicts' numbering)
         rows = up[:, 1:2] + at                                      # [B, 1 + n] the step's
-        tables, block = up[:, 4 + n + C:], kv.block   # (and columns no one reads, after them)
+        # (its block-table entries, and columns no one reads after them; a contiguous cache's:
+        # its slot, column 0)
+        tables, block = up[:, drafts.tables_at:], kv.block
         stored = tables.gather(1, rows // block) * block + rows % block   # (their storage)
         kv.copy_rows(stored[:, 1:1 + G], stored.gather(1, at[1:1 + G] + best * G))
         return torch.cat([res[:, :2], start, lim.sum(1, keepdim=True), res[:, 2:]], dim=1)

@@ -27,19 +27,19 @@ import triton.language as tl
 from specctl.engine.bi_matmul import launch, pow2
 
 
-@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "block", "sL", "sR", "E"])
-def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, sL, sR, E,
+@triton.jit(do_not_specialize=["sb", "sk", "C", "G", "T0", "block", "sL", "sR", "E"])
+def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, T0, block, sL, sR, E,
                    BC: tl.constexpr, BG: tl.constexpr, BO: tl.constexpr, BE: tl.constexpr):
     b, layer = tl.program_id(0), tl.program_id(1)   # (each program verifies its sequence's
     n = C * G                                       # drafts, cheap, and moves one layer's rows)
-    row = up + b * sb                # slot, committed rows, pending, cands [C G], allowed [C],
-    tgt = target + b * (1 + n)       # held, block-table entries (column k at k sk); the
-    ci = tl.arange(0, BC)            # target's argmax after each row
+    row = up + b * sb                # slot, committed rows, pending, room, budget, held, cands
+    tgt = target + b * (1 + n)       # [C G], allowed [C], block-table entries from T0 (column
+    ci = tl.arange(0, BC)            # k at k sk); the target's argmax after each row
     c, j = ci[:, None], tl.arange(0, BG)[None, :]
     inside = (c < C) & (j < G)
-    cands = tl.load(row + (3 + c * G + j) * sk, mask=inside, other=0)
-    allowed = tl.load(row + (3 + n + ci) * sk, mask=ci < C, other=0)
-    lim = tl.where(ci < tl.load(row + (3 + n + C) * sk), allowed, 0)   # (usable: a held
+    cands = tl.load(row + (6 + c * G + j) * sk, mask=inside, other=0)
+    allowed = tl.load(row + (6 + n + ci) * sk, mask=ci < C, other=0)
+    lim = tl.where(ci < tl.load(row + 5 * sk), allowed, 0)   # (usable: a held
     # chain's)
     # after node j of chain c the target's token after its parent: the root's, or node j - 1's
     after = tl.load(tgt + tl.where(j == 0, 0, c * G + j), mask=inside, other=0)
@@ -50,7 +50,7 @@ def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, sL, sR, E,
     best = tl.min(tl.where(lens == acc, ci, BC), axis=0)         # the first longest (not
     # argmax's tie_break_left, which Triton's interpreter does not honour)
     o = tl.arange(0, BO)   # the emitted tokens: the best chain's drafts, then the target's
-    out = tl.load(row + (3 + best * G + o) * sk, mask=o < G, other=0)   # token after the last
+    out = tl.load(row + (6 + best * G + o) * sk, mask=o < G, other=0)   # token after the last
     out = tl.where(o == acc, tl.load(tgt + tl.where(acc > 0, best * G + acc, 0)), out)
     start = tl.sum(tl.where(ci < best, allowed, 0), axis=0)      # (GridVerdicts' numbering)
     if layer == 0:   # (the verdicts: layer 0's program writes them)
@@ -65,7 +65,7 @@ def _verify_kernel(up, target, res, kc, vc, sb, sk, C, G, block, sL, sR, E,
     # the rows they move to: no program reads a row another writes)
     g = tl.arange(0, BG)
     base = tl.load(row + sk) + 1
-    table = row + (4 + n + C) * sk
+    table = row + T0 * sk   # (a contiguous cache's: its slot, column 0)
     d, s = base + g, base + best * G + g
     d = tl.load(table + d // block * sk, mask=g < G, other=0) * block + d % block
     s = tl.load(table + s // block * sk, mask=g < G, other=0) * block + s % block
@@ -84,10 +84,11 @@ def fits(kv) -> bool:
     return all(t.is_contiguous() for t in (kv.k_all, kv.v_all))
 
 
-def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
+def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, tables_at: int, kv,
            most: tuple[int, int] | None = None) -> torch.Tensor:
     """GridStep.device_step's verdicts [B, G + 5], its KV moves made (kv: a KVCache, fits),
-    from up [B, W] (GridDrafts.up, any strides: numpy may lay it out by columns) and target
+    from up [B, W] (GridDrafts.host's layout, filled by GridFill, its block-table entries
+    from column tables_at; any strides: numpy may lay it out by columns) and target
     [B (1 + C G)] (contiguous), int64 on kv's device; most: the largest (C, G) the kernel is
     compiled for (default these)."""
     B = up.shape[0]
@@ -96,6 +97,6 @@ def verify(up: torch.Tensor, target: torch.Tensor, C: int, G: int, kv,
     E = k.shape[2] * k.shape[3]
     res = torch.empty(B, G + 5, dtype=torch.long, device=up.device)
     launch(_verify_kernel, (B, k.shape[0]), up, target, res, k, kv.v_all, up.stride(0),
-           up.stride(1), C, G, kv.block, k.stride(0), k.stride(1), E,
+           up.stride(1), C, G, tables_at, kv.block, k.stride(0), k.stride(1), E,
            BC=pow2(mc), BG=pow2(mg), BO=pow2(mg + 1), BE=pow2(E))
     return res
