@@ -136,15 +136,16 @@ def fails(r, *needles) -> str:
     return errs[0]
 
 
-def interrupt_search_at(monkeypatch, n: int) -> None:
-    """search-skip's probe n (from 1) is a Ctrl-C (KeyboardInterrupt) where it would run."""
+def interrupt_search_at(monkeypatch, n: int, stop=KeyboardInterrupt) -> None:
+    """search-skip's probe n (from 1) is a Ctrl-C (KeyboardInterrupt; stop: another, such as
+    SIGTERM's) where it would run."""
     import specctl.prep.skip.search as S
     real, calls = S._probe, []
 
     def probe(*a, **kw):
         calls.append(1)
         if len(calls) == n:
-            raise KeyboardInterrupt
+            raise stop
         return real(*a, **kw)
     monkeypatch.setattr(S, "_probe", probe)
 

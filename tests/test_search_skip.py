@@ -301,6 +301,35 @@ def test_an_interrupted_search_saves_its_best_and_exits_130(tiny_llama, dev_file
     assert any((tmp_path / "store" / "skipsets").iterdir())
 
 
+@pytest.mark.parametrize("objective,confirming", [("decode", False), ("model", False),
+                                                  ("model", True)])
+def test_a_terminated_search_saves_its_best_too(tiny_llama, dev_file, tmp_path, monkeypatch,
+                                                objective, confirming):
+    """SIGTERM (`timeout`, Slurm) saves the best set so far as Ctrl-C does, and exits 143;
+    with the model objective the best few's decoding is left to --resume (a SIGTERM's grace
+    is short), and a stop inside that decoding keeps the simulated best rather than nothing
+    (each saved nothing before)."""
+    from helpers import interrupt_search_at
+    from specctl.cli.common import Terminated
+    from specctl.prep.skip.evaluate import DevSet
+    if confirming:   # (the search's 5 probes done; the first of the best decoded for real)
+        def stop(*a, **kw):
+            raise Terminated
+        monkeypatch.setattr(DevSet, "evaluate", stop)
+    else:
+        interrupt_search_at(monkeypatch, 3, Terminated)
+    store = tmp_path / "store"
+    r = CliRunner().invoke(app, ["search-skip", "--model", str(tiny_llama), "--dev", str(dev_file),
+                                 "--max-new", "8", "--iters", "5", "--objective", objective,
+                                 "--store", str(store), "--device", "cpu", "--dtype", "fp32"])
+    assert r.exit_code == 143, r.output
+    assert "the best skip set so far is saved" in " ".join(r.output.split())
+    (saved,) = (store / "skipsets").iterdir()
+    got = json.loads((saved / "skipset.json").read_text())
+    assert got["interrupted"] and got["iterations"] == (5 if confirming else 2)
+    assert "confirmed" not in got
+
+
 def test_a_search_ends_when_every_skip_set_has_been_probed(tmp_path):
     """A 2-layer model has 16 skip sets: --iters 20 probes each once and stops (its search
     looked for an unprobed set forever, at 100% CPU); BitGP says so rather than loop."""

@@ -76,9 +76,9 @@ def _dev_set(cfg: SearchConfig, model, prompts: list[list[int]], log):
 
 
 def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict, L: int,
-           report: Reporter) -> tuple[list, bool]:
-    """The search's probes (all of them, or those logged before a Ctrl-C) and whether it was
-    interrupted."""
+           report: Reporter) -> tuple[list, KeyboardInterrupt | None]:
+    """The search's probes (all of them, or those logged before a Ctrl-C or SIGTERM) and what
+    stopped it, if anything."""
     task = report.task("search-skip", cfg.iters)
 
     def on_probe(p, best):
@@ -87,32 +87,40 @@ def _probe(cfg: SearchConfig, dev, table, log_path, resume: bool, settings: dict
             f"mlp {sum(best.bits[L:])} skipped, accept {best.accept_rate:.2f})"))
     try:
         return run_search(dev, table, cfg.iters, log_path, resume, cfg.seed, cfg.init_points,
-                          on_probe, settings, report.log), False
+                          on_probe, settings, report.log), None
     except KeyboardInterrupt as e:
         from specctl.prep.skip.search import _read_log
         probes = _read_log(log_path)   # the log is complete up to the interruption
-        # (SIGTERM, a subclass: no more forwards, a grace period is short; --resume has the log)
-        if not probes or type(e) is not KeyboardInterrupt:
+        if not probes:
             raise
-        return probes, True
+        return probes, e
     finally:
         task.close()
 
 
-def _best(cfg: SearchConfig, model, prompts, table, probes: list, log) -> tuple:
-    """The best probe and its numbers; with the model objective the best few are decoded for
-    real and the best of those wins, with its decoded numbers."""
+def _best(cfg: SearchConfig, model, prompts, table, probes: list, log,
+          stop: KeyboardInterrupt | None) -> tuple:
+    """The best probe, its numbers and what stopped the search (stop, or a Ctrl-C or SIGTERM
+    while the best were decoded); with the model objective the best few are decoded for real
+    and the best of those wins, with its decoded numbers, unless the search was stopped: a
+    SIGTERM's grace period is short, and that decoding can take minutes, so a stopped search
+    keeps its simulated best (the saved set says `interrupted`; --resume decodes them)."""
     best = min(probes, key=lambda p: p.per_token)
     measured: dict = {"seconds_per_token": best.per_token, "relative": best.relative,
                       "accept_rate": best.accept_rate, "mean_accepted": best.mean_accepted}
-    if cfg.objective != "model":
-        return best, measured, {}
+    if cfg.objective != "model" or stop is not None:
+        return best, measured, {}, stop
     log(f"decoding the dev set with the {CONFIRM_TOP} best sets (simulated) for real ...")
-    best, ev, rows = confirm(DevSet(model, prompts, cfg.max_new), table, probes, CONFIRM_TOP)
+    try:
+        best, ev, rows = confirm(DevSet(model, prompts, cfg.max_new), table, probes,
+                                 CONFIRM_TOP)
+    except KeyboardInterrupt as e:
+        return best, measured, {}, e
     measured = {"seconds_per_token": ev.per_token, "relative": ev.per_token / ar_per_token(table),
                 "accept_rate": round(ev.accept_rate, 4),
                 "mean_accepted": round(ev.mean_accepted, 4)}
-    return best, measured, {"simulated_relative_time_per_token": best.relative, "confirmed": rows}
+    return best, measured, {"simulated_relative_time_per_token": best.relative,
+                            "confirmed": rows}, None
 
 
 def _refuse_over(store: Store, ident: str, log_path: Path, force: bool) -> list[str]:
@@ -189,9 +197,10 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
         if over:   # (said once the dev set and settings held: the log goes now)
             log(f"--force: starting over ({', '.join(over)} replaced)")
         t0 = time.perf_counter()
-        probes, interrupted = _probe(cfg, dev, table, log_path, resume, settings, L, report)
+        probes, stop = _probe(cfg, dev, table, log_path, resume, settings, L, report)
         search_s = time.perf_counter() - t0
-        best, measured, extra = _best(cfg, model, prompts, table, probes, log)
+        best, measured, extra, stop = _best(cfg, model, prompts, table, probes, log, stop)
+        interrupted = stop is not None
         skip = SkipSet.from_bits(best.bits)
         plot = log_path.with_name("search.png")
         plotted = plot_search(probes, best, L, plot)
@@ -234,6 +243,8 @@ def run_search_skip(cfg: SearchConfig, store: Store, resume: bool,
             log("no plot: install matplotlib (pip install 'specctl[plot]') for search.png")
         if interrupted:
             log("interrupted: the best skip set so far is saved; --resume continues the search")
+            if type(stop) is not KeyboardInterrupt:   # (SIGTERM: the CLI exits 143, as said)
+                raise stop
         return {"path": path, "result": result}
     finally:
         held.close()
