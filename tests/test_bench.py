@@ -235,7 +235,8 @@ def test_exact_rows_are_checked_against_ar_exact_in_bf16(work, prompts, tiny_lla
                       "--max-tokens", 6, "--repeats", 1, "--warmup", 0, "--device", "cpu",
                       "--dtype", "bf16", "-q", "--methods", methods, "--batch-sizes", sizes,
                       "--corpus-cache", "none")
-    ok(run(work / "store-exact", "ar,ar:exact,self-draft:auto:exact", "1,3"))
+    r = ok(run(work / "store-exact", "ar,ar:exact,self-draft:auto:exact", "1,3"))
+    assert "--warmup 0: each method's first timed run" in " ".join(r.output.split())
     (d,) = benches(work / "store-exact")
     by = {(r["method"], r["batch_size"]): r
           for r in json.loads((d / "results.json").read_text())["rows"]}

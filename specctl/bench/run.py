@@ -131,6 +131,10 @@ def run_bench(cfg: BenchConfig, store: Store, report: Reporter | None = None, *,
     _methods(b)
     for warning in batch_warnings(len(recs), {bs for _, bs in b.plan}):
         log(warning)
+    if cfg.warmup == 0:   # (a probe read kangaroo, drafting nothing, at 1.34x ar so)
+        log("warning: --warmup 0: each method's first timed run pays its start-up (caches, "
+            "lazily made tables) and ar runs first, so the ratios are not its steady state "
+            "(the default warm-up is 3 runs)")
     need_ref = 1 not in cfg.batch_sizes
     progress = b.progress = report.task("bench", len(b.plan) * (cfg.warmup + cfg.repeats)
                                         + int(need_ref))
