@@ -202,6 +202,18 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(named), "--store", str(store),
                                  "--only", "build-cache"])
     assert "already in the store" in r.output and len(list((store / "ngram-caches").iterdir())) == 2
+    # an artifact made with other settings than the recipe's (an earlier experiment) is kept,
+    # said, and named so in the table (it stood for the recipe's step unsaid)
+    other = tmp_path / "other.toml"
+    other.write_text(rec.read_text().replace("min_count = 2", "min_count = 3")
+                     .replace("iters = 3", "iters = 4").replace("epochs = 1", "epochs = 2"))
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(other), "--store", str(store)])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    for said in ("min_count 2 (the recipe's 3)", "iters 3 (the recipe's 4)",
+                 "epochs 1 (the recipe's 2)"):
+        assert said in out, said
+    assert out.count("not made with the recipe's settings") == 3 and "ran" not in out
 
 
 def test_an_interrupted_search_in_prepare_stops_it_and_is_resumed(tiny_llama, tmp_path,

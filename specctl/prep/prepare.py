@@ -1,5 +1,6 @@
 """`specctl prepare --recipe FILE`: run the preparation steps a recipe names, in order, skipping
-those whose artifact is already in the store (the one `generate` would pick):
+those whose artifact is already in the store (the one `generate` would pick; one made with other
+settings than the recipe's is kept too, and said: made_otherwise):
 
     step-table     the model's step-cost tables (always first)   ([generate] batch_size ..)
     build-cache    a corpus cache for the model's tokenizer      ([self-draft.build-cache])
@@ -25,6 +26,7 @@ from specctl.models.fingerprint import model_fingerprint
 from specctl.recipe import STEPS, Recipe
 from specctl.reporting import Reporter, reporter
 from specctl.store import Store
+from specctl.store.files import read_json
 
 
 TABLES = "step-table"
@@ -106,6 +108,39 @@ def existing_artifact(step: str, recipe: Recipe, store: Store, model_dir: Path) 
     raise SpecctlError(f"unknown step {step!r}")
 
 
+# what each step's artifact records of the settings it was made with: (recipe section, file in
+# the artifact, its key holding them, the settings compared)
+_MADE_WITH = {
+    "build-cache": ("self-draft.build-cache", "manifest.json", "settings",
+                    ("max_key_len", "gram_len", "top", "min_count")),
+    "search-skip": ("draft-verify.search", "skipset.json", "config",
+                    ("iters", "init_points", "objective", "prompts", "max_new", "seed")),
+    "train-adapter": ("kangaroo.train", "train_log.json", "config",
+                      ("epochs", "lr", "max_len", "batch_tokens", "limit", "heldout", "seed")),
+}
+
+
+def made_otherwise(step: str, recipe: Recipe, artifact: str) -> list[str]:
+    """The settings the recipe gives `step` that its stored artifact was not made with, as
+    'name X (the recipe's Y)' (an artifact that records none, or another value's type: none
+    said). A user's earlier experiment (3 probes, a 12-conversation adapter) would otherwise
+    stand for the recipe's step unsaid."""
+    section, name, key, keys = _MADE_WITH[step]
+    want = recipe.section(section)
+    try:
+        made = read_json(Path(artifact) / name).get(key)
+    except (SpecctlError, AttributeError):
+        return []
+    if not isinstance(made, dict):
+        return []
+    out = []
+    for k in keys:
+        if k in want and k in made and isinstance(made[k], (int, float, str)) and \
+                not isinstance(made[k], bool) and made[k] != want[k]:
+            out.append(f"{k} {made[k]} (the recipe's {want[k]})")
+    return out
+
+
 def run_step(step: str, recipe: Recipe, store: Store, report: Reporter) -> str:
     """Run one step with the recipe's settings; returns the artifact's path."""
     model = recipe.model
@@ -168,8 +203,15 @@ def run_prepare(recipe: Recipe, store: Store, report: Reporter | None = None,
             continue
         have = None if force else existing_artifact(step, recipe, store, model_dir)
         if have:
-            log(f"{step}: already in the store ({have}); skipped (--force redoes it)")
-            results.append({"step": step, "status": "skipped", "artifact": have,
+            other = made_otherwise(step, recipe, have)
+            if other:
+                log(f"warning: {step}: the one in the store ({have}) was not made with the "
+                    f"recipe's settings: {', '.join(other)}; kept (--force --only {step} "
+                    "makes the recipe's)")
+            else:
+                log(f"{step}: already in the store ({have}); skipped (--force redoes it)")
+            results.append({"step": step, "status": "kept: other settings" if other else
+                            "skipped", "artifact": have,
                             "wall_s": round(time.perf_counter() - t0, 1)})
             continue
         path = run_step(step, recipe, store, report)
