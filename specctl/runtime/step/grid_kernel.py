@@ -6,8 +6,9 @@ verify_chains and the moves' storage rows, 4 for the moves (engine/launches.py c
 CUDA launches them). A GPU's host pays each one through PyTorch's dispatch (an eager demo-shape
 forward took the H200's host ~27 us a launch, bench-results/2026-11-30-grid-kernel), where an
 `ar` step's whole host at batch 64 was 0.4 ms. Here they are one program a sequence and layer:
-each reads its sequence's row of GridDrafts.up and of the target's argmax and verifies it (a
-few loads), and moves its best chain's rows below its root in its layer's keys and values
+each reads its sequence's row (GridDrafts.host's, as the forward filled it) and the target's
+argmax and verifies it (a few loads), and moves its best chain's rows below its root in its
+layer's keys and values
 (none where the first chain is the best: its rows are in place); layer 0's writes the
 sequence's verdicts. (One program a sequence, looping over the layers, copied a large model's
 every layer on one SM at batch 1.) The result equals the tensor operations'
