@@ -181,6 +181,9 @@ def test_prepare_runs_each_step_once(tiny_llama, tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
                                  "--only", "fine-tune"])
     assert r.exit_code != 0 and "unknown step 'fine-tune'" in r.output
+    r = CliRunner().invoke(app, ["prepare", "--recipe", str(rec), "--store", str(store),
+                                 "--only", " , "])   # (it ran every step)
+    assert r.exit_code != 0 and "--only names no step" in " ".join(r.output.split())
     # a table measured on a busy CPU is not kept, and prepare says so (it said "ran")
     from specctl.runtime.control import steptables
     monkeypatch.setattr(steptables, "BUSY", 2.0)        # (every measurement "busy")

@@ -189,7 +189,9 @@ def prepare(
     from specctl.recipe import load_recipe
 
     r = load_recipe(recipe)
-    steps = [x.strip() for x in only.split(",") if x.strip()] if only else None
+    steps = None if only is None else [x.strip() for x in only.split(",") if x.strip()]
+    if steps == []:   # (it ran every step, as without --only)
+        raise SpecctlError("--only names no step (a comma-separated list of them)")
     res = _with_bars(run_prepare, r, Store(store).check_writable(), only=steps, force=force)
     t = Table(title=f"prepare {r.name}")
     for col in ("step", "status", "wall s", "artifact"):
