@@ -662,6 +662,13 @@ def test_options_of_another_method_are_named(tmp_path, tiny_llama):
     said = " ".join(r.output.split())
     assert "--actors only applies with --ray; ignored" in said
     assert "--gpu-memory only applies on CUDA; ignored on the CPU" in said
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--top-p", 0.5,
+                    "--top-k", 3))   # (greedy: the default --temperature 0)
+    assert "--top-p, --top-k only apply to sampling (--temperature above 0); ignored" in \
+        " ".join(r.output.split())
+    r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--top-p", 0.5,
+                    "--temperature", 0.7))
+    assert "only apply to sampling" not in r.output and "only applies to sampling" not in r.output
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama, "--eta", 2))
     assert "--eta only applies to --method kangaroo" in " ".join(r.output.split())
     r = ok(generate(inp, tmp_path / "o.jsonl", tmp_path / "store", tiny_llama,

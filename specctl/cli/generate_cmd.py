@@ -113,6 +113,10 @@ def _warn_unused(ctx: typer.Context, cfg) -> None:
         if unused:
             _warn(f"{', '.join(unused)} only appl{'y' if len(unused) > 1 else 'ies'} to "
                   f"--method {method}; ignored with --method {cfg.method}")
+    samp = [flag_of(n, ctx.params[n]) for n in ("top_p", "top_k") if n in given]
+    if samp and cfg.temperature == 0:   # (greedy: the run took no sampling settings, unsaid)
+        _warn(f"{', '.join(samp)} only appl{'y' if len(samp) > 1 else 'ies'} to sampling "
+              "(--temperature above 0); ignored: this run is greedy")
     if "actors" in given and cfg.ray is None:
         _warn("--actors only applies with --ray; ignored")
     if "gpu_memory" in given and cfg.kv_memory is not None:
