@@ -422,3 +422,14 @@ def test_a_disk_error_under_the_fsync_thread_stops_the_job_cleanly(tmp_path, tin
     r = generate(inp, out, store, tiny_llama, "-b", "1", "--resume")
     assert r.exit_code == 0, r.output
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_an_ambiguous_prefix_says_how_many_more_match():
+    """The error names five of the matches and counts the rest (it dropped them unsaid: a
+    probe's `store show fad5` matched nine)."""
+    from specctl.store import Entry, Store
+    entries = [Entry("adapters", f"fad5-l2-{i}", Path("x"), {}) for i in range(8)]
+    with pytest.raises(SpecctlError, match=r"'fad5' is ambiguous: .*fad5-l2-4 and 3 more$"):
+        Store._match("fad5", entries)
+    with pytest.raises(SpecctlError, match=r"fad5-l2-4$"):
+        Store._match("fad5", entries[:5])

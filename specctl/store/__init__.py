@@ -239,7 +239,8 @@ class Store:
             [e for e in entries if e.id.startswith(ident)]
         if len(matches) > 1:
             names = ", ".join(f"{e.kind}/{e.id}" for e in matches[:5])
-            raise SpecctlError(f"{ident!r} is ambiguous: {names}")
+            more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""   # (it dropped
+            raise SpecctlError(f"{ident!r} is ambiguous: {names}{more}")      # them unsaid)
         return matches[0] if matches else None
 
     def find(self, ident: str) -> Entry:
