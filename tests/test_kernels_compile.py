@@ -20,7 +20,7 @@ from triton.compiler import ASTSource
 from specctl.engine import layout_kernel
 from specctl.runtime.step import grid_kernel
 
-ints = {k: "i32" for k in ("sb", "sk", "C", "G", "block", "sR", "E")}
+ints = {k: "i32" for k in ("sb", "sk", "C", "G", "T0", "block", "sR", "E")}
 kernels = [
     (layout_kernel._layout_kernel,
      {"par": "*i64", "prefix": "*i64", "anc": "*i1", "pos": "*i64", "n": "i32"},
