@@ -1,6 +1,6 @@
 # Forward-only (host charged at 0) ceiling of the trace chains: every step drafting K, and auto.
 # PYTHONPATH=$PWD python THIS BATCH waiting|drain
-import sys, os
+import sys
 sys.path.insert(0, "tests")
 import test_host_clock as T
 T.HOST = 0.0

@@ -1,9 +1,9 @@
 # In-run host parts (thread CPU us/step) at batch B on the host-charged clock: ar against the
 # trace chains drafting every step (no controller). PYTHONPATH=$PWD python THIS 8 waiting
-import sys, os, time, collections
+import sys, time, collections
 sys.path.insert(0, "tests")
 import test_host_clock as T
-from sim import TraceChains, script_model, sim_controller, sim_run
+from sim import TraceChains, script_model, sim_run
 import specctl.runtime.step.stepping as S, specctl.runtime.step.step as ST
 import specctl.runtime.control.controller as C
 import specctl.runtime.step.accounting as A
