@@ -18,7 +18,10 @@ model, the same prompts' count and lengths: 3.3 / 2.9 / 2.7x, so 3.0; the issue'
 the H100's machine), and prices each prefill
 forward by the GPU's measured prefill table (prefill_table(): eager, 8.5 ms for one prompt,
 ~15 for 4 or 16, whatever their tokens). CPU time, not wall: another process on the machine
-does not count as this one's host work.
+does not count as this one's host work, nor does the clock's own (its pricing of a forward,
+its counting of kernels: ~70 us a step here, once charged to every method's host). Device
+work no table prices (a grid step's gather in its forward, its verification and KV moves
+behind it) costs KERNEL_US a kernel, counted as CUDA launches them (timed_model).
 
     clock = SimClock(table, slots=32)
     out, stats = sim_run(model, prompts, drafter, clock, monkeypatch, batch_size=32, ...)
@@ -214,7 +217,8 @@ def timed_model(model, clock: SimClock, monkeypatch):
     stage = Staging()
 
     def run(batch, kv, plan=FULL, hidden=None, head=None, pad_n=1):
-        clock.forward(batch, plan, tail=isinstance(head, AdapterRows), pad_n=pad_n)
+        with clock.device():   # (the clock's own pricing: no one's host work, ~70 us here)
+            clock.forward(batch, plan, tail=isinstance(head, AdapterRows), pad_n=pad_n)
         stage(batch, kv.num_slots)   # (the host's, before the launch)
         inside.append(1)
         try:
@@ -226,8 +230,8 @@ def timed_model(model, clock: SimClock, monkeypatch):
     def forward(batch, kv, plan=FULL, hidden=None):
         if inside:
             return cls.forward(model, batch, kv, plan, hidden)
-        clock.forward(batch, plan)
         with clock.device():
+            clock.forward(batch, plan)
             return cls.forward(model, batch, kv, plan, hidden)
     monkeypatch.setattr(model, "run", run)
     monkeypatch.setattr(model, "forward", forward)
@@ -249,18 +253,40 @@ def timed_model(model, clock: SimClock, monkeypatch):
     for name in ("decode", "write_rows"):
         monkeypatch.setattr(Adapter, name, on_device(getattr(Adapter, name)))
     # a grid step's verification and KV moves are the device's too, queued behind the forward
-    # (GridStep.device_step): the step table does not price them, so each of their kernels
-    # is charged KERNEL_US of device time
-    from specctl.runtime.step.grid import GridStep
-    device_step = GridStep.device_step
+    # (GridStep.device_step), and so is its gather inside the forward (GridFill: in the
+    # captured graph on a GPU): the step table prices neither, so each kernel CUDA launches
+    # for them is charged KERNEL_US of device time. On CUDA verification and moves are one
+    # Triton launch where the kernel fits the cache (grid_kernel.fits; CUDA torch ships
+    # Triton), not the 41 tensor operations this CPU runs (those only where it does not fit)
+    from specctl.runtime.step.grid import GridFill, GridStep
+    device_step, fill = GridStep.device_step, GridFill.__call__
 
-    def grid_device_step(self, *a, **kw):
+    def grid_device_step(self, drafts, target, kv, up):
+        with clock.device(), counting() as ops:   # (the count too: the test's, not the host's)
+            out = device_step(self, drafts, target, kv, up)
+        clock.sleep((1 if _one_kernel(kv) else ops.count) * KERNEL_US / 1e6)
+        return out
+
+    def grid_fill(self, *a, **kw):
         with counting() as ops:
-            out = on_device(device_step)(self, *a, **kw)
+            out = fill(self, *a, **kw)
         clock.sleep(ops.count * KERNEL_US / 1e6)
         return out
     monkeypatch.setattr(GridStep, "device_step", grid_device_step)
+    monkeypatch.setattr(GridFill, "__call__", grid_fill)
     return model
+
+
+def _one_kernel(kv) -> bool:
+    """Whether a grid step's verification and moves are one kernel on CUDA
+    (runtime/step/grid_kernel.py, where Triton is: else its 41 tensor operations)."""
+    return _GRID_KERNEL is not None and _GRID_KERNEL.fits(kv)
+
+
+try:   # (imported once here, as GridStep.warm imports it as a run starts: not a step's host)
+    from specctl.runtime.step import grid_kernel as _GRID_KERNEL
+except ImportError:
+    _GRID_KERNEL = None
 
 
 class NoUndo:

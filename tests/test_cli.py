@@ -260,7 +260,7 @@ def test_unwritable_paths(tmp_path, prompts_file, tiny_llama):
     (["--top-p", "0"], "--top-p"),
     (["--top-p", "1.5"], "--top-p"),
     (["--temperature", "-1"], "--temperature"),
-    (["--top-k", "-1"], "--top-k"),
+    (["--top-k", "-1"], "--top-k must be >= 0 (0 = off, where other tools take -1)"),
     (["--temperature", "nan"], "--temperature"),
     (["--stop", ""], "--stop"),
     (["--method", "nope"], "nope"),

@@ -550,3 +550,62 @@ def test_the_trace_grid_replays_the_traces(model, monkeypatch):
         runs[type(dr).__name__] = (st.steps, dict(sorted(st.accept_hist.items())))
     assert runs["TraceGrid"] == runs["TraceChains"], runs
     assert sum(k * n for k, n in runs["TraceGrid"][1].items()) > 0, runs   # (it accepted)
+
+
+@pytest.mark.parametrize("triton", [True, False])
+def test_a_grid_steps_device_work_is_charged_as_cuda_launches_it(model, monkeypatch, triton):
+    """The clock charges a grid step's device work the step table does not price as CUDA runs
+    it: its gather (GridFill, inside the forward's graph) KERNEL_US an op, and its verification
+    and moves one Triton launch where the kernel fits the cache (grid_kernel.fits; without
+    Triton, the 41 tensor operations this CPU runs: 205 us a step had been charged for what a
+    GPU does in one launch)."""
+    import types
+
+    import numpy as np
+    import torch
+
+    import sim
+    from specctl.engine.kv import KVCache
+    from specctl.engine.launches import counting
+    from specctl.runtime.step.grid import GridDrafts, GridFill, GridStep
+    if triton and sim._GRID_KERNEL is None:
+        pytest.skip("no Triton here")
+    if not triton:
+        monkeypatch.setattr(sim, "_GRID_KERNEL", None)
+    fill_ops, step_ops = GridFill.__call__, GridStep.device_step   # (before the clock's)
+    clock = SimClock(h200_fused_table(), 8)
+    timed_model(model, clock, monkeypatch)
+    rng, B, C, G = np.random.default_rng(0), 4, 2, 3
+    seq = np.array([np.arange(B), rng.integers(0, 4, B), rng.integers(0, 2, B),
+                    np.full(B, G), np.full(B, C * G), rng.integers(0, 2, B)], dtype=np.int64)
+    drafts = GridDrafts.make(seq, C, G)
+    fill = GridFill(torch.from_numpy(rng.integers(0, 5, (3, 1 + C * G))).int(), G)
+    width = GridFill.width(C, G, drafts.host.shape[1])
+    n = 1 + C * G
+
+    def up():
+        u = torch.zeros(B, width, dtype=torch.long)
+        u[:, :drafts.host.shape[1]] = torch.from_numpy(drafts.host)
+        return u
+    index = torch.from_numpy(fill.index(C, G, n, width - 1))
+    u = up()
+    with counting() as ops:
+        fill_ops(fill, u, index, n)
+    t = clock.t
+    filled = up()
+    fill(filled, index, n)
+    assert ops.count > 5 and clock.t - t == pytest.approx(ops.count * sim.KERNEL_US / 1e6)
+
+    step = GridStep(types.SimpleNamespace(R=C, G=G), C, kernel=False)
+    target = torch.from_numpy(rng.integers(0, 5, B * n))
+
+    def kv():
+        return KVCache(1, B, 8 + n, 1, 4, torch.float32, "cpu")
+    args = (drafts, target, kv(), filled.clone())
+    with counting() as ops:
+        want = step_ops(step, *args)
+    t, args = clock.t, (drafts, target, kv(), filled.clone())
+    got = step.device_step(*args)
+    assert torch.equal(got, want)
+    assert clock.t - t == pytest.approx((1 if triton else ops.count) * sim.KERNEL_US / 1e6)
+    assert triton or ops.count > 30
