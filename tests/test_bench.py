@@ -448,6 +448,7 @@ def test_report_errors(tmp_path, full):
     (["--batch-sizes", "0"], "--batch-sizes"),
     (["--batch-sizes", "a,b"], "--batch-sizes"),
     (["--batch-sizes", "1,,4"], "an empty item"),
+    (["--batch-sizes", "1,8,1"], "--batch-sizes names a batch size twice"),
     (["--repeats", "0"], "--repeats"),
     (["--alpha", "2"], "alpha"),
 ])

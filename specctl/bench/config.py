@@ -100,6 +100,8 @@ class BenchConfig:
             raise SpecctlError("--methods names a method twice")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise SpecctlError("--batch-sizes must be positive integers")
+        if len(set(self.batch_sizes)) != len(self.batch_sizes):   # (one row a size: the same)
+            raise SpecctlError("--batch-sizes names a batch size twice")
         if self.max_tokens < 1:
             raise SpecctlError("--max-tokens must be at least 1")
         if self.repeats < 1:
