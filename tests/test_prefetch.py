@@ -75,3 +75,45 @@ def test_a_slot_given_to_another_sequence_gets_nothing_of_the_last(counted):
     ctl.new_run()
     ctl.decide([0, 1], [9, 9], False)
     assert len(searched) == 3
+
+
+@pytest.mark.parametrize("case", ["same", "capped", "admitted", "refit", "forgot", "explores"])
+def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatch, case):
+    """Where the next step is the prefetch's own (its sequences, in order, within their room,
+    nothing to explore) decide hands out the budgets the prefetch made under the forward
+    (Controller._ready), pricing nothing on the step's path; in every case its answer and
+    what it leaves are those decide works out itself."""
+    import copy
+
+    from specctl.runtime.control.stepcost import StepCost as Cost
+    ctl, searched = counted
+    ctl.acc.learn(0, 6, [0, 1])   # (sequence 0 known: rows that move with the order)
+    keys, room = [0, 1, 2], [9, 9, 9]
+    if case == "explores":
+        ctl.steps = ctl.explore_every   # (an exploring step is due next)
+        room = [99, 99, 99]
+    ctl.prefetch(keys, lambda: room, False)
+    if case == "capped":
+        room = [9, 1, 9]
+    elif case == "admitted":
+        keys = [0, 1, 5]
+    elif case == "refit":   # (under a prefill: another batch's order, gains worked out anew)
+        keys = [2, 1, 0]
+        ctl.prefetch_missing(keys, lambda: room, False)
+    elif case == "forgot":
+        ctl.forget(2)
+    slow = copy.deepcopy(ctl)
+    if slow._next is not None:
+        slow._next.ready = None
+    priced = []
+    step_ms = Cost.step_ms
+    monkeypatch.setattr(Cost, "step_ms", lambda *a, **kw: priced.append(1) or step_ms(*a, **kw))
+    got, want = ctl.decide(keys, room, False), slow.decide(keys, room, False)
+    fields = ("ks", "probes", "predicted_ms", "explored", "contrast", "stops", "base", "lean")
+    assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+    assert (got.gains == want.gains).all()
+    state = ("steps", "idle", "lean_until", "unlearnt", "last_explore", "last_bare", "_next")
+    assert [getattr(ctl, f) for f in state] == [getattr(slow, f) for f in state]
+    assert any(got.ks)
+    if case == "same":   # (only the slow one priced its step)
+        assert len(priced) == 1 and len(searched) == 1
