@@ -81,7 +81,8 @@ def test_a_prefill_moves_the_balance_not_the_step_mean():
 def _vain_search_runs(model, monkeypatch, batch=8):
     """ar, then oracle chains that are never accepted under auto, on the H200 clock where each
     search costs a whole ar step and the controller searches every other step (LEAN_MAX 1: as
-    when a sequence's occasional acceptance keeps resetting the backoff), with the job account
+    when a sequence's occasional acceptance keeps resetting the backoff; none kept for the next
+    steps, KEEP_STEPS 0), with the job account
     on and off. Returns (ar s, {on: (s, RunStats)})."""
     prompts = _prompts(4 * batch, seed=3)
     clock = SimClock(h200_fused_table(), batch, prefill=prefill_table())
@@ -95,6 +96,7 @@ def _vain_search_runs(model, monkeypatch, batch=8):
         return search(*a, **kw)
     monkeypatch.setattr(policy, "search", dear)
     monkeypatch.setattr(controller_mod, "LEAN_MAX", 1)
+    monkeypatch.setattr(controller_mod, "KEEP_STEPS", 0)   # (each search made, none kept)
     runs = {}
     for on in (True, False):
         monkeypatch.setattr(guard_mod, "JOB_SLACK", JOB_SLACK if on else float("inf"))

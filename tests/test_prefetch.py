@@ -117,3 +117,39 @@ def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatc
     assert any(got.ks)
     if case == "same":   # (only the slow one priced its step)
         assert len(priced) == 1 and len(searched) == 1
+
+
+def test_a_search_serves_the_next_steps_while_its_inputs_hold(counted):
+    """prefetch keeps its last search's budgets for the same sequences in the same order and
+    drain flag, up to KEEP_STEPS steps, while what was learnt of them since is under KEEP_NEW
+    of what was known (Controller._kept); anything else searches anew."""
+    from specctl.runtime.control import controller as cm
+    ctl, searched = counted
+    keys, room = [0, 1, 2], lambda: [9, 9, 9]
+
+    def learn(n):   # (n verified steps of each sequence)
+        for _ in range(n):
+            ctl.acc.learn_many(keys, [6] * 3, [[0, 1]] * 3)
+
+    def step(keys=keys, drain=False):
+        ctl.prefetch(keys, room, drain)
+        return ctl.decide(keys, room(), drain)
+    step()                                 # (nothing learnt of them: a search)
+    learn(64)
+    step()
+    assert len(searched) == 2
+    for _ in range(cm.KEEP_STEPS):         # (kept: less than 1/16 new, each step one more)
+        learn(1)
+        step()
+    assert len(searched) == 2
+    step()                                 # (KEEP_STEPS since it searched)
+    assert len(searched) == 3
+    learn(5)                               # (5 of 73 steps new: past 1/16)
+    step()
+    assert len(searched) == 4
+    step([2, 1, 0])                        # (another order)
+    step([2, 1, 0], drain=True)            # (a drain)
+    assert len(searched) == 6
+    ctl.forget(1)                          # (its slot's next sequence is another)
+    step([2, 1, 0], drain=True)
+    assert len(searched) == 7

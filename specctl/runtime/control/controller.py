@@ -113,6 +113,10 @@ from specctl.engine.steptable import StepTable
 EXPLORE_BACKOFF = 16   # the longest exploration period, in units of explore_every
 LEAN_MAX = 128         # the most steps between two searches that gave every budget 0
 LEAN_LEARN = 32        # lean steps of one batch size learnt as one, by their mean time
+KEEP_STEPS = 4         # steps a search's budgets serve while its inputs hold (_kept)
+KEEP_NEW = 1 / 16      # ...while what was learnt of its sequences since is under this share
+# (at 1/8, oracle chains of very uneven acceptance at b8 ran 0.8% slower with the known-end
+# admission, tests/test_admission.py; at 1/16 as before, with ~25% fewer searches at b8-64)
 
 
 @dataclass
@@ -177,6 +181,8 @@ class Controller:
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict = {}   # batch, or (batch, True) a contrast step's -> lean Budgets
         self._next: Prefetched | None = None   # prefetch's search for the next step
+        self._last: tuple | None = None   # prefetch's last search: (order, drain, step, the
+        # steps learnt of its sequences then, probes, gains, budgets), _kept
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         key = (b, True) if contrast else b
@@ -333,7 +339,12 @@ class Controller:
                      # gets here in a lean stretch, _may_search)
         explores = not drain and due
         caps = self._caps(room)
-        probes, gains, ks = self._search(keys, caps, room, drain)
+        kept = self._kept(keys, drain, s)
+        if kept is not None:   # (its budgets, each capped by the room now, decide's way)
+            probes, gains, ks = kept[0], kept[1], [min(int(c), k) for c, k in zip(caps, kept[2])]
+        else:
+            probes, gains, ks = self._search(keys, caps, room, drain)
+            self._last = (tuple(keys), drain, s, self._learnt(keys), probes, gains, ks)
         fill = max(ks, default=0) if self.cost.by_top else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes,
                                 explores)
@@ -347,6 +358,32 @@ class Controller:
         if explores:
             self.cost.step_ms(np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist(),
                               probes)
+
+    def _kept(self, keys: list, drain: bool, s: int) -> tuple | None:
+        """(probes, gains, budgets) of prefetch's last search where they still serve step s:
+        made for these sequences in this order and this drain flag at most KEEP_STEPS steps
+        before, with less than KEEP_NEW of what is known of these sequences' acceptance
+        learnt since (its inputs hold: the search reads nothing else that moves). Searching at every step cost ~0.3
+        ms of CPU under each forward at batch 32-64 on the host-charged clock, which with the
+        last step's learning ran past a GPU's forward there (x3 this CPU's host: ~1 ms of
+        CPU a step at b32, the H200's step ~2.1 ms, bench-results/2026-12-04-sim-grid-kernel);
+        a decision kept for a few steps, with the pool's estimates near enough the same, is
+        the decision the search gives (a sequence's own stretch of text it knows moves its
+        budget a few steps later). Else None: search."""
+        last = self._last
+        if last is None or s - last[2] > KEEP_STEPS or last[1] != drain or \
+                last[0] != tuple(keys):
+            return None
+        learnt = last[3]
+        if not learnt or self._learnt(keys) - learnt > KEEP_NEW * learnt:
+            return None
+        return last[4:]
+
+    def _learnt(self, keys: list) -> float:
+        """The verified steps learnt of these sequences, all told (_kept's evidence)."""
+        acc = self.acc
+        rows = acc.rows
+        return float(acc.steps[[rows.get(k, 0) for k in keys]].sum())
 
     def _ready(self, keys: list, room: list[int], due: bool, drain: bool) -> Budgets | None:
         """decide's answer made by the prefetch under the last forward (Prefetched.ready), where
@@ -517,6 +554,8 @@ class Controller:
         """A sequence left its slot: nothing learnt or prefetched for it stays (a request
         admitted into the slot is another sequence)."""
         self.acc.forget(key)
+        if self._last is not None and key in self._last[0]:
+            self._last = None   # (the slot's next sequence is another: search for it)
         if self._next is not None and key in self._next.ks:
             del self._next.ks[key]
             self._next.order = self._next.ready = None
@@ -542,7 +581,7 @@ class Controller:
 
     def new_run(self) -> None:
         """A runner's run starts: a search prefetched at the end of the last one is not its."""
-        self._next, self.unlearnt, self.hit = None, 0, False
+        self._next, self._last, self.unlearnt, self.hit = None, None, 0, False
 
 
 def make_controller(drafter, model, batch_size: int, table: StepTable | None = None, *,
