@@ -769,7 +769,11 @@ def test_store_commands(tmp_path, tiny_llama):
     r = ok(invoke("store", "ls", "--store", store))
     assert run.name in r.output and "runs" in r.output
     r = ok(invoke("store", "ls", "--kind", "runs", "--store", store))
-    assert run.name in r.output
+    assert run.name in r.output and "p.jsonl" in r.output   # (the input, by its name)
+    from specctl.cli.store_cmd import _run_input
+    assert _run_input({"input": str(inp)}) == "p.jsonl"
+    assert _run_input({"input": ["x"]}) == _run_input({}) == ""
+    assert _run_input({"input": "/a/[red]x"}) == "\\[red]x"   # (no rich markup)
     fails(invoke("store", "ls", "--kind", "nope", "--store", store), "nope")
 
     r = ok(invoke("store", "show", run.name[:-3], "--store", store))

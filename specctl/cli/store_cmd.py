@@ -70,17 +70,27 @@ def store_ls(kind: Optional[str] = typer.Option(None, "--kind", help="models, ru
         return
     t = Table(title=str(st.root))
     runs = any(e.kind == "runs" for e in entries)
-    for col in ("kind", "id", "created", "size") + (("run",) if runs else ()):
+    for col in ("kind", "id", "created", "size") + (("input", "run") if runs else ()):
         t.add_column(col)
     for e in entries:
+        run = (_run_input(e.manifest), _run_summary(e.path)) if e.kind == "runs" else ("", "")
         t.add_row(e.kind, e.id, str(e.manifest.get("created", "")), _size(e.size_bytes),
-                  *((_run_summary(e.path) if e.kind == "runs" else "",) if runs else ()))
+                  *(run if runs else ()))
     # (a killed command's: removed by the next of its kind; kept: `store rm work/NAME` when no
     # --resume is to come)
     for dirs, what in ((stale, "left by a killed command"), (kept, "kept for --resume")):
         for d in dirs:
             t.add_row("work", d.name, what, _size(dir_bytes(d)))
     _stdout().print(t)
+
+
+def _run_input(manifest: dict) -> str:
+    """The file a run read, by its name (its path is in `store show`; '' where the manifest,
+    read as untrusted, has none that reads as one)."""
+    inp = manifest.get("input")
+    if not isinstance(inp, str) or not inp or len(inp) > 4096:
+        return ""
+    return escape(Path(inp).name[:60])
 
 
 def _run_summary(path: Path) -> str:
