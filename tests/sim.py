@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 import types
 from pathlib import Path
@@ -283,10 +284,23 @@ def _one_kernel(kv) -> bool:
     return _GRID_KERNEL is not None and _GRID_KERNEL.fits(kv)
 
 
-try:   # (imported once here, as GridStep.warm imports it as a run starts: not a step's host)
-    from specctl.runtime.step import grid_kernel as _GRID_KERNEL
-except ImportError:
-    _GRID_KERNEL = None
+def _grid_kernel():
+    """runtime/step/grid_kernel.py, imported once here (as GridStep.warm imports it as a run
+    starts: not a step's host), or None without Triton. Where there is no GPU, under Triton's
+    interpreter, as tests/helpers.triton_module imports its modules: TRITON_INTERPRET is read
+    when triton is first imported, and this module is imported as the suite is collected,
+    before the kernel tests' modules (imported first without it, their kernels compiled for a
+    GPU and every interpreter test failed)."""
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        from specctl.runtime.step import grid_kernel
+    except ImportError:
+        return None
+    return grid_kernel
+
+
+_GRID_KERNEL = _grid_kernel()
 
 
 class NoUndo:
