@@ -295,7 +295,7 @@ def _grid_kernel():
         os.environ["TRITON_INTERPRET"] = "1"
     try:
         from specctl.runtime.step import grid_kernel
-    except ImportError:
+    except Exception:   # (none, or a Triton that cannot load: GridStep.warm's fallback)
         return None
     return grid_kernel
 

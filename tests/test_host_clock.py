@@ -559,6 +559,7 @@ def test_a_grid_steps_device_work_is_charged_as_cuda_launches_it(model, monkeypa
     and moves one Triton launch where the kernel fits the cache (grid_kernel.fits; without
     Triton, the 41 tensor operations this CPU runs: 205 us a step had been charged for what a
     GPU does in one launch)."""
+    import time
     import types
 
     import numpy as np
@@ -573,7 +574,7 @@ def test_a_grid_steps_device_work_is_charged_as_cuda_launches_it(model, monkeypa
     if not triton:
         monkeypatch.setattr(sim, "_GRID_KERNEL", None)
     fill_ops, step_ops = GridFill.__call__, GridStep.device_step   # (before the clock's)
-    clock = SimClock(h200_fused_table(), 8)
+    clock = SimClock(h200_fused_table(), 8, host=1.0)
     timed_model(model, clock, monkeypatch)
     rng, B, C, G = np.random.default_rng(0), 4, 2, 3
     seq = np.array([np.arange(B), rng.integers(0, 4, B), rng.integers(0, 2, B),
@@ -605,7 +606,10 @@ def test_a_grid_steps_device_work_is_charged_as_cuda_launches_it(model, monkeypa
     with counting() as ops:
         want = step_ops(step, *args)
     t, args = clock.t, (drafts, target, kv(), filled.clone())
+    h, cpu = clock.host_s(), time.thread_time()
     got = step.device_step(*args)
+    cpu = time.thread_time() - cpu
     assert torch.equal(got, want)
+    assert clock.host_s() - h < 0.25 * cpu   # (the device's work and its count: not the host's)
     assert clock.t - t == pytest.approx((1 if triton else ops.count) * sim.KERNEL_US / 1e6)
     assert triton or ops.count > 30

@@ -77,7 +77,8 @@ def test_a_slot_given_to_another_sequence_gets_nothing_of_the_last(counted):
     assert len(searched) == 3
 
 
-@pytest.mark.parametrize("case", ["same", "capped", "admitted", "refit", "forgot", "explores"])
+@pytest.mark.parametrize("case", ["same", "capped", "admitted", "refit", "forgot", "explores",
+                                  "due", "drain"])
 def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatch, case):
     """Where the next step is the prefetch's own (its sequences, in order, within their room,
     nothing to explore) decide hands out the budgets the prefetch made under the forward
@@ -88,13 +89,17 @@ def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatc
     from specctl.runtime.control.stepcost import StepCost as Cost
     ctl, searched = counted
     ctl.acc.learn(0, 6, [0, 1])   # (sequence 0 known: rows that move with the order)
+    ctl.acc.learn(5, 6, list(range(6)))   # (and 5, admitted below: gains of its own)
     keys, room = [0, 1, 2], [9, 9, 9]
-    if case == "explores":
-        ctl.steps = ctl.explore_every   # (an exploring step is due next)
-        room = [99, 99, 99]
+    drain = False
+    if case in ("explores", "due"):   # (an exploring step is due next: its room then, or
+        ctl.steps = ctl.explore_every   # only the room decide sees, one more than prefetch's)
+        room = [99] * 3 if case == "explores" else [ctl.explore_every] * 3
     ctl.prefetch(keys, lambda: room, False)
     if case == "capped":
         room = [9, 1, 9]
+    elif case == "drain":
+        drain = True
     elif case == "admitted":
         keys = [0, 1, 5]
     elif case == "refit":   # (under a prefill: another batch's order, gains worked out anew)
@@ -102,13 +107,14 @@ def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatc
         ctl.prefetch_missing(keys, lambda: room, False)
     elif case == "forgot":
         ctl.forget(2)
+    ready = ctl._next is not None and ctl._next.ready is not None
     slow = copy.deepcopy(ctl)
     if slow._next is not None:
         slow._next.ready = None
     priced = []
     step_ms = Cost.step_ms
     monkeypatch.setattr(Cost, "step_ms", lambda *a, **kw: priced.append(1) or step_ms(*a, **kw))
-    got, want = ctl.decide(keys, room, False), slow.decide(keys, room, False)
+    got, want = ctl.decide(keys, room, drain), slow.decide(keys, room, drain)
     fields = ("ks", "probes", "predicted_ms", "explored", "contrast", "stops", "base", "lean")
     assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
     assert (got.gains == want.gains).all()
@@ -117,6 +123,8 @@ def test_the_prefetched_decision_is_the_one_decide_works_out(counted, monkeypatc
     assert any(got.ks)
     if case == "same":   # (only the slow one priced its step)
         assert len(priced) == 1 and len(searched) == 1
+    if case == "due":    # (the prefetch's step did not explore, decide's does)
+        assert ready and got.base is not None
 
 
 def test_a_search_serves_the_next_steps_while_its_inputs_hold(counted):

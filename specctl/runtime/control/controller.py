@@ -341,6 +341,7 @@ class Controller:
         caps = self._caps(room)
         kept = self._kept(keys, drain, s)
         if kept is not None:   # (its budgets, each capped by the room now, decide's way)
+            self.cost.draining = drain   # (as _search sets it: the step's price below)
             probes, gains, ks = kept[0], kept[1], [min(int(c), k) for c, k in zip(caps, kept[2])]
         else:
             probes, gains, ks = self._search(keys, caps, room, drain)
@@ -362,17 +363,19 @@ class Controller:
     def _kept(self, keys: list, drain: bool, s: int) -> tuple | None:
         """(probes, gains, budgets) of prefetch's last search where they still serve step s:
         made for these sequences in this order and this drain flag at most KEEP_STEPS steps
-        before, with less than KEEP_NEW of what is known of these sequences' acceptance
-        learnt since (its inputs hold: the search reads nothing else that moves). Searching at every step cost ~0.3
+        before, with at most KEEP_NEW of what is known of these sequences' acceptance learnt
+        since, and some budget above 0 (a search that gave none backs off as it did: decide's
+        lean stretches). Its step prices move too as steps are timed (StepCost's drift), a
+        step's worth of them at a time: kept, the decision lags them by up to KEEP_STEPS. Searching at every step cost ~0.3
         ms of CPU under each forward at batch 32-64 on the host-charged clock, which with the
         last step's learning ran past a GPU's forward there (x3 this CPU's host: ~1 ms of
         CPU a step at b32, the H200's step ~2.1 ms, bench-results/2026-12-04-sim-grid-kernel);
-        a decision kept for a few steps, with the pool's estimates near enough the same, is
-        the decision the search gives (a sequence's own stretch of text it knows moves its
+        a decision kept for a few steps, with its sequences' estimates near enough the same,
+        is the decision the search gives (a sequence's own stretch of text it knows moves its
         budget a few steps later). Else None: search."""
         last = self._last
         if last is None or s - last[2] > KEEP_STEPS or last[1] != drain or \
-                last[0] != tuple(keys):
+                last[0] != tuple(keys) or not any(last[6]):
             return None
         learnt = last[3]
         if not learnt or self._learnt(keys) - learnt > KEEP_NEW * learnt:
