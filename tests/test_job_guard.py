@@ -82,8 +82,7 @@ def _vain_search_runs(model, monkeypatch, batch=8):
     """ar, then oracle chains that are never accepted under auto, on the H200 clock where each
     search costs a whole ar step and the controller searches every other step (LEAN_MAX 1: as
     when a sequence's occasional acceptance keeps resetting the backoff; none kept for the next
-    steps, KEEP_STEPS 0), with the job account
-    on and off. Returns (ar s, {on: (s, RunStats)})."""
+    steps, KEEP_STEPS 0), with the job account on and off. Returns (ar s, {on: (s, RunStats)})."""
     prompts = _prompts(4 * batch, seed=3)
     clock = SimClock(h200_fused_table(), batch, prefill=prefill_table())
     timed_model(model, clock, monkeypatch)

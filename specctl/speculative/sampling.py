@@ -29,7 +29,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
                              f"got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off, where other tools take -1), got {self.top_k}")
+            raise ValueError("top_k must be >= 0 (0 = off, where other tools take -1), "
+                             f"got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
 

@@ -99,6 +99,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -131,6 +132,17 @@ class Prefetched:
     probes: bool
     explores: bool = False  # an exploring step is due then (decide widens the budgets)
     ready: "Budgets | None" = None   # decide's answer, where nothing changes (Controller._ready)
+
+
+class Searched(NamedTuple):
+    """prefetch's last search, as _kept reads it."""
+    order: tuple            # the sequences it searched for, in order
+    drain: bool
+    step: int               # the step it was made for
+    learnt: float           # the verified steps learnt of those sequences then (_learnt)
+    probes: bool
+    gains: np.ndarray
+    ks: list                # their budgets
 
 
 @dataclass(frozen=True)
@@ -181,8 +193,7 @@ class Controller:
         self.guard = Guard(active=guard)   # (off: decisions by the table and acceptance alone)
         self._lean: dict = {}   # batch, or (batch, True) a contrast step's -> lean Budgets
         self._next: Prefetched | None = None   # prefetch's search for the next step
-        self._last: tuple | None = None   # prefetch's last search: (order, drain, step, the
-        # steps learnt of its sequences then, probes, gains, budgets), _kept
+        self._last: Searched | None = None   # prefetch's last search (_kept)
 
     def _lean_budgets(self, b: int, contrast: bool = False) -> Budgets:
         key = (b, True) if contrast else b
@@ -342,10 +353,11 @@ class Controller:
         kept = self._kept(keys, drain, s)
         if kept is not None:   # (its budgets, each capped by the room now, decide's way)
             self.cost.draining = drain   # (as _search sets it: the step's price below)
-            probes, gains, ks = kept[0], kept[1], [min(int(c), k) for c, k in zip(caps, kept[2])]
+            probes, gains = kept.probes, kept.gains
+            ks = [min(int(c), k) for c, k in zip(caps, kept.ks)]
         else:
             probes, gains, ks = self._search(keys, caps, room, drain)
-            self._last = (tuple(keys), drain, s, self._learnt(keys), probes, gains, ks)
+            self._last = Searched(tuple(keys), drain, s, self._learnt(keys), probes, gains, ks)
         fill = max(ks, default=0) if self.cost.by_top else 0
         self._next = Prefetched(s, drain, tuple(keys), dict(zip(keys, ks)), fill, gains, probes,
                                 explores)
@@ -360,27 +372,27 @@ class Controller:
             self.cost.step_ms(np.minimum(caps, np.asarray(ks) + self.explore_budget).tolist(),
                               probes)
 
-    def _kept(self, keys: list, drain: bool, s: int) -> tuple | None:
-        """(probes, gains, budgets) of prefetch's last search where they still serve step s:
-        made for these sequences in this order and this drain flag at most KEEP_STEPS steps
-        before, with at most KEEP_NEW of what is known of these sequences' acceptance learnt
-        since, and some budget above 0 (a search that gave none backs off as it did: decide's
-        lean stretches). Its step prices move too as steps are timed (StepCost's drift), a
-        step's worth of them at a time: kept, the decision lags them by up to KEEP_STEPS. Searching at every step cost ~0.3
-        ms of CPU under each forward at batch 32-64 on the host-charged clock, which with the
-        last step's learning ran past a GPU's forward there (x3 this CPU's host: ~1 ms of
-        CPU a step at b32, the H200's step ~2.1 ms, bench-results/2026-12-04-sim-grid-kernel);
+    def _kept(self, keys: list, drain: bool, s: int) -> Searched | None:
+        """prefetch's last search where its budgets still serve step s: made for these
+        sequences in this order and this drain flag at most KEEP_STEPS steps before, with at
+        most KEEP_NEW of what is known of these sequences' acceptance learnt since, and some
+        budget above 0 (a search that gave none backs off as it did: decide's lean
+        stretches). Its step prices move too as steps are timed (StepCost's drift), a step's
+        worth of them at a time: kept, the decision lags them by up to KEEP_STEPS. Searching
+        at every step cost ~0.3 ms of CPU under each forward at batch 32-64 on the
+        host-charged clock, which with the last step's learning ran past a GPU's forward
+        there (x3 this CPU's host: ~1 ms of CPU a step at b32, the H200's step ~2.1 ms,
+        bench-results/2026-12-04-sim-grid-kernel);
         a decision kept for a few steps, with its sequences' estimates near enough the same,
         is the decision the search gives (a sequence's own stretch of text it knows moves its
         budget a few steps later). Else None: search."""
         last = self._last
-        if last is None or s - last[2] > KEEP_STEPS or last[1] != drain or \
-                last[0] != tuple(keys) or not any(last[6]):
+        if last is None or s - last.step > KEEP_STEPS or last.drain != drain or \
+                last.order != tuple(keys) or not any(last.ks):
             return None
-        learnt = last[3]
-        if not learnt or self._learnt(keys) - learnt > KEEP_NEW * learnt:
+        if not last.learnt or self._learnt(keys) - last.learnt > KEEP_NEW * last.learnt:
             return None
-        return last[4:]
+        return last
 
     def _learnt(self, keys: list) -> float:
         """The verified steps learnt of these sequences, all told (_kept's evidence)."""
@@ -557,7 +569,7 @@ class Controller:
         """A sequence left its slot: nothing learnt or prefetched for it stays (a request
         admitted into the slot is another sequence)."""
         self.acc.forget(key)
-        if self._last is not None and key in self._last[0]:
+        if self._last is not None and key in self._last.order:
             self._last = None   # (the slot's next sequence is another: search for it)
         if self._next is not None and key in self._next.ks:
             del self._next.ks[key]
