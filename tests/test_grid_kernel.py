@@ -71,9 +71,10 @@ def test_the_kernel_verifies_as_the_tensor_operations_do(C, G, paged):
             kv.k_all.copy_(torch.randn(kv.k_all.shape, generator=torch.Generator().manual_seed(B)))
             kv.v_all.copy_(-kv.k_all)
             drafts = _drafts(seq, cands, allowed, held, tables, paged)
-            up = torch.from_numpy(drafts.host).to(DEV)
+            # (the inputs' uploads outside the block: on CUDA each is a copy launched)
+            up, tgt = torch.from_numpy(drafts.host).to(DEV), target.to(DEV)
             with counting(as_cuda=True) as c:
-                res = step.device_step(drafts, target.to(DEV), kv, up)
+                res = step.device_step(drafts, tgt, kv, up)
             out[kernel] = res.cpu(), kv.k_all.cpu(), kv.v_all.cpu(), c.count
         (r0, k0, v0, n0), (r1, k1, v1, n1) = out[False], out[True]
         assert torch.equal(r0, r1), (B, r0, r1)
@@ -91,9 +92,10 @@ def test_a_launch_inside_a_counting_block_is_counted_as_it_happens():
     seq, cands, allowed, held, tables, target = _case(np.random.default_rng(0), 4, 2, 2, False)
     drafts = _drafts(seq, cands, allowed, held, tables, False)
     step = GridStep(ContextTable(50, 2, 2), 2, kernel=True)
+    up, tgt = torch.from_numpy(drafts.host).to(DEV), target.to(DEV)   # (outside: copies on CUDA)
     with counting(as_cuda=True) as c:
         before = c.live()
-        step.device_step(drafts, target.to(DEV), kv, torch.from_numpy(drafts.host).to(DEV))
+        step.device_step(drafts, tgt, kv, up)
         inside = c.live() - before
     assert inside == 1 and c.count == 1 and c.live() == 1
 

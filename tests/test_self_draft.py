@@ -396,6 +396,13 @@ def test_prompt_grams_seed_the_context_cache_and_stay_lossless(model):
     assert len(late.ctx) == 0
     late.observe_lean([])()   # (the learning a step leaves for the next forward)
     assert {k: late.ctx.get(k, 10) for k in (5, 10)} == {k: dr.ctx.get(k, 10) for k in (5, 10)}
+    beside = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
+    beside.overlapped = True
+    beside.admit(Sequence(Request(0, [[]], 8), prompts[0], 0))
+    beside.catch_up([], beside=True)   # (the catch-up under a forward before a drafting
+    # step: a grid's lean steps leave no learning to push them before its first drafts)
+    assert {k: beside.ctx.get(k, 10) for k in (5, 10)} == \
+        {k: dr.ctx.get(k, 10) for k in (5, 10)}
     assert "-pg" in dr.signature()
     dr = SelfDraftDrafter(SelfDraftParams(prompt_grams=True), None)
     got, _ = run_ids(model, prompts, batch_size=2, max_tokens=24, drafter=dr)

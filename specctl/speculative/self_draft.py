@@ -307,13 +307,16 @@ class SelfDraftDrafter(Drafter):
     def catch_up(self, seqs, ahead: int = 0, beside: bool = False) -> None:
         """The text of lean steps since (IDLE) into the context cache, and finished answers
         into the job cache, before the next drafting step's proposals. Where the host runs
-        beside the forward, admitted prompts' grams and trims wait for the next learning,
-        under a forward (a step's first grid drafts after 64 admissions paid ~0.2 ms for
-        them at batch 64, host_profile): a new sequence's first drafts miss its prompt's
-        grams, no more; and finished answers wait for a catch-up beside a forward (beside:
-        indexing those that retired after a b64 grid step took ~20% of the next step's host
+        beside the forward, admitted prompts' grams and trims wait, on a drafting step's path,
+        for the next learning (a step's first grid drafts after 64 admissions paid ~0.2 ms for
+        them at batch 64, host_profile); beside a forward (beside: the catch-up before a step
+        that drafts, under the last forward or an admission's prefill) they are made now.
+        Without that, a run's first grid steps on CUDA drafted with none of their prompts'
+        grams: nothing else settles them before a grid step's own learning (a grid's lean
+        steps leave no learning). Finished answers wait for a catch-up beside a forward too
+        (indexing those that retired after a b64 grid step took ~20% of the next step's host
         in its plan), so the drafts of the step after their retirement miss them."""
-        self._settle(seqs if self.unindexed else None, admitted=not self.overlapped)
+        self._settle(seqs if self.unindexed else None, admitted=beside or not self.overlapped)
         self.unindexed = False
         if self.job_pending and (beside or not self.overlapped):
             self.flush_job()
