@@ -34,30 +34,23 @@ class Step:
 PLAN = (
     Step(1, "stage1", 30, 10, "env.json", "9 s"),
     Step(1, "step-table-7b", 30, 15, "step-table-7b.json", "10 s at 65c1f6b"),
-    Step(1, "gpu-tests", 85, 75, "gpu-tests.log",
-         "61 s of tests at 7f4cca3 (the flex tests, ~33 s more, are left out), + the grid at "
-         "batch 32 since (one test, its graphs captured at 32 slots: not timed yet), + "
-         "prefill's pieces (ar and Kangaroo, 3 runners: not timed yet)"),
+    Step(1, "gpu-tests", 85, 60, "gpu-tests.log",
+         "83 s at 8890873 (76 s of tests), less the unfused layer's --exact test (21 s)"),
     Step(1, "prefill-cost", 30, 20, "prefill-cost.json",
          "not timed yet: the demo shape's random weights, 15 eager forwards x 12 runs, then "
          "3 x (an eager forward and a piece's replay) x 12 after 15 captures"),
-    Step(2, "stage2", 60, 40, "model.json", "35 s at 7f4cca3"),
+    Step(2, "stage2", 60, 35, "model.json", "30 s at 8890873"),
     # (a bench killed at its budget stores nothing: the most owed step has the most slack)
-    Step(2, "bench-batch", 300, 165, "bench-batch.md",
-         "130 s at 7f4cca3 (256 prompts, 5 methods at batch 8/32/64, 1 repeat); a 6th since "
-         "(self-draft:no-grid): not timed yet"),
-    Step(2, "prefill-chunk", 60, 40, "prefill-chunk.md",
-         "not timed yet: `ar` alone at 2 batch sizes of bench-batch's 18 rows (130 s for 15)"),
-    Step(2, "bench-b1", 100, 70, "bench-b1.md", "120 s at 7f4cca3 with 2 repeats; 1 now"),
-    Step(2, "fused-probe", 60, 20, "fused-probe.md", "12 s at 7f4cca3"),
-    Step(2, "exact", 90, 40, "exact.md", "33 s at 7f4cca3"),
-    Step(2, "repeat", 45, 40, "repeat.md", "38 s at 7f4cca3"),
-    Step(2, "grid-kernel", 40, 12, "grid-kernel.log",
-         "not timed yet: pytest's start, one Triton compile, 11 small tests"),
-    Step(2, "host-profile", 130, 113, "host-profile.md",
-         "killed at its 60 s budget at 7f4cca3 in the batch-64 rows' torch profiles (its "
-         "tables written); one more row since (the grid), and --launches' counting run of "
-         "each b64 row: not timed yet"),
+    Step(2, "bench-batch", 300, 145, "bench-batch.md",
+         "137 s at 8890873 (256 prompts, 6 methods at batch 8/32/64, 1 repeat)"),
+    Step(2, "prefill-chunk", 60, 50, "prefill-chunk.md", "47 s at 8890873"),
+    Step(2, "bench-b1", 130, 110, "bench-b1.md",
+         "killed at its 100 s budget at 8890873 (1 repeat), 120 s at 7f4cca3 with 2"),
+    Step(2, "fused-probe", 60, 15, "fused-probe.md", "15 s at 8890873"),
+    Step(2, "exact", 90, 38, "exact.md", "37 s at 8890873"),
+    Step(2, "repeat", 45, 38, "repeat.md", "37 s at 8890873"),
+    Step(2, "grid-kernel", 40, 13, "grid-kernel.log", "13 s at 8890873"),
+    Step(2, "host-profile", 130, 95, "host-profile.md", "91 s at 8890873"),
 )
 
 # What the GPU owes that no call runs, and why (printed by `plan`)
@@ -67,6 +60,8 @@ LEFT_OUT = (
     "trains on the CPU in 1-3 min; ADAPTER=none: no Kangaroo rows)",
     "kv_scale.py --shape 7b: ~4.5 min, over call 1's 2",
     "the flex tests of `pytest -m gpu` (-k flex, ~35 s): flex is not the default attention",
+    "test_gpu.py's --exact on the unfused layer (-k 'exact_in_bf16 and sdpa', ~21 s): call 1's "
+    "2 minutes go to prefill-cost; call 2's exact step runs --exact on the fused layer",
     "self-draft:fixed rows: the runs owed are `auto`'s",
     "fused_probe.py --inductor (torch.compile's layer loop, the library alternative to the fused "
     "kernels): inductor compiles the 30-layer loop once per shape, minutes for four",
