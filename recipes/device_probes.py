@@ -84,11 +84,13 @@ def torch_profile(row, requests, path: str) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if row.cuda else [])
     with profile(activities=acts) as prof:
         row.runner.run(requests, lambda r: None)
-    key = "self_cuda_time_total" if row.cuda else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=40)
+    keys = ["self_cuda_time_total"] * row.cuda + ["self_cpu_time_total"]
     with open(path, "w") as f:
-        f.write(f"{row.method} at batch {row.b}: one run of {len(requests)} prompts, "
-                f"ops by {key}\n\n{table}\n")
+        for key in keys:   # (on CUDA the host's ops too: a lean step's host beside `ar`'s,
+            # which the kernels' table alone did not show, 2026-12-04)
+            table = prof.key_averages().table(sort_by=key, row_limit=40)
+            f.write(f"{row.method} at batch {row.b}: one run of {len(requests)} prompts, "
+                    f"ops by {key}\n\n{table}\n\n")
     print(f"torch profile: {path}", flush=True)
 
 
