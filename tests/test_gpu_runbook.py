@@ -14,6 +14,7 @@ import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -382,12 +383,17 @@ def test_real_stage_downloads_and_fits(tmp_path):
 
 def test_the_prediction_beside_bench_batch_has_a_row_per_batch_size():
     """recipes/gpu/predict.py (what stage puts beside bench-batch): the host-charged clock's
-    x ar for each method at each batch size, ar's steps and the guard's trips."""
+    x ar for each method at each batch size with the range of its rounds' paired ratios,
+    ar's steps and the guard's trips."""
     p = subprocess.run([sys.executable, str(ROOT / "recipes/gpu/predict.py"), "--prompts", "6",
-                        "--max-tokens", "8", "--batch-sizes", "1,2"], cwd=ROOT,
+                        "--max-tokens", "8", "--batch-sizes", "1,2", "--rounds", "2"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [r for r in p.stdout.splitlines() if r.startswith("| 1 |") or r.startswith("| 2 |")]
-    assert len(rows) == 2 and all(r.count("x |") == 4 for r in rows), p.stdout
+    cell = re.compile(r"\| (\d+\.\d\d)x \((\d+\.\d\d)-(\d+\.\d\d)\) ")
+    assert len(rows) == 2, p.stdout
+    for r in rows:
+        got = [tuple(map(float, m)) for m in cell.findall(r)]
+        assert len(got) == 4 and all(lo <= hi for _, lo, hi in got), r
     from sim import HOST
     assert f"host x{HOST:g}" in p.stdout

@@ -77,7 +77,8 @@ def workload(model, batch: int, n: int, monkeypatch, table=None, prefill=None,
 
 
 def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, rounds: int = 2,
-                        table=None, prefill=None, real_lengths: bool = False, **run):
+                        table=None, prefill=None, real_lengths: bool = False,
+                        paired: dict | None = None, **run):
     """ar, then each drafter under auto, on one host-charged clock, `rounds` times over
     (ar at each round's start): ({name: x ar}, {name: RunStats of its last run}, ar's
     RunStats), each name's time its least over the rounds: another process on the machine
@@ -86,7 +87,8 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
     the demo shape's on the H200, sim.h200_fused_table and sim.prefill_table). Every run
     admits in groups, `ar`'s too (as under --speculate auto), and none sees when its answers
     end (real text's answers end by EOS: sim_run's ends_known). real_lengths: workload's;
-    run: sim_run's other settings (pieces, prefill_chunk)."""
+    run: sim_run's other settings (pieces, prefill_chunk). paired: where given, each name's
+    ratio in each round to that round's ar (a spread; recipes/gpu/predict.py)."""
     known, prompts, lens, clock = workload(model, batch, n, monkeypatch, table, prefill,
                                            real_lengths)
     best, stats, ref, drafters, ar = {}, {}, None, {}, None
@@ -94,7 +96,8 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
         clock.reset()
         out, ar = sim_run(model, prompts, None, clock, batch_size=batch, max_tokens=lens,
                           ends_known=False, **run)
-        best["ar"] = min(best.get("ar", float("inf")), clock())
+        ar_t = clock()
+        best["ar"] = min(best.get("ar", float("inf")), ar_t)
         if ref is None:
             ref = out
             drafters = {"trace": TraceChains(ref, known)}
@@ -112,6 +115,8 @@ def host_charged_ratios(model, batch: int, n: int, monkeypatch, methods=None, ro
                                        controller=sim_controller(dr, clock.table), **run)
             assert got == ref, name
             best[name] = min(best.get(name, float("inf")), clock())
+            if paired is not None:
+                paired.setdefault(name, []).append(ar_t / clock())
     return {k: best["ar"] / t for k, t in best.items() if k != "ar"}, stats, ar
 
 

@@ -12,8 +12,10 @@ committed runs). The tiny model computes the tokens; acceptance is what the tiny
 drafters get (draft-verify and Kangaroo next to nothing, as the GPU's batch rows measured on
 the demo model) and, for "trace", real text's: the chains of Self-Draft traces recorded on the
 demo model (tests/data/selfdraft-traces.json). Answers end where the traces' did, at most
---max-tokens. Each row is `ar`'s time over the method's, requests waiting (--prompts of them),
-the least of 2 rounds. Prompts are as long as the bench's (tests/data/sharegpt-prompt-lengths.json),
+--max-tokens. Each cell is `ar`'s time over the method's, requests waiting (--prompts of them):
+the least of --rounds rounds over the least (as the tests take it), then in brackets the range
+of each round's ratio to the `ar` run just before it. This host's load moves them: the stage at
+8890873 predicted draft-verify 1.11x at batch 32, two runs after it 0.98x and 0.99x. Prompts are as long as the bench's (tests/data/sharegpt-prompt-lengths.json),
 prefilled as CUDA's runs prefill them: 4096 tokens a forward, or in pieces where the tables
 price them cheaper (runtime/step/prefill.py). Run by `runbook.py stage`; call 2 puts it beside
 bench-batch.md.
@@ -48,6 +50,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--batch-sizes", default="8,32,64")
     ap.add_argument("--host", type=float, default=sim.HOST)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(1)
     sim.HOST = T.HOST = a.host
@@ -60,9 +63,12 @@ def main() -> None:
     print("| batch | " + " | ".join(names) + " | ar steps | guard trips (job's) |")
     print("|---|" + "---|" * (len(names) + 2))
     for b in (int(x) for x in a.batch_sizes.split(",")):
-        r, st, ar = T.host_charged_ratios(m, b, a.prompts, Patch(), real_lengths=True,
-                                          pieces=True, prefill_chunk=4096)
-        print(f"| {b} | " + " | ".join(f"{r[k]:.2f}x" for k in names if k in r)
+        paired: dict = {}
+        r, st, ar = T.host_charged_ratios(m, b, a.prompts, Patch(), rounds=a.rounds,
+                                          real_lengths=True, pieces=True, prefill_chunk=4096,
+                                          paired=paired)
+        print(f"| {b} | " + " | ".join(f"{r[k]:.2f}x ({min(paired[k]):.2f}-{max(paired[k]):.2f})"
+                                      for k in names if k in r)
               + f" | {ar.steps} | "
               + ", ".join(f"{k} {s.guard_trips} ({s.guard_job_trips})" for k, s in st.items())
               + " |", flush=True)
