@@ -15,10 +15,10 @@ demo model (tests/data/selfdraft-traces.json). Answers end where the traces' did
 --max-tokens. Each cell is `ar`'s time over the method's, requests waiting (--prompts of them):
 the least of --rounds rounds over the least (as the tests take it), then in brackets the range
 of each round's ratio to the `ar` run just before it. This host's load moves them: the stage at
-8890873 predicted draft-verify 1.11x at batch 32, two runs after it 0.98x and 0.99x. Prompts are as long as the bench's (tests/data/sharegpt-prompt-lengths.json),
-prefilled as CUDA's runs prefill them: 4096 tokens a forward, or in pieces where the tables
-price them cheaper (runtime/step/prefill.py). Run by `runbook.py stage`; call 2 puts it beside
-bench-batch.md.
+8890873 predicted draft-verify 1.11x at batch 32, two runs after it 0.98x and 0.99x. Prompts
+are as long as the bench's (tests/data/sharegpt-prompt-lengths.json), prefilled as CUDA's runs
+prefill them: 4096 tokens a forward, or in pieces where the tables price them cheaper
+(runtime/step/prefill.py). Run by `runbook.py stage`; call 2 puts it beside bench-batch.md.
 """
 
 from __future__ import annotations
