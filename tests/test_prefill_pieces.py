@@ -141,3 +141,29 @@ def test_the_price_is_measured_on_idle_slots_and_its_shapes_captured_ahead(graph
     assert price.most == most and min(price.eager + price.replay) > 0
     assert g.replays - replays == 2 * 3 and g.captures == captured
     assert measure_pieces(graphs, kv, FULL, 4096) is None   # (capture=False: no real graphs)
+
+
+def test_the_run_reports_the_price_its_pieces_followed(graphs, reference):
+    """A grouped run's RunStats, time_split and the bench's time table carry the prefill price
+    it followed (the most prompts of a piece, eager and replayed ms there): on the H200 a run
+    prefilled eagerly where ar's went in pieces and nothing said why. Settings, not counts:
+    summed over ranks, the largest stays. A run without a price has none."""
+    from specctl.bench.report import time_rows
+    from specctl.runtime.jobs.metrics import time_split
+    from specctl.runtime.step.stats import sum_stats
+    from dataclasses import asdict
+    prompts, ref = reference
+    price = PiecePrice(4, eager=(3.0, 7.5), replay=(1.0, 2.25))
+    got, st = run_ids(graphs, prompts, batch_size=4, max_tokens=12, max_len=512,
+                      prefill_price=price)
+    assert got == ref
+    assert (st.piece_prompts, st.piece_eager_ms, st.piece_replay_ms) == (4, 7.5, 2.25)
+    ts = time_split(st)
+    assert ts["piece_ms"] == {"prompts": 4, "eager": 7.5, "replay": 2.25}
+    both = sum_stats([asdict(st), asdict(st)])
+    assert (both.piece_prompts, both.piece_eager_ms) == (4, 7.5) and \
+        both.prefill_forwards == 2 * st.prefill_forwards
+    row = {"method": "ar", "batch_size": 4, "wall_s": {"runs": [1.0]}, "time_split": ts}
+    assert "4 prompts a piece: 7.5 ms eager, 2.2 replayed" in time_rows({"rows": [row]})[0][5]
+    _, plain = run_ids(graphs, prompts, batch_size=4, max_tokens=12, max_len=512)
+    assert plain.piece_prompts == 0 and time_split(plain)["piece_ms"] is None

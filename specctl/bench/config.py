@@ -37,7 +37,10 @@ RESULTS_SCHEMA = """
     "speculation": {...} | null,       # --speculate auto's record (metrics.speculation_metrics)
     "time_split": {"steps_s", "prefill_s", "prefill_forwards", "prefill_replays" (of
                    those, replays of prefill's pieces; absent before 2026-12-01), "search_s",
-                   "learn_s", "prefill_chunk"} | null,
+                   "learn_s", "prefill_chunk", "piece_ms": {"prompts", "eager",
+                   "replay"} | null (what a prefill forward of that many prompts of a piece
+                   each cost eagerly and replayed, where the run priced its pieces; absent
+                   before 2026-12-04)} | null,
                                        # the first repeat's decode steps and prefill
     "accepted_from": {"tokens", "job", "context", "corpus"} | null,
                                        # Self-Draft: the first repeat's accepted drafts and

@@ -164,11 +164,20 @@ def time_rows(res: dict) -> list[list[str]]:
                     vs, f"{ts['prefill_s']:.2f} ({ts['prefill_forwards']}"
                     + (f" of <= {ts['prefill_chunk']}" if ts.get("prefill_chunk") else "")
                     + (f", {ts['prefill_replays']} replayed" if ts.get("prefill_replays")
-                       else "") + ")",
+                       else "") + _pieces(ts.get("piece_ms")) + ")",
                     f"{ts['search_s']:.2f}", _f(ts.get("learn_s")),
                     f"{max(0.0, wall - ts['steps_s'] - ts['prefill_s']):.2f}",
                     f"{_f(lean)} / {_f(drafting)}" if lean is not None else "-"])
     return out
+
+
+def _pieces(price: dict | None) -> str:
+    """A prefill forward's measured price, where the run priced its pieces (time_split's
+    piece_ms): what chose between eager forwards and replays."""
+    if not price:
+        return ""
+    return (f"; {price['prompts']} prompts a piece: {price['eager']:.1f} ms eager, "
+            f"{price['replay']:.1f} replayed")
 
 
 SOURCE_COLUMNS = ("method", "batch", "accepted drafts", "job cache", "context cache",

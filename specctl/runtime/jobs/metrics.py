@@ -146,7 +146,12 @@ def time_split(stats) -> dict | None:
             "prefill_forwards": stats.prefill_forwards,
             "prefill_replays": stats.prefill_replays,   # (of those: runtime/step/prefill.py)
             "search_s": round(stats.search_ms / 1e3, 3),
-            "learn_s": round(stats.learn_s, 3), "prefill_chunk": stats.prefill_chunk}
+            "learn_s": round(stats.learn_s, 3), "prefill_chunk": stats.prefill_chunk,
+            # (what prefill's pieces were priced at, where a grouped run priced them)
+            "piece_ms": {"prompts": stats.piece_prompts,
+                         "eager": round(stats.piece_eager_ms, 3),
+                         "replay": round(stats.piece_replay_ms, 3)}
+            if stats.piece_prompts else None}
 
 
 def speculation_metrics(cfg, stats) -> dict:

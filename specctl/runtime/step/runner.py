@@ -199,6 +199,11 @@ class Runner(Stepping):
             ctl.new_run()
         self.drafter.overlapped = self._overlaps = self.planner.overlaps
         self.planner.grid = self._grid_step()
+        price = self.prefill_price if self.grouped else None
+        if price is not None:   # (the prices prefill follows: RunStats.piece_*)
+            st = self.stats
+            st.piece_prompts, st.piece_eager_ms, st.piece_replay_ms = \
+                price.most, price.eager[1], price.replay[1]
         self.planner.lean_forward = None
         # what exists now (the model's and the drafter's objects, a corpus cache's tables)
         # is out of the cyclic GC's sight for the run: a collection in a step scanned it all

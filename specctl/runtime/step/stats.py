@@ -13,6 +13,13 @@ class RunStats:
     prefill_replays: int = 0       # of those, replays of a captured graph (prefill's pieces)
     prefill_tokens: int = 0
     prefill_chunk: int = 0         # the most prompt tokens a prefill forward took (its chunk)
+    # what the device measured a prefill forward at (runtime/step/prefill.py, PiecePrice) where
+    # a grouped run priced its pieces: of piece_prompts prompts of PIECE tokens, eagerly and
+    # replayed (the bench shows them: on the H200 Kangaroo prefilled eagerly where `ar` went
+    # in pieces, 2026-12-04, and nothing said why)
+    piece_prompts: int = 0
+    piece_eager_ms: float = 0.0
+    piece_replay_ms: float = 0.0
     prefill_s: float = 0.0         # seconds in prefill (it ends in a host read: on CUDA, its
     step_s: float = 0.0            # kernels' time too), and in decode steps
     step_tokens: int = 0           # packed tokens of all steps (sum of real tokens)
@@ -82,6 +89,9 @@ class RunStats:
         return 1.0 - self.step_tokens / self.padded_tokens if self.padded_tokens else 0.0
 
 
+SETTINGS = ("prefill_chunk", "piece_prompts", "piece_eager_ms", "piece_replay_ms")
+
+
 def sum_stats(parts: list[dict]) -> RunStats:
     """Per-rank RunStats (as dicts) added up: counters summed, histograms merged, so ratios
     such as the padding ratio come out pooled over every step of every rank."""
@@ -97,8 +107,8 @@ def sum_stats(parts: list[dict]) -> RunStats:
                     except ValueError:
                         pass
                     cur[k] = cur.get(k, 0) + c
-            elif f.name == "prefill_chunk":   # (a setting, not a count)
-                total.prefill_chunk = max(cur, v or 0)
+            elif f.name in SETTINGS:   # (settings, not counts)
+                setattr(total, f.name, max(cur, v or 0))
             elif isinstance(v, (int, float)) and not isinstance(v, bool) and \
                     isinstance(cur, (int, float)):
                 setattr(total, f.name, cur + v)
